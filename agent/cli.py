@@ -1,0 +1,172 @@
+"""cmdare-agent command line (argparse: the agent stays free of click)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import DEFAULT_PATH, AgentConfig, ConfigError, coerce_text, load
+
+EPILOG = """\
+examples:
+  cmdare-agent --check                       validate config, probe sources and sink
+  cmdare-agent --once                        print one round of samples as JSON
+  cmdare-agent --spool-dir ./spool --interval 1s --duration 30
+  cmdare-agent --sink kafka://10.0.0.5:9092/cmdare.events
+  cmdare-agent --set sources.gpu.enabled=false --set labels.team=vision
+
+Config precedence: defaults < TOML file < CMDARE_AGENT_* environment
+(CMDARE_AGENT_SPOOL__DIR=/x sets spool.dir) < flags.
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="cmdare-agent",
+        description="Sample this training VM (host, GPUs, heartbeat) into a local spool and ship to Kafka.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="PATH", help=f"TOML config file (default {DEFAULT_PATH}, or $CMDARE_AGENT_CONFIG)")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], help="set any config key (repeatable)")
+    p.add_argument("--node", help="node id (default: hostname)")
+    p.add_argument("--role", help="worker | ps | chief | data | client")
+    p.add_argument("--job", help="job id stamped on every event")
+    p.add_argument("--interval", help="sampling interval, e.g. 10s (default 10s)")
+    p.add_argument("--spool-dir", metavar="DIR", help="spool directory (default /var/lib/cmdare/spool)")
+    p.add_argument("--sink", metavar="URL", help="kafka://host:port[,host:port]/topic (default: spool only)")
+    p.add_argument("--log-level", help="debug | info | warning | error")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="validate config, probe every source and sink, exit")
+    mode.add_argument("--once", action="store_true", help="print one round of samples as JSON and exit")
+    p.add_argument("--duration", type=float, metavar="SECONDS", help="run this long, then stop cleanly")
+    p.add_argument("--version", action="version", version=f"cmdare-agent {__version__}")
+    return p.parse_args(argv)
+
+
+def build_config(a: argparse.Namespace) -> AgentConfig:
+    overrides: dict[str, Any] = {}
+    for item in a.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key.strip()] = coerce_text(value)
+    for flag, key in (("node", "node"), ("role", "role"), ("job", "job"), ("interval", "interval"),
+                      ("spool_dir", "spool.dir"), ("sink", "sink.url"), ("log_level", "log_level")):
+        v = getattr(a, flag)
+        if v is not None:
+            overrides[key] = v
+    return load(a.config, required=a.config is not None, overrides=overrides)
+
+
+def check(cfg: AgentConfig) -> int:
+    from .runtime import Agent
+    from .sinks.kafka import KafkaSink, SinkError
+    from .sources import SourceUnavailable
+
+    ok = True
+    print(f"config    ok     {cfg.path or '(defaults)'}: node={cfg.node} role={cfg.role} "
+          f"job={cfg.job or '-'} interval={cfg.interval:g}s")
+    try:
+        cfg.spool.dir.mkdir(parents=True, exist_ok=True)
+        probe = cfg.spool.dir / ".write-probe"
+        probe.write_bytes(b"x")
+        probe.unlink()
+        print(f"spool     ok     {cfg.spool.dir} (max {cfg.spool.max_bytes} bytes, {cfg.spool.max_age:g}s)")
+    except OSError as e:
+        ok = False
+        print(f"spool     error  {cfg.spool.dir}: {e.strerror or e}")
+    agent = Agent(cfg)
+    for r in agent.runners:
+        src = r.source
+        t0 = time.perf_counter()
+        try:
+            src.start()
+            got: list[str] = []
+            src.collect(lambda t, d, ts=None: got.append(t))
+            dt = time.perf_counter() - t0
+            print(f"source    ok     {src.name}: {len(got)} events in {dt * 1000:.1f} ms")
+        except SourceUnavailable as e:
+            print(f"source    n/a    {src.name}: {e}")
+        except Exception as e:
+            ok = False
+            print(f"source    error  {src.name}: {type(e).__name__}: {e}")
+        finally:
+            src.close()
+    if cfg.sink.kafka:
+        sink = KafkaSink(cfg.sink.kafka, cfg.node, request_timeout=min(cfg.sink.request_timeout, 10.0))
+        try:
+            n = sink.probe()
+            print(f"sink      ok     {cfg.sink.kafka.text} ({n} partitions)")
+        except SinkError as e:
+            ok = False
+            print(f"sink      error  {e}")
+        finally:
+            sink.close()
+    else:
+        print(f"sink      ok     none: the spool {cfg.spool.dir} is the sink (cmdare-collector ingest-spool)")
+    return 0 if ok else 1
+
+
+def once(cfg: AgentConfig) -> int:
+    from .events import EventFactory
+    from .runtime import Agent
+
+    agent = Agent(cfg)
+    factory = EventFactory(cfg.node, cfg.role, cfg.job, cfg.labels)
+    events: list[dict[str, Any]] = []
+    for r in agent.runners:
+        try:
+            r.source.start()
+            r.started = True
+        except Exception:
+            pass  # reported by the tick below
+    time.sleep(min(cfg.interval, 0.5))  # CPU shares need two readings
+    emit = lambda t, d, ts=None: events.append(factory.make(t, d, ts))  # noqa: E731
+    for r in agent.runners:
+        r.tick(emit, lambda name, state, dur, msg: events.append(factory.make(
+            "status", {"source": name, "ok": state == "ok", "state": state, "duration_seconds": dur,
+                       **({"message": msg} if msg else {})})))
+        r.source.close()
+    json.dump(events, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    try:
+        cfg = build_config(a)
+    except ConfigError as e:
+        print(f"cmdare-agent: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.CRITICAL if cfg.log_level != "debug" else logging.DEBUG)
+    if a.check:
+        sys.exit(check(cfg))
+    if a.once:
+        sys.exit(once(cfg))
+    from .runtime import Agent
+
+    agent = Agent(cfg)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stop())
+    try:
+        agent.run(duration=a.duration)
+    except RuntimeError as e:  # e.g. the spool is locked by another agent
+        print(f"cmdare-agent: {e}", file=sys.stderr)
+        sys.exit(1)
+    except PermissionError as e:
+        print(f"cmdare-agent: spool.dir {Path(e.filename or cfg.spool.dir)}: permission denied", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

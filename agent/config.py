@@ -1,0 +1,311 @@
+"""Agent configuration: one TOML file, overridable by environment and flags.
+
+Precedence (last wins): built-in defaults < TOML file < ``CMDARE_AGENT_*`` environment
+variables < ``--set key=value`` / named flags.  Environment variables name a key with
+``__`` between table and key: ``CMDARE_AGENT_SPOOL__DIR=/data/spool`` sets ``spool.dir``.
+
+Validation happens here, before any network call, and every problem is reported as one
+line naming the key (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .events import ROLES
+
+DEFAULT_PATH = "/etc/cmdare/agent.toml"
+ENV_PREFIX = "CMDARE_AGENT_"
+
+
+class ConfigError(ValueError):
+    """A configuration problem; str() is a one-line message naming the key."""
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|kib|mb|mib|gb|gib|tb|tib)?\s*$", re.I)
+_SIZE_MULT = {None: 1, "b": 1, "kb": 10**3, "kib": 2**10, "mb": 10**6, "mib": 2**20,
+              "gb": 10**9, "gib": 2**30, "tb": 10**12, "tib": 2**40}
+_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DUR_MULT = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_size(key: str, v: Any) -> int:
+    if isinstance(v, bool):
+        raise ConfigError(f"{key}: expected a size like 512MiB, got {v!r}")
+    if isinstance(v, int):
+        if v < 0:
+            raise ConfigError(f"{key}: size must not be negative, got {v}")
+        return v
+    m = _SIZE.match(str(v))
+    if not m:
+        raise ConfigError(f"{key}: expected a size like 512MiB or 1GB, got {v!r}")
+    return int(float(m.group(1)) * _SIZE_MULT[(m.group(2) or "").lower() or None])
+
+
+def parse_duration(key: str, v: Any) -> float:
+    if isinstance(v, bool):
+        raise ConfigError(f"{key}: expected a duration like 10s, got {v!r}")
+    if isinstance(v, (int, float)):
+        if v < 0:
+            raise ConfigError(f"{key}: duration must not be negative, got {v}")
+        return float(v)
+    m = _DUR.match(str(v))
+    if not m:
+        raise ConfigError(f"{key}: expected a duration like 500ms, 10s, 5m or 24h, got {v!r}")
+    return float(m.group(1)) * _DUR_MULT[m.group(2)]
+
+
+@dataclass
+class KafkaURL:
+    bootstrap: list[str]
+    topic: str
+
+    @property
+    def text(self) -> str:
+        return f"kafka://{','.join(self.bootstrap)}/{self.topic}"
+
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def parse_kafka_url(key: str, url: str) -> KafkaURL:
+    """``kafka://host:port[,host:port]/topic``."""
+    parts = urlsplit(url)
+    if parts.scheme != "kafka":
+        raise ConfigError(f"{key}: {url!r} is not a kafka:// URL (expected kafka://host:port[,host:port]/topic)")
+    hosts = [h for h in parts.netloc.split(",")]
+    if not parts.netloc or any(not h for h in hosts):
+        raise ConfigError(f"{key}: {url!r} names no broker (expected kafka://host:port[,host:port]/topic)")
+    for h in hosts:
+        host, _, port = h.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{key}: broker {h!r} in {url!r} must be host:port with a port 1-65535")
+    topic = parts.path.lstrip("/")
+    if not _TOPIC.match(topic):
+        raise ConfigError(f"{key}: {url!r} needs a topic name of letters, digits, '.', '_' or '-' after the '/'")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{key}: {url!r} must not have a query or fragment")
+    return KafkaURL(hosts, topic)
+
+
+@dataclass
+class SpoolConfig:
+    dir: Path = Path("/var/lib/cmdare/spool")
+    max_bytes: int = 1 << 30
+    max_age: float = 7 * 86400.0
+    segment_bytes: int = 8 << 20
+    fsync: bool = True
+
+
+@dataclass
+class SinkConfig:
+    url: str = ""  # empty: the spool is the sink (embedded default)
+    kafka: KafkaURL | None = None
+    linger_ms: int = 50
+    compression: str = "gzip"
+    message_bytes: int = 256 << 10
+    batch_bytes: int = 2 << 20
+    request_timeout: float = 10.0
+    retry_backoff: float = 1.0
+    retry_backoff_max: float = 30.0
+
+
+@dataclass
+class AgentConfig:
+    node: str = field(default_factory=socket.gethostname)
+    role: str = "worker"
+    job: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    interval: float = 10.0
+    log_level: str = "info"
+    spool: SpoolConfig = field(default_factory=SpoolConfig)
+    sink: SinkConfig = field(default_factory=SinkConfig)
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    path: str | None = None  # where it was read from, for messages
+
+
+_TOP_KEYS = {"node", "role", "job", "labels", "interval", "log_level", "spool", "sink", "sources"}
+_SPOOL_KEYS = {"dir", "max_bytes", "max_age", "segment_bytes", "fsync"}
+_SINK_KEYS = {"url", "linger_ms", "compression", "message_bytes", "batch_bytes",
+              "request_timeout", "retry_backoff", "retry_backoff_max"}
+COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _unknown(where: str, keys: set[str], known: set[str]) -> None:
+    extra = sorted(set(keys) - known)
+    if extra:
+        k = f"{where}.{extra[0]}" if where else extra[0]
+        raise ConfigError(f"unknown key '{k}' (known: {', '.join(sorted(known))})")
+
+
+def _table(key: str, v: Any) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise ConfigError(f"{key}: expected a table, got {type(v).__name__}")
+    return v
+
+
+def _str(key: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{key}: expected a string, got {v!r}")
+    return v
+
+
+def _bool(key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return v.lower() in ("true", "1", "yes")
+    raise ConfigError(f"{key}: expected true or false, got {v!r}")
+
+
+def _int(key: str, v: Any, lo: int, hi: int) -> int:
+    try:
+        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+            raise ValueError
+        i = int(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected an integer, got {v!r}") from None
+    if not lo <= i <= hi:
+        raise ConfigError(f"{key}: must be between {lo} and {hi}, got {i}")
+    return i
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    cur = tree
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{dotted}: '{p}' is not a table")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def coerce_text(value: str) -> Any:
+    """Values from env / --set arrive as text: read them as TOML values when they parse."""
+    try:
+        return tomllib.loads(f"x = {value}")["x"]
+    except tomllib.TOMLDecodeError:
+        return value
+
+
+def load(path: str | os.PathLike[str] | None = None, *, required: bool = False,
+         env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> AgentConfig:
+    """Read, merge and validate.  ``required``: a missing file is an error (it was named
+    explicitly); otherwise a missing default file means defaults."""
+    env = os.environ if env is None else env
+    tree: dict[str, Any] = {}
+    src = str(path or env.get(ENV_PREFIX + "CONFIG") or DEFAULT_PATH)
+    p = Path(src)
+    if p.exists():
+        try:
+            tree = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{src}: invalid TOML: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"{src}: cannot read: {e.strerror}") from None
+    elif required or path is not None:
+        raise ConfigError(f"{src}: config file not found")
+    for k, v in sorted(env.items()):
+        if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "CONFIG":
+            dotted = k[len(ENV_PREFIX):].lower().replace("__", ".")
+            _set_path(tree, dotted, coerce_text(v))
+    for k, v in (overrides or {}).items():  # already typed (flags, or --set read by coerce_text)
+        _set_path(tree, k, v)
+    cfg = from_tree(tree)
+    cfg.path = src if p.exists() else None
+    return cfg
+
+
+def from_tree(tree: dict[str, Any]) -> AgentConfig:
+    from .sources import REGISTRY  # the source names are the [sources.*] table names
+
+    _unknown("", set(tree), _TOP_KEYS)
+    cfg = AgentConfig()
+    if "node" in tree:
+        cfg.node = _str("node", tree["node"]).strip()
+        if not cfg.node or len(cfg.node) > 256:
+            raise ConfigError("node: must be 1-256 characters")
+    if "role" in tree:
+        cfg.role = _str("role", tree["role"])
+    if cfg.role not in ROLES:
+        raise ConfigError(f"role: must be one of {', '.join(ROLES)}, got {cfg.role!r}")
+    if "job" in tree:
+        cfg.job = _str("job", tree["job"])
+    labels = _table("labels", tree.get("labels", {}))
+    for k, v in labels.items():
+        if not isinstance(v, str):
+            raise ConfigError(f"labels.{k}: label values must be strings, got {v!r}")
+    cfg.labels = dict(labels)
+    if "interval" in tree:
+        cfg.interval = parse_duration("interval", tree["interval"])
+        if not 0.05 <= cfg.interval <= 3600:
+            raise ConfigError(f"interval: must be between 50ms and 1h, got {tree['interval']!r}")
+    if "log_level" in tree:
+        cfg.log_level = _str("log_level", tree["log_level"]).lower()
+        if cfg.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level: must be one of {', '.join(LOG_LEVELS)}, got {tree['log_level']!r}")
+
+    sp = _table("spool", tree.get("spool", {}))
+    _unknown("spool", set(sp), _SPOOL_KEYS)
+    s = cfg.spool
+    if "dir" in sp:
+        s.dir = Path(_str("spool.dir", sp["dir"]))
+    if "max_bytes" in sp:
+        s.max_bytes = parse_size("spool.max_bytes", sp["max_bytes"])
+    if "max_age" in sp:
+        s.max_age = parse_duration("spool.max_age", sp["max_age"])
+    if "segment_bytes" in sp:
+        s.segment_bytes = parse_size("spool.segment_bytes", sp["segment_bytes"])
+    if "fsync" in sp:
+        s.fsync = _bool("spool.fsync", sp["fsync"])
+    if not 4096 <= s.segment_bytes <= 1 << 30:
+        raise ConfigError("spool.segment_bytes: must be between 4KiB and 1GiB")
+    if s.max_bytes < 2 * s.segment_bytes:
+        raise ConfigError(f"spool.max_bytes: must be at least twice spool.segment_bytes ({2 * s.segment_bytes} bytes)")
+
+    sk = _table("sink", tree.get("sink", {}))
+    _unknown("sink", set(sk), _SINK_KEYS)
+    k = cfg.sink
+    if "url" in sk:
+        k.url = _str("sink.url", sk["url"]).strip()
+    if k.url:
+        k.kafka = parse_kafka_url("sink.url", k.url)
+    if "linger_ms" in sk:
+        k.linger_ms = _int("sink.linger_ms", sk["linger_ms"], 0, 60_000)
+    if "compression" in sk:
+        k.compression = _str("sink.compression", sk["compression"]).lower()
+        if k.compression not in COMPRESSIONS:
+            raise ConfigError(f"sink.compression: must be one of {', '.join(COMPRESSIONS)}, got {sk['compression']!r}")
+    if "message_bytes" in sk:
+        k.message_bytes = parse_size("sink.message_bytes", sk["message_bytes"])
+        if not 1024 <= k.message_bytes <= 8 << 20:
+            raise ConfigError("sink.message_bytes: must be between 1KiB and 8MiB")
+    if "batch_bytes" in sk:
+        k.batch_bytes = parse_size("sink.batch_bytes", sk["batch_bytes"])
+    for key in ("request_timeout", "retry_backoff", "retry_backoff_max"):
+        if key in sk:
+            setattr(k, key, parse_duration(f"sink.{key}", sk[key]))
+    if k.batch_bytes < k.message_bytes:
+        raise ConfigError("sink.batch_bytes: must be at least sink.message_bytes")
+
+    srcs = _table("sources", tree.get("sources", {}))
+    _unknown("sources", set(srcs), set(REGISTRY))
+    for name, cls in REGISTRY.items():
+        raw = _table(f"sources.{name}", srcs.get(name, {}))
+        cfg.sources[name] = cls.parse_config(f"sources.{name}", raw)
+    return cfg

@@ -1,0 +1,272 @@
+"""The cmdare wire format, version 1 (documented in docs/wire-format.md and
+agent/schema/event-v1.schema.json).
+
+An event is one JSON object:
+
+    {"v": 1, "id": "<uuid>", "ts": 1732270000.25, "node": "gpu-7", "role": "worker",
+     "job": "resnet-a", "labels": {"team": "vision"}, "type": "gpu", "data": {...}}
+
+On disk (the spool) and on Kafka, events travel as NDJSON: one event per line, one or
+more lines per Kafka message.  Consumers de-duplicate on ``id``.
+
+This module is shared by the agent (which builds events) and the collector (which
+validates them), so it depends on the standard library alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+VERSION = 1
+ROLES = ("worker", "ps", "chief", "data", "client")
+
+# Field kinds used by the per-type data specs below.
+FLOAT, INT, STR, BOOL, FLOATS, STRS, OBJS = "float", "int", "str", "bool", "float[]", "str[]", "object[]"
+
+# type -> {field: (kind, unit/description)}.  Every data field is optional (a source
+# omits what the hardware cannot report); a present field must have the declared kind.
+DATA_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
+    "host": {
+        "cpu_util_ratio": (FLOAT, "CPU busy share over the interval, all cores, 0..1"),
+        "cpu_per_core_ratio": (FLOATS, "CPU busy share per logical core, 0..1"),
+        "load1": (FLOAT, "1-minute load average"),
+        "load5": (FLOAT, "5-minute load average"),
+        "load15": (FLOAT, "15-minute load average"),
+        "mem_total_bytes": (INT, "physical memory"),
+        "mem_used_bytes": (INT, "memory in use (total - available)"),
+        "mem_available_bytes": (INT, "memory available to new work"),
+        "swap_total_bytes": (INT, "swap size"),
+        "swap_used_bytes": (INT, "swap in use"),
+        "net": (OBJS, "per NIC: nic, rx/tx _bytes_total, _packets_total, _errors_total, _drops_total (counters)"),
+        "disk": (OBJS, "per disk: disk, read/write _bytes_total, _ops_total, busy_seconds_total (counters)"),
+        "procs": (INT, "number of processes"),
+    },
+    "gpu": {
+        "index": (INT, "NVML device index"),
+        "uuid": (STR, "GPU UUID"),
+        "name": (STR, "product name"),
+        "util_gpu_ratio": (FLOAT, "share of time a kernel was running, 0..1"),
+        "util_mem_ratio": (FLOAT, "share of time device memory was read or written, 0..1"),
+        "mem_used_bytes": (INT, "device memory used"),
+        "mem_total_bytes": (INT, "device memory total"),
+        "power_watts": (FLOAT, "power draw"),
+        "power_limit_watts": (FLOAT, "enforced power limit"),
+        "temp_celsius": (FLOAT, "GPU core temperature"),
+        "sm_clock_hz": (FLOAT, "SM clock"),
+        "mem_clock_hz": (FLOAT, "memory clock"),
+        "pcie_tx_bytes_per_second": (FLOAT, "PCIe transmit throughput"),
+        "pcie_rx_bytes_per_second": (FLOAT, "PCIe receive throughput"),
+        "throttle_mask": (INT, "NVML clocks-event (throttle) reason bit mask"),
+        "throttle_reasons": (STRS, "names of the active throttle reasons"),
+        "ecc_corrected_total": (INT, "volatile corrected ECC errors since driver load (counter)"),
+        "ecc_uncorrected_total": (INT, "volatile uncorrected ECC errors since driver load (counter)"),
+        "processes": (OBJS, "per process: pid, used_bytes"),
+    },
+    "gpu_event": {
+        "index": (INT, "NVML device index"),
+        "uuid": (STR, "GPU UUID"),
+        "kind": (STR, "xid | ecc_corrected | ecc_uncorrected"),
+        "count": (INT, "how many occurred (ECC: increase since the previous sample)"),
+        "xid": (INT, "the Xid code, for kind=xid"),
+    },
+    "heartbeat": {
+        "seq": (INT, "heartbeat number, contiguous within one agent instance, from 1"),
+        "instance": (STR, "random id of this agent process start"),
+        "agent_version": (STR, "cmdare-agent version"),
+        "uptime_seconds": (FLOAT, "seconds since the agent started"),
+        "samples_total": (INT, "sampling rounds completed"),
+        "events_total": (INT, "events produced"),
+        "spooled_total": (INT, "events written to the spool"),
+        "shipped_total": (INT, "events acknowledged by Kafka (acks=all)"),
+        "dropped_total": (INT, "events dropped: spool bound by size/age, or unwritable"),
+        "spool_bytes": (INT, "current spool size on disk"),
+        "spool_pending": (INT, "events spooled but not yet acknowledged"),
+    },
+    "status": {
+        "source": (STR, "source or sink name, e.g. gpu, host, sink.kafka"),
+        "ok": (BOOL, "whether the last collect/ship succeeded"),
+        "state": (STR, "ok | error | unavailable"),
+        "duration_seconds": (FLOAT, "time the last collect took"),
+        "message": (STR, "why, when not ok or when the state changed"),
+    },
+}
+
+ENVELOPE_KEYS = ("v", "id", "ts", "node", "role", "job", "labels", "type", "data")
+MAX_ID_LEN = 64
+MAX_NAME_LEN = 256
+
+
+class InvalidEvent(ValueError):
+    """An event that is not valid wire format; the message is the one-line reason."""
+
+
+class IdGenerator:
+    """Fleet-unique event ids without coordination.
+
+    96 random bits fixed per agent start (``instance``) plus a 32-bit counter, printed
+    as a UUID.  A new random prefix is drawn if the counter ever wraps.
+    """
+
+    def __init__(self) -> None:
+        self._new_prefix()
+
+    def _new_prefix(self) -> None:
+        p = os.urandom(12).hex()
+        self.instance = p
+        self._head = f"{p[0:8]}-{p[8:12]}-{p[12:16]}-{p[16:20]}-{p[20:24]}"
+        self._seq = 0
+
+    def next(self) -> str:
+        self._seq += 1
+        if self._seq > 0xFFFFFFFF:
+            self._new_prefix()
+            self._seq = 1
+        return f"{self._head}{self._seq:08x}"
+
+
+class EventFactory:
+    """Builds envelopes for one agent: node, role, job and labels stamped on every event."""
+
+    def __init__(self, node: str, role: str, job: str = "", labels: Mapping[str, str] | None = None):
+        self.ids = IdGenerator()
+        self.node, self.role, self.job = node, role, job
+        self.labels = dict(labels or {})
+
+    def make(self, type_: str, data: Mapping[str, Any], ts: float | None = None) -> dict[str, Any]:
+        return {
+            "v": VERSION,
+            "id": self.ids.next(),
+            "ts": round(time.time() if ts is None else ts, 6),
+            "node": self.node,
+            "role": self.role,
+            "job": self.job,
+            "labels": self.labels,
+            "type": type_,
+            "data": dict(data),
+        }
+
+
+def encode(event: Mapping[str, Any]) -> bytes:
+    """One NDJSON line (with its trailing newline)."""
+    return json.dumps(event, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def encode_many(events: Iterable[Mapping[str, Any]]) -> bytes:
+    return b"".join(encode(e) for e in events)
+
+
+def _kind_ok(kind: str, v: Any) -> bool:
+    t = type(v)
+    if kind == FLOAT:
+        return (t is float and math.isfinite(v)) or t is int
+    if kind == INT:
+        return t is int
+    if kind == STR:
+        return t is str
+    if kind == BOOL:
+        return t is bool
+    if kind == FLOATS:
+        return t is list and all((type(x) is float and math.isfinite(x)) or type(x) is int for x in v)
+    if kind == STRS:
+        return t is list and all(type(x) is str for x in v)
+    if kind == OBJS:
+        return t is list and all(type(x) is dict for x in v)
+    return False
+
+
+def validate(ev: Any) -> dict[str, Any]:
+    """Check one decoded event; return it or raise InvalidEvent with a one-line reason.
+
+    Unknown ``type`` values are valid (they are stored as unknown events so a newer agent
+    never loses data to an older collector); unknown ``v`` values are not.
+    """
+    if type(ev) is not dict:
+        raise InvalidEvent(f"event is a JSON {type(ev).__name__}, expected an object")
+    v = ev.get("v")
+    if v != VERSION or type(v) is not int:
+        raise InvalidEvent(f"unsupported wire format version {v!r} (this collector reads v{VERSION})")
+    id_ = ev.get("id")
+    if type(id_) is not str or not 0 < len(id_) <= MAX_ID_LEN:
+        raise InvalidEvent("field 'id' must be a non-empty string of at most 64 characters")
+    ts = ev.get("ts")
+    if not ((type(ts) is float and math.isfinite(ts)) or type(ts) is int) or not 0 < ts < 1e11:
+        raise InvalidEvent(f"field 'ts' must be unix seconds, got {ts!r}"[:200])
+    for key in ("node", "type"):
+        val = ev.get(key)
+        if type(val) is not str or not 0 < len(val) <= MAX_NAME_LEN:
+            raise InvalidEvent(f"field '{key}' must be a non-empty string of at most {MAX_NAME_LEN} characters")
+    role = ev.get("role")
+    if role not in ROLES:
+        raise InvalidEvent(f"field 'role' must be one of {', '.join(ROLES)}, got {role!r}"[:200])
+    if type(ev.get("job", "")) is not str:
+        raise InvalidEvent("field 'job' must be a string")
+    labels = ev.get("labels", {})
+    if type(labels) is not dict or any(type(x) is not str for x in labels.values()):
+        raise InvalidEvent("field 'labels' must be an object of string values")
+    data = ev.get("data")
+    if type(data) is not dict:
+        raise InvalidEvent("field 'data' must be an object")
+    spec = DATA_FIELDS.get(ev["type"])
+    if spec is not None:
+        for name, val in data.items():
+            fs = spec.get(name)
+            if fs is not None and val is not None and not _kind_ok(fs[0], val):
+                raise InvalidEvent(f"{ev['type']}.{name} must be {fs[0]}, got {type(val).__name__} {val!r}"[:200])
+    return ev
+
+
+def decode_line(line: bytes | str) -> dict[str, Any]:
+    """Parse and validate one NDJSON line; InvalidEvent on any problem."""
+    try:
+        ev = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidEvent(f"not valid JSON: {e}"[:200]) from None
+    return validate(ev)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a v1 event, generated from DATA_FIELDS."""
+    kinds = {
+        FLOAT: {"type": "number"},
+        INT: {"type": "integer"},
+        STR: {"type": "string"},
+        BOOL: {"type": "boolean"},
+        FLOATS: {"type": "array", "items": {"type": "number"}},
+        STRS: {"type": "array", "items": {"type": "string"}},
+        OBJS: {"type": "array", "items": {"type": "object"}},
+    }
+    variants = []
+    for type_, fields in DATA_FIELDS.items():
+        props = {}
+        for name, (kind, desc) in fields.items():
+            props[name] = {"anyOf": [kinds[kind], {"type": "null"}], "description": desc}
+        variants.append({
+            "if": {"properties": {"type": {"const": type_}}, "required": ["type"]},
+            "then": {"properties": {"data": {"type": "object", "properties": props}}},
+        })
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://cmdare.dev/schema/event-v1.json",
+        "title": "cmdare telemetry event, wire format v1",
+        "type": "object",
+        "required": ["v", "id", "ts", "node", "role", "type", "data"],
+        "properties": {
+            "v": {"const": VERSION},
+            "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN,
+                   "description": "fleet-unique id; consumers de-duplicate on it"},
+            "ts": {"type": "number", "exclusiveMinimum": 0, "description": "unix time, seconds"},
+            "node": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_LEN},
+            "role": {"enum": list(ROLES)},
+            "job": {"type": "string"},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "type": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_LEN,
+                     "description": "event type; unknown types are kept, not rejected"},
+            "data": {"type": "object"},
+        },
+        "allOf": variants,
+    }

@@ -1,0 +1,198 @@
+"""The agent's main loop.
+
+Every ``interval`` (aligned to the wall clock) each enabled source collects once; each
+source's success and duration become a ``status`` event; the tick's events are appended
+to the spool in one write.  A source that raises fails only its own tick.  A shipper
+thread forwards the spool to Kafka when a sink URL is configured.
+
+SIGTERM / SIGINT: stop sampling, give the shipper up to ``STOP_GRACE`` seconds to flush,
+close the spool, exit - within 5 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import __version__
+from .config import AgentConfig
+from .events import EventFactory, encode
+from .sdnotify import Notifier
+from .sinks.kafka import KafkaSink
+from .sinks.shipper import Shipper
+from .sinks.spool import Spool
+from .sources import REGISTRY, Source, SourceUnavailable
+
+log = logging.getLogger("cmdare.agent")
+STOP_GRACE = 3.0
+
+
+class SourceRunner:
+    """Wraps one source: start with retry, per-tick timing, state changes reported once."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.state = "new"
+        self.started = False
+
+    def tick(self, emit: Callable[..., None], status: Callable[..., None]) -> None:
+        name = self.source.name
+        t0 = time.perf_counter()
+        try:
+            if not self.started:
+                self.source.start()
+                self.started = True
+            self.source.collect(emit)
+            state, msg = "ok", None
+        except SourceUnavailable as e:
+            state, msg = "unavailable", str(e)
+            self.started = False
+        except Exception as e:
+            state, msg = "error", f"{type(e).__name__}: {e}"[:500]
+        dur = round(time.perf_counter() - t0, 6)
+        changed = state != self.state
+        if changed:
+            if state == "ok":
+                log.info("source %s: ok", name)
+            elif state == "unavailable":
+                log.warning("source %s: unavailable: %s", name, msg)
+            else:
+                log.error("source %s: %s", name, msg)
+        self.state = state
+        if state == "unavailable" and not changed:
+            return  # said once; not every tick
+        status(name, state, dur, msg if (msg or changed) else None)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, adapters: dict[str, Any] | None = None,
+                 notifier: Notifier | None = None) -> None:
+        self.cfg = cfg
+        self.factory = EventFactory(cfg.node, cfg.role, cfg.job, cfg.labels)
+        self.started_at = time.time()
+        self.notifier = notifier or Notifier()
+        self.stop_event = threading.Event()
+        self.samples_total = 0
+        self.events_total = 0
+        self.spool = Spool(cfg.spool.dir, cfg.spool.max_bytes, cfg.spool.max_age, cfg.spool.segment_bytes,
+                           cfg.spool.fsync, consumer="shipped" if cfg.sink.kafka else "collected")
+        self.shipper: Shipper | None = None
+        self._sink_status: list[tuple[bool, str]] = []
+        adapters = adapters or {}
+        self.runners = []
+        for name, cls in REGISTRY.items():
+            scfg = cfg.sources[name]
+            if scfg["enabled"]:
+                self.runners.append(SourceRunner(cls(scfg, stats=self.stats, **adapters)))
+        self._pending: list[bytes] = []
+        self._pending_n = 0
+
+    # -- counters for the heartbeat
+    def stats(self) -> dict[str, Any]:
+        return {
+            "instance": self.factory.ids.instance,
+            "agent_version": __version__,
+            "uptime_seconds": round(time.time() - self.started_at, 3),
+            "samples_total": self.samples_total,
+            "events_total": self.events_total,
+            "spooled_total": self.spool.spooled_total,
+            "shipped_total": self.shipper.shipped_total if self.shipper else 0,
+            "dropped_total": self.spool.dropped_total,
+            "spool_bytes": self.spool.size_bytes(),
+            "spool_pending": self.spool.pending,
+        }
+
+    def emit(self, type_: str, data: dict[str, Any], ts: float | None = None) -> None:
+        self._pending.append(encode(self.factory.make(type_, data, ts)))
+        self._pending_n += 1
+
+    def _status(self, source: str, state: str, dur: float, msg: str | None) -> None:
+        d: dict[str, Any] = {"source": source, "ok": state == "ok", "state": state, "duration_seconds": dur}
+        if msg:
+            d["message"] = msg
+        self.emit("status", d)
+
+    def _on_sink(self, ok: bool, msg: str) -> None:
+        self._sink_status.append((ok, msg))  # picked up by the next tick (thread-safe append)
+
+    def tick(self) -> None:
+        ts = time.time()
+        for r in self.runners:
+            r.tick(lambda t, d, ts_=None: self.emit(t, d, ts_ or ts), self._status)
+        while self._sink_status:
+            ok, msg = self._sink_status.pop(0)
+            self._status("sink.kafka", "ok" if ok else "error", 0.0, msg)
+        self.samples_total += 1
+        self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data, n = b"".join(self._pending), self._pending_n
+        self._pending, self._pending_n = [], 0
+        try:
+            self.spool.append(data, n)
+        except OSError as e:
+            self.spool.dropped_total += n
+            log.error("spool write failed, %d events dropped: %s", n, e)
+        else:
+            self.events_total += n
+            if self.shipper:
+                self.shipper.wake.set()
+
+    def open(self) -> None:
+        self.spool.open()
+        k = self.cfg.sink
+        if k.kafka:
+            sink = KafkaSink(k.kafka, self.cfg.node, k.linger_ms, k.compression, k.message_bytes, k.request_timeout)
+            self.shipper = Shipper(self.spool, sink, k.batch_bytes, k.retry_backoff, k.retry_backoff_max,
+                                   on_status=self._on_sink)
+            self.shipper.start()
+
+    def run(self, duration: float | None = None) -> None:
+        """Tick until stopped (signal) or for ``duration`` seconds."""
+        self.open()
+        self.notifier.ready(f"sampling every {self.cfg.interval:g}s")
+        end = None if duration is None else time.monotonic() + duration
+        interval = self.cfg.interval
+        wd = self.notifier.watchdog_interval
+        next_tick = time.time()
+        try:
+            while not self.stop_event.is_set():
+                now = time.time()
+                if now >= next_tick:
+                    self.tick()
+                    # next boundary on the interval grid; skip missed ones rather than bursting
+                    next_tick = (int(time.time() / interval) + 1) * interval
+                if end is not None and time.monotonic() >= end:
+                    break
+                wait = next_tick - time.time()
+                if wd:
+                    self.notifier.watchdog()
+                    wait = min(wait, wd)
+                if end is not None:
+                    wait = min(wait, end - time.monotonic())
+                self.stop_event.wait(max(0.0, wait))
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def close(self) -> None:
+        self.notifier.stopping()
+        t0 = time.monotonic()
+        for r in self.runners:
+            try:
+                r.source.close()
+            except Exception as e:
+                log.debug("closing %s: %s", r.source.name, e)
+        self.flush()
+        if self.shipper:
+            self.shipper.stop(STOP_GRACE)
+        self.spool.close()
+        log.info("stopped in %.2fs (spooled %d, shipped %d, pending %d)", time.monotonic() - t0,
+                 self.spool.spooled_total, self.shipper.shipped_total if self.shipper else 0, self.spool.pending)

@@ -1,0 +1,1 @@
+"""Agent sinks: the local spool (write-ahead log, always on) and Kafka."""

@@ -1,0 +1,114 @@
+"""The shipper: forwards the spool to Kafka, in order, and moves ``cursor.shipped``
+only over what Kafka acknowledged.  When the broker is away it backs off (exponential,
+capped) while the spool grows within its bounds; when the broker returns it resumes
+from the cursor.  A message holds whole events (NDJSON) up to ``sink.message_bytes``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from .kafka import KafkaSink, SinkError
+from .spool import Position, Spool, read_lines
+
+log = logging.getLogger("cmdare.agent.shipper")
+
+
+def pack(chunks: list[tuple[bytes, Position]], message_bytes: int) -> list[tuple[bytes, int, Position]]:
+    """Cut line chunks into messages of at most ``message_bytes`` (a longer single event
+    travels alone).  Returns [(message, events in it, spool position after it)]."""
+    out: list[tuple[bytes, int, Position]] = []
+    for data, end_pos in chunks:
+        start = 0
+        n = len(data)
+        base = end_pos.offset - n
+        while start < n:
+            stop = min(start + message_bytes, n)
+            if stop < n:
+                cut = data.rfind(b"\n", start, stop) + 1
+                stop = cut if cut > start else data.index(b"\n", start) + 1
+            msg = data[start:stop]
+            out.append((msg, msg.count(b"\n"), Position(end_pos.segment, base + stop)))
+            start = stop
+    return out
+
+
+class Shipper(threading.Thread):
+    def __init__(self, spool: Spool, sink: KafkaSink, batch_bytes: int, backoff: float = 1.0,
+                 backoff_max: float = 30.0, on_status: Callable[[bool, str], None] | None = None) -> None:
+        super().__init__(name="cmdare-shipper", daemon=True)
+        self.spool, self.sink = spool, sink
+        self.batch_bytes, self.backoff, self.backoff_max = batch_bytes, backoff, backoff_max
+        self.on_status = on_status or (lambda ok, msg: None)
+        self.shipped_total = 0
+        self.skipped_total = 0
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.deadline: float | None = None
+        self._ok: bool | None = None
+
+    def _state(self, ok: bool, msg: str) -> None:
+        if ok != self._ok:
+            (log.info if ok else log.warning)("kafka sink %s: %s", "ok" if ok else "failing", msg)
+            self.on_status(ok, msg)
+        self._ok = ok
+
+    def ship_once(self) -> int:
+        """Ship up to ``batch_bytes`` from the cursor; return events shipped (0: nothing
+        to do).  Raises SinkError when the broker took nothing."""
+        cur = self.spool.cursor()
+        chunks, nxt, skipped = read_lines(self.spool.dir, cur, self.batch_bytes)
+        self.skipped_total += skipped
+        if not chunks:
+            if nxt != cur:  # skipped over deleted / torn segments
+                self.spool.commit(nxt, 0)
+            return 0
+        msgs = pack(chunks, self.sink.message_bytes)
+        acked = self.sink.write([m for m, _, _ in msgs])
+        if acked == 0:
+            raise SinkError(f"{self.sink.url.text}: no acknowledgement from the broker")
+        n = sum(c for _, c, _ in msgs[:acked])
+        self.spool.commit(msgs[acked - 1][2], n)
+        self.shipped_total += n
+        if acked < len(msgs):
+            raise SinkError(f"{self.sink.url.text}: {len(msgs) - acked} of {len(msgs)} messages not acknowledged")
+        return n
+
+    def run(self) -> None:
+        delay = self.backoff
+        while True:
+            if self.stopping.is_set() and (self.deadline is None or time.monotonic() >= self.deadline):
+                break
+            try:
+                n = self.ship_once()
+                self._state(True, f"shipping to {self.sink.url.text}")
+                delay = self.backoff
+                if n == 0:
+                    if self.stopping.is_set():
+                        break
+                    self.wake.wait(0.5)
+                    self.wake.clear()
+            except SinkError as e:
+                self._state(False, str(e))
+                self.sink.close(timeout=0.5)
+                if self.stopping.is_set():
+                    break
+                self.wake.wait(delay)
+                delay = min(delay * 2, self.backoff_max)
+            except Exception as e:  # never let the thread die silently
+                self._state(False, f"{type(e).__name__}: {e}")
+                if self.stopping.is_set():
+                    break
+                self.wake.wait(delay)
+                delay = min(delay * 2, self.backoff_max)
+        self.sink.close(timeout=max(0.1, (self.deadline or time.monotonic()) - time.monotonic()))
+
+    def stop(self, grace: float) -> None:
+        """Finish shipping what is spooled for at most ``grace`` seconds, then stop."""
+        self.deadline = time.monotonic() + grace
+        self.stopping.set()
+        self.wake.set()
+        self.join(grace + 1.0)

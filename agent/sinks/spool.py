@@ -1,0 +1,264 @@
+"""The local disk spool: the agent's write-ahead log (the Fluent Bit filesystem-buffer
+model).
+
+Layout of ``spool.dir``::
+
+    0000000000000001.ndjson   segments, append-only, one event per line (wire format v1)
+    0000000000000002.ndjson   ... the highest-numbered one is being written
+    cursor.shipped            "<segment> <offset>": what Kafka acknowledged (Kafka mode)
+    cursor.collected          "<segment> <offset>": what a collector loaded (embedded mode)
+
+Sources append whole ticks; a consumer (the Kafka shipper, or a collector reading the
+directory) reads complete lines from a position and moves its cursor only after the
+data is safe downstream.  Segments wholly behind the governing cursor are deleted.
+
+Bounds: when the spool exceeds ``max_bytes``, or a segment is older than ``max_age``,
+the oldest segments are deleted even though not consumed; the events in them that had
+not been consumed are counted in ``dropped_total``.  A torn last line from a crash is cut
+off when the spool is opened.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SEGMENT = re.compile(r"^(\d{16})\.ndjson$")
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    segment: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.segment} {self.offset}"
+
+
+START = Position(0, 0)
+
+
+def seg_name(n: int) -> str:
+    return f"{n:016d}.ndjson"
+
+
+def list_segments(d: Path) -> list[int]:
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(SEGMENT.match, names) if m)
+
+
+def read_cursor(d: Path, name: str) -> Position | None:
+    try:
+        seg, off = (d / f"cursor.{name}").read_text().split()
+        return Position(int(seg), int(off))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def write_cursor(d: Path, name: str, pos: Position, fsync: bool = True) -> None:
+    tmp = d / f".cursor.{name}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{pos}\n")
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, d / f"cursor.{name}")
+
+
+def read_lines(d: Path, pos: Position, max_bytes: int) -> tuple[list[tuple[bytes, Position]], Position, int]:
+    """Complete lines from ``pos`` on, up to about ``max_bytes``.
+
+    Returns ([(chunk, position after chunk)], next position, torn lines skipped).  A chunk
+    is a run of whole lines from one segment.  A segment deleted by the bounds is skipped;
+    a partial last line is left for later while its segment is the newest, and skipped as
+    torn once a newer segment exists.
+    """
+    out: list[tuple[bytes, Position]] = []
+    skipped, budget = 0, max_bytes
+    segs = [s for s in list_segments(d) if s >= pos.segment]
+    for i, s in enumerate(segs):
+        off = pos.offset if s == pos.segment else 0
+        try:
+            with open(d / seg_name(s), "rb") as f:
+                f.seek(off)
+                buf = f.read(budget)
+                if buf and not buf.endswith(b"\n"):
+                    buf += f.readline()  # finish the line the budget cut into
+                eof = not f.read(1)
+        except FileNotFoundError:
+            continue
+        end = buf.rfind(b"\n") + 1
+        pos = Position(s, off + end)
+        if end:
+            out.append((buf[:end], pos))
+            budget -= end
+        if not eof or budget <= 0 or i == len(segs) - 1:
+            return out, pos, skipped
+        if end < len(buf):
+            skipped += 1
+        pos = Position(segs[i + 1], 0)
+    return out, pos, skipped
+
+
+class Spool:
+    """Writer side, owned by the agent (one process per spool dir)."""
+
+    def __init__(self, directory: Path | str, max_bytes: int = 1 << 30, max_age: float = 7 * 86400,
+                 segment_bytes: int = 8 << 20, fsync: bool = True, consumer: str = "shipped") -> None:
+        self.dir = Path(directory)
+        self.max_bytes, self.max_age = max_bytes, max_age
+        self.segment_bytes, self.fsync, self.consumer = segment_bytes, fsync, consumer
+        self.lock = threading.Lock()
+        self.dropped_total = 0
+        self.spooled_total = 0
+        self._f = None
+        self._active = 0
+        self._active_size = 0
+        self._sizes: dict[int, int] = {}
+        self.pending = 0  # events spooled and not yet consumed
+        self._seen_cursor: Position | None = None
+
+    def open(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        lock = self.dir / ".lock"
+        self._lockf = open(lock, "a+")
+        try:
+            import fcntl
+
+            fcntl.flock(self._lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"spool {self.dir} is in use by another cmdare-agent") from None
+        segs = list_segments(self.dir)
+        for s in segs:
+            self._sizes[s] = (self.dir / seg_name(s)).stat().st_size
+        if segs:
+            self._repair(segs[-1])
+        self._rotate((segs[-1] if segs else 0) + 1)
+        self._recount()
+
+    def _recount(self) -> None:
+        cur = self.cursor()
+        self._seen_cursor = cur
+        self.pending = sum(self._unconsumed_lines(s, cur) for s in sorted(self._sizes) if s >= cur.segment)
+
+    def _repair(self, s: int) -> None:
+        """Cut a torn last line left by a crash."""
+        p = self.dir / seg_name(s)
+        with open(p, "rb+") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                return
+            f.seek(max(0, size - (1 << 20)))
+            tail = f.read()
+            if tail.endswith(b"\n"):
+                return
+            cut = tail.rfind(b"\n")
+            keep = size - len(tail) + cut + 1 if cut >= 0 else (0 if size <= (1 << 20) else size)
+            f.truncate(keep)
+            self._sizes[s] = keep
+
+    def _rotate(self, n: int) -> None:
+        if self._f is not None:
+            self._f.close()
+        self._active = n
+        self._f = open(self.dir / seg_name(n), "ab")
+        self._active_size = self._f.tell()
+        self._sizes[n] = self._active_size
+
+    def append(self, data: bytes, count: int) -> None:
+        """Append whole NDJSON lines (``count`` events).  Raises OSError if the disk refuses."""
+        with self.lock:
+            assert self._f is not None, "spool not open"
+            if self._active_size and self._active_size + len(data) > self.segment_bytes:
+                self._rotate(self._active + 1)
+            self._f.write(data)
+            self._f.flush()
+            if self.fsync:
+                os.fsync(self._f.fileno())
+            self._active_size += len(data)
+            self._sizes[self._active] = self._active_size
+            self.spooled_total += count
+            self.pending += count
+            self._enforce_bounds()
+
+    def commit(self, pos: Position, count: int) -> None:
+        """The consumer (Kafka shipper) got ``count`` more events safely out, up to ``pos``."""
+        write_cursor(self.dir, self.consumer, pos, self.fsync)
+        with self.lock:
+            self._seen_cursor = pos
+            self.pending = max(0, self.pending - count)
+            self._enforce_bounds()
+
+    def size_bytes(self) -> int:
+        return sum(self._sizes.values())
+
+    def cursor(self) -> Position:
+        return read_cursor(self.dir, self.consumer) or START
+
+    def _unconsumed_lines(self, s: int, cur: Position) -> int:
+        if cur.segment > s:
+            return 0
+        try:
+            with open(self.dir / seg_name(s), "rb") as f:
+                if cur.segment == s:
+                    f.seek(cur.offset)
+                return f.read().count(b"\n")
+        except FileNotFoundError:
+            return 0
+
+    def _delete(self, s: int) -> None:
+        try:
+            os.unlink(self.dir / seg_name(s))
+        except FileNotFoundError:
+            pass
+        self._sizes.pop(s, None)
+
+    def _enforce_bounds(self) -> None:
+        cur = self.cursor()
+        if cur != self._seen_cursor:  # moved by another process (a collector, embedded mode)
+            self._seen_cursor = cur
+            self.pending = sum(self._unconsumed_lines(s, cur) for s in sorted(self._sizes) if s >= cur.segment)
+        now = time.time()
+        for s in sorted(self._sizes):
+            if s == self._active:
+                break
+            consumed = cur.segment > s
+            too_big = self.size_bytes() > self.max_bytes
+            too_old = False
+            if not consumed and not too_big:
+                try:
+                    too_old = now - (self.dir / seg_name(s)).stat().st_mtime > self.max_age
+                except FileNotFoundError:
+                    too_old = True
+            if consumed:
+                self._delete(s)
+            elif too_big or too_old:
+                lost = self._unconsumed_lines(s, cur)
+                self.dropped_total += lost
+                self.pending = max(0, self.pending - lost)
+                self._delete(s)
+            else:
+                break
+
+    def gc(self) -> None:
+        """Delete consumed segments and apply the bounds (also called by the shipper)."""
+        with self.lock:
+            self._enforce_bounds()
+
+    def close(self) -> None:
+        with self.lock:
+            if self._f is not None:
+                self._f.flush()
+                if self.fsync:
+                    os.fsync(self._f.fileno())
+                self._f.close()
+                self._f = None
+            if getattr(self, "_lockf", None):
+                self._lockf.close()

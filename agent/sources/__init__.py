@@ -1,0 +1,17 @@
+"""Agent sources, registered by name.  The name is also the module name and the
+``[sources.<name>]`` config table."""
+
+from __future__ import annotations
+
+from .base import Source, SourceUnavailable
+from .gpu import GpuSource
+from .heartbeat import HeartbeatSource
+from .host import HostSource
+
+REGISTRY: dict[str, type[Source]] = {
+    HostSource.name: HostSource,
+    GpuSource.name: GpuSource,
+    HeartbeatSource.name: HeartbeatSource,
+}
+
+__all__ = ["REGISTRY", "Source", "SourceUnavailable"]

@@ -1,0 +1,274 @@
+"""GPU source (NVML through nvidia-ml-py, imported as ``pynvml``).
+
+Per GPU per tick (one ``gpu`` event each): utilisation of GPU and memory, memory
+used/total, power draw and limit, temperature, SM and memory clocks, PCIe tx/rx
+throughput, clock-throttle reasons, volatile ECC totals and per-process memory.
+Xid critical errors (NVML event set) and increases of the ECC totals are sent as
+``gpu_event`` events: counts of occurrences, never a last-value gauge.
+
+Failure handling (the scenarios tests/fakes/nvml.py names):
+- NVML library or driver missing, or no GPU: the source is *unavailable*; that is
+  reported once and start is retried every ``retry_interval``.
+- A field the GPU does not support (NVML_ERROR_NOT_SUPPORTED): the field is left out.
+- A GPU that falls off the bus (NVML_ERROR_GPU_IS_LOST): a ``gpu_event`` of kind
+  ``lost`` is sent once, that GPU is skipped, the others keep reporting.
+
+The NVML module is a seam: ``backend = "pynvml"`` (default) or ``"python:pkg.module"``,
+a module exposing the same functions (tests and benchmarks use a fake).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import Emit, Source, SourceUnavailable
+
+log = logging.getLogger("cmdare.agent.gpu")
+
+# NVML return codes (stable across driver versions; see nvml.h)
+NOT_SUPPORTED, NO_PERMISSION, DRIVER_NOT_LOADED, TIMEOUT = 3, 4, 9, 10
+LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST, UNINITIALIZED = 12, 13, 15, 1
+_UNAVAILABLE_AT_INIT = {DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, NO_PERMISSION, 999}
+
+# NVML clocks-event (throttle) reason bits, as in nvml.h
+THROTTLE_BITS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+    0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+}
+
+
+def throttle_names(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+
+
+class FieldAbsent(Exception):
+    pass
+
+
+class GpuLost(Exception):
+    pass
+
+
+@dataclass
+class _Gpu:
+    index: int
+    handle: Any
+    uuid: str
+    name: str
+    lost: bool = False
+    ecc_prev: dict[str, int] = field(default_factory=dict)
+
+
+def load_backend(spec: str) -> Any:
+    """``pynvml`` or ``python:some.module`` (a module with pynvml's functions)."""
+    if spec == "pynvml":
+        import pynvml
+
+        return pynvml
+    if spec.startswith("python:"):
+        return importlib.import_module(spec[len("python:"):])
+    raise ValueError(f"sources.gpu.backend: unknown backend {spec!r} (use 'pynvml' or 'python:module')")
+
+
+class GpuSource(Source):
+    name = "gpu"
+    OPTIONS = {
+        "backend": ("str", "pynvml", "NVML binding: 'pynvml' or 'python:module' (tests)"),
+        "retry_interval": ("duration", 60.0, "how often to retry when NVML or GPUs are missing"),
+        "processes": ("bool", True, "send per-process GPU memory"),
+        "xid_events": ("bool", True, "watch NVML Xid critical-error events"),
+    }
+
+    def __init__(self, config: dict[str, Any], nvml: Any = None, clock: Callable[[], float] = time.monotonic,
+                 **_: Any) -> None:
+        super().__init__(config)
+        self._nvml_given = nvml
+        self.nvml: Any = None
+        self.clock = clock
+        self.gpus: list[_Gpu] = []
+        self.event_set: Any = None
+        self._inited = False
+        self._next_retry = 0.0
+
+    # -- the one place that talks to NVML: NotSupported -> absent, GPU lost -> GpuLost
+    def q(self, fn: str, *args: Any) -> Any:
+        try:
+            return getattr(self.nvml, fn)(*args)
+        except self.nvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code == GPU_IS_LOST:
+                raise GpuLost(str(e)) from None
+            if code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION):
+                raise FieldAbsent(str(e)) from None
+            raise
+        except AttributeError:  # older binding without this function
+            raise FieldAbsent(fn) from None
+
+    def start(self) -> None:
+        now = self.clock()
+        if now < self._next_retry:
+            raise SourceUnavailable(self._why)
+        self._next_retry = now + self.config["retry_interval"]
+        try:
+            self.nvml = self._nvml_given if self._nvml_given is not None else load_backend(self.config["backend"])
+        except ImportError as e:
+            hint = "; install nvidia-ml-py" if self.config["backend"] == "pynvml" else ""
+            self._why = f"cannot import NVML backend {self.config['backend']!r}: {e}{hint}"
+            raise SourceUnavailable(self._why) from None
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError as e:
+            self._why = f"NVML not available: {e} (no NVIDIA driver on this machine?)"
+            raise SourceUnavailable(self._why) from None
+        self._inited = True
+        try:
+            count = self.nvml.nvmlDeviceGetCount()
+        except self.nvml.NVMLError as e:
+            self.close()
+            self._why = f"NVML cannot count GPUs: {e}"
+            raise SourceUnavailable(self._why) from None
+        if count == 0:
+            self.close()
+            self._why = "NVML found no NVIDIA GPU on this machine"
+            raise SourceUnavailable(self._why)
+        self.gpus = []
+        for i in range(count):
+            try:
+                h = self.nvml.nvmlDeviceGetHandleByIndex(i)
+                uuid, name = self._text(self.nvml.nvmlDeviceGetUUID(h)), self._text(self.nvml.nvmlDeviceGetName(h))
+            except self.nvml.NVMLError as e:
+                log.warning("GPU %d: cannot open: %s", i, e)
+                self.gpus.append(_Gpu(i, None, f"index-{i}", "unknown", lost=True))
+                continue
+            self.gpus.append(_Gpu(i, h, uuid, name))
+        if self.config["xid_events"]:
+            self._watch_xid()
+
+    @staticmethod
+    def _text(v: Any) -> str:
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    def _watch_xid(self) -> None:
+        try:
+            self.event_set = self.nvml.nvmlEventSetCreate()
+            for g in self.gpus:
+                if g.handle is not None:
+                    try:
+                        self.nvml.nvmlDeviceRegisterEvents(g.handle, self.nvml.nvmlEventTypeXidCriticalError,
+                                                           self.event_set)
+                    except self.nvml.NVMLError as e:  # not supported on some GPUs (e.g. vGPU)
+                        log.info("GPU %d: Xid events not available: %s", g.index, e)
+        except (self.nvml.NVMLError, AttributeError) as e:
+            log.info("Xid events not available: %s", e)
+            self.event_set = None
+
+    def close(self) -> None:
+        if self.nvml is not None and self._inited:
+            try:
+                if self.event_set is not None:
+                    self.nvml.nvmlEventSetFree(self.event_set)
+            except Exception:
+                pass
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+        self._inited, self.event_set = False, None
+
+    def collect(self, emit: Emit) -> None:
+        if not self._inited:
+            self.start()  # raises SourceUnavailable until NVML and a GPU are there
+        problems = []
+        for g in self.gpus:
+            if g.lost:
+                continue
+            try:
+                data = self.sample(g)
+            except GpuLost as e:
+                g.lost = True
+                emit("gpu_event", {"index": g.index, "uuid": g.uuid, "kind": "lost", "count": 1})
+                problems.append(f"GPU {g.index} ({g.uuid}) lost: {e}")
+                log.error("GPU %d (%s) is lost: %s", g.index, g.uuid, e)
+                continue
+            emit("gpu", data)
+            for kind in ("ecc_corrected", "ecc_uncorrected"):
+                total = data.get(kind + "_total")
+                if total is None:
+                    continue
+                prev = g.ecc_prev.get(kind)
+                if prev is not None and total > prev:
+                    emit("gpu_event", {"index": g.index, "uuid": g.uuid, "kind": kind, "count": total - prev})
+                g.ecc_prev[kind] = total
+        self._drain_xid(emit)
+        if problems:
+            raise RuntimeError("; ".join(problems))
+        if self.gpus and all(g.lost for g in self.gpus):
+            raise RuntimeError("all GPUs lost")
+
+    def _drain_xid(self, emit: Emit) -> None:
+        if self.event_set is None:
+            return
+        by_handle = {id(g.handle): g for g in self.gpus}
+        for _ in range(64):  # bounded per tick
+            try:
+                ev = self.nvml.nvmlEventSetWait_v2(self.event_set, 0)
+            except self.nvml.NVMLError as e:
+                if getattr(e, "value", None) != TIMEOUT:
+                    log.debug("Xid wait: %s", e)
+                return
+            g = by_handle.get(id(ev.device))
+            if g is None:
+                g = next((x for x in self.gpus if x.handle == ev.device), None)
+            emit("gpu_event", {"index": g.index if g else -1, "uuid": g.uuid if g else "",
+                               "kind": "xid", "count": 1, "xid": int(ev.eventData)})
+
+    def sample(self, g: _Gpu) -> dict[str, Any]:
+        n, h = self.nvml, g.handle
+        d: dict[str, Any] = {"index": g.index, "uuid": g.uuid, "name": g.name}
+
+        def get(fn: str, *args: Any) -> Any:
+            try:
+                return self.q(fn, h, *args)
+            except FieldAbsent:
+                return None
+
+        u = get("nvmlDeviceGetUtilizationRates")
+        if u is not None:
+            d["util_gpu_ratio"], d["util_mem_ratio"] = u.gpu / 100.0, u.memory / 100.0
+        m = get("nvmlDeviceGetMemoryInfo")
+        if m is not None:
+            d["mem_used_bytes"], d["mem_total_bytes"] = int(m.used), int(m.total)
+        for key, fn, scale, args in (
+            ("power_watts", "nvmlDeviceGetPowerUsage", 1e-3, ()),
+            ("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", 1e-3, ()),
+            ("temp_celsius", "nvmlDeviceGetTemperature", 1.0, (n.NVML_TEMPERATURE_GPU,)),
+            ("sm_clock_hz", "nvmlDeviceGetClockInfo", 1e6, (n.NVML_CLOCK_SM,)),
+            ("mem_clock_hz", "nvmlDeviceGetClockInfo", 1e6, (n.NVML_CLOCK_MEM,)),
+            ("pcie_tx_bytes_per_second", "nvmlDeviceGetPcieThroughput", 1e3, (n.NVML_PCIE_UTIL_TX_BYTES,)),
+            ("pcie_rx_bytes_per_second", "nvmlDeviceGetPcieThroughput", 1e3, (n.NVML_PCIE_UTIL_RX_BYTES,)),
+        ):
+            v = get(fn, *args)
+            if v is not None:
+                d[key] = float(v) * scale
+        mask = get("nvmlDeviceGetCurrentClocksEventReasons")
+        if mask is None:
+            mask = get("nvmlDeviceGetCurrentClocksThrottleReasons")
+        if mask is not None:
+            d["throttle_mask"], d["throttle_reasons"] = int(mask), throttle_names(int(mask))
+        for key, etype in (("ecc_corrected_total", n.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                           ("ecc_uncorrected_total", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+            v = get("nvmlDeviceGetTotalEccErrors", etype, n.NVML_VOLATILE_ECC)
+            if v is not None:
+                d[key] = int(v)
+        if self.config["processes"]:
+            procs = get("nvmlDeviceGetComputeRunningProcesses")
+            if procs is not None:
+                d["processes"] = [{"pid": int(p.pid), "used_bytes": int(p.usedGpuMemory)}
+                                  if p.usedGpuMemory is not None else {"pid": int(p.pid)} for p in procs]
+        return d

@@ -1,0 +1,128 @@
+"""Host source (psutil): CPU, load, memory and swap, NICs, disks, process count.
+
+Fields and units: see ``DATA_FIELDS["host"]`` in events.py and docs/sources.md.
+Counters (``*_total``) are cumulative since boot; analytics derive rates.  CPU shares
+are computed from the change in CPU times since the previous tick, so the first tick
+after start reports no CPU share.  A psutil call that fails leaves its fields out and the
+tick is reported as an error; the other fields are still sent.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from .base import Emit, Source
+
+_IDLE_FIELDS = ("idle", "iowait")
+
+
+def cpu_busy_ratio(prev: Any, cur: Any) -> float | None:
+    """Busy share between two psutil ``cpu_times`` readings (named tuples)."""
+    p, c = prev._asdict(), cur._asdict()
+    # guest time is already counted in user/nice on Linux
+    keys = [k for k in c if k not in ("guest", "guest_nice")]
+    total = sum(c[k] - p.get(k, 0.0) for k in keys)
+    if total <= 0:
+        return None
+    idle = sum(c.get(k, 0.0) - p.get(k, 0.0) for k in _IDLE_FIELDS)
+    return round(min(1.0, max(0.0, 1.0 - idle / total)), 4)
+
+
+def net_rows(counters: dict[str, Any], exclude: re.Pattern[str]) -> list[dict[str, Any]]:
+    return [
+        {"nic": nic, "rx_bytes_total": c.bytes_recv, "tx_bytes_total": c.bytes_sent,
+         "rx_packets_total": c.packets_recv, "tx_packets_total": c.packets_sent,
+         "rx_errors_total": c.errin, "tx_errors_total": c.errout,
+         "rx_drops_total": c.dropin, "tx_drops_total": c.dropout}
+        for nic, c in sorted(counters.items()) if not exclude.search(nic)
+    ]
+
+
+def disk_rows(counters: dict[str, Any], exclude: re.Pattern[str]) -> list[dict[str, Any]]:
+    rows = []
+    for disk, c in sorted(counters.items()):
+        if exclude.search(disk):
+            continue
+        row = {"disk": disk, "read_bytes_total": c.read_bytes, "write_bytes_total": c.write_bytes,
+               "read_ops_total": c.read_count, "write_ops_total": c.write_count}
+        busy = getattr(c, "busy_time", None)
+        if busy is not None:
+            row["busy_seconds_total"] = busy / 1000.0
+        rows.append(row)
+    return rows
+
+
+class HostSource(Source):
+    name = "host"
+    OPTIONS = {
+        "nic_exclude": ("str", r"^lo$", "regex of NIC names to leave out"),
+        "disk_exclude": ("str", r"^(loop|ram|sr|zram)\d*$", "regex of disk names to leave out"),
+        "per_core": ("bool", True, "send per-core CPU shares"),
+    }
+
+    def __init__(self, config: dict[str, Any], psutil: Any = None, **_: Any) -> None:
+        super().__init__(config)
+        if psutil is None:
+            import psutil as _psutil
+
+            psutil = _psutil
+        self.ps = psutil
+        self.nic_exclude = re.compile(self.config["nic_exclude"])
+        self.disk_exclude = re.compile(self.config["disk_exclude"])
+        self._prev_total: Any = None
+        self._prev_cores: list[Any] | None = None
+
+    def start(self) -> None:
+        self._prev_total = self.ps.cpu_times()
+        self._prev_cores = self.ps.cpu_times(percpu=True) if self.config["per_core"] else None
+
+    def collect(self, emit: Emit) -> None:
+        ps, data, errors = self.ps, {}, []
+
+        def guard(what: str, fn: Any) -> None:
+            try:
+                fn()
+            except Exception as e:  # one failing reading must not lose the others
+                errors.append(f"{what}: {e}")
+
+        def cpu() -> None:
+            cur = ps.cpu_times()
+            if self._prev_total is not None:
+                r = cpu_busy_ratio(self._prev_total, cur)
+                if r is not None:
+                    data["cpu_util_ratio"] = r
+            self._prev_total = cur
+            if self.config["per_core"]:
+                cores = ps.cpu_times(percpu=True)
+                if self._prev_cores is not None and len(self._prev_cores) == len(cores):
+                    ratios = [cpu_busy_ratio(a, b) for a, b in zip(self._prev_cores, cores)]
+                    data["cpu_per_core_ratio"] = [x if x is not None else 0.0 for x in ratios]
+                self._prev_cores = cores
+
+        def load() -> None:
+            data["load1"], data["load5"], data["load15"] = (round(x, 3) for x in os.getloadavg())
+
+        def mem() -> None:
+            vm = ps.virtual_memory()
+            data["mem_total_bytes"], data["mem_available_bytes"] = vm.total, vm.available
+            data["mem_used_bytes"] = vm.total - vm.available
+            sw = ps.swap_memory()
+            data["swap_total_bytes"], data["swap_used_bytes"] = sw.total, sw.used
+
+        def net() -> None:
+            data["net"] = net_rows(ps.net_io_counters(pernic=True) or {}, self.nic_exclude)
+
+        def disk() -> None:
+            data["disk"] = disk_rows(ps.disk_io_counters(perdisk=True) or {}, self.disk_exclude)
+
+        def procs() -> None:
+            data["procs"] = len(ps.pids())
+
+        for what, fn in (("cpu", cpu), ("load", load), ("memory", mem), ("net", net),
+                         ("disk", disk), ("procs", procs)):
+            guard(what, fn)
+        emit("host", data)
+        if errors:
+            raise RuntimeError("; ".join(errors))
