@@ -1,0 +1,115 @@
+"""Ingest benchmark: samples per second from a real Kafka topic into DuckDB, against
+plain kafka-python consumption of the same topic in the same run.
+
+Targets (issue 2): ratio >= 0.6, and >= 100,000 samples/s on a 2-core machine.
+
+    python bench/ingest.py [--samples 400000] [--nodes 20] [--gpus 8]
+
+The topic is filled the way agents fill it: NDJSON messages of up to 256 KiB of gpu
+samples from the fake NVML (8 GPUs per node), gzip, key = node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from common import Broker
+
+from cmdare.agent.config import KafkaURL
+from cmdare.agent.events import EventFactory, encode
+from cmdare.agent.sinks.shipper import pack
+from cmdare.agent.sinks.spool import Position
+from cmdare.agent.sources.gpu import GpuSource
+from cmdare.collector.consumer import KafkaIngest
+from cmdare.collector.db import connect
+from tests.fakes.nvml import FakeNvml
+
+
+def produce(bootstrap: str, topic: str, samples: int, nodes: int, gpus: int, compression: str) -> int:
+    from kafka import KafkaProducer
+
+    prod = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, compression_type=compression,
+                         max_request_size=4 << 20, batch_size=512 << 10)
+    ticks = samples // (nodes * gpus)
+    sent = 0
+    for n in range(nodes):
+        src = GpuSource(GpuSource.parse_config("g", {}), nvml=FakeNvml(gpus=gpus))
+        src.start()
+        f = EventFactory(f"node-{n:03d}", "worker", "bench")
+        lines: list[bytes] = []
+        for t in range(ticks):
+            src.collect(lambda ty, d, ts=None: lines.append(encode(f.make(ty, d, 1.75e9 + t))))
+        data = b"".join(lines)
+        for msg, cnt, _ in pack([(data, Position(1, len(data)))], 256 << 10):
+            prod.send(topic, value=msg, key=f.node.encode())
+            sent += cnt
+    prod.flush()
+    prod.close()
+    return sent
+
+
+def raw_consume(bootstrap: str, topic: str, expected_msgs: int | None = None) -> tuple[float, int, int]:
+    from kafka import KafkaConsumer
+
+    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"raw-{uuid.uuid4().hex[:6]}",
+                      auto_offset_reset="earliest", enable_auto_commit=False,
+                      max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=2000)
+    msgs = lines = 0
+    t0 = time.perf_counter()  # like ours: group join included, then fetch + decompress + iterate
+    t_end = t0
+    idle = time.monotonic()
+    while time.monotonic() - idle < 3.0:
+        polled = c.poll(timeout_ms=200)
+        for recs in polled.values():
+            for r in recs:
+                msgs += 1
+                lines += r.value.count(b"\n")
+            idle = time.monotonic()
+        if polled:
+            t_end = time.perf_counter()
+    c.close()
+    return t_end - t0, msgs, lines
+
+
+def ours(bootstrap: str, topic: str, db: Path) -> tuple[float, int]:
+    con = connect(db)
+    ing = KafkaIngest(con, KafkaURL([bootstrap], topic), group=f"cmdare-{uuid.uuid4().hex[:6]}")
+    ing.open()
+    t0 = time.perf_counter()
+    totals = ing.run(idle_exit=3.0)
+    elapsed = time.perf_counter() - t0 - 3.0
+    ing.close()
+    n = con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]
+    con.close()
+    return elapsed, n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=400_000)
+    ap.add_argument("--nodes", type=int, default=20)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--compression", default="gzip")
+    a = ap.parse_args()
+    with Broker() as b, tempfile.TemporaryDirectory() as tmp:
+        topic = "bench-ingest"
+        t = time.perf_counter()
+        n = produce(b.bootstrap, topic, a.samples, a.nodes, a.gpus, a.compression)
+        print(f"produced {n} gpu samples ({a.nodes} nodes x {a.gpus} GPUs, {a.compression}) "
+              f"in {time.perf_counter() - t:.1f}s")
+        raw_s, msgs, lines = raw_consume(b.bootstrap, topic)
+        our_s, stored = ours(b.bootstrap, topic, Path(tmp) / "bench.duckdb")
+        raw_rate, our_rate = lines / raw_s, stored / our_s
+        print(f"raw kafka-python : {lines} samples in {msgs} messages, {raw_s:.2f}s -> {raw_rate:,.0f} samples/s")
+        print(f"cmdare-collector : {stored} samples stored, {our_s:.2f}s -> {our_rate:,.0f} samples/s")
+        print(f"ratio            : {our_rate / raw_rate:.2f}x of raw (target >= 0.6)")
+        print(f"absolute         : {our_rate:,.0f} samples/s (target >= 100,000)")
+        assert stored == n, f"stored {stored} of {n}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""cmdare-collector: loads telemetry events (Kafka topic or spool directory) into DuckDB."""

@@ -1,0 +1,139 @@
+"""cmdare-collector command line."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from cmdare.agent.config import ConfigError, parse_duration, parse_kafka_url, parse_size
+
+from .consumer import KafkaIngest, SpoolIngest, Totals
+from .db import DatabaseError, connect
+
+DB_HELP = "DuckDB database file (default: $CMDARE_DB, else ./cmdare.duckdb)"
+
+
+def _progress(t: Totals) -> None:
+    click.echo(f"cmdare-collector: {t.line()}", err=True)
+
+
+def _open(db: str):
+    try:
+        return connect(db)
+    except DatabaseError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cmdare", prog_name="cmdare-collector")
+def cli() -> None:
+    """Load cmdare telemetry events into a DuckDB database file.
+
+    \b
+    Examples:
+      cmdare-collector kafka kafka://10.0.0.5:9092/cmdare.events --db fleet.duckdb
+      cmdare-collector spool /var/lib/cmdare/spool --db cmdare.duckdb
+    """
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+
+@cli.command()
+@click.argument("url")
+@click.option("--db", envvar="CMDARE_DB", default="cmdare.duckdb", show_default=True, help=DB_HELP)
+@click.option("--group", default="cmdare-collector", show_default=True, help="Kafka consumer group")
+@click.option("--batch-bytes", default="16MiB", show_default=True, help="write a transaction at this much data")
+@click.option("--max-wait", default="1s", show_default=True, help="...or after this long")
+@click.option("--idle-exit", default=None, help="exit after no message for this long (e.g. 30s); default: run until stopped")
+@click.option("--progress-every", default="10s", show_default=True, help="how often to print progress")
+def kafka(url: str, db: str, group: str, batch_bytes: str, max_wait: str, idle_exit: str | None,
+          progress_every: str) -> None:
+    """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
+
+    Offsets are committed only after the rows are committed in DuckDB; events delivered
+    twice are stored once; bad messages go to the dead_letters table.
+
+    \b
+    Example:
+      cmdare-collector kafka kafka://127.0.0.1:9092/cmdare.events --db fleet.duckdb
+    """
+    try:
+        u = parse_kafka_url("URL", url)
+        bb = parse_size("--batch-bytes", batch_bytes)
+        mw = parse_duration("--max-wait", max_wait)
+        ie = parse_duration("--idle-exit", idle_exit) if idle_exit else None
+        pe = parse_duration("--progress-every", progress_every)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    con = _open(db)
+    ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe)
+    try:
+        ing.open()
+    except ConnectionError as e:
+        raise click.ClickException(str(e)) from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ing.stop())
+    click.echo(f"cmdare-collector: consuming {u.text} (group {group}) into {db}", err=True)
+    try:
+        t = ing.run(idle_exit=ie)
+    finally:
+        ing.close()
+        con.close()
+    click.echo(f"cmdare-collector: done: {t.line()}", err=True)
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--db", envvar="CMDARE_DB", default="cmdare.duckdb", show_default=True, help=DB_HELP)
+@click.option("--follow", is_flag=True, help="keep loading new events until stopped")
+@click.option("--interval", default="1s", show_default=True, help="with --follow: how often to look")
+def spool(directory: Path, db: str, follow: bool, interval: str) -> None:
+    """Load an agent's spool DIRECTORY (the embedded default: no Kafka) into --db.
+
+    The position reached is stored in the database, so running it again loads only what
+    is new.
+
+    \b
+    Example:
+      cmdare-collector spool /var/lib/cmdare/spool --db cmdare.duckdb
+    """
+    try:
+        iv = parse_duration("--interval", interval)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    if not directory.is_dir():
+        raise click.ClickException(f"{directory}: no such spool directory")
+    con = _open(db)
+    ing = SpoolIngest(con, directory, progress=_progress)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ing.stop())
+    try:
+        if follow:
+            ing.follow(iv)
+        else:
+            ing.load_available()
+    finally:
+        con.close()
+    click.echo(f"cmdare-collector: {directory} -> {db}: {ing.totals.line()}", err=True)
+
+
+@cli.command()
+@click.option("--db", envvar="CMDARE_DB", default="cmdare.duckdb", show_default=True, help=DB_HELP)
+def migrate(db: str) -> None:
+    """Create --db or bring its schema up to date, and list the applied migrations."""
+    con = _open(db)
+    for v, name, at in con.execute("SELECT version, name, applied_at FROM schema_migrations ORDER BY 1").fetchall():
+        click.echo(f"{v:03d} {name:<24} {at:%Y-%m-%d %H:%M:%S}")
+    con.close()
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

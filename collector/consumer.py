@@ -1,0 +1,183 @@
+"""Ingest loops: a Kafka consumer group, or a spool directory read directly.
+
+Kafka: messages are gathered into batches (``batch_bytes`` or ``max_wait``), each batch is
+one DuckDB transaction, and the group's offsets are committed only after that transaction
+has committed.  A crash between the two replays the batch; the writer's de-duplication
+stores each event once.
+
+Spool: the position reached is stored in DuckDB (``ingest_positions``) in the same
+transaction as the rows, so a restart resumes exactly; ``cursor.collected`` is written
+into the spool dir afterwards so the agent can delete what was loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from cmdare.agent.config import KafkaURL
+from cmdare.agent.sinks.spool import Position, read_lines, write_cursor
+
+from .writer import WriteResult, Writer
+
+log = logging.getLogger("cmdare.collector")
+
+
+@dataclass
+class Totals:
+    events: int = 0
+    duplicates: int = 0
+    dead: int = 0
+    batches: int = 0
+    messages: int = 0
+    started: float = 0.0
+
+    def add(self, r: WriteResult, messages: int) -> None:
+        self.events += r.inserted
+        self.duplicates += r.duplicates
+        self.dead += r.dead
+        self.batches += 1
+        self.messages += messages
+
+    def line(self) -> str:
+        dt = max(1e-9, time.monotonic() - self.started)
+        return (f"{self.events} events stored ({self.events / dt:,.0f}/s), {self.duplicates} duplicates "
+                f"skipped, {self.dead} dead-lettered, {self.messages} messages in {self.batches} batches")
+
+
+Progress = Callable[[Totals], None]
+
+
+class KafkaIngest:
+    def __init__(self, con: duckdb.DuckDBPyConnection, url: KafkaURL, group: str = "cmdare-collector",
+                 batch_bytes: int = 16 << 20, max_wait: float = 1.0, progress: Progress | None = None,
+                 progress_every: float = 10.0, consumer_options: dict[str, Any] | None = None) -> None:
+        self.writer = Writer(con)
+        self.url, self.group = url, group
+        self.batch_bytes, self.max_wait = batch_bytes, max_wait
+        self.progress, self.progress_every = progress, progress_every
+        self.totals = Totals(started=time.monotonic())
+        self.stop_event = threading.Event()
+        self.options = consumer_options or {}
+        self.consumer: Any = None
+
+    def open(self) -> None:
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
+        try:
+            self.consumer = KafkaConsumer(
+                self.url.topic, bootstrap_servers=self.url.bootstrap, group_id=self.group,
+                enable_auto_commit=False, auto_offset_reset="earliest",
+                max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=2000,
+                session_timeout_ms=10000, heartbeat_interval_ms=3000, client_id="cmdare-collector",
+                **self.options)
+        except KafkaError as e:
+            raise ConnectionError(f"{self.url.text}: cannot reach a broker ({type(e).__name__}: {e})") from None
+
+    def run(self, idle_exit: float | None = None) -> Totals:
+        """Consume until stop() (or, with ``idle_exit``, until no message came for that long)."""
+        from kafka.structs import OffsetAndMetadata
+
+        if self.consumer is None:
+            self.open()
+        last_data = last_report = time.monotonic()
+        while not self.stop_event.is_set():
+            batch: list[tuple[str, bytes | None]] = []
+            offsets: dict[Any, int] = {}
+            size, t0 = 0, time.monotonic()
+            while size < self.batch_bytes and time.monotonic() - t0 < self.max_wait and not self.stop_event.is_set():
+                polled = self.consumer.poll(timeout_ms=100)
+                for tp, records in polled.items():
+                    for rec in records:
+                        batch.append((f"kafka:{tp.topic}/{tp.partition}@{rec.offset}", rec.value))
+                        size += len(rec.value or b"")
+                        offsets[tp] = rec.offset
+                if not polled and batch:
+                    break  # caught up: write what we have
+            now = time.monotonic()
+            if batch:
+                r = self.writer.write(batch)
+                self.consumer.commit({tp: OffsetAndMetadata(o + 1, "", -1) for tp, o in offsets.items()})
+                self.totals.add(r, len(batch))
+                last_data = now
+            elif idle_exit is not None and now - last_data >= idle_exit:
+                break
+            if self.progress and now - last_report >= self.progress_every:
+                self.progress(self.totals)
+                last_report = now
+        return self.totals
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            try:
+                self.consumer.close(autocommit=False)
+            except Exception:
+                pass
+            self.consumer = None
+
+
+class SpoolIngest:
+    def __init__(self, con: duckdb.DuckDBPyConnection, directory: Path | str, batch_bytes: int = 16 << 20,
+                 progress: Progress | None = None, progress_every: float = 10.0) -> None:
+        self.con, self.writer = con, Writer(con)
+        self.dir = Path(directory).resolve()
+        self.source = f"spool:{self.dir}"
+        self.batch_bytes = batch_bytes
+        self.progress, self.progress_every = progress, progress_every
+        self.totals = Totals(started=time.monotonic())
+        self.stop_event = threading.Event()
+
+    def position(self) -> Position:
+        row = self.con.execute('SELECT segment, "offset" FROM ingest_positions WHERE source = ?',
+                               [self.source]).fetchone()
+        return Position(row[0], row[1]) if row else Position(0, 0)
+
+    def load_available(self) -> int:
+        """Load everything spooled so far; return events stored."""
+        if not self.dir.is_dir():
+            raise FileNotFoundError(f"{self.dir}: no such spool directory")
+        stored, last_report = 0, time.monotonic()
+        pos = self.position()
+        while not self.stop_event.is_set():
+            chunks, nxt, skipped = read_lines(self.dir, pos, self.batch_bytes)
+            if skipped:
+                log.warning("%s: skipped %d torn line(s) left by a crash", self.dir, skipped)
+            if not chunks:
+                if nxt != pos:
+                    self.writer.write([], position=(self.source, nxt.segment, nxt.offset))
+                break
+            msgs = []
+            for data, end in chunks:
+                start = end.offset - len(data)
+                msgs.append((f"spool:{self.dir}/{end.segment:016d}@{start}", data))
+            r = self.writer.write(msgs, position=(self.source, nxt.segment, nxt.offset))
+            self.totals.add(r, len(msgs))
+            stored += r.inserted
+            pos = nxt
+            try:
+                write_cursor(self.dir, "collected", pos, fsync=False)
+            except OSError:
+                pass  # read-only spool: the agent's size/age bounds still apply
+            if self.progress and time.monotonic() - last_report >= self.progress_every:
+                self.progress(self.totals)
+                last_report = time.monotonic()
+        return stored
+
+    def follow(self, interval: float = 1.0) -> None:
+        while not self.stop_event.is_set():
+            self.load_available()
+            self.stop_event.wait(interval)
+
+    def stop(self) -> None:
+        self.stop_event.set()

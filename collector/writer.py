@@ -1,0 +1,264 @@
+"""Batched, transactional, idempotent loading of wire-format events into DuckDB.
+
+One ``Writer.write(messages)`` call is one transaction: raw messages go in as one Arrow
+table, DuckDB splits them into lines and parses and validates the JSON itself (the SQL is
+generated from ``events.DATA_FIELDS``, the same spec the agent's validator uses), typed
+rows are appended per table, rejects go to ``dead_letters`` with a reason, and the caller's
+position (spool) is recorded in the same transaction.
+
+De-duplication: an event delivered twice carries the same id *and the same ts*, so a new
+row is dropped when a row with its id exists in the batch's ts range (an anti-join that
+zone maps keep cheap) or earlier in the same batch.  No unbounded in-memory index.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from cmdare.agent.events import BOOL, DATA_FIELDS, FLOAT, FLOATS, INT, OBJS, ROLES, STR, STRS, VERSION
+
+MAX_EVENT_BYTES = 1 << 20
+RAW_CAP = 64 << 10  # bytes of a rejected message kept in dead_letters.raw
+
+TABLES = {
+    "host": "host_samples",
+    "gpu": "gpu_samples",
+    "gpu_event": "gpu_events",
+    "heartbeat": "heartbeats",
+    "status": "agent_status",
+}
+@dataclass
+class WriteResult:
+    rows: dict[str, int] = field(default_factory=dict)  # table -> rows inserted
+    duplicates: int = 0
+    dead: int = 0
+    lines: int = 0
+
+    @property
+    def inserted(self) -> int:
+        return sum(self.rows.values())
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+# Every known data field, across types (a name has one kind everywhere).
+_ALL_FIELDS: dict[str, str] = {}
+for _t, _fields in DATA_FIELDS.items():
+    for _n, (_k, _) in _fields.items():
+        assert _ALL_FIELDS.setdefault(_n, _k) == _k, f"data field {_n} has two kinds"
+
+# One json_transform per line: every envelope key and every known data field as raw JSON
+# text, so a line is parsed once and types are checked on the text (first character).
+_STRUCT = "{" + ", ".join(
+    [f'"{k}":"JSON"' for k in ("v", "id", "ts", "node", "role", "job", "labels", "type")]
+    + ['"data":{' + ", ".join(f'"{n}":"JSON"' for n in _ALL_FIELDS) + "}"]) + "}"
+
+
+def _is_num(x: str) -> str:
+    return f"(left({x}, 1) BETWEEN '0' AND '9' OR left({x}, 1) = '-')"
+
+
+def _all(x: str, pred: str) -> str:
+    return f"coalesce(list_bool_and(list_transform(from_json({x}, '[\"JSON\"]'), lambda e: {pred})), true)"
+
+
+def _field_sql(kind: str, x: str) -> tuple[str, str]:
+    """(validity predicate, value expression) for raw JSON text ``x`` of one field."""
+    if kind == FLOAT:
+        return _is_num(x), f"TRY_CAST({x} AS DOUBLE)"
+    if kind == INT:
+        return (f"regexp_full_match({x}, '-?[0-9]+') AND TRY_CAST({x} AS BIGINT) IS NOT NULL",
+                f"TRY_CAST({x} AS BIGINT)")
+    if kind == STR:
+        return f"left({x}, 1) = '\"'", f"{x}->>'$'"
+    if kind == BOOL:
+        return f"{x} IN ('true', 'false')", f"{x} = 'true'"
+    if kind == FLOATS:
+        return f"left({x}, 1) = '[' AND {_all(x, _is_num('e'))}", f"from_json({x}, '[\"DOUBLE\"]')"
+    if kind == STRS:
+        is_str = "left(e, 1) = '\"'"
+        return f"left({x}, 1) = '[' AND {_all(x, is_str)}", f"from_json({x}, '[\"VARCHAR\"]')"
+    if kind == OBJS:
+        is_obj = "left(e, 1) = '{'"
+        return f"left({x}, 1) = '[' AND {_all(x, is_obj)}", x
+    raise AssertionError(kind)
+
+
+def _present(x: str) -> str:
+    return f"({x} IS NOT NULL AND {x} <> 'null')"
+
+
+ENVELOPE_SQL = f"""
+CREATE OR REPLACE TEMP TABLE _ev AS
+WITH lines AS (
+    SELECT origin, unnest(l) AS line, unnest(range(1, len(l) + 1)) AS line_no
+    FROM (SELECT origin, string_split(msg, chr(10)) AS l FROM _batch)
+), p AS (
+    SELECT origin, line_no, line, strlen(line) AS n,
+           CASE WHEN strlen(line) <= {MAX_EVENT_BYTES} AND json_valid(line) THEN left(ltrim(line), 1) END AS c0,
+           CASE WHEN c0 = '{{' THEN json_transform(line, '{_STRUCT}') END AS r
+    FROM lines WHERE line <> ''
+)
+SELECT origin, line_no, line, n,
+    r.id->>'$' AS id,
+    make_timestamp(TRY_CAST(round(TRY_CAST(r.ts AS DOUBLE) * 1e6) AS BIGINT)) AS ts,
+    r.node->>'$' AS node, r.role->>'$' AS role, coalesce(r.job->>'$', '') AS job, r.labels AS labels,
+    r.type->>'$' AS type, r.data AS d,
+    CASE
+      WHEN n > {MAX_EVENT_BYTES} THEN 'event of ' || n || ' bytes exceeds the {MAX_EVENT_BYTES} byte limit'
+      WHEN c0 IS NULL THEN 'not valid JSON'
+      WHEN c0 <> '{{' THEN 'event is a JSON ' || lower(json_type(line)) || ', expected an object'
+      WHEN r.v IS DISTINCT FROM '{VERSION}'
+        THEN 'unsupported wire format version ' || coalesce(left(r.v, 40), 'missing') || ' (this collector reads v{VERSION})'
+      WHEN left(r.id, 1) IS DISTINCT FROM '"' OR strlen(r.id->>'$') NOT BETWEEN 1 AND 64
+        THEN 'field ''id'' must be a non-empty string of at most 64 characters'
+      WHEN NOT coalesce({_is_num("r.ts")} AND TRY_CAST(r.ts AS DOUBLE) > 0 AND TRY_CAST(r.ts AS DOUBLE) < 1e11, false)
+        THEN 'field ''ts'' must be unix seconds, got ' || coalesce(left(r.ts, 40), 'nothing')
+      WHEN left(r.node, 1) IS DISTINCT FROM '"' OR strlen(r.node->>'$') NOT BETWEEN 1 AND 256
+        THEN 'field ''node'' must be a non-empty string of at most 256 characters'
+      WHEN left(r.type, 1) IS DISTINCT FROM '"' OR strlen(r.type->>'$') NOT BETWEEN 1 AND 256
+        THEN 'field ''type'' must be a non-empty string of at most 256 characters'
+      WHEN left(r.role, 1) IS DISTINCT FROM '"' OR (r.role->>'$') NOT IN ({", ".join(map(_q, ROLES))})
+        THEN 'field ''role'' must be one of {", ".join(ROLES)}, got ' || coalesce(left(r.role, 40), 'nothing')
+      WHEN {_present("r.job")} AND left(r.job, 1) <> '"' THEN 'field ''job'' must be a string'
+      WHEN {_present("r.labels")} AND (left(r.labels, 1) <> '{{' OR NOT coalesce(list_bool_and(
+             list_transform(json_extract(r.labels, '$.*'), lambda x: json_type(x) = 'VARCHAR')), true))
+        THEN 'field ''labels'' must be an object of string values'
+      WHEN r.data IS NULL OR ({" AND ".join(f'r.data."{n}" IS NULL' for n in _ALL_FIELDS)}
+                             AND json_type(line, '$.data') IS DISTINCT FROM 'OBJECT')
+        THEN 'field ''data'' must be an object'
+    END AS reason
+FROM p
+"""
+
+
+def _type_sql(type_: str) -> tuple[str, list[str]]:
+    """SQL that builds ``_t`` (rows of one type, values typed, per-row reason, first of
+    each id in the batch) and the list of its value columns."""
+    fields = DATA_FIELDS[type_]
+    values, checks = [], []
+    for name, (kind, _) in fields.items():
+        x = f'd."{name}"'
+        ok, val = _field_sql(kind, x)
+        values.append(f'{val} AS "{name}"')
+        checks.append(f"WHEN {_present(x)} AND NOT ({ok}) THEN "
+                      f"{_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)")
+    sql = f"""
+CREATE OR REPLACE TEMP TABLE _t AS
+SELECT origin, line_no, line, n, id, ts, node, job, {", ".join(values)},
+       CASE {" ".join(checks)} END AS reason
+FROM _ev WHERE reason IS NULL AND type = {_q(type_)}
+QUALIFY row_number() OVER (PARTITION BY id ORDER BY origin, line_no) = 1
+"""
+    return sql, list(fields)
+
+
+_TYPE_SQL = {t: _type_sql(t) for t in TABLES}
+
+DEAD_SQL = f"""
+INSERT INTO dead_letters
+SELECT ?::TIMESTAMP, origin, line_no, reason, encode(left(line, {RAW_CAP})), n FROM {{src}} s
+WHERE reason IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = s.origin AND d.line = s.line_no)
+"""
+
+NODES_SQL = """
+INSERT INTO nodes
+SELECT node, arg_max(role, ts), arg_max(job, ts), arg_max(labels, ts)::JSON, min(ts), max(ts)
+FROM _ev WHERE reason IS NULL GROUP BY node
+ON CONFLICT (node) DO UPDATE SET
+    role = excluded.role, job = excluded.job, labels = excluded.labels,
+    first_seen = least(nodes.first_seen, excluded.first_seen),
+    last_seen = greatest(nodes.last_seen, excluded.last_seen)
+"""
+
+
+class Writer:
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def _insert_dedup(self, table: str, cols: list[str], src: str) -> tuple[int, int]:
+        lo, hi, n = self.con.execute(f"SELECT min(ts), max(ts), count(*) FROM {src} WHERE reason IS NULL").fetchone()
+        if not n:
+            return 0, 0
+        collist = ", ".join(f'"{c}"' for c in cols)
+        inserted = self.con.execute(f"""
+            INSERT INTO {table} (id, ts, node, job, {collist})
+            SELECT id, ts, node, job, {collist} FROM {src} s
+            WHERE reason IS NULL AND NOT EXISTS (
+                SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""", [lo, hi]).fetchone()[0]
+        return inserted, n
+
+    def write(self, messages: list[tuple[str, bytes | None]], position: tuple[str, int, int] | None = None) -> WriteResult:
+        """Load ``[(origin, raw message)]`` in one transaction; ``position`` =
+        (spool source, segment, offset) is recorded in the same transaction."""
+        res = WriteResult()
+        now = time.time()
+        origins, texts, py_dead = [], [], []
+        for origin, raw in messages:
+            if raw is None:
+                py_dead.append((origin, 0, "message has no value", b"", 0))
+                continue
+            try:
+                texts.append(raw.decode("utf-8"))
+                origins.append(origin)
+            except UnicodeDecodeError as e:
+                py_dead.append((origin, 0, f"not UTF-8 text (byte {e.start}): not a cmdare event message",
+                                bytes(raw[:RAW_CAP]), len(raw)))
+        con = self.con
+        con.execute("BEGIN")
+        try:
+            ts_now = _ts(now)
+            if texts:
+                con.register("_batch", pa.table({"origin": pa.array(origins, pa.string()),
+                                                 "msg": pa.array(texts, pa.large_string())}))
+                con.execute(ENVELOPE_SQL)
+                con.unregister("_batch")
+                res.lines = con.execute("SELECT count(*) FROM _ev").fetchone()[0]
+                res.dead += con.execute(DEAD_SQL.format(src="_ev"), [ts_now]).fetchone()[0]
+                for type_, table in TABLES.items():
+                    sql, cols = _TYPE_SQL[type_]
+                    con.execute(sql)
+                    res.dead += con.execute(DEAD_SQL.format(src="_t"), [ts_now]).fetchone()[0]
+                    inserted, offered = self._insert_dedup(table, cols, "_t")
+                    res.rows[table] = inserted
+                known = ", ".join(_q(t) for t in TABLES)
+                con.execute(f"""CREATE OR REPLACE TEMP TABLE _t AS
+                    SELECT id, ts, node, job, type, json_extract(line, '$.data') AS data, NULL::VARCHAR AS reason FROM _ev
+                    WHERE reason IS NULL AND type NOT IN ({known})
+                    QUALIFY row_number() OVER (PARTITION BY id ORDER BY origin, line_no) = 1""")
+                res.rows["unknown_events"], _ = self._insert_dedup("unknown_events", ["type", "data"], "_t")
+                con.execute(NODES_SQL)
+                valid = con.execute("SELECT count(*) FROM _ev WHERE reason IS NULL").fetchone()[0]
+                res.duplicates = max(0, valid - res.inserted - (res.dead - self._envelope_dead()))
+            for origin, line, reason, raw, size in py_dead:
+                if con.execute("SELECT count(*) FROM dead_letters WHERE origin = ? AND line = ?",
+                               [origin, line]).fetchone()[0]:
+                    continue  # a redelivered message
+                con.execute("INSERT INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)", [ts_now, origin, line, reason, raw, size])
+                res.dead += 1
+            if position is not None:
+                con.execute("""INSERT INTO ingest_positions VALUES (?, ?, ?, ?)
+                    ON CONFLICT (source) DO UPDATE SET segment = excluded.segment, "offset" = excluded."offset",
+                    updated_at = excluded.updated_at""", [*position, ts_now])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return res
+
+    def _envelope_dead(self) -> int:
+        return self.con.execute("SELECT count(*) FROM _ev WHERE reason IS NOT NULL").fetchone()[0]
+
+
+def _ts(epoch: float) -> Any:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).replace(tzinfo=None)
