@@ -78,6 +78,7 @@ class KafkaIngest:
                 enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=2000,
                 session_timeout_ms=10000, heartbeat_interval_ms=3000, client_id="cmdare-collector",
+                bootstrap_timeout_ms=15000,
                 **self.options)
         except KafkaError as e:
             raise ConnectionError(f"{self.url.text}: cannot reach a broker ({type(e).__name__}: {e})") from None

@@ -49,6 +49,7 @@ class KafkaSink:
                 retries=3,
                 reconnect_backoff_max_ms=2000,
                 max_block_ms=int(self.request_timeout * 1000),
+                bootstrap_timeout_ms=int(self.request_timeout * 1000),
                 client_id="cmdare-agent",
             )
         except KafkaError as e:

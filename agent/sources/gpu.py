@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import ConfigError
 from .base import Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.gpu")
@@ -84,6 +85,14 @@ class GpuSource(Source):
         "processes": ("bool", True, "send per-process GPU memory"),
         "xid_events": ("bool", True, "watch NVML Xid critical-error events"),
     }
+
+    @classmethod
+    def parse_config(cls, where: str, raw: Any) -> dict[str, Any]:
+        cfg = super().parse_config(where, raw)
+        b = cfg["backend"]
+        if b != "pynvml" and not (b.startswith("python:") and len(b) > len("python:")):
+            raise ConfigError(f"{where}.backend: must be 'pynvml' or 'python:<module>', got {b!r}")
+        return cfg
 
     def __init__(self, config: dict[str, Any], nvml: Any = None, clock: Callable[[], float] = time.monotonic,
                  **_: Any) -> None:

@@ -50,6 +50,7 @@ class _Dev:
         self.power_limit, self.sm_max, self.mem_clk = power, sm, memclk
         self.uuid = f"GPU-{index:08x}-fake-4e1f-9a7b-{model}{index:04d}"
         self.samples = 0
+        self.lost = False
         self.ecc = [0, 0]
 
 
@@ -104,7 +105,7 @@ class FakeNvml:
 
     def _dev(self, h: _Dev, unsupported: bool = False) -> _Dev:
         self._check()
-        if self.scenario == "gpu_lost" and h.index == 1 and h.samples >= self.lost_after:
+        if h.lost:
             raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
         if unsupported and self.scenario == "field_not_supported":
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
@@ -112,6 +113,8 @@ class FakeNvml:
 
     # -- per-sample queries (utilisation is the first call of a sample: it advances the clock)
     def nvmlDeviceGetUtilizationRates(self, h: _Dev) -> Any:
+        if self.scenario == "gpu_lost" and h.index == 1 and h.samples >= self.lost_after:
+            h.lost = True  # falls off the bus after lost_after good samples
         d = self._dev(h)
         d.samples += 1
         if self.scenario == "xid" and d.samples == 3:

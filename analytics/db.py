@@ -1,0 +1,49 @@
+"""Read-only access to the collector's database for analyses."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from pathlib import Path
+
+import duckdb
+
+DEFAULT_DB = "cmdare.duckdb"
+
+
+class AnalyticsError(Exception):
+    """A problem a user can fix (missing database, bad argument); one line."""
+
+
+def default_db() -> str:
+    return os.environ.get("CMDARE_DB") or DEFAULT_DB
+
+
+def open_ro(path: str | Path) -> duckdb.DuckDBPyConnection:
+    p = Path(path)
+    if not p.exists():
+        raise AnalyticsError(f"{p}: no such database (load one with cmdare-collector, or pass --db)")
+    try:
+        return duckdb.connect(str(p), read_only=True)
+    except duckdb.Error as e:
+        first = str(e).splitlines()[0]
+        if "lock" in first.lower():
+            raise AnalyticsError(f"{p}: locked by a running collector; query a copy, or stop the collector "
+                                 "(DuckDB allows one writer process)") from None
+        raise AnalyticsError(f"{p}: cannot open as a DuckDB database: {first}") from None
+
+
+_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_MULT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def since_cutoff(since: str | None, now: dt.datetime | None = None) -> dt.datetime | None:
+    """``10m`` / ``2h`` / ``7d`` -> naive UTC datetime; None -> no cutoff."""
+    if since is None:
+        return None
+    m = _DUR.match(since)
+    if not m:
+        raise AnalyticsError(f"--since: expected a duration like 30s, 10m, 2h or 7d, got {since!r}")
+    now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return now - dt.timedelta(seconds=float(m.group(1)) * _MULT[m.group(2)])

@@ -1,0 +1,48 @@
+"""Rendering results: aligned text tables for people, JSON for programs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+from typing import Any
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:g}" if abs(v) < 1e15 else f"{v:.6g}"
+    if isinstance(v, (dt.datetime, dt.date)):
+        return v.isoformat(sep=" ") if isinstance(v, dt.datetime) else v.isoformat()
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    numeric = [all(isinstance(r[i], (int, float, decimal.Decimal)) or r[i] is None for r in rows) and rows
+               for i in range(len(columns))]
+
+    def fmt(vals: list[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
+
+    lines = [fmt(columns), fmt(["-" * w for w in widths])]
+    lines += [fmt(r) for r in cells]
+    return "\n".join(lines)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (dt.datetime, dt.date)):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, bytes):
+        return v.hex()
+    return v
+
+
+def as_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    return json.dumps([{c: _jsonable(v) for c, v in zip(columns, r)} for r in rows], default=str)

@@ -1,0 +1,97 @@
+"""Host source: the pure conversions on literal values, and collect() against a fake
+psutil adapter (a seam, no monkey-patching)."""
+
+from __future__ import annotations
+
+import re
+from collections import namedtuple
+from types import SimpleNamespace
+
+import pytest
+
+from cmdare.agent.sources.host import HostSource, cpu_busy_ratio, disk_rows, net_rows
+
+CT = namedtuple("scputimes", "user nice system idle iowait irq softirq steal guest guest_nice")
+NIC = namedtuple("snetio", "bytes_sent bytes_recv packets_sent packets_recv errin errout dropin dropout")
+DISK = namedtuple("sdiskio", "read_count write_count read_bytes write_bytes read_time write_time busy_time")
+
+
+def test_cpu_busy_ratio_from_time_deltas() -> None:
+    a = CT(100, 0, 50, 800, 50, 0, 0, 0, 10, 0)
+    b = CT(160, 0, 70, 900, 70, 0, 0, 0, 30, 0)  # +80 busy, +120 idle(incl iowait)
+    assert cpu_busy_ratio(a, b) == 0.4  # guest is already inside user: not counted twice
+
+
+def test_cpu_busy_ratio_no_time_passed() -> None:
+    a = CT(1, 0, 1, 1, 0, 0, 0, 0, 0, 0)
+    assert cpu_busy_ratio(a, a) is None
+
+
+def test_net_and_disk_rows_exclusions_and_units() -> None:
+    nets = {"lo": NIC(1, 1, 1, 1, 0, 0, 0, 0), "eth0": NIC(10, 20, 3, 4, 1, 2, 5, 6)}
+    assert net_rows(nets, re.compile("^lo$")) == [{
+        "nic": "eth0", "rx_bytes_total": 20, "tx_bytes_total": 10, "rx_packets_total": 4, "tx_packets_total": 3,
+        "rx_errors_total": 1, "tx_errors_total": 2, "rx_drops_total": 5, "tx_drops_total": 6}]
+    disks = {"loop0": DISK(1, 1, 1, 1, 1, 1, 1), "nvme0n1": DISK(7, 8, 4096, 8192, 0, 0, 1500)}
+    assert disk_rows(disks, re.compile(r"^loop\d*$")) == [{
+        "disk": "nvme0n1", "read_bytes_total": 4096, "write_bytes_total": 8192, "read_ops_total": 7,
+        "write_ops_total": 8, "busy_seconds_total": 1.5}]
+
+
+class FakePsutil:
+    def __init__(self, fail: str | None = None) -> None:
+        self.t = 0
+        self.fail = fail
+
+    def cpu_times(self, percpu: bool = False):
+        self.t += 1
+        one = CT(10 * self.t, 0, 0, 30 * self.t, 0, 0, 0, 0, 0, 0)
+        return [one, one] if percpu else one
+
+    def virtual_memory(self):
+        return SimpleNamespace(total=1000, available=250)
+
+    def swap_memory(self):
+        return SimpleNamespace(total=10, used=3)
+
+    def net_io_counters(self, pernic: bool = False):
+        if self.fail == "net":
+            raise OSError("/proc/net/dev unreadable")
+        return {"eth0": NIC(1, 2, 3, 4, 0, 0, 0, 0)}
+
+    def disk_io_counters(self, perdisk: bool = False):
+        return {}
+
+    def pids(self):
+        return [1, 2, 3]
+
+
+def test_collect_emits_one_host_event() -> None:
+    src = HostSource(HostSource.parse_config("sources.host", {}), psutil=FakePsutil())
+    src.start()
+    out = []
+    src.collect(lambda t, d, ts=None: out.append((t, d)))
+    assert [t for t, _ in out] == ["host"]
+    d = out[0][1]
+    assert d["cpu_util_ratio"] == 0.25 and d["cpu_per_core_ratio"] == [0.25, 0.25]
+    assert d["mem_used_bytes"] == 750 and d["swap_used_bytes"] == 3 and d["procs"] == 3
+    assert d["net"][0]["nic"] == "eth0" and d["disk"] == []
+
+
+def test_a_failing_reading_keeps_the_others_and_reports_the_error() -> None:
+    src = HostSource(HostSource.parse_config("sources.host", {}), psutil=FakePsutil(fail="net"))
+    src.start()
+    out = []
+    with pytest.raises(RuntimeError, match="net: /proc/net/dev unreadable"):
+        src.collect(lambda t, d, ts=None: out.append(d))
+    assert "net" not in out[0] and out[0]["mem_total_bytes"] == 1000
+
+
+def test_real_psutil_reading() -> None:
+    """This machine, for real: the fields a user sees in analyze host."""
+    src = HostSource(HostSource.parse_config("sources.host", {}))
+    src.start()
+    out = []
+    src.collect(lambda t, d, ts=None: out.append(d))
+    d = out[0]
+    assert d["mem_total_bytes"] > 0 and 0 <= d.get("cpu_util_ratio", 0) <= 1 and d["procs"] > 0

@@ -1,0 +1,125 @@
+"""The spool: write-ahead log semantics, torn lines, bounds with counted drops, cursors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cmdare.agent.sinks.shipper import pack
+from cmdare.agent.sinks.spool import Position, Spool, list_segments, read_lines, seg_name
+
+
+def lines(n: int, start: int = 0, width: int = 100) -> bytes:
+    return b"".join(f'{{"n":{i}}}'.ljust(width).encode() + b"\n" for i in range(start, start + n))
+
+
+def all_read(d: Path, pos: Position = Position(0, 0)) -> list[bytes]:
+    out = []
+    while True:
+        chunks, nxt, _ = read_lines(d, pos, 1000)
+        if not chunks:
+            return out
+        for data, _ in chunks:
+            out += data.splitlines()
+        pos = nxt
+
+
+def test_append_and_read_back_in_order_across_segments(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=4096, fsync=False)
+    sp.open()
+    for i in range(10):
+        sp.append(lines(10, i * 10), 10)
+    assert len(list_segments(tmp_path)) > 2
+    got = all_read(tmp_path)
+    assert [int(x.split(b":")[1].split(b"}")[0]) for x in got] == list(range(100))
+    assert sp.pending == 100 and sp.spooled_total == 100
+
+
+def test_partial_line_is_not_read_until_complete(tmp_path: Path) -> None:
+    (tmp_path / seg_name(1)).write_bytes(b'{"a":1}\n{"b":')
+    chunks, nxt, skipped = read_lines(tmp_path, Position(0, 0), 1 << 20)
+    assert [c for c, _ in chunks] == [b'{"a":1}\n'] and nxt == Position(1, 8) and skipped == 0
+
+
+def test_torn_tail_is_cut_when_reopened_after_a_crash(tmp_path: Path) -> None:
+    (tmp_path / seg_name(1)).write_bytes(b'{"a":1}\n{"b":')
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    sp.append(b'{"c":3}\n', 1)
+    assert all_read(tmp_path) == [b'{"a":1}', b'{"c":3}']
+
+
+def test_torn_tail_in_a_sealed_segment_is_skipped_and_counted(tmp_path: Path) -> None:
+    (tmp_path / seg_name(1)).write_bytes(b'{"a":1}\n{"b":')
+    (tmp_path / seg_name(2)).write_bytes(b'{"c":3}\n')
+    chunks, nxt, skipped = read_lines(tmp_path, Position(1, 8), 1 << 20)
+    assert [c for c, _ in chunks] == [b'{"c":3}\n'] and skipped == 1
+
+
+def test_size_bound_drops_oldest_and_counts_the_unshipped(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, max_bytes=3 * 4096, segment_bytes=4096, fsync=False)
+    sp.open()
+    for i in range(20):
+        sp.append(lines(10, i * 10), 10)  # 200 events of 101 bytes: ~20 KB into a 12 KB bound
+    assert sp.size_bytes() <= 3 * 4096 + 1010
+    kept = all_read(tmp_path)
+    assert sp.dropped_total + len(kept) == 200
+    assert sp.dropped_total > 0
+    # the oldest went first: what is kept is the newest, contiguous
+    nums = [int(x.split(b":")[1].split(b"}")[0]) for x in kept]
+    assert nums == list(range(200 - len(kept), 200))
+    assert sp.pending == len(kept)
+
+
+def test_age_bound(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, max_age=60, segment_bytes=4096, fsync=False)
+    sp.open()
+    sp.append(lines(40), 40)
+    sp.append(lines(40, 40), 40)  # rotates
+    old = tmp_path / seg_name(list_segments(tmp_path)[0])
+    os.utime(old, (1, 1))
+    sp.append(lines(1, 80), 1)
+    assert not old.exists() and sp.dropped_total == 40
+
+
+def test_consumed_segments_are_deleted_without_counting_drops(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, segment_bytes=4096, fsync=False)
+    sp.open()
+    for i in range(5):
+        sp.append(lines(20, i * 20), 20)
+    chunks, nxt, _ = read_lines(tmp_path, sp.cursor(), 1 << 20)
+    sp.commit(nxt, 100)
+    sp.append(lines(1, 100), 1)
+    assert sp.dropped_total == 0 and sp.pending == 1
+    assert len(list_segments(tmp_path)) == 1
+
+
+def test_restart_resumes_pending_count_from_the_cursor(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, segment_bytes=4096, fsync=False)
+    sp.open()
+    sp.append(lines(30), 30)
+    chunks, _, _ = read_lines(tmp_path, Position(0, 0), 1010)  # 10 lines
+    sp.commit(chunks[-1][1], 10)
+    sp.close()
+    sp2 = Spool(tmp_path, segment_bytes=4096, fsync=False)
+    sp2.open()
+    assert sp2.pending == 20
+
+
+def test_one_agent_per_spool(tmp_path: Path) -> None:
+    a = Spool(tmp_path)
+    a.open()
+    with pytest.raises(RuntimeError, match="in use by another cmdare-agent"):
+        Spool(tmp_path).open()
+
+
+def test_pack_cuts_messages_at_line_boundaries() -> None:
+    data = lines(10, width=99)  # 100 bytes a line
+    msgs = pack([(data, Position(3, 5000))], 350)
+    assert [c for _, c, _ in msgs] == [3, 3, 3, 1]
+    assert b"".join(m for m, _, _ in msgs) == data
+    assert msgs[-1][2] == Position(3, 5000) and msgs[0][2] == Position(3, 5000 - 1000 + 300)
+    big = pack([(b"x" * 500 + b"\n", Position(1, 501))], 100)
+    assert [c for _, c, _ in big] == [1]  # a single event longer than a message travels alone

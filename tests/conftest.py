@@ -1,0 +1,71 @@
+"""Shared fixtures: a real Kafka broker (one per test session, from scripts/kafka), the
+repo root, and helpers to run the real console commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+KAFKA = ROOT / "scripts" / "kafka"
+BIN = Path(sys.executable).parent
+
+
+class KafkaBroker:
+    """A real single-node KRaft broker.  stop()/start() keep its port and data."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir
+        self.bootstrap = ""
+
+    def _run(self, cmd: str) -> str:
+        r = subprocess.run([sys.executable, str(KAFKA), cmd, "--dir", str(self.dir)], capture_output=True, text=True,
+                           timeout=180)
+        if r.returncode != 0:
+            raise RuntimeError(f"scripts/kafka {cmd} failed: {r.stderr.strip()[-2000:]}")
+        return r.stdout.strip()
+
+    def start(self) -> str:
+        self.bootstrap = self._run("start").splitlines()[-1]
+        return self.bootstrap
+
+    def stop(self) -> None:
+        self._run("stop")
+
+    def url(self, topic: str) -> str:
+        return f"kafka://{self.bootstrap}/{topic}"
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    d = Path(tempfile.mkdtemp(prefix="cmdare-test-kafka-"))
+    broker = KafkaBroker(d)
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def agent_env(**extra: str) -> dict[str, str]:
+    """Environment for agent subprocesses: the fake NVML importable as tests.fakes.nvml."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("NOTIFY_SOCKET", None)
+    env.update(extra)
+    return env
+
+
+def wait_for(pred, timeout: float, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
