@@ -109,7 +109,7 @@ def check(cfg: AgentConfig) -> int:
         finally:
             sink.close()
     else:
-        print(f"sink      ok     none: the spool {cfg.spool.dir} is the sink (cmdare-collector ingest-spool)")
+        print(f"sink      ok     none: the spool {cfg.spool.dir} is the sink (load it with: cmdare-collector spool DIR)")
     return 0 if ok else 1
 
 

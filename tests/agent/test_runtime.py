@@ -1,0 +1,152 @@
+"""The agent process for real: ticks into the spool, SIGTERM within 5 s (also with the
+broker away), sd_notify readiness and watchdog over a real socket, the systemd unit, and
+the agent importing with only its own dependencies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cmdare.agent.config import load
+from cmdare.agent.runtime import Agent
+from cmdare.agent.sdnotify import Notifier
+from cmdare.agent.sinks.spool import Position, read_lines
+from tests.conftest import BIN, ROOT, agent_env, wait_for
+from tests.fakes.nvml import FakeNvml
+
+
+def spool_events(d: Path) -> list[dict]:
+    chunks, _, _ = read_lines(d, Position(0, 0), 1 << 30)
+    return [json.loads(x) for c, _ in chunks for x in c.splitlines()]
+
+
+def test_agent_ticks_into_the_spool_with_status_per_source(tmp_path: Path) -> None:
+    cfg = load(None, env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
+               overrides={"node": "n1", "job": "j", "interval": 0.1, "spool.dir": str(tmp_path / "sp"),
+                          "spool.fsync": False, "labels": {"team": "t"}})
+    agent = Agent(cfg, adapters={"nvml": FakeNvml(gpus=2)})
+    agent.run(duration=0.55)
+    evs = spool_events(tmp_path / "sp")
+    types = [e["type"] for e in evs]
+    ticks = types.count("host")
+    assert ticks >= 4
+    assert types.count("gpu") == 2 * ticks and types.count("heartbeat") == ticks
+    assert types.count("status") == 3 * ticks  # host, gpu and heartbeat each report every tick
+    assert {e["node"] for e in evs} == {"n1"} and all(e["labels"] == {"team": "t"} for e in evs)
+    assert [e["data"]["seq"] for e in evs if e["type"] == "heartbeat"] == list(range(1, ticks + 1))
+    assert len({e["id"] for e in evs}) == len(evs)
+    st = [e["data"] for e in evs if e["type"] == "status" and e["data"]["source"] == "gpu"]
+    assert all(s["ok"] and s["duration_seconds"] >= 0 for s in st)
+
+
+def test_one_failing_source_does_not_stop_the_others(tmp_path: Path) -> None:
+    cfg = load(None, env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
+               overrides={"interval": 0.1, "spool.dir": str(tmp_path / "sp"), "spool.fsync": False})
+    agent = Agent(cfg, adapters={"nvml": FakeNvml(scenario="driver_missing")})
+    agent.run(duration=0.35)
+    evs = spool_events(tmp_path / "sp")
+    gpu_status = [e["data"] for e in evs if e["type"] == "status" and e["data"]["source"] == "gpu"]
+    assert len(gpu_status) == 1 and gpu_status[0]["state"] == "unavailable"  # reported once
+    assert sum(e["type"] == "host" for e in evs) >= 3
+
+
+def _start_agent(tmp_path: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(BIN / "cmdare-agent"), "--spool-dir", str(tmp_path / "sp"), "--interval", "0.2s",
+         "--set", "sources.gpu.backend=python:tests.fakes.nvml", *extra],
+        env=env or agent_env(), stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sink", ["none", "unreachable-kafka"])
+def test_sigterm_stops_within_5_seconds(tmp_path: Path, sink: str) -> None:
+    extra: list[str] = []
+    if sink != "none":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        extra = ["--sink", f"kafka://127.0.0.1:{port}/t"]
+    p = _start_agent(tmp_path, *extra)
+    wait_for(lambda: list((tmp_path / "sp").glob("*.ndjson")), 20, what="the agent's first spool segment")
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=10)
+    took = time.monotonic() - t0
+    assert rc == 0 and took < 5.0, f"exit {rc} after {took:.1f}s: {p.stderr.read()[-500:]}"
+    evs = spool_events(tmp_path / "sp")
+    assert sum(e["type"] == "host" for e in evs) >= 3  # nothing sampled was lost on the way out
+
+
+def test_sd_notify_ready_and_watchdog(tmp_path: Path) -> None:
+    sock_path = str(tmp_path / "notify.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(sock_path)
+    srv.settimeout(20)
+    p = _start_agent(tmp_path, env=agent_env(NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="400000"))
+    try:
+        got = []
+        while not any("READY=1" in m for m in got) or sum("WATCHDOG=1" in m for m in got) < 2:
+            got.append(srv.recv(4096).decode())
+        p.send_signal(signal.SIGTERM)
+        while not any("STOPPING=1" in m for m in got):
+            got.append(srv.recv(4096).decode())
+        assert p.wait(timeout=10) == 0
+    finally:
+        p.kill()
+        srv.close()
+
+
+def test_notifier_is_a_no_op_outside_systemd() -> None:
+    n = Notifier(env={})
+    assert not n.enabled and n.watchdog_interval is None
+    n.ready()  # must not raise
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    unit = (ROOT / "agent" / "packaging" / "cmdare-agent.service").read_text()
+    assert "Type=notify" in unit and "WatchdogSec=" in unit and "Restart=on-failure" in unit
+    assert "User=cmdare" in unit and "ProtectSystem=strict" in unit
+    f = tmp_path / "cmdare-agent.service"
+    f.write_text(unit.replace("/usr/local/bin/cmdare-agent", str(BIN / "cmdare-agent")))
+    r = subprocess.run(["systemd-analyze", "verify", str(f)], capture_output=True, text=True)
+    assert r.returncode == 0 and "cmdare-agent" not in r.stderr, r.stderr
+
+
+def test_agent_imports_with_only_its_own_dependencies() -> None:
+    """The agent is installed on every VM: importing all of it must not need DuckDB,
+    pyarrow, click, statsmodels or anything from the collector / analytics side."""
+    code = """
+import sys, importlib.abc
+BLOCK = ("duckdb", "pyarrow", "click", "statsmodels", "pandas", "numpy", "cmdare.collector", "cmdare.analytics")
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.startswith(BLOCK):
+            raise ImportError("agent must not import " + name)
+sys.meta_path.insert(0, Block())
+import pkgutil, importlib, cmdare.agent
+for m in pkgutil.walk_packages(cmdare.agent.__path__, "cmdare.agent."):
+    importlib.import_module(m.name)
+import cmdare.agent.cli
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "ok", r.stderr
+
+
+def test_once_prints_one_round_as_json(tmp_path: Path) -> None:
+    r = subprocess.run([str(BIN / "cmdare-agent"), "--once", "--spool-dir", str(tmp_path / "sp"),
+                        "--set", "sources.gpu.backend=python:tests.fakes.nvml", "--node", "n9"],
+                       env=agent_env(CMDARE_FAKE_NVML="gpus=3"), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    evs = json.loads(r.stdout)
+    assert [e["type"] for e in evs].count("gpu") == 3 and evs[0]["node"] == "n9"
+    assert not list((tmp_path / "sp").glob("*.ndjson"))  # --once writes nothing
