@@ -31,9 +31,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="cmdare-agent",
         description="Sample this training VM (host, GPUs, heartbeat) into a local spool and ship to Kafka.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", metavar="PATH", help=f"TOML config file (default {DEFAULT_PATH}, or $CMDARE_AGENT_CONFIG)")
-    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], help="set any config key (repeatable)")
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config", metavar="PATH", help=f"TOML config file (default {DEFAULT_PATH}, or $CMDARE_AGENT_CONFIG)"
+    )
+    p.add_argument(
+        "--set", metavar="KEY=VALUE", action="append", default=[], help="set any config key (repeatable)"
+    )
     p.add_argument("--node", help="node id (default: hostname)")
     p.add_argument("--role", help="worker | ps | chief | data | client")
     p.add_argument("--job", help="job id stamped on every event")
@@ -42,7 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sink", metavar="URL", help="kafka://host:port[,host:port]/topic (default: spool only)")
     p.add_argument("--log-level", help="debug | info | warning | error")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="validate config, probe every source and sink, exit")
+    mode.add_argument(
+        "--check", action="store_true", help="validate config, probe every source and sink, exit"
+    )
     mode.add_argument("--once", action="store_true", help="print one round of samples as JSON and exit")
     p.add_argument("--duration", type=float, metavar="SECONDS", help="run this long, then stop cleanly")
     p.add_argument("--version", action="version", version=f"cmdare-agent {__version__}")
@@ -56,8 +64,15 @@ def build_config(a: argparse.Namespace) -> AgentConfig:
         if not eq or not key.strip():
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
         overrides[key.strip()] = coerce_text(value)
-    for flag, key in (("node", "node"), ("role", "role"), ("job", "job"), ("interval", "interval"),
-                      ("spool_dir", "spool.dir"), ("sink", "sink.url"), ("log_level", "log_level")):
+    for flag, key in (
+        ("node", "node"),
+        ("role", "role"),
+        ("job", "job"),
+        ("interval", "interval"),
+        ("spool_dir", "spool.dir"),
+        ("sink", "sink.url"),
+        ("log_level", "log_level"),
+    ):
         v = getattr(a, flag)
         if v is not None:
             overrides[key] = v
@@ -70,8 +85,10 @@ def check(cfg: AgentConfig) -> int:
     from .sources import SourceUnavailable
 
     ok = True
-    print(f"config    ok     {cfg.path or '(defaults)'}: node={cfg.node} role={cfg.role} "
-          f"job={cfg.job or '-'} interval={cfg.interval:g}s")
+    print(
+        f"config    ok     {cfg.path or '(defaults)'}: node={cfg.node} role={cfg.role} "
+        f"job={cfg.job or '-'} interval={cfg.interval:g}s"
+    )
     try:
         cfg.spool.dir.mkdir(parents=True, exist_ok=True)
         probe = cfg.spool.dir / ".write-probe"
@@ -88,7 +105,7 @@ def check(cfg: AgentConfig) -> int:
         try:
             src.start()
             got: list[str] = []
-            src.collect(lambda t, d, ts=None: got.append(t))
+            src.collect(lambda t, d, ts=None, got=got: got.append(t))
             dt = time.perf_counter() - t0
             print(f"source    ok     {src.name}: {len(got)} events in {dt * 1000:.1f} ms")
         except SourceUnavailable as e:
@@ -109,7 +126,9 @@ def check(cfg: AgentConfig) -> int:
         finally:
             sink.close()
     else:
-        print(f"sink      ok     none: the spool {cfg.spool.dir} is the sink (load it with: cmdare-collector spool DIR)")
+        print(
+            f"sink      ok     none: the spool {cfg.spool.dir} is the sink (load it with: cmdare-collector spool DIR)"
+        )
     return 0 if ok else 1
 
 
@@ -129,9 +148,21 @@ def once(cfg: AgentConfig) -> int:
     time.sleep(min(cfg.interval, 0.5))  # CPU shares need two readings
     emit = lambda t, d, ts=None: events.append(factory.make(t, d, ts))  # noqa: E731
     for r in agent.runners:
-        r.tick(emit, lambda name, state, dur, msg: events.append(factory.make(
-            "status", {"source": name, "ok": state == "ok", "state": state, "duration_seconds": dur,
-                       **({"message": msg} if msg else {})})))
+        r.tick(
+            emit,
+            lambda name, state, dur, msg: events.append(
+                factory.make(
+                    "status",
+                    {
+                        "source": name,
+                        "ok": state == "ok",
+                        "state": state,
+                        "duration_seconds": dur,
+                        **({"message": msg} if msg else {}),
+                    },
+                )
+            ),
+        )
         r.source.close()
     json.dump(events, sys.stdout, indent=1)
     print()
@@ -145,8 +176,11 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"cmdare-agent: config error: {e}", file=sys.stderr)
         sys.exit(2)
-    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     logging.getLogger("kafka").setLevel(logging.CRITICAL if cfg.log_level != "debug" else logging.DEBUG)
     if a.check:
         sys.exit(check(cfg))
@@ -163,7 +197,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"cmdare-agent: {e}", file=sys.stderr)
         sys.exit(1)
     except PermissionError as e:
-        print(f"cmdare-agent: spool.dir {Path(e.filename or cfg.spool.dir)}: permission denied", file=sys.stderr)
+        print(
+            f"cmdare-agent: spool.dir {Path(e.filename or cfg.spool.dir)}: permission denied", file=sys.stderr
+        )
         sys.exit(1)
     sys.exit(0)
 

@@ -36,8 +36,18 @@ class ConfigError(ValueError):
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|kib|mb|mib|gb|gib|tb|tib)?\s*$", re.I)
-_SIZE_MULT = {None: 1, "b": 1, "kb": 10**3, "kib": 2**10, "mb": 10**6, "mib": 2**20,
-              "gb": 10**9, "gib": 2**30, "tb": 10**12, "tib": 2**40}
+_SIZE_MULT = {
+    None: 1,
+    "b": 1,
+    "kb": 10**3,
+    "kib": 2**10,
+    "mb": 10**6,
+    "mib": 2**20,
+    "gb": 10**9,
+    "gib": 2**30,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DUR_MULT = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -85,7 +95,9 @@ def parse_kafka_url(key: str, url: str) -> KafkaURL:
     """``kafka://host:port[,host:port]/topic``."""
     parts = urlsplit(url)
     if parts.scheme != "kafka":
-        raise ConfigError(f"{key}: {url!r} is not a kafka:// URL (expected kafka://host:port[,host:port]/topic)")
+        raise ConfigError(
+            f"{key}: {url!r} is not a kafka:// URL (expected kafka://host:port[,host:port]/topic)"
+        )
     hosts = [h for h in parts.netloc.split(",")]
     if not parts.netloc or any(not h for h in hosts):
         raise ConfigError(f"{key}: {url!r} names no broker (expected kafka://host:port[,host:port]/topic)")
@@ -95,7 +107,9 @@ def parse_kafka_url(key: str, url: str) -> KafkaURL:
             raise ConfigError(f"{key}: broker {h!r} in {url!r} must be host:port with a port 1-65535")
     topic = parts.path.lstrip("/")
     if not _TOPIC.match(topic):
-        raise ConfigError(f"{key}: {url!r} needs a topic name of letters, digits, '.', '_' or '-' after the '/'")
+        raise ConfigError(
+            f"{key}: {url!r} needs a topic name of letters, digits, '.', '_' or '-' after the '/'"
+        )
     if parts.query or parts.fragment:
         raise ConfigError(f"{key}: {url!r} must not have a query or fragment")
     return KafkaURL(hosts, topic)
@@ -139,8 +153,16 @@ class AgentConfig:
 
 _TOP_KEYS = {"node", "role", "job", "labels", "interval", "log_level", "spool", "sink", "sources"}
 _SPOOL_KEYS = {"dir", "max_bytes", "max_age", "segment_bytes", "fsync"}
-_SINK_KEYS = {"url", "linger_ms", "compression", "message_bytes", "batch_bytes",
-              "request_timeout", "retry_backoff", "retry_backoff_max"}
+_SINK_KEYS = {
+    "url",
+    "linger_ms",
+    "compression",
+    "message_bytes",
+    "batch_bytes",
+    "request_timeout",
+    "retry_backoff",
+    "retry_backoff_max",
+}
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -203,8 +225,13 @@ def coerce_text(value: str) -> Any:
         return value
 
 
-def load(path: str | os.PathLike[str] | None = None, *, required: bool = False,
-         env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> AgentConfig:
+def load(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    required: bool = False,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> AgentConfig:
     """Read, merge and validate.  ``required``: a missing file is an error (it was named
     explicitly); otherwise a missing default file means defaults."""
     env = os.environ if env is None else env
@@ -222,7 +249,7 @@ def load(path: str | os.PathLike[str] | None = None, *, required: bool = False,
         raise ConfigError(f"{src}: config file not found")
     for k, v in sorted(env.items()):
         if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "CONFIG":
-            dotted = k[len(ENV_PREFIX):].lower().replace("__", ".")
+            dotted = k[len(ENV_PREFIX) :].lower().replace("__", ".")
             _set_path(tree, dotted, coerce_text(v))
     for k, v in (overrides or {}).items():  # already typed (flags, or --set read by coerce_text)
         _set_path(tree, k, v)
@@ -276,7 +303,9 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
     if not 4096 <= s.segment_bytes <= 1 << 30:
         raise ConfigError("spool.segment_bytes: must be between 4KiB and 1GiB")
     if s.max_bytes < 2 * s.segment_bytes:
-        raise ConfigError(f"spool.max_bytes: must be at least twice spool.segment_bytes ({2 * s.segment_bytes} bytes)")
+        raise ConfigError(
+            f"spool.max_bytes: must be at least twice spool.segment_bytes ({2 * s.segment_bytes} bytes)"
+        )
 
     sk = _table("sink", tree.get("sink", {}))
     _unknown("sink", set(sk), _SINK_KEYS)
@@ -290,7 +319,9 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
     if "compression" in sk:
         k.compression = _str("sink.compression", sk["compression"]).lower()
         if k.compression not in COMPRESSIONS:
-            raise ConfigError(f"sink.compression: must be one of {', '.join(COMPRESSIONS)}, got {sk['compression']!r}")
+            raise ConfigError(
+                f"sink.compression: must be one of {', '.join(COMPRESSIONS)}, got {sk['compression']!r}"
+            )
     if "message_bytes" in sk:
         k.message_bytes = parse_size("sink.message_bytes", sk["message_bytes"])
         if not 1024 <= k.message_bytes <= 8 << 20:

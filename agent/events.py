@@ -42,7 +42,10 @@ DATA_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "mem_available_bytes": (INT, "memory available to new work"),
         "swap_total_bytes": (INT, "swap size"),
         "swap_used_bytes": (INT, "swap in use"),
-        "net": (OBJS, "per NIC: nic, rx/tx _bytes_total, _packets_total, _errors_total, _drops_total (counters)"),
+        "net": (
+            OBJS,
+            "per NIC: nic, rx/tx _bytes_total, _packets_total, _errors_total, _drops_total (counters)",
+        ),
         "disk": (OBJS, "per disk: disk, read/write _bytes_total, _ops_total, busy_seconds_total (counters)"),
         "procs": (INT, "number of processes"),
     },
@@ -199,7 +202,9 @@ def validate(ev: Any) -> dict[str, Any]:
     for key in ("node", "type"):
         val = ev.get(key)
         if type(val) is not str or not 0 < len(val) <= MAX_NAME_LEN:
-            raise InvalidEvent(f"field '{key}' must be a non-empty string of at most {MAX_NAME_LEN} characters")
+            raise InvalidEvent(
+                f"field '{key}' must be a non-empty string of at most {MAX_NAME_LEN} characters"
+            )
     role = ev.get("role")
     if role not in ROLES:
         raise InvalidEvent(f"field 'role' must be one of {', '.join(ROLES)}, got {role!r}"[:200])
@@ -216,7 +221,9 @@ def validate(ev: Any) -> dict[str, Any]:
         for name, val in data.items():
             fs = spec.get(name)
             if fs is not None and val is not None and not _kind_ok(fs[0], val):
-                raise InvalidEvent(f"{ev['type']}.{name} must be {fs[0]}, got {type(val).__name__} {val!r}"[:200])
+                raise InvalidEvent(
+                    f"{ev['type']}.{name} must be {fs[0]}, got {type(val).__name__} {val!r}"[:200]
+                )
     return ev
 
 
@@ -245,10 +252,12 @@ def json_schema() -> dict[str, Any]:
         props = {}
         for name, (kind, desc) in fields.items():
             props[name] = {"anyOf": [kinds[kind], {"type": "null"}], "description": desc}
-        variants.append({
-            "if": {"properties": {"type": {"const": type_}}, "required": ["type"]},
-            "then": {"properties": {"data": {"type": "object", "properties": props}}},
-        })
+        variants.append(
+            {
+                "if": {"properties": {"type": {"const": type_}}, "required": ["type"]},
+                "then": {"properties": {"data": {"type": "object", "properties": props}}},
+            }
+        )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://cmdare.dev/schema/event-v1.json",
@@ -257,15 +266,23 @@ def json_schema() -> dict[str, Any]:
         "required": ["v", "id", "ts", "node", "role", "type", "data"],
         "properties": {
             "v": {"const": VERSION},
-            "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN,
-                   "description": "fleet-unique id; consumers de-duplicate on it"},
+            "id": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_ID_LEN,
+                "description": "fleet-unique id; consumers de-duplicate on it",
+            },
             "ts": {"type": "number", "exclusiveMinimum": 0, "description": "unix time, seconds"},
             "node": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_LEN},
             "role": {"enum": list(ROLES)},
             "job": {"type": "string"},
             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-            "type": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_LEN,
-                     "description": "event type; unknown types are kept, not rejected"},
+            "type": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_NAME_LEN,
+                "description": "event type; unknown types are kept, not rejected",
+            },
             "data": {"type": "object"},
         },
         "allOf": variants,

@@ -68,8 +68,9 @@ class SourceRunner:
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig, adapters: dict[str, Any] | None = None,
-                 notifier: Notifier | None = None) -> None:
+    def __init__(
+        self, cfg: AgentConfig, adapters: dict[str, Any] | None = None, notifier: Notifier | None = None
+    ) -> None:
         self.cfg = cfg
         self.factory = EventFactory(cfg.node, cfg.role, cfg.job, cfg.labels)
         self.started_at = time.time()
@@ -77,8 +78,14 @@ class Agent:
         self.stop_event = threading.Event()
         self.samples_total = 0
         self.events_total = 0
-        self.spool = Spool(cfg.spool.dir, cfg.spool.max_bytes, cfg.spool.max_age, cfg.spool.segment_bytes,
-                           cfg.spool.fsync, consumer="shipped" if cfg.sink.kafka else "collected")
+        self.spool = Spool(
+            cfg.spool.dir,
+            cfg.spool.max_bytes,
+            cfg.spool.max_age,
+            cfg.spool.segment_bytes,
+            cfg.spool.fsync,
+            consumer="shipped" if cfg.sink.kafka else "collected",
+        )
         self.shipper: Shipper | None = None
         self._sink_status: list[tuple[bool, str]] = []
         adapters = adapters or {}
@@ -147,9 +154,12 @@ class Agent:
         self.spool.open()
         k = self.cfg.sink
         if k.kafka:
-            sink = KafkaSink(k.kafka, self.cfg.node, k.linger_ms, k.compression, k.message_bytes, k.request_timeout)
-            self.shipper = Shipper(self.spool, sink, k.batch_bytes, k.retry_backoff, k.retry_backoff_max,
-                                   on_status=self._on_sink)
+            sink = KafkaSink(
+                k.kafka, self.cfg.node, k.linger_ms, k.compression, k.message_bytes, k.request_timeout
+            )
+            self.shipper = Shipper(
+                self.spool, sink, k.batch_bytes, k.retry_backoff, k.retry_backoff_max, on_status=self._on_sink
+            )
             self.shipper.start()
 
     def run(self, duration: float | None = None) -> None:
@@ -194,5 +204,10 @@ class Agent:
         if self.shipper:
             self.shipper.stop(STOP_GRACE)
         self.spool.close()
-        log.info("stopped in %.2fs (spooled %d, shipped %d, pending %d)", time.monotonic() - t0,
-                 self.spool.spooled_total, self.shipper.shipped_total if self.shipper else 0, self.spool.pending)
+        log.info(
+            "stopped in %.2fs (spooled %d, shipped %d, pending %d)",
+            time.monotonic() - t0,
+            self.spool.spooled_total,
+            self.shipper.shipped_total if self.shipper else 0,
+            self.spool.pending,
+        )

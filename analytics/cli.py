@@ -12,9 +12,15 @@ from . import queries
 from .db import AnalyticsError, default_db, open_ro, since_cutoff
 from .output import as_json, table
 
-db_option = click.option("--db", default=default_db, show_default="$CMDARE_DB or ./cmdare.duckdb",
-                         help="DuckDB database written by cmdare-collector")
-json_option = click.option("--json", "as_json_", is_flag=True, help="machine-readable output (a JSON array of rows)")
+db_option = click.option(
+    "--db",
+    default=default_db,
+    show_default="$CMDARE_DB or ./cmdare.duckdb",
+    help="DuckDB database written by cmdare-collector",
+)
+json_option = click.option(
+    "--json", "as_json_", is_flag=True, help="machine-readable output (a JSON array of rows)"
+)
 
 
 def _show(fn: Callable[..., queries.Result], db: str, as_json_: bool, *args: Any) -> None:

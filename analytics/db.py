@@ -29,8 +29,10 @@ def open_ro(path: str | Path) -> duckdb.DuckDBPyConnection:
     except duckdb.Error as e:
         first = str(e).splitlines()[0]
         if "lock" in first.lower():
-            raise AnalyticsError(f"{p}: locked by a running collector; query a copy, or stop the collector "
-                                 "(DuckDB allows one writer process)") from None
+            raise AnalyticsError(
+                f"{p}: locked by a running collector; query a copy, or stop the collector "
+                "(DuckDB allows one writer process)"
+            ) from None
         raise AnalyticsError(f"{p}: cannot open as a DuckDB database: {first}") from None
 
 

@@ -23,11 +23,15 @@ def _cell(v: Any) -> str:
 def table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
     cells = [[_cell(v) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    numeric = [all(isinstance(r[i], (int, float, decimal.Decimal)) or r[i] is None for r in rows) and rows
-               for i in range(len(columns))]
+    numeric = [
+        all(isinstance(r[i], (int, float, decimal.Decimal)) or r[i] is None for r in rows) and rows
+        for i in range(len(columns))
+    ]
 
     def fmt(vals: list[str]) -> str:
-        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)
+        ).rstrip()
 
     lines = [fmt(columns), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in cells]

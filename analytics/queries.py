@@ -21,7 +21,9 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> Result:
 def nodes(con: duckdb.DuckDBPyConnection) -> Result:
     """Every node seen: role, job, first/last seen, agent version and counters from its
     latest heartbeat, GPUs seen, and sources currently not ok."""
-    return _run(con, """
+    return _run(
+        con,
+        """
         WITH hb AS (
             SELECT node, arg_max(agent_version, ts) AS agent_version, arg_max(seq, ts) AS last_seq,
                    arg_max(spool_pending, ts) AS spool_pending, arg_max(dropped_total, ts) AS dropped
@@ -36,7 +38,9 @@ def nodes(con: duckdb.DuckDBPyConnection) -> Result:
                hb.last_seq AS heartbeats, coalesce(g.gpus, 0) AS gpus, hb.spool_pending, hb.dropped,
                coalesce(st.problems, '') AS not_ok
         FROM nodes n LEFT JOIN hb USING (node) LEFT JOIN g USING (node) LEFT JOIN st USING (node)
-        ORDER BY n.node""", [])
+        ORDER BY n.node""",
+        [],
+    )
 
 
 def _where(node: str | None, cutoff: dt.datetime | None) -> tuple[str, list[Any]]:
@@ -55,7 +59,9 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
     share of samples with a throttle reason, ECC and Xid events."""
     where, params = _where(node, cutoff)
     ev_where, ev_params = _where(node, cutoff)
-    return _run(con, f"""
+    return _run(
+        con,
+        f"""
         WITH ev AS (
             SELECT node, uuid, sum(count) FILTER (WHERE kind = 'xid') AS xid,
                    sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc,
@@ -70,15 +76,21 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
                coalesce(any_value(ev.lost), false) AS lost,
                strftime(max(s.ts), '%Y-%m-%d %H:%M:%S') AS last_sample
         FROM (SELECT * FROM gpu_samples{where}) s LEFT JOIN ev USING (node, uuid)
-        GROUP BY s.node, s."index" ORDER BY s.node, gpu""", params + ev_params)
+        GROUP BY s.node, s."index" ORDER BY s.node, gpu""",
+        params + ev_params,
+    )
 
 
-def host(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None) -> Result:
+def host(
+    con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None
+) -> Result:
     """Per node over the window: CPU mean/max, load, memory, and network / disk rates
     derived from the counters (first to last sample; a counter reset in between is not
     corrected)."""
     where, params = _where(node, cutoff)
-    return _run(con, f"""
+    return _run(
+        con,
+        f"""
         WITH s AS (SELECT * FROM host_samples{where}),
         base AS (
             SELECT node, count(*) AS samples, round(avg(cpu_util_ratio) * 100, 1) AS cpu_pct,
@@ -105,7 +117,9 @@ def host(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.dat
                round(disk.r / nullif(epoch(b.t1 - b.t0), 0) / 1e6, 3) AS disk_read_mb_s,
                round(disk.w / nullif(epoch(b.t1 - b.t0), 0) / 1e6, 3) AS disk_write_mb_s,
                strftime(b.t1, '%Y-%m-%d %H:%M:%S') AS last_sample
-        FROM base b LEFT JOIN net USING (node) LEFT JOIN disk USING (node) ORDER BY b.node""", params)
+        FROM base b LEFT JOIN net USING (node) LEFT JOIN disk USING (node) ORDER BY b.node""",
+        params,
+    )
 
 
 def sql(con: duckdb.DuckDBPyConnection, query: str) -> Result:

@@ -20,14 +20,20 @@ class Broker:
         self.bootstrap = ""
 
     def __enter__(self) -> Broker:
-        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "kafka"), "start", "--dir", str(self.dir)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "kafka"), "start", "--dir", str(self.dir)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         self.bootstrap = out.stdout.strip().splitlines()[-1]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "kafka"), "stop", "--dir", str(self.dir)],
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "kafka"), "stop", "--dir", str(self.dir)],
+            capture_output=True,
+        )
 
 
 def cpu_seconds() -> float:

@@ -32,8 +32,14 @@ from tests.fakes.nvml import FakeNvml
 def produce(bootstrap: str, topic: str, samples: int, nodes: int, gpus: int, compression: str) -> int:
     from kafka import KafkaProducer
 
-    prod = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, compression_type=compression,
-                         max_request_size=4 << 20, batch_size=512 << 10)
+    prod = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=20,
+        compression_type=compression,
+        max_request_size=4 << 20,
+        batch_size=512 << 10,
+    )
     ticks = samples // (nodes * gpus)
     sent = 0
     for n in range(nodes):
@@ -55,9 +61,16 @@ def produce(bootstrap: str, topic: str, samples: int, nodes: int, gpus: int, com
 def raw_consume(bootstrap: str, topic: str, expected_msgs: int | None = None) -> tuple[float, int, int]:
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"raw-{uuid.uuid4().hex[:6]}",
-                      auto_offset_reset="earliest", enable_auto_commit=False,
-                      max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=2000)
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"raw-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 << 20,
+        fetch_max_bytes=64 << 20,
+        max_poll_records=2000,
+    )
     msgs = lines = 0
     t0 = time.perf_counter()  # like ours: group join included, then fetch + decompress + iterate
     t_end = t0
@@ -99,12 +112,16 @@ def main() -> None:
         topic = "bench-ingest"
         t = time.perf_counter()
         n = produce(b.bootstrap, topic, a.samples, a.nodes, a.gpus, a.compression)
-        print(f"produced {n} gpu samples ({a.nodes} nodes x {a.gpus} GPUs, {a.compression}) "
-              f"in {time.perf_counter() - t:.1f}s")
+        print(
+            f"produced {n} gpu samples ({a.nodes} nodes x {a.gpus} GPUs, {a.compression}) "
+            f"in {time.perf_counter() - t:.1f}s"
+        )
         raw_s, msgs, lines = raw_consume(b.bootstrap, topic)
         our_s, stored = ours(b.bootstrap, topic, Path(tmp) / "bench.duckdb")
         raw_rate, our_rate = lines / raw_s, stored / our_s
-        print(f"raw kafka-python : {lines} samples in {msgs} messages, {raw_s:.2f}s -> {raw_rate:,.0f} samples/s")
+        print(
+            f"raw kafka-python : {lines} samples in {msgs} messages, {raw_s:.2f}s -> {raw_rate:,.0f} samples/s"
+        )
         print(f"cmdare-collector : {stored} samples stored, {our_s:.2f}s -> {our_rate:,.0f} samples/s")
         print(f"ratio            : {our_rate / raw_rate:.2f}x of raw (target >= 0.6)")
         print(f"absolute         : {our_rate:,.0f} samples/s (target >= 100,000)")

@@ -38,7 +38,9 @@ def cli() -> None:
       cmdare-collector kafka kafka://10.0.0.5:9092/cmdare.events --db fleet.duckdb
       cmdare-collector spool /var/lib/cmdare/spool --db cmdare.duckdb
     """
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
@@ -46,12 +48,19 @@ def cli() -> None:
 @click.argument("url")
 @click.option("--db", envvar="CMDARE_DB", default="cmdare.duckdb", show_default=True, help=DB_HELP)
 @click.option("--group", default="cmdare-collector", show_default=True, help="Kafka consumer group")
-@click.option("--batch-bytes", default="16MiB", show_default=True, help="write a transaction at this much data")
+@click.option(
+    "--batch-bytes", default="16MiB", show_default=True, help="write a transaction at this much data"
+)
 @click.option("--max-wait", default="1s", show_default=True, help="...or after this long")
-@click.option("--idle-exit", default=None, help="exit after no message for this long (e.g. 30s); default: run until stopped")
+@click.option(
+    "--idle-exit",
+    default=None,
+    help="exit once no message came for this long with partitions assigned (e.g. 30s); default: run until stopped",
+)
 @click.option("--progress-every", default="10s", show_default=True, help="how often to print progress")
-def kafka(url: str, db: str, group: str, batch_bytes: str, max_wait: str, idle_exit: str | None,
-          progress_every: str) -> None:
+def kafka(
+    url: str, db: str, group: str, batch_bytes: str, max_wait: str, idle_exit: str | None, progress_every: str
+) -> None:
     """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
 
     Offsets are committed only after the rows are committed in DuckDB; events delivered
@@ -126,7 +135,9 @@ def spool(directory: Path, db: str, follow: bool, interval: str) -> None:
 def migrate(db: str) -> None:
     """Create --db or bring its schema up to date, and list the applied migrations."""
     con = _open(db)
-    for v, name, at in con.execute("SELECT version, name, applied_at FROM schema_migrations ORDER BY 1").fetchall():
+    for v, name, at in con.execute(
+        "SELECT version, name, applied_at FROM schema_migrations ORDER BY 1"
+    ).fetchall():
         click.echo(f"{v:03d} {name:<24} {at:%Y-%m-%d %H:%M:%S}")
     con.close()
 

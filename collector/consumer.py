@@ -25,7 +25,7 @@ import duckdb
 from cmdare.agent.config import KafkaURL
 from cmdare.agent.sinks.spool import Position, read_lines, write_cursor
 
-from .writer import WriteResult, Writer
+from .writer import Writer, WriteResult
 
 log = logging.getLogger("cmdare.collector")
 
@@ -48,17 +48,27 @@ class Totals:
 
     def line(self) -> str:
         dt = max(1e-9, time.monotonic() - self.started)
-        return (f"{self.events} events stored ({self.events / dt:,.0f}/s), {self.duplicates} duplicates "
-                f"skipped, {self.dead} dead-lettered, {self.messages} messages in {self.batches} batches")
+        return (
+            f"{self.events} events stored ({self.events / dt:,.0f}/s), {self.duplicates} duplicates "
+            f"skipped, {self.dead} dead-lettered, {self.messages} messages in {self.batches} batches"
+        )
 
 
 Progress = Callable[[Totals], None]
 
 
 class KafkaIngest:
-    def __init__(self, con: duckdb.DuckDBPyConnection, url: KafkaURL, group: str = "cmdare-collector",
-                 batch_bytes: int = 16 << 20, max_wait: float = 1.0, progress: Progress | None = None,
-                 progress_every: float = 10.0, consumer_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        url: KafkaURL,
+        group: str = "cmdare-collector",
+        batch_bytes: int = 16 << 20,
+        max_wait: float = 1.0,
+        progress: Progress | None = None,
+        progress_every: float = 10.0,
+        consumer_options: dict[str, Any] | None = None,
+    ) -> None:
         self.writer = Writer(con)
         self.url, self.group = url, group
         self.batch_bytes, self.max_wait = batch_bytes, max_wait
@@ -66,6 +76,7 @@ class KafkaIngest:
         self.totals = Totals(started=time.monotonic())
         self.stop_event = threading.Event()
         self.options = consumer_options or {}
+        self.commit_timeout = 10.0
         self.consumer: Any = None
 
     def open(self) -> None:
@@ -74,28 +85,50 @@ class KafkaIngest:
 
         try:
             self.consumer = KafkaConsumer(
-                self.url.topic, bootstrap_servers=self.url.bootstrap, group_id=self.group,
-                enable_auto_commit=False, auto_offset_reset="earliest",
-                max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20, max_poll_records=2000,
-                session_timeout_ms=10000, heartbeat_interval_ms=3000, client_id="cmdare-collector",
+                self.url.topic,
+                bootstrap_servers=self.url.bootstrap,
+                group_id=self.group,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=16 << 20,
+                fetch_max_bytes=64 << 20,
+                max_poll_records=2000,
+                session_timeout_ms=10000,
+                heartbeat_interval_ms=3000,
+                client_id="cmdare-collector",
                 bootstrap_timeout_ms=15000,
-                **self.options)
+                **self.options,
+            )
         except KafkaError as e:
-            raise ConnectionError(f"{self.url.text}: cannot reach a broker ({type(e).__name__}: {e})") from None
+            raise ConnectionError(
+                f"{self.url.text}: cannot reach a broker ({type(e).__name__}: {e})"
+            ) from None
 
     def run(self, idle_exit: float | None = None) -> Totals:
-        """Consume until stop() (or, with ``idle_exit``, until no message came for that long)."""
+        """Consume until stop() (or, with ``idle_exit``, until no message came for that long
+        while partitions were assigned: time spent waiting for the group does not count)."""
         from kafka.structs import OffsetAndMetadata
 
         if self.consumer is None:
             self.open()
+        assert self.consumer is not None
         last_data = last_report = time.monotonic()
         while not self.stop_event.is_set():
             batch: list[tuple[str, bytes | None]] = []
             offsets: dict[Any, int] = {}
             size, t0 = 0, time.monotonic()
-            while size < self.batch_bytes and time.monotonic() - t0 < self.max_wait and not self.stop_event.is_set():
-                polled = self.consumer.poll(timeout_ms=100)
+            while (
+                size < self.batch_bytes
+                and time.monotonic() - t0 < self.max_wait
+                and not self.stop_event.is_set()
+            ):
+                try:
+                    polled = self.consumer.poll(timeout_ms=100)
+                except Exception as e:
+                    log.warning("poll failed (%s: %s); reconnecting", type(e).__name__, e)
+                    batch, offsets = [], {}  # nothing written yet: it will be fetched again
+                    self.reconnect()
+                    break
                 for tp, records in polled.items():
                     for rec in records:
                         batch.append((f"kafka:{tp.topic}/{tp.partition}@{rec.offset}", rec.value))
@@ -104,17 +137,50 @@ class KafkaIngest:
                 if not polled and batch:
                     break  # caught up: write what we have
             now = time.monotonic()
+            if self.consumer is None:  # stopped while reconnecting
+                break
             if batch:
                 r = self.writer.write(batch)
-                self.consumer.commit({tp: OffsetAndMetadata(o + 1, "", -1) for tp, o in offsets.items()})
                 self.totals.add(r, len(batch))
+                try:
+                    self.consumer.commit(
+                        {tp: OffsetAndMetadata(o + 1, "", -1) for tp, o in offsets.items()},
+                        timeout_ms=int(self.commit_timeout * 1000),
+                    )
+                except Exception as e:
+                    # Broker away or group rebalanced.  The rows are safe in DuckDB; whoever
+                    # consumes these offsets next replays them and the writer stores each
+                    # event once.  Start a fresh consumer: kafka-python's group state after a
+                    # failed commit is not to be trusted.
+                    log.warning(
+                        "offset commit failed (%s: %s); reconnecting; the batch will be replayed "
+                        "and de-duplicated",
+                        type(e).__name__,
+                        e,
+                    )
+                    self.reconnect()
                 last_data = now
+            elif idle_exit is not None and not self.consumer.assignment():
+                last_data = now  # not idle: still waiting for the group to assign partitions
             elif idle_exit is not None and now - last_data >= idle_exit:
                 break
             if self.progress and now - last_report >= self.progress_every:
                 self.progress(self.totals)
                 last_report = now
         return self.totals
+
+    def reconnect(self) -> None:
+        """Close the consumer and open a new one (retrying while the broker is away)."""
+        self.close()
+        delay = 1.0
+        while not self.stop_event.is_set():
+            try:
+                self.open()
+                return
+            except ConnectionError as e:
+                log.warning("%s; retrying in %.0fs", e, delay)
+                self.stop_event.wait(delay)
+                delay = min(delay * 2, 30.0)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -129,8 +195,14 @@ class KafkaIngest:
 
 
 class SpoolIngest:
-    def __init__(self, con: duckdb.DuckDBPyConnection, directory: Path | str, batch_bytes: int = 16 << 20,
-                 progress: Progress | None = None, progress_every: float = 10.0) -> None:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        directory: Path | str,
+        batch_bytes: int = 16 << 20,
+        progress: Progress | None = None,
+        progress_every: float = 10.0,
+    ) -> None:
         self.con, self.writer = con, Writer(con)
         self.dir = Path(directory).resolve()
         self.source = f"spool:{self.dir}"
@@ -140,8 +212,9 @@ class SpoolIngest:
         self.stop_event = threading.Event()
 
     def position(self) -> Position:
-        row = self.con.execute('SELECT segment, "offset" FROM ingest_positions WHERE source = ?',
-                               [self.source]).fetchone()
+        row = self.con.execute(
+            'SELECT segment, "offset" FROM ingest_positions WHERE source = ?', [self.source]
+        ).fetchone()
         return Position(row[0], row[1]) if row else Position(0, 0)
 
     def load_available(self) -> int:

@@ -36,10 +36,14 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     except duckdb.IOException as e:
         msg = str(e).splitlines()[0]
         if "lock" in msg.lower():
-            raise DatabaseError(f"{path}: database is locked by another process (a running collector?)") from None
+            raise DatabaseError(
+                f"{path}: database is locked by another process (a running collector?)"
+            ) from None
         raise DatabaseError(f"{path}: cannot open: {msg}") from None
     except duckdb.Error as e:
-        raise DatabaseError(f"{path}: not a DuckDB database or unreadable: {str(e).splitlines()[0]}") from None
+        raise DatabaseError(
+            f"{path}: not a DuckDB database or unreadable: {str(e).splitlines()[0]}"
+        ) from None
     if not read_only:
         migrate(con)
     return con
@@ -65,5 +69,7 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:
     known = {v for v, _, _ in migrations()}
     newer = sorted(done - known)
     if newer:
-        raise DatabaseError(f"database has schema version {newer[-1]}, newer than this collector knows: upgrade cmdare")
+        raise DatabaseError(
+            f"database has schema version {newer[-1]}, newer than this collector knows: upgrade cmdare"
+        )
     return applied

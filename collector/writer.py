@@ -32,6 +32,8 @@ TABLES = {
     "heartbeat": "heartbeats",
     "status": "agent_status",
 }
+
+
 @dataclass
 class WriteResult:
     rows: dict[str, int] = field(default_factory=dict)  # table -> rows inserted
@@ -56,9 +58,14 @@ for _t, _fields in DATA_FIELDS.items():
 
 # One json_transform per line: every envelope key and every known data field as raw JSON
 # text, so a line is parsed once and types are checked on the text (first character).
-_STRUCT = "{" + ", ".join(
-    [f'"{k}":"JSON"' for k in ("v", "id", "ts", "node", "role", "job", "labels", "type")]
-    + ['"data":{' + ", ".join(f'"{n}":"JSON"' for n in _ALL_FIELDS) + "}"]) + "}"
+_STRUCT = (
+    "{"
+    + ", ".join(
+        [f'"{k}":"JSON"' for k in ("v", "id", "ts", "node", "role", "job", "labels", "type")]
+        + ['"data":{' + ", ".join(f'"{n}":"JSON"' for n in _ALL_FIELDS) + "}"]
+    )
+    + "}"
+)
 
 
 def _is_num(x: str) -> str:
@@ -74,8 +81,10 @@ def _field_sql(kind: str, x: str) -> tuple[str, str]:
     if kind == FLOAT:
         return _is_num(x), f"TRY_CAST({x} AS DOUBLE)"
     if kind == INT:
-        return (f"regexp_full_match({x}, '-?[0-9]+') AND TRY_CAST({x} AS BIGINT) IS NOT NULL",
-                f"TRY_CAST({x} AS BIGINT)")
+        return (
+            f"regexp_full_match({x}, '-?[0-9]+') AND TRY_CAST({x} AS BIGINT) IS NOT NULL",
+            f"TRY_CAST({x} AS BIGINT)",
+        )
     if kind == STR:
         return f"left({x}, 1) = '\"'", f"{x}->>'$'"
     if kind == BOOL:
@@ -148,8 +157,10 @@ def _type_sql(type_: str) -> tuple[str, list[str]]:
         x = f'd."{name}"'
         ok, val = _field_sql(kind, x)
         values.append(f'{val} AS "{name}"')
-        checks.append(f"WHEN {_present(x)} AND NOT ({ok}) THEN "
-                      f"{_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)")
+        checks.append(
+            f"WHEN {_present(x)} AND NOT ({ok}) THEN "
+            f"{_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)"
+        )
     sql = f"""
 CREATE OR REPLACE TEMP TABLE _t AS
 SELECT origin, line_no, line, n, id, ts, node, job, {", ".join(values)},
@@ -185,18 +196,25 @@ class Writer:
         self.con = con
 
     def _insert_dedup(self, table: str, cols: list[str], src: str) -> tuple[int, int]:
-        lo, hi, n = self.con.execute(f"SELECT min(ts), max(ts), count(*) FROM {src} WHERE reason IS NULL").fetchone()
+        lo, hi, n = self.con.execute(
+            f"SELECT min(ts), max(ts), count(*) FROM {src} WHERE reason IS NULL"
+        ).fetchone()
         if not n:
             return 0, 0
         collist = ", ".join(f'"{c}"' for c in cols)
-        inserted = self.con.execute(f"""
+        inserted = self.con.execute(
+            f"""
             INSERT INTO {table} (id, ts, node, job, {collist})
             SELECT id, ts, node, job, {collist} FROM {src} s
             WHERE reason IS NULL AND NOT EXISTS (
-                SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""", [lo, hi]).fetchone()[0]
+                SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""",
+            [lo, hi],
+        ).fetchone()[0]
         return inserted, n
 
-    def write(self, messages: list[tuple[str, bytes | None]], position: tuple[str, int, int] | None = None) -> WriteResult:
+    def write(
+        self, messages: list[tuple[str, bytes | None]], position: tuple[str, int, int] | None = None
+    ) -> WriteResult:
         """Load ``[(origin, raw message)]`` in one transaction; ``position`` =
         (spool source, segment, offset) is recorded in the same transaction."""
         res = WriteResult()
@@ -210,15 +228,26 @@ class Writer:
                 texts.append(raw.decode("utf-8"))
                 origins.append(origin)
             except UnicodeDecodeError as e:
-                py_dead.append((origin, 0, f"not UTF-8 text (byte {e.start}): not a cmdare event message",
-                                bytes(raw[:RAW_CAP]), len(raw)))
+                py_dead.append(
+                    (
+                        origin,
+                        0,
+                        f"not UTF-8 text (byte {e.start}): not a cmdare event message",
+                        bytes(raw[:RAW_CAP]),
+                        len(raw),
+                    )
+                )
         con = self.con
         con.execute("BEGIN")
         try:
             ts_now = _ts(now)
             if texts:
-                con.register("_batch", pa.table({"origin": pa.array(origins, pa.string()),
-                                                 "msg": pa.array(texts, pa.large_string())}))
+                con.register(
+                    "_batch",
+                    pa.table(
+                        {"origin": pa.array(origins, pa.string()), "msg": pa.array(texts, pa.large_string())}
+                    ),
+                )
                 con.execute(ENVELOPE_SQL)
                 con.unregister("_batch")
                 res.lines = con.execute("SELECT count(*) FROM _ev").fetchone()[0]
@@ -239,15 +268,22 @@ class Writer:
                 valid = con.execute("SELECT count(*) FROM _ev WHERE reason IS NULL").fetchone()[0]
                 res.duplicates = max(0, valid - res.inserted - (res.dead - self._envelope_dead()))
             for origin, line, reason, raw, size in py_dead:
-                if con.execute("SELECT count(*) FROM dead_letters WHERE origin = ? AND line = ?",
-                               [origin, line]).fetchone()[0]:
+                if con.execute(
+                    "SELECT count(*) FROM dead_letters WHERE origin = ? AND line = ?", [origin, line]
+                ).fetchone()[0]:
                     continue  # a redelivered message
-                con.execute("INSERT INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)", [ts_now, origin, line, reason, raw, size])
+                con.execute(
+                    "INSERT INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)",
+                    [ts_now, origin, line, reason, raw, size],
+                )
                 res.dead += 1
             if position is not None:
-                con.execute("""INSERT INTO ingest_positions VALUES (?, ?, ?, ?)
+                con.execute(
+                    """INSERT INTO ingest_positions VALUES (?, ?, ?, ?)
                     ON CONFLICT (source) DO UPDATE SET segment = excluded.segment, "offset" = excluded."offset",
-                    updated_at = excluded.updated_at""", [*position, ts_now])
+                    updated_at = excluded.updated_at""",
+                    [*position, ts_now],
+                )
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")

@@ -25,8 +25,12 @@ class KafkaBroker:
         self.bootstrap = ""
 
     def _run(self, cmd: str) -> str:
-        r = subprocess.run([sys.executable, str(KAFKA), cmd, "--dir", str(self.dir)], capture_output=True, text=True,
-                           timeout=180)
+        r = subprocess.run(
+            [sys.executable, str(KAFKA), cmd, "--dir", str(self.dir)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         if r.returncode != 0:
             raise RuntimeError(f"scripts/kafka {cmd} failed: {r.stderr.strip()[-2000:]}")
         return r.stdout.strip()

@@ -24,8 +24,15 @@ class SinkError(Exception):
 class KafkaSink:
     name = "kafka"
 
-    def __init__(self, url: KafkaURL, key: str, linger_ms: int = 50, compression: str = "gzip",
-                 message_bytes: int = 256 << 10, request_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: KafkaURL,
+        key: str,
+        linger_ms: int = 50,
+        compression: str = "gzip",
+        message_bytes: int = 256 << 10,
+        request_timeout: float = 10.0,
+    ) -> None:
         self.url, self.key = url, key.encode()
         self.linger_ms, self.compression = linger_ms, compression
         self.message_bytes, self.request_timeout = message_bytes, request_timeout

@@ -37,8 +37,15 @@ def pack(chunks: list[tuple[bytes, Position]], message_bytes: int) -> list[tuple
 
 
 class Shipper(threading.Thread):
-    def __init__(self, spool: Spool, sink: KafkaSink, batch_bytes: int, backoff: float = 1.0,
-                 backoff_max: float = 30.0, on_status: Callable[[bool, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        sink: KafkaSink,
+        batch_bytes: int,
+        backoff: float = 1.0,
+        backoff_max: float = 30.0,
+        on_status: Callable[[bool, str], None] | None = None,
+    ) -> None:
         super().__init__(name="cmdare-shipper", daemon=True)
         self.spool, self.sink = spool, sink
         self.batch_bytes, self.backoff, self.backoff_max = batch_bytes, backoff, backoff_max
@@ -74,7 +81,9 @@ class Shipper(threading.Thread):
         self.spool.commit(msgs[acked - 1][2], n)
         self.shipped_total += n
         if acked < len(msgs):
-            raise SinkError(f"{self.sink.url.text}: {len(msgs) - acked} of {len(msgs)} messages not acknowledged")
+            raise SinkError(
+                f"{self.sink.url.text}: {len(msgs) - acked} of {len(msgs)} messages not acknowledged"
+            )
         return n
 
     def run(self) -> None:

@@ -110,8 +110,15 @@ def read_lines(d: Path, pos: Position, max_bytes: int) -> tuple[list[tuple[bytes
 class Spool:
     """Writer side, owned by the agent (one process per spool dir)."""
 
-    def __init__(self, directory: Path | str, max_bytes: int = 1 << 30, max_age: float = 7 * 86400,
-                 segment_bytes: int = 8 << 20, fsync: bool = True, consumer: str = "shipped") -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        max_bytes: int = 1 << 30,
+        max_age: float = 7 * 86400,
+        segment_bytes: int = 8 << 20,
+        fsync: bool = True,
+        consumer: str = "shipped",
+    ) -> None:
         self.dir = Path(directory)
         self.max_bytes, self.max_age = max_bytes, max_age
         self.segment_bytes, self.fsync, self.consumer = segment_bytes, fsync, consumer
@@ -224,7 +231,9 @@ class Spool:
         cur = self.cursor()
         if cur != self._seen_cursor:  # moved by another process (a collector, embedded mode)
             self._seen_cursor = cur
-            self.pending = sum(self._unconsumed_lines(s, cur) for s in sorted(self._sizes) if s >= cur.segment)
+            self.pending = sum(
+                self._unconsumed_lines(s, cur) for s in sorted(self._sizes) if s >= cur.segment
+            )
         now = time.time()
         for s in sorted(self._sizes):
             if s == self._active:

@@ -38,9 +38,15 @@ _UNAVAILABLE_AT_INIT = {DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND
 
 # NVML clocks-event (throttle) reason bits, as in nvml.h
 THROTTLE_BITS = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
-    0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
 }
 
 
@@ -73,7 +79,7 @@ def load_backend(spec: str) -> Any:
 
         return pynvml
     if spec.startswith("python:"):
-        return importlib.import_module(spec[len("python:"):])
+        return importlib.import_module(spec[len("python:") :])
     raise ValueError(f"sources.gpu.backend: unknown backend {spec!r} (use 'pynvml' or 'python:module')")
 
 
@@ -94,8 +100,9 @@ class GpuSource(Source):
             raise ConfigError(f"{where}.backend: must be 'pynvml' or 'python:<module>', got {b!r}")
         return cfg
 
-    def __init__(self, config: dict[str, Any], nvml: Any = None, clock: Callable[[], float] = time.monotonic,
-                 **_: Any) -> None:
+    def __init__(
+        self, config: dict[str, Any], nvml: Any = None, clock: Callable[[], float] = time.monotonic, **_: Any
+    ) -> None:
         super().__init__(config)
         self._nvml_given = nvml
         self.nvml: Any = None
@@ -125,7 +132,9 @@ class GpuSource(Source):
             raise SourceUnavailable(self._why)
         self._next_retry = now + self.config["retry_interval"]
         try:
-            self.nvml = self._nvml_given if self._nvml_given is not None else load_backend(self.config["backend"])
+            self.nvml = (
+                self._nvml_given if self._nvml_given is not None else load_backend(self.config["backend"])
+            )
         except ImportError as e:
             hint = "; install nvidia-ml-py" if self.config["backend"] == "pynvml" else ""
             self._why = f"cannot import NVML backend {self.config['backend']!r}: {e}{hint}"
@@ -150,7 +159,10 @@ class GpuSource(Source):
         for i in range(count):
             try:
                 h = self.nvml.nvmlDeviceGetHandleByIndex(i)
-                uuid, name = self._text(self.nvml.nvmlDeviceGetUUID(h)), self._text(self.nvml.nvmlDeviceGetName(h))
+                uuid, name = (
+                    self._text(self.nvml.nvmlDeviceGetUUID(h)),
+                    self._text(self.nvml.nvmlDeviceGetName(h)),
+                )
             except self.nvml.NVMLError as e:
                 log.warning("GPU %d: cannot open: %s", i, e)
                 self.gpus.append(_Gpu(i, None, f"index-{i}", "unknown", lost=True))
@@ -169,8 +181,9 @@ class GpuSource(Source):
             for g in self.gpus:
                 if g.handle is not None:
                     try:
-                        self.nvml.nvmlDeviceRegisterEvents(g.handle, self.nvml.nvmlEventTypeXidCriticalError,
-                                                           self.event_set)
+                        self.nvml.nvmlDeviceRegisterEvents(
+                            g.handle, self.nvml.nvmlEventTypeXidCriticalError, self.event_set
+                        )
                     except self.nvml.NVMLError as e:  # not supported on some GPUs (e.g. vGPU)
                         log.info("GPU %d: Xid events not available: %s", g.index, e)
         except (self.nvml.NVMLError, AttributeError) as e:
@@ -234,8 +247,16 @@ class GpuSource(Source):
             g = by_handle.get(id(ev.device))
             if g is None:
                 g = next((x for x in self.gpus if x.handle == ev.device), None)
-            emit("gpu_event", {"index": g.index if g else -1, "uuid": g.uuid if g else "",
-                               "kind": "xid", "count": 1, "xid": int(ev.eventData)})
+            emit(
+                "gpu_event",
+                {
+                    "index": g.index if g else -1,
+                    "uuid": g.uuid if g else "",
+                    "kind": "xid",
+                    "count": 1,
+                    "xid": int(ev.eventData),
+                },
+            )
 
     def sample(self, g: _Gpu) -> dict[str, Any]:
         n, h = self.nvml, g.handle
@@ -270,14 +291,20 @@ class GpuSource(Source):
             mask = get("nvmlDeviceGetCurrentClocksThrottleReasons")
         if mask is not None:
             d["throttle_mask"], d["throttle_reasons"] = int(mask), throttle_names(int(mask))
-        for key, etype in (("ecc_corrected_total", n.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                           ("ecc_uncorrected_total", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+        for key, etype in (
+            ("ecc_corrected_total", n.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ("ecc_uncorrected_total", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        ):
             v = get("nvmlDeviceGetTotalEccErrors", etype, n.NVML_VOLATILE_ECC)
             if v is not None:
                 d[key] = int(v)
         if self.config["processes"]:
             procs = get("nvmlDeviceGetComputeRunningProcesses")
             if procs is not None:
-                d["processes"] = [{"pid": int(p.pid), "used_bytes": int(p.usedGpuMemory)}
-                                  if p.usedGpuMemory is not None else {"pid": int(p.pid)} for p in procs]
+                d["processes"] = [
+                    {"pid": int(p.pid), "used_bytes": int(p.usedGpuMemory)}
+                    if p.usedGpuMemory is not None
+                    else {"pid": int(p.pid)}
+                    for p in procs
+                ]
         return d

@@ -16,8 +16,9 @@ from .base import Emit, Source
 class HeartbeatSource(Source):
     name = "heartbeat"
 
-    def __init__(self, config: dict[str, Any], stats: Callable[[], dict[str, Any]] | None = None,
-                 **_: Any) -> None:
+    def __init__(
+        self, config: dict[str, Any], stats: Callable[[], dict[str, Any]] | None = None, **_: Any
+    ) -> None:
         super().__init__(config)
         self.stats = stats or (lambda: {})
         self.seq = 0

@@ -32,11 +32,19 @@ def cpu_busy_ratio(prev: Any, cur: Any) -> float | None:
 
 def net_rows(counters: dict[str, Any], exclude: re.Pattern[str]) -> list[dict[str, Any]]:
     return [
-        {"nic": nic, "rx_bytes_total": c.bytes_recv, "tx_bytes_total": c.bytes_sent,
-         "rx_packets_total": c.packets_recv, "tx_packets_total": c.packets_sent,
-         "rx_errors_total": c.errin, "tx_errors_total": c.errout,
-         "rx_drops_total": c.dropin, "tx_drops_total": c.dropout}
-        for nic, c in sorted(counters.items()) if not exclude.search(nic)
+        {
+            "nic": nic,
+            "rx_bytes_total": c.bytes_recv,
+            "tx_bytes_total": c.bytes_sent,
+            "rx_packets_total": c.packets_recv,
+            "tx_packets_total": c.packets_sent,
+            "rx_errors_total": c.errin,
+            "tx_errors_total": c.errout,
+            "rx_drops_total": c.dropin,
+            "tx_drops_total": c.dropout,
+        }
+        for nic, c in sorted(counters.items())
+        if not exclude.search(nic)
     ]
 
 
@@ -45,8 +53,13 @@ def disk_rows(counters: dict[str, Any], exclude: re.Pattern[str]) -> list[dict[s
     for disk, c in sorted(counters.items()):
         if exclude.search(disk):
             continue
-        row = {"disk": disk, "read_bytes_total": c.read_bytes, "write_bytes_total": c.write_bytes,
-               "read_ops_total": c.read_count, "write_ops_total": c.write_count}
+        row = {
+            "disk": disk,
+            "read_bytes_total": c.read_bytes,
+            "write_bytes_total": c.write_bytes,
+            "read_ops_total": c.read_count,
+            "write_ops_total": c.write_count,
+        }
         busy = getattr(c, "busy_time", None)
         if busy is not None:
             row["busy_seconds_total"] = busy / 1000.0
@@ -97,7 +110,7 @@ class HostSource(Source):
             if self.config["per_core"]:
                 cores = ps.cpu_times(percpu=True)
                 if self._prev_cores is not None and len(self._prev_cores) == len(cores):
-                    ratios = [cpu_busy_ratio(a, b) for a, b in zip(self._prev_cores, cores)]
+                    ratios = [cpu_busy_ratio(a, b) for a, b in zip(self._prev_cores, cores, strict=True)]
                     data["cpu_per_core_ratio"] = [x if x is not None else 0.0 for x in ratios]
                 self._prev_cores = cores
 
@@ -120,8 +133,14 @@ class HostSource(Source):
         def procs() -> None:
             data["procs"] = len(ps.pids())
 
-        for what, fn in (("cpu", cpu), ("load", load), ("memory", mem), ("net", net),
-                         ("disk", disk), ("procs", procs)):
+        for what, fn in (
+            ("cpu", cpu),
+            ("load", load),
+            ("memory", mem),
+            ("net", net),
+            ("disk", disk),
+            ("procs", procs),
+        ):
             guard(what, fn)
         emit("host", data)
         if errors:

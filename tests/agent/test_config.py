@@ -12,27 +12,57 @@ import pytest
 from cmdare.agent.config import ConfigError, load, parse_kafka_url
 
 INVALID = [
-    ('nodee = "x"', "unknown key 'nodee' (known: interval, job, labels, log_level, node, role, sink, sources, spool)"),
+    (
+        'nodee = "x"',
+        "unknown key 'nodee' (known: interval, job, labels, log_level, node, role, sink, sources, spool)",
+    ),
     ('role = "boss"', "role: must be one of worker, ps, chief, data, client, got 'boss'"),
     ('interval = "10 parsecs"', "interval: expected a duration like 500ms, 10s, 5m or 24h, got '10 parsecs'"),
     ('interval = "10ms"', "interval: must be between 50ms and 1h, got '10ms'"),
-    ("[spool]\nmaxbytes = 5", "unknown key 'spool.maxbytes' (known: dir, fsync, max_age, max_bytes, segment_bytes)"),
-    ('[spool]\nmax_bytes = "1KiB"', "spool.max_bytes: must be at least twice spool.segment_bytes (16777216 bytes)"),
+    (
+        "[spool]\nmaxbytes = 5",
+        "unknown key 'spool.maxbytes' (known: dir, fsync, max_age, max_bytes, segment_bytes)",
+    ),
+    (
+        '[spool]\nmax_bytes = "1KiB"',
+        "spool.max_bytes: must be at least twice spool.segment_bytes (16777216 bytes)",
+    ),
     ('[spool]\nmax_bytes = "lots"', "spool.max_bytes: expected a size like 512MiB or 1GB, got 'lots'"),
     ('[spool]\nfsync = "sometimes"', "spool.fsync: expected true or false, got 'sometimes'"),
-    ('[sink]\nurl = "http://x:9092/t"',
-     "sink.url: 'http://x:9092/t' is not a kafka:// URL (expected kafka://host:port[,host:port]/topic)"),
-    ('[sink]\nurl = "kafka://x/t"', "sink.url: broker 'x' in 'kafka://x/t' must be host:port with a port 1-65535"),
-    ('[sink]\nurl = "kafka://x:99999/t"', "sink.url: broker 'x:99999' in 'kafka://x:99999/t' must be host:port with a port 1-65535"),
-    ('[sink]\nurl = "kafka://x:9092/"',
-     "sink.url: 'kafka://x:9092/' needs a topic name of letters, digits, '.', '_' or '-' after the '/'"),
-    ('[sink]\nurl = "kafka:///t"', "sink.url: 'kafka:///t' names no broker (expected kafka://host:port[,host:port]/topic)"),
-    ('[sink]\ncompression = "brotli"', "sink.compression: must be one of none, gzip, snappy, lz4, zstd, got 'brotli'"),
-    ('[sink]\nlinger_ms = -1', "sink.linger_ms: must be between 0 and 60000, got -1"),
+    (
+        '[sink]\nurl = "http://x:9092/t"',
+        "sink.url: 'http://x:9092/t' is not a kafka:// URL (expected kafka://host:port[,host:port]/topic)",
+    ),
+    (
+        '[sink]\nurl = "kafka://x/t"',
+        "sink.url: broker 'x' in 'kafka://x/t' must be host:port with a port 1-65535",
+    ),
+    (
+        '[sink]\nurl = "kafka://x:99999/t"',
+        "sink.url: broker 'x:99999' in 'kafka://x:99999/t' must be host:port with a port 1-65535",
+    ),
+    (
+        '[sink]\nurl = "kafka://x:9092/"',
+        "sink.url: 'kafka://x:9092/' needs a topic name of letters, digits, '.', '_' or '-' after the '/'",
+    ),
+    (
+        '[sink]\nurl = "kafka:///t"',
+        "sink.url: 'kafka:///t' names no broker (expected kafka://host:port[,host:port]/topic)",
+    ),
+    (
+        '[sink]\ncompression = "brotli"',
+        "sink.compression: must be one of none, gzip, snappy, lz4, zstd, got 'brotli'",
+    ),
+    ("[sink]\nlinger_ms = -1", "sink.linger_ms: must be between 0 and 60000, got -1"),
     ("[sources.gpuu]", "unknown key 'sources.gpuu' (known: gpu, heartbeat, host)"),
-    ("[sources.gpu]\nretry = 5",
-     "unknown key 'sources.gpu.retry' (known: backend, enabled, processes, retry_interval, xid_events)"),
-    ('[sources.gpu]\nbackend = "cuda"', "sources.gpu.backend: must be 'pynvml' or 'python:<module>', got 'cuda'"),
+    (
+        "[sources.gpu]\nretry = 5",
+        "unknown key 'sources.gpu.retry' (known: backend, enabled, processes, retry_interval, xid_events)",
+    ),
+    (
+        '[sources.gpu]\nbackend = "cuda"',
+        "sources.gpu.backend: must be 'pynvml' or 'python:<module>', got 'cuda'",
+    ),
     ('[sources.host]\nenabled = "maybe"', "sources.host.enabled: expected true or false, got 'maybe'"),
     ("labels = {team = 5}", "labels.team: label values must be strings, got 5"),
     ("sources = 3", "sources: expected a table, got int"),
@@ -70,8 +100,11 @@ def test_defaults_without_a_file(tmp_path: Path) -> None:
 def test_precedence_file_env_flags(tmp_path: Path) -> None:
     f = tmp_path / "agent.toml"
     f.write_text('node = "from-file"\njob = "file-job"\ninterval = "30s"\n[spool]\nmax_bytes = "64MiB"\n')
-    env = {"CMDARE_AGENT_JOB": "env-job", "CMDARE_AGENT_SPOOL__MAX_BYTES": '"128MiB"',
-           "CMDARE_AGENT_SOURCES__GPU__ENABLED": "false"}
+    env = {
+        "CMDARE_AGENT_JOB": "env-job",
+        "CMDARE_AGENT_SPOOL__MAX_BYTES": '"128MiB"',
+        "CMDARE_AGENT_SOURCES__GPU__ENABLED": "false",
+    }
     cfg = load(f, env=env, overrides={"interval": "2s"})
     assert cfg.node == "from-file"
     assert cfg.job == "env-job"
@@ -88,11 +121,16 @@ def test_kafka_url_with_several_brokers() -> None:
 def test_cli_config_error_exit_code_and_single_line(tmp_path: Path) -> None:
     f = tmp_path / "agent.toml"
     f.write_text('[sink]\nurl = "kafka://nohost/t"\n')
-    r = subprocess.run([sys.executable, "-m", "cmdare.agent.cli", "--config", str(f), "--check"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "cmdare.agent.cli", "--config", str(f), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2
-    assert r.stderr.strip() == ("cmdare-agent: config error: sink.url: broker 'nohost' in 'kafka://nohost/t' "
-                                "must be host:port with a port 1-65535")
+    assert r.stderr.strip() == (
+        "cmdare-agent: config error: sink.url: broker 'nohost' in 'kafka://nohost/t' "
+        "must be host:port with a port 1-65535"
+    )
 
 
 def test_cli_check_reports_unreachable_broker(tmp_path: Path) -> None:
@@ -101,10 +139,25 @@ def test_cli_check_reports_unreachable_broker(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = subprocess.run([sys.executable, "-m", "cmdare.agent.cli", "--check", "--spool-dir", str(tmp_path / "sp"),
-                        "--set", "sources.gpu.enabled=false", "--sink", f"kafka://127.0.0.1:{port}/t",
-                        "--set", "sink.request_timeout=2s"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cmdare.agent.cli",
+            "--check",
+            "--spool-dir",
+            str(tmp_path / "sp"),
+            "--set",
+            "sources.gpu.enabled=false",
+            "--sink",
+            f"kafka://127.0.0.1:{port}/t",
+            "--set",
+            "sink.request_timeout=2s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     err = [line for line in r.stdout.splitlines() if line.startswith("sink")]
     assert len(err) == 1 and "error" in err[0] and f"kafka://127.0.0.1:{port}/t" in err[0]

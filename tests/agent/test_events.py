@@ -22,15 +22,24 @@ finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 @st.composite
 def gpu_data(draw):
     return {
-        "index": draw(st.integers(0, 15)), "uuid": draw(names), "name": draw(names),
-        "util_gpu_ratio": draw(st.floats(0, 1)), "mem_used_bytes": draw(st.integers(0, 2**40)),
-        "power_watts": draw(finite), "throttle_reasons": draw(st.lists(names, max_size=3)),
+        "index": draw(st.integers(0, 15)),
+        "uuid": draw(names),
+        "name": draw(names),
+        "util_gpu_ratio": draw(st.floats(0, 1)),
+        "mem_used_bytes": draw(st.integers(0, 2**40)),
+        "power_watts": draw(finite),
+        "throttle_reasons": draw(st.lists(names, max_size=3)),
         "processes": draw(st.lists(st.fixed_dictionaries({"pid": st.integers(1, 2**22)}), max_size=3)),
     }
 
 
-@given(node=names, job=st.text(max_size=30), labels=st.dictionaries(names, st.text(max_size=20), max_size=3),
-       data=gpu_data(), role=st.sampled_from(events.ROLES))
+@given(
+    node=names,
+    job=st.text(max_size=30),
+    labels=st.dictionaries(names, st.text(max_size=20), max_size=3),
+    data=gpu_data(),
+    role=st.sampled_from(events.ROLES),
+)
 @settings(max_examples=200, deadline=None)
 def test_round_trip(node, job, labels, data, role) -> None:
     ev = EventFactory(node, role, job, labels).make("gpu", data)
@@ -58,17 +67,20 @@ def test_counter_wrap_draws_a_new_prefix() -> None:
     assert g.instance != first_instance and new.endswith("00000001")
 
 
-@pytest.mark.parametrize("mutate,reason", [
-    (lambda e: e.update(v=2), "unsupported wire format version 2"),
-    (lambda e: e.pop("id"), "field 'id'"),
-    (lambda e: e.update(ts="yesterday"), "field 'ts' must be unix seconds"),
-    (lambda e: e.update(role="boss"), "field 'role'"),
-    (lambda e: e.update(labels={"a": 1}), "field 'labels'"),
-    (lambda e: e.update(data=[1]), "field 'data' must be an object"),
-    (lambda e: e["data"].update(util_gpu_ratio="0.5"), "gpu.util_gpu_ratio must be float"),
-    (lambda e: e["data"].update(index=1.5), "gpu.index must be int"),
-    (lambda e: e["data"].update(throttle_reasons=[1]), "gpu.throttle_reasons must be str[]"),
-])
+@pytest.mark.parametrize(
+    "mutate,reason",
+    [
+        (lambda e: e.update(v=2), "unsupported wire format version 2"),
+        (lambda e: e.pop("id"), "field 'id'"),
+        (lambda e: e.update(ts="yesterday"), "field 'ts' must be unix seconds"),
+        (lambda e: e.update(role="boss"), "field 'role'"),
+        (lambda e: e.update(labels={"a": 1}), "field 'labels'"),
+        (lambda e: e.update(data=[1]), "field 'data' must be an object"),
+        (lambda e: e["data"].update(util_gpu_ratio="0.5"), "gpu.util_gpu_ratio must be float"),
+        (lambda e: e["data"].update(index=1.5), "gpu.index must be int"),
+        (lambda e: e["data"].update(throttle_reasons=[1]), "gpu.throttle_reasons must be str[]"),
+    ],
+)
 def test_invalid_events_are_rejected_with_a_reason(mutate, reason) -> None:
     ev = EventFactory("n", "worker").make("gpu", {"index": 0, "util_gpu_ratio": 0.5})
     mutate(ev)
@@ -94,10 +106,12 @@ def test_agent_events_validate_against_the_json_schema() -> None:
     schema = json.loads(SCHEMA_FILE.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     f = EventFactory("n", "ps", "job", {"team": "x"})
-    for t, data in [("gpu", {"index": 0, "util_gpu_ratio": 0.5, "processes": [{"pid": 1}]}),
-                    ("host", {"cpu_util_ratio": 0.1, "cpu_per_core_ratio": [0.1, 0.2], "net": []}),
-                    ("heartbeat", {"seq": 1, "agent_version": "0.1.0"}),
-                    ("status", {"source": "gpu", "ok": False, "state": "unavailable", "message": "no"})]:
+    for t, data in [
+        ("gpu", {"index": 0, "util_gpu_ratio": 0.5, "processes": [{"pid": 1}]}),
+        ("host", {"cpu_util_ratio": 0.1, "cpu_per_core_ratio": [0.1, 0.2], "net": []}),
+        ("heartbeat", {"seq": 1, "agent_version": "0.1.0"}),
+        ("status", {"source": "gpu", "ok": False, "state": "unavailable", "message": "no"}),
+    ]:
         jsonschema.validate(f.make(t, data), schema)
     bad = f.make("gpu", {"util_gpu_ratio": "high"})
     with pytest.raises(jsonschema.ValidationError):

@@ -36,8 +36,9 @@ def test_healthy_gpus_report_every_field_in_base_units() -> None:
 def test_driver_missing_at_start_is_reported_once_and_retried() -> None:
     clock = [0.0]
     nvml = FakeNvml(scenario="driver_missing")
-    src = GpuSource(GpuSource.parse_config("sources.gpu", {"retry_interval": "60s"}), nvml=nvml,
-                    clock=lambda: clock[0])
+    src = GpuSource(
+        GpuSource.parse_config("sources.gpu", {"retry_interval": "60s"}), nvml=nvml, clock=lambda: clock[0]
+    )
     e1, s1 = tick(src)
     e2, s2 = tick(src)
     assert e1 == [] and e2 == []
@@ -74,7 +75,13 @@ def test_gpu_lost_emits_one_event_and_the_other_gpu_keeps_reporting() -> None:
 def test_field_not_supported_leaves_the_field_out() -> None:
     events, statuses = tick(make(FakeNvml(gpus=1, scenario="field_not_supported")))
     g = events[0][1]
-    for absent in ("power_watts", "power_limit_watts", "pcie_tx_bytes_per_second", "ecc_corrected_total", "processes"):
+    for absent in (
+        "power_watts",
+        "power_limit_watts",
+        "pcie_tx_bytes_per_second",
+        "ecc_corrected_total",
+        "processes",
+    ):
         assert absent not in g
     assert g["temp_celsius"] > 0 and statuses[0][1] == "ok"
 

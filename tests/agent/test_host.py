@@ -29,13 +29,30 @@ def test_cpu_busy_ratio_no_time_passed() -> None:
 
 def test_net_and_disk_rows_exclusions_and_units() -> None:
     nets = {"lo": NIC(1, 1, 1, 1, 0, 0, 0, 0), "eth0": NIC(10, 20, 3, 4, 1, 2, 5, 6)}
-    assert net_rows(nets, re.compile("^lo$")) == [{
-        "nic": "eth0", "rx_bytes_total": 20, "tx_bytes_total": 10, "rx_packets_total": 4, "tx_packets_total": 3,
-        "rx_errors_total": 1, "tx_errors_total": 2, "rx_drops_total": 5, "tx_drops_total": 6}]
+    assert net_rows(nets, re.compile("^lo$")) == [
+        {
+            "nic": "eth0",
+            "rx_bytes_total": 20,
+            "tx_bytes_total": 10,
+            "rx_packets_total": 4,
+            "tx_packets_total": 3,
+            "rx_errors_total": 1,
+            "tx_errors_total": 2,
+            "rx_drops_total": 5,
+            "tx_drops_total": 6,
+        }
+    ]
     disks = {"loop0": DISK(1, 1, 1, 1, 1, 1, 1), "nvme0n1": DISK(7, 8, 4096, 8192, 0, 0, 1500)}
-    assert disk_rows(disks, re.compile(r"^loop\d*$")) == [{
-        "disk": "nvme0n1", "read_bytes_total": 4096, "write_bytes_total": 8192, "read_ops_total": 7,
-        "write_ops_total": 8, "busy_seconds_total": 1.5}]
+    assert disk_rows(disks, re.compile(r"^loop\d*$")) == [
+        {
+            "disk": "nvme0n1",
+            "read_bytes_total": 4096,
+            "write_bytes_total": 8192,
+            "read_ops_total": 7,
+            "write_ops_total": 8,
+            "busy_seconds_total": 1.5,
+        }
+    ]
 
 
 class FakePsutil:

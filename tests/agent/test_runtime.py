@@ -29,9 +29,18 @@ def spool_events(d: Path) -> list[dict]:
 
 
 def test_agent_ticks_into_the_spool_with_status_per_source(tmp_path: Path) -> None:
-    cfg = load(None, env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
-               overrides={"node": "n1", "job": "j", "interval": 0.1, "spool.dir": str(tmp_path / "sp"),
-                          "spool.fsync": False, "labels": {"team": "t"}})
+    cfg = load(
+        None,
+        env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
+        overrides={
+            "node": "n1",
+            "job": "j",
+            "interval": 0.1,
+            "spool.dir": str(tmp_path / "sp"),
+            "spool.fsync": False,
+            "labels": {"team": "t"},
+        },
+    )
     agent = Agent(cfg, adapters={"nvml": FakeNvml(gpus=2)})
     agent.run(duration=0.55)
     evs = spool_events(tmp_path / "sp")
@@ -48,8 +57,11 @@ def test_agent_ticks_into_the_spool_with_status_per_source(tmp_path: Path) -> No
 
 
 def test_one_failing_source_does_not_stop_the_others(tmp_path: Path) -> None:
-    cfg = load(None, env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
-               overrides={"interval": 0.1, "spool.dir": str(tmp_path / "sp"), "spool.fsync": False})
+    cfg = load(
+        None,
+        env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
+        overrides={"interval": 0.1, "spool.dir": str(tmp_path / "sp"), "spool.fsync": False},
+    )
     agent = Agent(cfg, adapters={"nvml": FakeNvml(scenario="driver_missing")})
     agent.run(duration=0.35)
     evs = spool_events(tmp_path / "sp")
@@ -60,9 +72,20 @@ def test_one_failing_source_does_not_stop_the_others(tmp_path: Path) -> None:
 
 def _start_agent(tmp_path: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [str(BIN / "cmdare-agent"), "--spool-dir", str(tmp_path / "sp"), "--interval", "0.2s",
-         "--set", "sources.gpu.backend=python:tests.fakes.nvml", *extra],
-        env=env or agent_env(), stderr=subprocess.PIPE, text=True)
+        [
+            str(BIN / "cmdare-agent"),
+            "--spool-dir",
+            str(tmp_path / "sp"),
+            "--interval",
+            "0.2s",
+            "--set",
+            "sources.gpu.backend=python:tests.fakes.nvml",
+            *extra,
+        ],
+        env=env or agent_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("sink", ["none", "unreachable-kafka"])
@@ -143,9 +166,22 @@ print("ok")
 
 
 def test_once_prints_one_round_as_json(tmp_path: Path) -> None:
-    r = subprocess.run([str(BIN / "cmdare-agent"), "--once", "--spool-dir", str(tmp_path / "sp"),
-                        "--set", "sources.gpu.backend=python:tests.fakes.nvml", "--node", "n9"],
-                       env=agent_env(CMDARE_FAKE_NVML="gpus=3"), capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            str(BIN / "cmdare-agent"),
+            "--once",
+            "--spool-dir",
+            str(tmp_path / "sp"),
+            "--set",
+            "sources.gpu.backend=python:tests.fakes.nvml",
+            "--node",
+            "n9",
+        ],
+        env=agent_env(CMDARE_FAKE_NVML="gpus=3"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     evs = json.loads(r.stdout)
     assert [e["type"] for e in evs].count("gpu") == 3 and evs[0]["node"] == "n9"

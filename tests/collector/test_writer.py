@@ -30,18 +30,40 @@ F = EventFactory("node-a", "worker", "job-1", {"team": "x"})
 
 
 def gpu(i: int = 0, **extra):
-    return F.make("gpu", {"index": i, "uuid": f"GPU-{i}", "name": "A100", "util_gpu_ratio": 0.5,
-                          "mem_used_bytes": 10, "throttle_reasons": ["sw_power_cap"],
-                          "processes": [{"pid": 7, "used_bytes": 3}], **extra})
+    return F.make(
+        "gpu",
+        {
+            "index": i,
+            "uuid": f"GPU-{i}",
+            "name": "A100",
+            "util_gpu_ratio": 0.5,
+            "mem_used_bytes": 10,
+            "throttle_reasons": ["sw_power_cap"],
+            "processes": [{"pid": 7, "used_bytes": 3}],
+            **extra,
+        },
+    )
 
 
 def test_typed_rows_land_with_units_and_envelope(db) -> None:
-    g, h = gpu(), F.make("host", {"cpu_util_ratio": 0.25, "cpu_per_core_ratio": [0.5, 0.0],
-                                  "net": [{"nic": "eth0", "rx_bytes_total": 5}], "procs": 9})
+    g, h = (
+        gpu(),
+        F.make(
+            "host",
+            {
+                "cpu_util_ratio": 0.25,
+                "cpu_per_core_ratio": [0.5, 0.0],
+                "net": [{"nic": "eth0", "rx_bytes_total": 5}],
+                "procs": 9,
+            },
+        ),
+    )
     r = Writer(db).write([("t:1", encode_many([g, h]))])
     assert r.rows["gpu_samples"] == 1 and r.rows["host_samples"] == 1 and r.dead == 0
-    row = db.execute("SELECT id, node, job, \"index\", util_gpu_ratio, throttle_reasons, processes->>'$[0].pid', "
-                     "epoch(ts) FROM gpu_samples").fetchone()
+    row = db.execute(
+        "SELECT id, node, job, \"index\", util_gpu_ratio, throttle_reasons, processes->>'$[0].pid', "
+        "epoch(ts) FROM gpu_samples"
+    ).fetchone()
     assert row[:6] == (g["id"], "node-a", "job-1", 0, 0.5, ["sw_power_cap"]) and row[6] == "7"
     assert abs(row[7] - g["ts"]) < 1e-5
     assert db.execute("SELECT cpu_per_core_ratio, procs FROM host_samples").fetchone() == ([0.5, 0.0], 9)
@@ -59,25 +81,43 @@ def test_an_event_delivered_twice_is_stored_once(db) -> None:
 
 MALFORMED = [
     (b'{"v":1,"id":"a","ts":17', "not valid JSON"),
-    (b'{"v":2,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{}}',
-     "unsupported wire format version 2 (this collector reads v1)"),
-    (b'{"v":1,"id":"a","ts":"noon","node":"n","role":"worker","type":"gpu","data":{}}',
-     "field 'ts' must be unix seconds, got \"noon\""),
-    (b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{"util_gpu_ratio":"high"}}',
-     'gpu.util_gpu_ratio must be float, got "high"'),
-    (b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{"index":0.5}}',
-     "gpu.index must be int, got 0.5"),
-    (b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"host","data":7}',
-     "field 'data' must be an object"),
-    (b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"boss","type":"host","data":{}}',
-     "field 'role' must be one of worker, ps, chief, data, client, got \"boss\""),
-    (b'[1,2,3]', "event is a JSON array, expected an object"),
-    (b'{"v":1,"ts":1.7e9,"node":"n","role":"worker","type":"host","data":{}}',
-     "field 'id' must be a non-empty string of at most 64 characters"),
-    (b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"host","data":{},"labels":{"a":1}}',
-     "field 'labels' must be an object of string values"),
-    (b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"status","data":{"ok":"yes"}}',
-     'status.ok must be bool, got "yes"'),
+    (
+        b'{"v":2,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{}}',
+        "unsupported wire format version 2 (this collector reads v1)",
+    ),
+    (
+        b'{"v":1,"id":"a","ts":"noon","node":"n","role":"worker","type":"gpu","data":{}}',
+        "field 'ts' must be unix seconds, got \"noon\"",
+    ),
+    (
+        b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{"util_gpu_ratio":"high"}}',
+        'gpu.util_gpu_ratio must be float, got "high"',
+    ),
+    (
+        b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{"index":0.5}}',
+        "gpu.index must be int, got 0.5",
+    ),
+    (
+        b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"host","data":7}',
+        "field 'data' must be an object",
+    ),
+    (
+        b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"boss","type":"host","data":{}}',
+        "field 'role' must be one of worker, ps, chief, data, client, got \"boss\"",
+    ),
+    (b"[1,2,3]", "event is a JSON array, expected an object"),
+    (
+        b'{"v":1,"ts":1.7e9,"node":"n","role":"worker","type":"host","data":{}}',
+        "field 'id' must be a non-empty string of at most 64 characters",
+    ),
+    (
+        b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"host","data":{},"labels":{"a":1}}',
+        "field 'labels' must be an object of string values",
+    ),
+    (
+        b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"status","data":{"ok":"yes"}}',
+        'status.ok must be bool, got "yes"',
+    ),
 ]
 
 
@@ -88,14 +128,20 @@ def test_malformed_lines_are_dead_lettered_with_a_reason(db, line: bytes, reason
     r = Writer(db).write([("kafka:t/0@5", msg)])
     assert r.dead == 1 and r.rows["gpu_samples"] == 2
     assert db.execute("SELECT origin, line, reason, raw FROM dead_letters").fetchone() == (
-        "kafka:t/0@5", 2, reason, line)
+        "kafka:t/0@5",
+        2,
+        reason,
+        line,
+    )
 
 
 def test_binary_garbage_and_huge_blobs(db) -> None:
     blob = b"A" * (5 << 20)  # a 5 MB message that is not an event
     r = Writer(db).write([("k:1", os.urandom(4096) + b"\xff"), ("k:2", blob), ("k:3", encode(gpu()))])
     assert r.rows["gpu_samples"] == 1 and r.dead == 2
-    rows = db.execute("SELECT origin, reason, octet_length(raw), raw_bytes FROM dead_letters ORDER BY origin").fetchall()
+    rows = db.execute(
+        "SELECT origin, reason, octet_length(raw), raw_bytes FROM dead_letters ORDER BY origin"
+    ).fetchall()
     assert rows[0][0] == "k:1" and rows[0][1].startswith("not UTF-8 text")
     assert rows[1] == ("k:2", "event of 5242880 bytes exceeds the 1048576 byte limit", RAW_CAP, 5 << 20)
 
@@ -121,7 +167,9 @@ def test_a_failed_batch_leaves_stored_data_untouched(tmp_path: Path) -> None:
     w.write([("k:1", encode(gpu()))], position=("spool:/x", 1, 100))
     con.execute("DROP TABLE heartbeats")  # make the next transaction fail half-way
     with pytest.raises(duckdb.Error):
-        w.write([("k:2", encode_many([gpu(5), F.make("heartbeat", {"seq": 1})]))], position=("spool:/x", 1, 200))
+        w.write(
+            [("k:2", encode_many([gpu(5), F.make("heartbeat", {"seq": 1})]))], position=("spool:/x", 1, 200)
+        )
     assert count(con, "gpu_samples") == 1  # the gpu row of the failed batch was rolled back
     assert con.execute('SELECT "offset" FROM ingest_positions').fetchone() == (100,)
 

@@ -39,8 +39,15 @@ MODELS = {
     "p100": ("Tesla P100-PCIE-16GB", 17071734784, 250000, 1328, 715),
 }
 
-SCENARIOS = ("healthy", "driver_missing", "driver_not_loaded", "no_gpus", "gpu_lost",
-             "field_not_supported", "xid")
+SCENARIOS = (
+    "healthy",
+    "driver_missing",
+    "driver_not_loaded",
+    "no_gpus",
+    "gpu_lost",
+    "field_not_supported",
+    "xid",
+)
 
 
 class _Dev:
@@ -57,7 +64,9 @@ class _Dev:
 class FakeNvml:
     NVMLError = _real.NVMLError
 
-    def __init__(self, gpus: int = 2, model: str = "a100", scenario: str = "healthy", lost_after: int = 2) -> None:
+    def __init__(
+        self, gpus: int = 2, model: str = "a100", scenario: str = "healthy", lost_after: int = 2
+    ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown fake NVML scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
         if model not in MODELS:
@@ -176,8 +185,12 @@ class FakeNvml:
 
 def from_env() -> FakeNvml:
     opts = dict(kv.split("=", 1) for kv in os.environ.get("CMDARE_FAKE_NVML", "").split(",") if "=" in kv)
-    return FakeNvml(gpus=int(opts.get("gpus", 2)), model=opts.get("model", "a100"),
-                    scenario=opts.get("scenario", "healthy"), lost_after=int(opts.get("lost_after", 2)))
+    return FakeNvml(
+        gpus=int(opts.get("gpus", 2)),
+        model=opts.get("model", "a100"),
+        scenario=opts.get("scenario", "healthy"),
+        lost_after=int(opts.get("lost_after", 2)),
+    )
 
 
 _instance = from_env()

@@ -1,0 +1,220 @@
+"""End to end with a real Kafka broker: agent processes (fake NVML, 2 GPUs each) ->
+Kafka -> cmdare-collector -> DuckDB file.  Exact counts per node, no duplicates,
+contiguous heartbeats; through a 15 s broker outage and a SIGKILLed collector."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import BIN, KafkaBroker, agent_env
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+STOPPED = re.compile(r"stopped in [\d.]+s \(spooled (\d+), shipped (\d+), pending (\d+)\)")
+
+
+@dataclass
+class AgentRun:
+    node: str
+    proc: subprocess.Popen
+    log: Path
+
+    def result(self) -> tuple[int, int, int]:
+        text = self.log.read_text()
+        m = STOPPED.search(text)
+        assert m, f"{self.node} did not stop cleanly:\n{text[-2000:]}"
+        return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def start_agents(tmp: Path, url: str, n: int, duration: float, interval: str = "0.5s") -> list[AgentRun]:
+    runs = []
+    for i in range(n):
+        node = f"node-{i}"
+        cfg = tmp / f"{node}.toml"
+        cfg.write_text(f"""
+node = "{node}"
+role = "worker"
+job = "it-job"
+interval = "{interval}"
+[spool]
+dir = "{tmp / ("spool-" + node)}"
+fsync = false
+[sink]
+url = "{url}"
+linger_ms = 20
+request_timeout = "5s"
+retry_backoff = "0.5s"
+retry_backoff_max = "2s"
+[sources.gpu]
+backend = "python:tests.fakes.nvml"
+""")
+        log = tmp / f"{node}.log"
+        p = subprocess.Popen(
+            [str(BIN / "cmdare-agent"), "--config", str(cfg), "--duration", str(duration)],
+            env=agent_env(CMDARE_FAKE_NVML="gpus=2"),
+            stderr=open(log, "w"),
+            stdout=subprocess.DEVNULL,
+        )
+        runs.append(AgentRun(node, p, log))
+    return runs
+
+
+def start_collector(url: str, db: Path, idle_exit: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            str(BIN / "cmdare-collector"),
+            "kafka",
+            url,
+            "--db",
+            str(db),
+            "--max-wait",
+            "0.5s",
+            "--idle-exit",
+            idle_exit,
+            "--progress-every",
+            "2s",
+        ],
+        stderr=open(log, "a"),
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def check_database(db: Path, agents: list[AgentRun]) -> None:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
+        for a in agents:
+            spooled, shipped, pending = a.result()
+            assert shipped == spooled and pending == 0, f"{a.node}: spooled {spooled}, shipped {shipped}"
+            stored = con.execute(
+                """
+                SELECT (SELECT count(*) FROM host_samples WHERE node = $n) + (SELECT count(*) FROM gpu_samples WHERE node = $n)
+                     + (SELECT count(*) FROM gpu_events WHERE node = $n) + (SELECT count(*) FROM heartbeats WHERE node = $n)
+                     + (SELECT count(*) FROM agent_status WHERE node = $n) + (SELECT count(*) FROM unknown_events WHERE node = $n)
+            """,
+                {"n": a.node},
+            ).fetchone()[0]
+            assert stored == spooled, f"{a.node}: {spooled} events sent, {stored} stored"
+            ticks, seqs = con.execute(
+                "SELECT count(*), list(seq ORDER BY seq) FROM heartbeats WHERE node = ?", [a.node]
+            ).fetchone()
+            assert seqs == list(range(1, ticks + 1)), f"{a.node}: heartbeat gaps or repeats"
+            assert (
+                con.execute("SELECT count(*) FROM host_samples WHERE node = ?", [a.node]).fetchone()[0]
+                == ticks
+            )
+            assert (
+                con.execute("SELECT count(*) FROM gpu_samples WHERE node = ?", [a.node]).fetchone()[0]
+                == 2 * ticks
+            )
+            assert ticks >= 10
+        for table in ("host_samples", "gpu_samples", "heartbeats", "agent_status"):
+            n, distinct = con.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
+            assert n == distinct, f"duplicates in {table}"
+    finally:
+        con.close()
+
+
+def test_three_agents_through_a_15s_broker_outage(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    url = kafka_broker.url(f"it-outage-{uuid.uuid4().hex[:6]}")
+    db = tmp_path / "fleet.duckdb"
+    agents = start_agents(tmp_path, url, n=3, duration=30)
+    collector = start_collector(url, db, idle_exit="45s", log=tmp_path / "collector.log")
+    try:
+        time.sleep(7)
+        kafka_broker.stop()
+        time.sleep(15)
+        kafka_broker.start()
+        for a in agents:
+            assert a.proc.wait(timeout=60) == 0, a.log.read_text()[-2000:]
+        assert collector.wait(timeout=90) == 0, (tmp_path / "collector.log").read_text()[-3000:]
+    finally:
+        for p in [collector] + [a.proc for a in agents]:
+            p.kill()
+    check_database(db, agents)
+    # the outage really happened and was seen by the agents
+    assert any("kafka sink failing" in a.log.read_text() for a in agents)
+
+
+def test_collector_sigkilled_mid_stream(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    url = kafka_broker.url(f"it-kill-{uuid.uuid4().hex[:6]}")
+    db = tmp_path / "fleet.duckdb"
+    log = tmp_path / "collector.log"
+    agents = start_agents(tmp_path, url, n=3, duration=14, interval="0.2s")
+    first = start_collector(url, db, idle_exit="60s", log=log)
+    try:
+        time.sleep(6)
+        assert first.poll() is None
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        second = start_collector(url, db, idle_exit="5s", log=log)
+        for a in agents:
+            assert a.proc.wait(timeout=60) == 0, a.log.read_text()[-2000:]
+        assert second.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        for p in [first] + [a.proc for a in agents]:
+            p.kill()
+    check_database(db, agents)
+
+
+def test_malformed_messages_are_dead_lettered_and_good_ones_after_them_land(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    import os
+
+    from kafka import KafkaProducer
+
+    from cmdare.agent.events import EventFactory, encode
+
+    topic = f"it-bad-{uuid.uuid4().hex[:6]}"
+    f = EventFactory("good-node", "worker", "j")
+    good = [f.make("gpu", {"index": i, "util_gpu_ratio": 0.5}) for i in range(3)]
+    bad = [
+        b'{"v":1,"id":"x","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{"ind',  # truncated JSON
+        b'{"v":1,"id":"y","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{"util_gpu_ratio":"full"}}',
+        b'{"v":9,"id":"z","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{}}',
+        b"B" * (5 << 20),
+        os.urandom(2048) + b"\xff",
+    ]
+    prod = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, max_request_size=8 << 20, acks="all")
+    prod.send(topic, encode(good[0]), key=b"k")
+    for b in bad:
+        prod.send(topic, b, key=b"k")
+    prod.send(topic, encode(good[1]) + encode(good[2]), key=b"k")
+    prod.flush()
+    prod.close()
+    db = tmp_path / "c.duckdb"
+    r = subprocess.run(
+        [
+            str(BIN / "cmdare-collector"),
+            "kafka",
+            kafka_broker.url(topic),
+            "--db",
+            str(db),
+            "--idle-exit",
+            "3s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    con = duckdb.connect(str(db), read_only=True)
+    reasons = [x[0] for x in con.execute("SELECT reason FROM dead_letters ORDER BY origin").fetchall()]
+    assert reasons == [
+        "not valid JSON",
+        'gpu.util_gpu_ratio must be float, got "full"',
+        "unsupported wire format version 9 (this collector reads v1)",
+        "event of 5242880 bytes exceeds the 1048576 byte limit",
+        reasons[4],
+    ] and reasons[4].startswith("not UTF-8 text")
+    assert sorted(x[0] for x in con.execute('SELECT "index" FROM gpu_samples').fetchall()) == [0, 1, 2]
