@@ -30,7 +30,7 @@ def table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
 
     def fmt(vals: list[str]) -> str:
         return "  ".join(
-            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric, strict=True)
         ).rstrip()
 
     lines = [fmt(columns), fmt(["-" * w for w in widths])]
@@ -49,4 +49,4 @@ def _jsonable(v: Any) -> Any:
 
 
 def as_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
-    return json.dumps([{c: _jsonable(v) for c, v in zip(columns, r)} for r in rows], default=str)
+    return json.dumps([{c: _jsonable(v) for c, v in zip(columns, r, strict=True)} for r in rows], default=str)

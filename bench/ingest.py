@@ -48,7 +48,7 @@ def produce(bootstrap: str, topic: str, samples: int, nodes: int, gpus: int, com
         f = EventFactory(f"node-{n:03d}", "worker", "bench")
         lines: list[bytes] = []
         for t in range(ticks):
-            src.collect(lambda ty, d, ts=None: lines.append(encode(f.make(ty, d, 1.75e9 + t))))
+            src.collect(lambda ty, d, ts=None, lines=lines, f=f, t=t: lines.append(encode(f.make(ty, d, 1.75e9 + t))))
         data = b"".join(lines)
         for msg, cnt, _ in pack([(data, Position(1, len(data)))], 256 << 10):
             prod.send(topic, value=msg, key=f.node.encode())
@@ -93,7 +93,7 @@ def ours(bootstrap: str, topic: str, db: Path) -> tuple[float, int]:
     ing = KafkaIngest(con, KafkaURL([bootstrap], topic), group=f"cmdare-{uuid.uuid4().hex[:6]}")
     ing.open()
     t0 = time.perf_counter()
-    totals = ing.run(idle_exit=3.0)
+    ing.run(idle_exit=3.0)
     elapsed = time.perf_counter() - t0 - 3.0
     ing.close()
     n = con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]
