@@ -150,13 +150,16 @@ class EventFactory:
             "job": self.job,
             "labels": self.labels,
             "type": type_,
-            "data": dict(data),
+            "data": data,  # sources hand over a fresh dict each time
         }
+
+
+_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=True)
 
 
 def encode(event: Mapping[str, Any]) -> bytes:
     """One NDJSON line (with its trailing newline)."""
-    return json.dumps(event, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    return (_encoder.encode(event) + "\n").encode()
 
 
 def encode_many(events: Iterable[Mapping[str, Any]]) -> bytes:

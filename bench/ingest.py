@@ -48,7 +48,9 @@ def produce(bootstrap: str, topic: str, samples: int, nodes: int, gpus: int, com
         f = EventFactory(f"node-{n:03d}", "worker", "bench")
         lines: list[bytes] = []
         for t in range(ticks):
-            src.collect(lambda ty, d, ts=None, lines=lines, f=f, t=t: lines.append(encode(f.make(ty, d, 1.75e9 + t))))
+            src.collect(
+                lambda ty, d, ts=None, lines=lines, f=f, t=t: lines.append(encode(f.make(ty, d, 1.75e9 + t)))
+            )
         data = b"".join(lines)
         for msg, cnt, _ in pack([(data, Position(1, len(data)))], 256 << 10):
             prod.send(topic, value=msg, key=f.node.encode())

@@ -77,6 +77,7 @@ class KafkaIngest:
         self.stop_event = threading.Event()
         self.options = consumer_options or {}
         self.commit_timeout = 10.0
+        self.stall_after = 10.0  # no records this long: check whether the consumer is wedged
         self.consumer: Any = None
 
     def open(self) -> None:
@@ -112,7 +113,7 @@ class KafkaIngest:
         if self.consumer is None:
             self.open()
         assert self.consumer is not None
-        last_data = last_report = time.monotonic()
+        last_data = last_report = last_check = time.monotonic()
         while not self.stop_event.is_set():
             batch: list[tuple[str, bytes | None]] = []
             offsets: dict[Any, int] = {}
@@ -160,14 +161,43 @@ class KafkaIngest:
                     )
                     self.reconnect()
                 last_data = now
-            elif idle_exit is not None and not self.consumer.assignment():
-                last_data = now  # not idle: still waiting for the group to assign partitions
-            elif idle_exit is not None and now - last_data >= idle_exit:
-                break
+            else:
+                if now - max(last_data, last_check) >= self.stall_after:
+                    last_check = now
+                    if self.stalled():
+                        self.reconnect()
+                        if self.consumer is None:
+                            break
+                        continue
+                if idle_exit is not None and not self.consumer.assignment():
+                    last_data = now  # not idle: still waiting for the group to assign partitions
+                elif idle_exit is not None and now - last_data >= idle_exit:
+                    break
             if self.progress and now - last_report >= self.progress_every:
                 self.progress(self.totals)
                 last_report = now
         return self.totals
+
+    def stalled(self) -> bool:
+        """True when the broker has data past our position that we are not receiving, or
+        cannot be asked: kafka-python's consumer can stay wedged after a broker restart,
+        so the collector checks instead of trusting it."""
+        try:
+            assigned = list(self.consumer.assignment())
+            if not assigned:
+                return False
+            ends = self.consumer.end_offsets(assigned, timeout_ms=5000)
+            behind = [tp for tp in assigned if self.consumer.position(tp, timeout_ms=5000) < ends.get(tp, 0)]
+        except Exception as e:
+            log.warning("cannot read end offsets (%s: %s); reconnecting", type(e).__name__, e)
+            return True
+        if behind:
+            log.warning(
+                "no records for %.0fs although %d partition(s) have more; reconnecting",
+                self.stall_after,
+                len(behind),
+            )
+        return bool(behind)
 
     def reconnect(self) -> None:
         """Close the consumer and open a new one (retrying while the broker is away)."""

@@ -131,6 +131,7 @@ class Spool:
         self._sizes: dict[int, int] = {}
         self.pending = 0  # events spooled and not yet consumed
         self._seen_cursor: Position | None = None
+        self._bounds_checked = 0.0
 
     def open(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -201,6 +202,7 @@ class Spool:
         with self.lock:
             self._seen_cursor = pos
             self.pending = max(0, self.pending - count)
+            self._bounds_checked = 0.0  # consumed segments can go now
             self._enforce_bounds()
 
     def size_bytes(self) -> int:
@@ -228,6 +230,14 @@ class Spool:
         self._sizes.pop(s, None)
 
     def _enforce_bounds(self) -> None:
+        now = time.monotonic()
+        if (
+            self._seen_cursor is not None
+            and now - self._bounds_checked < 1.0
+            and self.size_bytes() <= self.max_bytes
+        ):
+            return  # cheap path for every tick; the cursor file and ages are looked at once a second
+        self._bounds_checked = now
         cur = self.cursor()
         if cur != self._seen_cursor:  # moved by another process (a collector, embedded mode)
             self._seen_cursor = cur
@@ -257,8 +267,9 @@ class Spool:
                 break
 
     def gc(self) -> None:
-        """Delete consumed segments and apply the bounds (also called by the shipper)."""
+        """Delete consumed segments and apply the bounds now."""
         with self.lock:
+            self._bounds_checked = 0.0
             self._enforce_bounds()
 
     def close(self) -> None:

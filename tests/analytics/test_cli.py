@@ -19,8 +19,17 @@ T0 = 1_790_000_000.0  # 2026-09-21 14:13:20 UTC
 
 
 def ev(id_: str, ts: float, node: str, type_: str, data: dict, role: str = "worker") -> dict:
-    return {"v": 1, "id": id_, "ts": ts, "node": node, "role": role, "job": "resnet", "labels": {}, "type": type_,
-            "data": data}
+    return {
+        "v": 1,
+        "id": id_,
+        "ts": ts,
+        "node": node,
+        "role": role,
+        "job": "resnet",
+        "labels": {},
+        "type": type_,
+        "data": data,
+    }
 
 
 @pytest.fixture()
@@ -29,19 +38,64 @@ def db(tmp_path: Path) -> Path:
     evs = []
     for i in range(3):
         t = T0 + 10 * i
-        evs.append(ev(f"h{i}", t, "gpu-1", "host", {
-            "cpu_util_ratio": 0.2 + 0.1 * i, "load1": 1.5, "mem_total_bytes": 64 << 30, "mem_used_bytes": (8 + i) << 30,
-            "procs": 300, "net": [{"nic": "eth0", "rx_bytes_total": 1_000_000 * i, "tx_bytes_total": 500_000 * i}],
-            "disk": [{"disk": "nvme0n1", "read_bytes_total": 0, "write_bytes_total": 2_000_000 * i}]}))
+        evs.append(
+            ev(
+                f"h{i}",
+                t,
+                "gpu-1",
+                "host",
+                {
+                    "cpu_util_ratio": 0.2 + 0.1 * i,
+                    "load1": 1.5,
+                    "mem_total_bytes": 64 << 30,
+                    "mem_used_bytes": (8 + i) << 30,
+                    "procs": 300,
+                    "net": [{"nic": "eth0", "rx_bytes_total": 1_000_000 * i, "tx_bytes_total": 500_000 * i}],
+                    "disk": [{"disk": "nvme0n1", "read_bytes_total": 0, "write_bytes_total": 2_000_000 * i}],
+                },
+            )
+        )
         for g in range(2):
-            evs.append(ev(f"g{i}{g}", t, "gpu-1", "gpu", {
-                "index": g, "uuid": f"GPU-{g}", "name": "Tesla V100-SXM2-16GB", "util_gpu_ratio": 0.9 - 0.1 * g,
-                "mem_used_bytes": 4 << 30, "mem_total_bytes": 16 << 30, "power_watts": 250.0, "temp_celsius": 60.0 + i,
-                "throttle_mask": 4 if i == 2 else 0}))
-        evs.append(ev(f"b{i}", t, "gpu-1", "heartbeat", {"seq": i + 1, "agent_version": "0.1.0", "spool_pending": 0,
-                                                        "dropped_total": 0}))
-    evs.append(ev("x1", T0 + 15, "gpu-1", "gpu_event", {"index": 1, "uuid": "GPU-1", "kind": "xid", "count": 1, "xid": 79}))
-    evs.append(ev("s1", T0, "ps-0", "status", {"source": "gpu", "ok": False, "state": "unavailable"}, role="ps"))
+            evs.append(
+                ev(
+                    f"g{i}{g}",
+                    t,
+                    "gpu-1",
+                    "gpu",
+                    {
+                        "index": g,
+                        "uuid": f"GPU-{g}",
+                        "name": "Tesla V100-SXM2-16GB",
+                        "util_gpu_ratio": 0.9 - 0.1 * g,
+                        "mem_used_bytes": 4 << 30,
+                        "mem_total_bytes": 16 << 30,
+                        "power_watts": 250.0,
+                        "temp_celsius": 60.0 + i,
+                        "throttle_mask": 4 if i == 2 else 0,
+                    },
+                )
+            )
+        evs.append(
+            ev(
+                f"b{i}",
+                t,
+                "gpu-1",
+                "heartbeat",
+                {"seq": i + 1, "agent_version": "0.1.0", "spool_pending": 0, "dropped_total": 0},
+            )
+        )
+    evs.append(
+        ev(
+            "x1",
+            T0 + 15,
+            "gpu-1",
+            "gpu_event",
+            {"index": 1, "uuid": "GPU-1", "kind": "xid", "count": 1, "xid": 79},
+        )
+    )
+    evs.append(
+        ev("s1", T0, "ps-0", "status", {"source": "gpu", "ok": False, "state": "unavailable"}, role="ps")
+    )
     con = connect(p)
     Writer(con).write([("fixture", encode_many(evs))])
     con.close()
@@ -69,7 +123,9 @@ def test_gpu_summary_json(db: Path) -> None:
     assert code == 0
     rows = json.loads(out)
     assert [(r["gpu"], r["samples"], r["util_pct"], r["xid_events"], r["throttled_pct"]) for r in rows] == [
-        (0, 3, 90.0, 0, 33.3), (1, 3, 80.0, 1, 33.3)]
+        (0, 3, 90.0, 0, 33.3),
+        (1, 3, 80.0, 1, 33.3),
+    ]
     assert rows[0]["mem_total_gib"] == 16.0 and rows[0]["temp_max_c"] == 62.0
 
 
@@ -88,7 +144,10 @@ def test_since_filters_old_samples(db: Path) -> None:
 
 def test_bad_since_is_a_one_line_usage_error(db: Path) -> None:
     code, out = run("host", "--db", str(db), "--since", "5 years")
-    assert code == 2 and "Invalid value for --since: expected a duration like 30s, 10m, 2h or 7d, got '5 years'" in out
+    assert (
+        code == 2
+        and "Invalid value for --since: expected a duration like 30s, 10m, 2h or 7d, got '5 years'" in out
+    )
 
 
 def test_sql_is_read_only(db: Path) -> None:
@@ -100,7 +159,11 @@ def test_sql_is_read_only(db: Path) -> None:
 
 def test_missing_database(tmp_path: Path) -> None:
     code, out = run("nodes", "--db", str(tmp_path / "nope.duckdb"))
-    assert code == 1 and out == f"Error: {tmp_path / 'nope.duckdb'}: no such database (load one with cmdare-collector, or pass --db)\n"
+    assert (
+        code == 1
+        and out
+        == f"Error: {tmp_path / 'nope.duckdb'}: no such database (load one with cmdare-collector, or pass --db)\n"
+    )
 
 
 def test_db_from_environment(db: Path) -> None:

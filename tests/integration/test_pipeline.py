@@ -218,3 +218,37 @@ def test_malformed_messages_are_dead_lettered_and_good_ones_after_them_land(
         reasons[4],
     ] and reasons[4].startswith("not UTF-8 text")
     assert sorted(x[0] for x in con.execute('SELECT "index" FROM gpu_samples').fetchall()) == [0, 1, 2]
+
+
+def test_collector_resumes_after_a_broker_restart_while_idle(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Nothing in flight when the broker goes: no commit fails, so only the collector's
+    stall check (end offsets past its position) can notice a wedged consumer."""
+    from kafka import KafkaProducer
+
+    from cmdare.agent.events import EventFactory, encode_many
+
+    topic = f"it-idle-{uuid.uuid4().hex[:6]}"
+    f = EventFactory("idle-node", "worker", "j")
+
+    def produce(n: int) -> None:
+        prod = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all")
+        prod.send(topic, encode_many(f.make("heartbeat", {"seq": i}) for i in range(n)), key=b"k")
+        prod.flush()
+        prod.close()
+
+    produce(5)
+    log = tmp_path / "collector.log"
+    collector = start_collector(kafka_broker.url(topic), tmp_path / "c.duckdb", idle_exit="40s", log=log)
+    try:
+        time.sleep(6)
+        kafka_broker.stop()
+        time.sleep(8)
+        kafka_broker.start()
+        produce(7)
+        assert collector.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        collector.kill()
+    con = duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM heartbeats").fetchone()[0] == 12
