@@ -38,6 +38,7 @@ class Totals:
     batches: int = 0
     messages: int = 0
     started: float = 0.0
+    last_stored: float = 0.0  # time.monotonic() when the last batch was committed to DuckDB
 
     def add(self, r: WriteResult, messages: int) -> None:
         self.events += r.inserted
@@ -45,6 +46,7 @@ class Totals:
         self.dead += r.dead
         self.batches += 1
         self.messages += messages
+        self.last_stored = time.monotonic()
 
     def line(self) -> str:
         dt = max(1e-9, time.monotonic() - self.started)
@@ -63,7 +65,7 @@ class KafkaIngest:
         con: duckdb.DuckDBPyConnection,
         url: KafkaURL,
         group: str = "cmdare-collector",
-        batch_bytes: int = 16 << 20,
+        batch_bytes: int = 64 << 20,
         max_wait: float = 1.0,
         progress: Progress | None = None,
         progress_every: float = 10.0,
@@ -93,7 +95,7 @@ class KafkaIngest:
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=16 << 20,
                 fetch_max_bytes=64 << 20,
-                max_poll_records=2000,
+                max_poll_records=256,
                 session_timeout_ms=10000,
                 heartbeat_interval_ms=3000,
                 client_id="cmdare-collector",
@@ -107,12 +109,23 @@ class KafkaIngest:
 
     def run(self, idle_exit: float | None = None) -> Totals:
         """Consume until stop() (or, with ``idle_exit``, until no message came for that long
-        while partitions were assigned: time spent waiting for the group does not count)."""
-        from kafka.structs import OffsetAndMetadata
+        while partitions were assigned: time spent waiting for the group does not count).
 
+        Pipelined: this thread polls Kafka while a writer thread commits the previous batch
+        to DuckDB (which releases the GIL); offsets are committed here, in order, once the
+        transaction holding their rows has committed."""
         if self.consumer is None:
             self.open()
         assert self.consumer is not None
+        self._pipe = _WriterThread(self.writer)
+        try:
+            self._run(idle_exit)
+        finally:
+            self._settle()
+            self._pipe.close()
+        return self.totals
+
+    def _run(self, idle_exit: float | None) -> None:
         last_data = last_report = last_check = time.monotonic()
         while not self.stop_event.is_set():
             batch: list[tuple[str, bytes | None]] = []
@@ -123,6 +136,7 @@ class KafkaIngest:
                 and time.monotonic() - t0 < self.max_wait
                 and not self.stop_event.is_set()
             ):
+                self._commit_done()
                 try:
                     polled = self.consumer.poll(timeout_ms=100)
                 except Exception as e:
@@ -141,27 +155,10 @@ class KafkaIngest:
             if self.consumer is None:  # stopped while reconnecting
                 break
             if batch:
-                r = self.writer.write(batch)
-                self.totals.add(r, len(batch))
-                try:
-                    self.consumer.commit(
-                        {tp: OffsetAndMetadata(o + 1, "", -1) for tp, o in offsets.items()},
-                        timeout_ms=int(self.commit_timeout * 1000),
-                    )
-                except Exception as e:
-                    # Broker away or group rebalanced.  The rows are safe in DuckDB; whoever
-                    # consumes these offsets next replays them and the writer stores each
-                    # event once.  Start a fresh consumer: kafka-python's group state after a
-                    # failed commit is not to be trusted.
-                    log.warning(
-                        "offset commit failed (%s: %s); reconnecting; the batch will be replayed "
-                        "and de-duplicated",
-                        type(e).__name__,
-                        e,
-                    )
-                    self.reconnect()
+                self._pipe.submit(batch, offsets)  # blocks while one batch waits and one is written
                 last_data = now
             else:
+                self._commit_done()
                 if now - max(last_data, last_check) >= self.stall_after:
                     last_check = now
                     if self.stalled():
@@ -171,12 +168,44 @@ class KafkaIngest:
                         continue
                 if idle_exit is not None and not self.consumer.assignment():
                     last_data = now  # not idle: still waiting for the group to assign partitions
-                elif idle_exit is not None and now - last_data >= idle_exit:
+                elif idle_exit is not None and now - last_data >= idle_exit and self._pipe.idle():
                     break
             if self.progress and now - last_report >= self.progress_every:
                 self.progress(self.totals)
                 last_report = now
-        return self.totals
+
+    def _commit_done(self) -> None:
+        """Commit the offsets of every batch whose DuckDB transaction has committed."""
+        from kafka.structs import OffsetAndMetadata
+
+        offsets: dict[Any, int] = {}
+        for result, batch_offsets, messages in self._pipe.done():
+            self.totals.add(result, messages)
+            offsets.update(batch_offsets)
+        if not offsets or self.consumer is None:
+            return
+        try:
+            self.consumer.commit(
+                {tp: OffsetAndMetadata(o + 1, "", -1) for tp, o in offsets.items()},
+                timeout_ms=int(self.commit_timeout * 1000),
+            )
+        except Exception as e:
+            # Broker away or group rebalanced.  The rows are safe in DuckDB; whoever consumes
+            # these offsets next replays them and the writer stores each event once.  Start a
+            # fresh consumer: kafka-python's group state after a failed commit is not to be
+            # trusted.
+            log.warning(
+                "offset commit failed (%s: %s); reconnecting; the batch will be replayed and de-duplicated",
+                type(e).__name__,
+                e,
+            )
+            self.reconnect()
+
+    def _settle(self) -> None:
+        """Wait for the batches in flight and commit their offsets."""
+        if getattr(self, "_pipe", None) is not None:
+            self._pipe.wait()
+            self._commit_done()
 
     def stalled(self) -> bool:
         """True when the broker has data past our position that we are not receiving, or
@@ -201,6 +230,11 @@ class KafkaIngest:
 
     def reconnect(self) -> None:
         """Close the consumer and open a new one (retrying while the broker is away)."""
+        pipe = getattr(self, "_pipe", None)
+        if pipe is not None:  # let the batches in flight land; their offsets are best effort
+            pipe.wait()
+            for result, _, messages in pipe.done():
+                self.totals.add(result, messages)
         self.close()
         delay = 1.0
         while not self.stop_event.is_set():
@@ -224,12 +258,84 @@ class KafkaIngest:
             self.consumer = None
 
 
+class _WriterThread:
+    """Runs Writer.write for submitted batches in order on one thread (the DuckDB
+    connection's).  At most one batch waits while one is written, bounding memory."""
+
+    def __init__(self, writer: Writer) -> None:
+        import queue
+
+        self.writer = writer
+        self.todo: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self.finished: queue.Queue[Any] = queue.Queue()
+        self.error: BaseException | None = None
+        self.in_flight = 0
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._loop, name="cmdare-duckdb-writer", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self.todo.get()
+            if item is None:
+                return
+            batch, offsets = item
+            try:
+                result = self.writer.write(batch)
+            except BaseException as e:  # surfaced on the consumer thread
+                self.error = e
+                self.finished.put(None)
+                return
+            self.finished.put((result, offsets, len(batch)))
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def submit(self, batch: list[tuple[str, bytes | None]], offsets: dict[Any, int]) -> None:
+        self._raise()
+        with self.lock:
+            self.in_flight += 1
+        while True:
+            try:
+                self.todo.put((batch, offsets), timeout=0.5)
+                return
+            except Exception:  # queue.Full: the writer is busy; check it is alive
+                self._raise()
+
+    def done(self) -> list[tuple[WriteResult, dict[Any, int], int]]:
+        out = []
+        while not self.finished.empty():
+            item = self.finished.get_nowait()
+            if item is None:
+                self._raise()
+            with self.lock:
+                self.in_flight -= 1
+            out.append(item)
+        self._raise()
+        return out
+
+    def idle(self) -> bool:
+        return self.in_flight == 0
+
+    def wait(self) -> None:
+        """Block until every submitted batch is written (or the writer failed)."""
+        while self.in_flight > self.finished.qsize() and self.thread.is_alive():
+            time.sleep(0.01)
+        self._raise()
+
+    def close(self) -> None:
+        if self.thread.is_alive():
+            self.todo.put(None)
+            self.thread.join(timeout=60)
+
+
 class SpoolIngest:
     def __init__(
         self,
         con: duckdb.DuckDBPyConnection,
         directory: Path | str,
-        batch_bytes: int = 16 << 20,
+        batch_bytes: int = 64 << 20,
         progress: Progress | None = None,
         progress_every: float = 10.0,
     ) -> None:

@@ -23,7 +23,8 @@ import pyarrow as pa
 from cmdare.agent.events import BOOL, DATA_FIELDS, FLOAT, FLOATS, INT, OBJS, ROLES, STR, STRS, VERSION
 
 MAX_EVENT_BYTES = 1 << 20
-RAW_CAP = 64 << 10  # bytes of a rejected message kept in dead_letters.raw
+RAW_CAP = 64 << 10
+CHUNK = 16384  # lines per Arrow record batch handed to DuckDB  # bytes of a rejected message kept in dead_letters.raw
 
 TABLES = {
     "host": "host_samples",
@@ -77,13 +78,16 @@ def _all(x: str, pred: str) -> str:
 
 
 def _field_sql(kind: str, x: str) -> tuple[str, str]:
-    """(validity predicate, value expression) for raw JSON text ``x`` of one field."""
+    """(validity predicate, value expression) for raw JSON text ``x`` of one field.
+    Checks are string operations on the text (no JSON re-parse); numbers are cast from
+    the text."""
     if kind == FLOAT:
-        return _is_num(x), f"TRY_CAST({x} AS DOUBLE)"
+        return _is_num(x), f"TRY_CAST({x}::VARCHAR AS DOUBLE)"
     if kind == INT:
         return (
-            f"regexp_full_match({x}, '-?[0-9]+') AND TRY_CAST({x} AS BIGINT) IS NOT NULL",
-            f"TRY_CAST({x} AS BIGINT)",
+            f"{_is_num(x)} AND strpos({x}, '.') = 0 AND strpos(lower({x}), 'e') = 0 "
+            f"AND TRY_CAST({x}::VARCHAR AS BIGINT) IS NOT NULL",
+            f"TRY_CAST({x}::VARCHAR AS BIGINT)",
         )
     if kind == STR:
         return f"left({x}, 1) = '\"'", f"{x}->>'$'"
@@ -106,16 +110,13 @@ def _present(x: str) -> str:
 
 ENVELOPE_SQL = f"""
 CREATE OR REPLACE TEMP TABLE _ev AS
-WITH lines AS (
-    SELECT origin, unnest(l) AS line, unnest(range(1, len(l) + 1)) AS line_no
-    FROM (SELECT origin, string_split(msg, chr(10)) AS l FROM _batch)
-), p AS (
+WITH p AS (
     SELECT origin, line_no, line, strlen(line) AS n,
            CASE WHEN strlen(line) <= {MAX_EVENT_BYTES} AND json_valid(line) THEN left(ltrim(line), 1) END AS c0,
            CASE WHEN c0 = '{{' THEN json_transform(line, '{_STRUCT}') END AS r
-    FROM lines WHERE line <> ''
+    FROM _batch WHERE line <> ''
 )
-SELECT origin, line_no, line, n,
+SELECT origin, line_no, n,
     r.id->>'$' AS id,
     make_timestamp(TRY_CAST(round(TRY_CAST(r.ts AS DOUBLE) * 1e6) AS BIGINT)) AS ts,
     r.node->>'$' AS node, r.role->>'$' AS role, coalesce(r.job->>'$', '') AS job, r.labels AS labels,
@@ -148,9 +149,9 @@ FROM p
 """
 
 
-def _type_sql(type_: str) -> tuple[str, list[str]]:
-    """SQL that builds ``_t`` (rows of one type, values typed, per-row reason, first of
-    each id in the batch) and the list of its value columns."""
+def _type_sql(type_: str, dedup: bool) -> tuple[str, list[str]]:
+    """SQL that builds ``_t`` (rows of one type, values typed, per-row reason; with
+    ``dedup`` only the first of each id in the batch) and the list of its value columns."""
     fields = DATA_FIELDS[type_]
     values, checks = [], []
     for name, (kind, _) in fields.items():
@@ -163,21 +164,25 @@ def _type_sql(type_: str) -> tuple[str, list[str]]:
         )
     sql = f"""
 CREATE OR REPLACE TEMP TABLE _t AS
-SELECT origin, line_no, line, n, id, ts, node, job, {", ".join(values)},
+SELECT origin, line_no, n, id, ts, node, job, {", ".join(values)},
        CASE {" ".join(checks)} END AS reason
 FROM _ev WHERE reason IS NULL AND type = {_q(type_)}
-QUALIFY row_number() OVER (PARTITION BY id ORDER BY origin, line_no) = 1
+{_FIRST_OF_ID if dedup else ""}
 """
     return sql, list(fields)
 
 
-_TYPE_SQL = {t: _type_sql(t) for t in TABLES}
+_FIRST_OF_ID = "QUALIFY row_number() OVER (PARTITION BY id ORDER BY origin, line_no) = 1"
+# the window is costly: used only for a batch that holds the same id twice
+_TYPE_SQL = {(t, dedup): _type_sql(t, dedup) for t in TABLES for dedup in (False, True)}
 
+# the raw line comes from the input (_batch), which is joined only for the rejected rows
 DEAD_SQL = f"""
 INSERT INTO dead_letters
-SELECT ?::TIMESTAMP, origin, line_no, reason, encode(left(line, {RAW_CAP})), n FROM {{src}} s
-WHERE reason IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = s.origin AND d.line = s.line_no)
+SELECT ?::TIMESTAMP, s.origin, s.line_no, s.reason, encode(left(b.line, {RAW_CAP})), s.n
+FROM (SELECT * FROM {{src}} WHERE reason IS NOT NULL) s
+JOIN _batch b ON b.origin = s.origin AND b.line_no = s.line_no
+WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = s.origin AND d.line = s.line_no)
 """
 
 NODES_SQL = """
@@ -194,6 +199,17 @@ ON CONFLICT (node) DO UPDATE SET
 class Writer:
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con
+
+    def _unknown_types(self) -> int:
+        """Events of types this collector does not know: kept whole (data as JSON)."""
+        known = ", ".join(_q(t) for t in TABLES)
+        self.con.execute(f"""CREATE OR REPLACE TEMP TABLE _t AS
+            SELECT e.id, e.ts, e.node, e.job, e.type, json_extract(b.line, '$.data') AS data,
+                   NULL::VARCHAR AS reason
+            FROM (SELECT * FROM _ev WHERE reason IS NULL AND type NOT IN ({known})) e
+            JOIN _batch b ON b.origin = e.origin AND b.line_no = e.line_no
+            QUALIFY row_number() OVER (PARTITION BY e.id ORDER BY e.origin, e.line_no) = 1""")
+        return self._insert_dedup("unknown_events", ["type", "data"], "_t")[0]
 
     def _insert_dedup(self, table: str, cols: list[str], src: str) -> tuple[int, int]:
         lo, hi, n = self.con.execute(
@@ -219,14 +235,16 @@ class Writer:
         (spool source, segment, offset) is recorded in the same transaction."""
         res = WriteResult()
         now = time.time()
-        origins, texts, py_dead = [], [], []
+        origins: list[str] = []
+        line_nos: list[int] = []
+        lines: list[str] = []
+        py_dead = []
         for origin, raw in messages:
             if raw is None:
                 py_dead.append((origin, 0, "message has no value", b"", 0))
                 continue
             try:
-                texts.append(raw.decode("utf-8"))
-                origins.append(origin)
+                parts = raw.decode("utf-8").split("\n")
             except UnicodeDecodeError as e:
                 py_dead.append(
                     (
@@ -237,36 +255,44 @@ class Writer:
                         len(raw),
                     )
                 )
+                continue
+            if parts[-1] == "":
+                parts.pop()
+            lines += parts
+            origins += [origin] * len(parts)
+            line_nos += range(1, len(parts) + 1)
         con = self.con
         con.execute("BEGIN")
         try:
             ts_now = _ts(now)
-            if texts:
-                con.register(
-                    "_batch",
-                    pa.table(
-                        {"origin": pa.array(origins, pa.string()), "msg": pa.array(texts, pa.large_string())}
-                    ),
-                )
+            if lines:
+                con.register("_batch", _lines_table(origins, line_nos, lines))
                 con.execute(ENVELOPE_SQL)
-                con.unregister("_batch")
-                res.lines = con.execute("SELECT count(*) FROM _ev").fetchone()[0]
-                res.dead += con.execute(DEAD_SQL.format(src="_ev"), [ts_now]).fetchone()[0]
+                res.lines, env_dead, valid, repeats = con.execute(
+                    "SELECT count(*), count(reason), count(*) - count(reason), "
+                    "count(id) FILTER (WHERE reason IS NULL) - count(DISTINCT id) FILTER (WHERE reason IS NULL) "
+                    "FROM _ev"
+                ).fetchone()
+                if env_dead:
+                    res.dead += con.execute(DEAD_SQL.format(src="_ev"), [ts_now]).fetchone()[0]
+                field_dead = 0
+                present = {
+                    t for (t,) in con.execute("SELECT DISTINCT type FROM _ev WHERE reason IS NULL").fetchall()
+                }
                 for type_, table in TABLES.items():
-                    sql, cols = _TYPE_SQL[type_]
+                    if type_ not in present:
+                        res.rows[table] = 0
+                        continue
+                    sql, cols = _TYPE_SQL[(type_, repeats > 0)]
                     con.execute(sql)
-                    res.dead += con.execute(DEAD_SQL.format(src="_t"), [ts_now]).fetchone()[0]
-                    inserted, offered = self._insert_dedup(table, cols, "_t")
-                    res.rows[table] = inserted
-                known = ", ".join(_q(t) for t in TABLES)
-                con.execute(f"""CREATE OR REPLACE TEMP TABLE _t AS
-                    SELECT id, ts, node, job, type, json_extract(line, '$.data') AS data, NULL::VARCHAR AS reason FROM _ev
-                    WHERE reason IS NULL AND type NOT IN ({known})
-                    QUALIFY row_number() OVER (PARTITION BY id ORDER BY origin, line_no) = 1""")
-                res.rows["unknown_events"], _ = self._insert_dedup("unknown_events", ["type", "data"], "_t")
+                    bad = con.execute("SELECT count(reason) FROM _t").fetchone()[0]
+                    if bad:
+                        field_dead += bad
+                        res.dead += con.execute(DEAD_SQL.format(src="_t"), [ts_now]).fetchone()[0]
+                    res.rows[table], _ = self._insert_dedup(table, cols, "_t")
+                res.rows["unknown_events"] = self._unknown_types() if present - set(TABLES) else 0
                 con.execute(NODES_SQL)
-                valid = con.execute("SELECT count(*) FROM _ev WHERE reason IS NULL").fetchone()[0]
-                res.duplicates = max(0, valid - res.inserted - (res.dead - self._envelope_dead()))
+                res.duplicates = max(0, valid - res.inserted - field_dead)
             for origin, line, reason, raw, size in py_dead:
                 if con.execute(
                     "SELECT count(*) FROM dead_letters WHERE origin = ? AND line = ?", [origin, line]
@@ -288,10 +314,27 @@ class Writer:
         except BaseException:
             con.execute("ROLLBACK")
             raise
+        finally:
+            if lines:
+                con.unregister("_batch")
         return res
 
-    def _envelope_dead(self) -> int:
-        return self.con.execute("SELECT count(*) FROM _ev WHERE reason IS NOT NULL").fetchone()[0]
+
+def _lines_table(origins: list[str], line_nos: list[int], lines: list[str]) -> pa.Table:
+    """One row per line, in several record batches so that DuckDB parses them on all cores."""
+    return pa.Table.from_batches(
+        [
+            pa.record_batch(
+                [
+                    pa.array(origins[i : i + CHUNK], pa.string()),
+                    pa.array(line_nos[i : i + CHUNK], pa.int64()),
+                    pa.array(lines[i : i + CHUNK], pa.large_string()),
+                ],
+                names=["origin", "line_no", "line"],
+            )
+            for i in range(0, len(lines), CHUNK)
+        ]
+    )
 
 
 def _ts(epoch: float) -> Any:
