@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import click
+import duckdb
 
 from cmdare.agent.config import ConfigError, parse_duration, parse_kafka_url, parse_size
 
@@ -89,6 +90,11 @@ def kafka(
     click.echo(f"cmdare-collector: consuming {u.text} (group {group}) into {db}", err=True)
     try:
         t = ing.run(idle_exit=ie)
+    except duckdb.Error as e:
+        raise click.ClickException(
+            f"{db}: writing failed, the failed batch was rolled back and its offsets "
+            f"not committed: {str(e).splitlines()[0]}"
+        ) from None
     finally:
         ing.close()
         con.close()
@@ -125,6 +131,11 @@ def spool(directory: Path, db: str, follow: bool, interval: str) -> None:
             ing.follow(iv)
         else:
             ing.load_available()
+    except duckdb.Error as e:
+        raise click.ClickException(
+            f"{db}: writing failed, the failed batch was rolled back and the spool "
+            f"position kept: {str(e).splitlines()[0]}"
+        ) from None
     finally:
         con.close()
     click.echo(f"cmdare-collector: {directory} -> {db}: {ing.totals.line()}", err=True)

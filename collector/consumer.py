@@ -120,8 +120,8 @@ class KafkaIngest:
         self._pipe = _WriterThread(self.writer)
         try:
             self._run(idle_exit)
-        finally:
             self._settle()
+        finally:
             self._pipe.close()
         return self.totals
 
