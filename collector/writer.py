@@ -1,10 +1,11 @@
 """Batched, transactional, idempotent loading of wire-format events into DuckDB.
 
-One ``Writer.write(messages)`` call is one transaction: raw messages go in as one Arrow
-table, DuckDB splits them into lines and parses and validates the JSON itself (the SQL is
-generated from ``events.DATA_FIELDS``, the same spec the agent's validator uses), typed
-rows are appended per table, rejects go to ``dead_letters`` with a reason, and the caller's
-position (spool) is recorded in the same transaction.
+One ``Writer.write(messages)`` call is one transaction.  Python checks each message is
+UTF-8 and splits it into lines; the lines go to DuckDB as one Arrow table (several record
+batches, so both cores work), and DuckDB parses and validates the JSON itself (the SQL
+is generated from ``events.DATA_FIELDS``, the same spec the agent's validator uses).
+Typed rows are appended per table, rejects go to ``dead_letters`` with a reason, and the
+caller's position (spool) is recorded in the same transaction.
 
 De-duplication: an event delivered twice carries the same id *and the same ts*, so a new
 row is dropped when a row with its id exists in the batch's ts range (an anti-join that
