@@ -18,6 +18,8 @@ db_option = click.option(
     show_default="$CMDARE_DB or ./cmdare.duckdb",
     help="DuckDB database written by cmdare-collector",
 )
+node_option = click.option("--node", help="only this node")
+since_option = click.option("--since", help="only samples newer than this (e.g. 10m, 2h, 7d)")
 json_option = click.option(
     "--json", "as_json_", is_flag=True, help="machine-readable output (a JSON array of rows)"
 )
@@ -76,8 +78,8 @@ def nodes(db: str, as_json_: bool) -> None:
 
 
 @cli.command()
-@click.option("--node", help="only this node")
-@click.option("--since", help="only samples newer than this (e.g. 10m, 2h, 7d)")
+@node_option
+@since_option
 @db_option
 @json_option
 def gpu(node: str | None, since: str | None, db: str, as_json_: bool) -> None:
@@ -91,8 +93,8 @@ def gpu(node: str | None, since: str | None, db: str, as_json_: bool) -> None:
 
 
 @cli.command()
-@click.option("--node", help="only this node")
-@click.option("--since", help="only samples newer than this (e.g. 10m, 2h, 7d)")
+@node_option
+@since_option
 @db_option
 @json_option
 def host(node: str | None, since: str | None, db: str, as_json_: bool) -> None:

@@ -57,8 +57,7 @@ def _where(node: str | None, cutoff: dt.datetime | None) -> tuple[str, list[Any]
 def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None) -> Result:
     """Per GPU over the window: samples, utilisation mean/max, memory, power, temperature,
     share of samples with a throttle reason, ECC and Xid events."""
-    where, params = _where(node, cutoff)
-    ev_where, ev_params = _where(node, cutoff)
+    where, params = _where(node, cutoff)  # used for samples and events alike
     return _run(
         con,
         f"""
@@ -66,7 +65,7 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
             SELECT node, uuid, sum(count) FILTER (WHERE kind = 'xid') AS xid,
                    sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc,
                    bool_or(kind = 'lost') AS lost
-            FROM gpu_events{ev_where} GROUP BY node, uuid)
+            FROM gpu_events{where} GROUP BY node, uuid)
         SELECT s.node, s."index" AS gpu, any_value(s.name) AS name, count(*) AS samples,
                round(avg(util_gpu_ratio) * 100, 1) AS util_pct, round(max(util_gpu_ratio) * 100, 1) AS util_max_pct,
                round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib, round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
@@ -77,7 +76,7 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
                strftime(max(s.ts), '%Y-%m-%d %H:%M:%S') AS last_sample
         FROM (SELECT * FROM gpu_samples{where}) s LEFT JOIN ev USING (node, uuid)
         GROUP BY s.node, s."index" ORDER BY s.node, gpu""",
-        params + ev_params,
+        params + params,
     )
 
 

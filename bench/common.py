@@ -4,7 +4,6 @@ fleets of agents, peak-RSS and CPU readings."""
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,3 @@ class Broker:
 def cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

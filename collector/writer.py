@@ -210,14 +210,14 @@ class Writer:
             FROM (SELECT * FROM _ev WHERE reason IS NULL AND type NOT IN ({known})) e
             JOIN _batch b ON b.origin = e.origin AND b.line_no = e.line_no
             QUALIFY row_number() OVER (PARTITION BY e.id ORDER BY e.origin, e.line_no) = 1""")
-        return self._insert_dedup("unknown_events", ["type", "data"], "_t")[0]
+        return self._insert_dedup("unknown_events", ["type", "data"], "_t")
 
-    def _insert_dedup(self, table: str, cols: list[str], src: str) -> tuple[int, int]:
+    def _insert_dedup(self, table: str, cols: list[str], src: str) -> int:
         lo, hi, n = self.con.execute(
             f"SELECT min(ts), max(ts), count(*) FROM {src} WHERE reason IS NULL"
         ).fetchone()
         if not n:
-            return 0, 0
+            return 0
         collist = ", ".join(f'"{c}"' for c in cols)
         inserted = self.con.execute(
             f"""
@@ -227,7 +227,7 @@ class Writer:
                 SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""",
             [lo, hi],
         ).fetchone()[0]
-        return inserted, n
+        return inserted
 
     def write(
         self, messages: list[tuple[str, bytes | None]], position: tuple[str, int, int] | None = None
@@ -290,7 +290,7 @@ class Writer:
                     if bad:
                         field_dead += bad
                         res.dead += con.execute(DEAD_SQL.format(src="_t"), [ts_now]).fetchone()[0]
-                    res.rows[table], _ = self._insert_dedup(table, cols, "_t")
+                    res.rows[table] = self._insert_dedup(table, cols, "_t")
                 res.rows["unknown_events"] = self._unknown_types() if present - set(TABLES) else 0
                 con.execute(NODES_SQL)
                 res.duplicates = max(0, valid - res.inserted - field_dead)
