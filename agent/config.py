@@ -122,6 +122,7 @@ class SpoolConfig:
     max_age: float = 7 * 86400.0
     segment_bytes: int = 8 << 20
     fsync: bool = True
+    fsync_interval: float = 1.0  # group commits: at most one fsync per interval (0 = every write)
 
 
 @dataclass
@@ -152,7 +153,7 @@ class AgentConfig:
 
 
 _TOP_KEYS = {"node", "role", "job", "labels", "interval", "log_level", "spool", "sink", "sources"}
-_SPOOL_KEYS = {"dir", "max_bytes", "max_age", "segment_bytes", "fsync"}
+_SPOOL_KEYS = {"dir", "max_bytes", "max_age", "segment_bytes", "fsync", "fsync_interval"}
 _SINK_KEYS = {
     "url",
     "linger_ms",
@@ -300,6 +301,8 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
         s.segment_bytes = parse_size("spool.segment_bytes", sp["segment_bytes"])
     if "fsync" in sp:
         s.fsync = _bool("spool.fsync", sp["fsync"])
+    if "fsync_interval" in sp:
+        s.fsync_interval = parse_duration("spool.fsync_interval", sp["fsync_interval"])
     if not 4096 <= s.segment_bytes <= 1 << 30:
         raise ConfigError("spool.segment_bytes: must be between 4KiB and 1GiB")
     if s.max_bytes < 2 * s.segment_bytes:

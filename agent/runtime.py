@@ -19,7 +19,7 @@ from typing import Any
 
 from . import __version__
 from .config import AgentConfig
-from .events import EventFactory, encode
+from .events import EventFactory
 from .sdnotify import Notifier
 from .sinks.kafka import KafkaSink
 from .sinks.shipper import Shipper
@@ -85,6 +85,7 @@ class Agent:
             cfg.spool.segment_bytes,
             cfg.spool.fsync,
             consumer="shipped" if cfg.sink.kafka else "collected",
+            fsync_interval=cfg.spool.fsync_interval,
         )
         self.shipper: Shipper | None = None
         self._sink_status: list[tuple[bool, str]] = []
@@ -113,7 +114,7 @@ class Agent:
         }
 
     def emit(self, type_: str, data: dict[str, Any], ts: float | None = None) -> None:
-        self._pending.append(encode(self.factory.make(type_, data, ts)))
+        self._pending.append(self.factory.line(type_, data, ts))
         self._pending_n += 1
 
     def _status(self, source: str, state: str, dur: float, msg: str | None) -> None:

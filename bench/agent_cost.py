@@ -118,7 +118,7 @@ def main() -> None:
     print(f"agent cost, {a.rounds} rounds, host + {a.gpus} fake GPUs (best of {a.repeat}):")
     for fsync, (b, o) in results.items():
         print(
-            f"  spool fsync={str(fsync):5}: bare loop {b:.3f} CPU-s, agent {o:.3f} CPU-s "
+            f"  spool fsync={str(fsync):5} (fsync_interval 1s): bare loop {b:.3f} CPU-s, agent {o:.3f} CPU-s "
             f"-> {o / b:.2f}x (target <= 1.5x); {o / a.rounds * 1e3:.2f} ms CPU per round"
         )
     t = time.perf_counter()

@@ -118,10 +118,13 @@ class Spool:
         segment_bytes: int = 8 << 20,
         fsync: bool = True,
         consumer: str = "shipped",
+        fsync_interval: float = 0.0,
     ) -> None:
         self.dir = Path(directory)
         self.max_bytes, self.max_age = max_bytes, max_age
         self.segment_bytes, self.fsync, self.consumer = segment_bytes, fsync, consumer
+        self.fsync_interval = fsync_interval  # group commit: at most one fsync per interval
+        self._synced_at = float("-inf")
         self.lock = threading.Lock()
         self.dropped_total = 0
         self.spooled_total = 0
@@ -174,6 +177,8 @@ class Spool:
 
     def _rotate(self, n: int) -> None:
         if self._f is not None:
+            if self.fsync:
+                os.fsync(self._f.fileno())  # a closed segment is whole on disk
             self._f.close()
         self._active = n
         self._f = open(self.dir / seg_name(n), "ab")
@@ -189,7 +194,10 @@ class Spool:
             self._f.write(data)
             self._f.flush()
             if self.fsync:
-                os.fsync(self._f.fileno())
+                now = time.monotonic()
+                if now - self._synced_at >= self.fsync_interval:
+                    os.fsync(self._f.fileno())
+                    self._synced_at = now
             self._active_size += len(data)
             self._sizes[self._active] = self._active_size
             self.spooled_total += count

@@ -74,6 +74,7 @@ class _Gpu:
     name: str
     lost: bool = False
     ecc_prev: dict[str, int] = field(default_factory=dict)
+    fast: bool = True  # every NVML call answered last time: take the straight path
 
 
 def load_backend(spec: str) -> Any:
@@ -210,7 +211,7 @@ class GpuSource(Source):
             if g.lost:
                 continue
             try:
-                data = self.sample(g)
+                data = self._sample_fast(g) if g.fast else self.sample(g)
             except GpuLost as e:
                 g.lost = True
                 emit("gpu_event", {"index": g.index, "uuid": g.uuid, "kind": "lost", "count": 1})
@@ -256,6 +257,55 @@ class GpuSource(Source):
                     "xid": int(ev.eventData),
                 },
             )
+
+    def _sample_fast(self, g: _Gpu) -> dict[str, Any]:
+        """The same dict as ``sample`` for a GPU that answers every call, without the
+        per-call error mapping (most of the agent's own cost per GPU).  The first NVML
+        error sends this GPU down ``sample`` for good, where each error gets its meaning."""
+        n, h = self.nvml, g.handle
+        try:
+            u = n.nvmlDeviceGetUtilizationRates(h)
+            m = n.nvmlDeviceGetMemoryInfo(h)
+            mask = int(n.nvmlDeviceGetCurrentClocksEventReasons(h))
+            d: dict[str, Any] = {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "util_gpu_ratio": u.gpu / 100.0,
+                "util_mem_ratio": u.memory / 100.0,
+                "mem_used_bytes": int(m.used),
+                "mem_total_bytes": int(m.total),
+                "power_watts": float(n.nvmlDeviceGetPowerUsage(h)) * 1e-3,
+                "power_limit_watts": float(n.nvmlDeviceGetEnforcedPowerLimit(h)) * 1e-3,
+                "temp_celsius": float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+                "sm_clock_hz": float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)) * 1e6,
+                "mem_clock_hz": float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)) * 1e6,
+                "pcie_tx_bytes_per_second": float(n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES))
+                * 1e3,
+                "pcie_rx_bytes_per_second": float(n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES))
+                * 1e3,
+                "throttle_mask": mask,
+                "throttle_reasons": throttle_names(mask) if mask else [],
+                "ecc_corrected_total": int(
+                    n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC)
+                ),
+                "ecc_uncorrected_total": int(
+                    n.nvmlDeviceGetTotalEccErrors(
+                        h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC
+                    )
+                ),
+            }
+            if self.config["processes"]:
+                d["processes"] = [
+                    {"pid": int(p.pid), "used_bytes": int(p.usedGpuMemory)}
+                    if p.usedGpuMemory is not None
+                    else {"pid": int(p.pid)}
+                    for p in n.nvmlDeviceGetComputeRunningProcesses(h)
+                ]
+            return d
+        except (n.NVMLError, AttributeError):  # an error, or a binding without the function
+            g.fast = False
+            return self.sample(g)
 
     def sample(self, g: _Gpu) -> dict[str, Any]:
         n, h, fns, err = self.nvml, g.handle, self._fns, self.nvml.NVMLError

@@ -21,7 +21,11 @@ INVALID = [
     ('interval = "10ms"', "interval: must be between 50ms and 1h, got '10ms'"),
     (
         "[spool]\nmaxbytes = 5",
-        "unknown key 'spool.maxbytes' (known: dir, fsync, max_age, max_bytes, segment_bytes)",
+        "unknown key 'spool.maxbytes' (known: dir, fsync, fsync_interval, max_age, max_bytes, segment_bytes)",
+    ),
+    (
+        '[spool]\nfsync_interval = "soon"',
+        "spool.fsync_interval: expected a duration like 500ms, 10s, 5m or 24h, got 'soon'",
     ),
     (
         '[spool]\nmax_bytes = "1KiB"',

@@ -48,6 +48,26 @@ def test_round_trip(node, job, labels, data, role) -> None:
     assert decode_line(line) == ev
 
 
+@given(
+    node=names,
+    job=st.text(max_size=30),
+    labels=st.dictionaries(names, st.text(max_size=20), max_size=3),
+    data=gpu_data(),
+    ts=st.one_of(st.floats(1.0, 4e9), st.integers(1, 4 * 10**9)),
+)
+@settings(max_examples=200, deadline=None)
+def test_fast_line_is_byte_identical_to_encoding_the_event(node, job, labels, data, ts) -> None:
+    a, b = EventFactory(node, "ps", job, labels), EventFactory(node, "ps", job, labels)
+    b.ids = a.ids.__class__()
+    b.ids._head, b.ids._seq = a.ids._head, a.ids._seq  # same next id
+    assert a.line("gpu", data, ts) == encode(b.make("gpu", data, ts))
+
+
+def test_fast_line_refuses_a_non_finite_timestamp() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        EventFactory("n", "worker").line("gpu", {}, float("nan"))
+
+
 def test_ids_are_unique_and_uuid_shaped() -> None:
     f = EventFactory("n", "worker")
     ids = {f.make("heartbeat", {"seq": i})["id"] for i in range(10000)}

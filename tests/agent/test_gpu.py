@@ -102,3 +102,22 @@ def test_xid_and_ecc_are_counted_as_events() -> None:
 def test_throttle_reason_names() -> None:
     assert throttle_names(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
     assert throttle_names(0) == []
+
+
+def test_straight_path_builds_the_same_sample_as_the_checked_path() -> None:
+    """The per-GPU fast path (no per-call error mapping) must agree with ``sample``."""
+    for model in ("a100", "h100", "v100", "t4"):
+        fast, slow = make(FakeNvml(gpus=2, model=model)), make(FakeNvml(gpus=2, model=model))
+        fast.start()
+        slow.start()
+        for gf, gs in zip(fast.gpus, slow.gpus, strict=True):
+            assert fast._sample_fast(gf) == slow.sample(gs)
+            assert gf.fast
+
+
+def test_an_nvml_error_moves_that_gpu_to_the_checked_path_for_good() -> None:
+    src = make(FakeNvml(gpus=1, scenario="field_not_supported"))
+    events, _ = tick(src)
+    assert not src.gpus[0].fast and "power_watts" not in events[0][1]
+    events, _ = tick(src)
+    assert events[0][0] == "gpu" and events[0][1]["temp_celsius"] > 0

@@ -37,6 +37,30 @@ def test_append_and_read_back_in_order_across_segments(tmp_path: Path) -> None:
     assert sp.pending == 100 and sp.spooled_total == 100
 
 
+def test_fsyncs_are_grouped_by_the_interval_and_a_closed_segment_is_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    every = Spool(tmp_path / "a", segment_bytes=1 << 20, fsync=True, fsync_interval=0.0)
+    every.open()
+    for i in range(5):
+        every.append(lines(1, i), 1)
+    assert len(synced) == 5
+    every.close()
+    synced.clear()
+    grouped = Spool(tmp_path / "b", segment_bytes=4096, fsync=True, fsync_interval=3600.0)
+    grouped.open()
+    grouped.append(lines(10), 10)  # the first write syncs
+    grouped.append(lines(10, 10), 10)  # within the interval: no sync ...
+    assert len(synced) == 1
+    grouped.append(lines(30, 20), 30)  # ... until the segment is sealed by a rotation
+    assert len(synced) == 2 and len(list_segments(tmp_path / "b")) == 2
+    grouped.close()  # and on close
+    assert len(synced) == 3
+
+
 def test_partial_line_is_not_read_until_complete(tmp_path: Path) -> None:
     (tmp_path / seg_name(1)).write_bytes(b'{"a":1}\n{"b":')
     chunks, nxt, skipped = read_lines(tmp_path, Position(0, 0), 1 << 20)
