@@ -146,7 +146,7 @@ def once(cfg: AgentConfig) -> int:
         except Exception:
             pass  # reported by the tick below
     time.sleep(min(cfg.interval, 0.5))  # CPU shares need two readings
-    emit = lambda t, d, ts=None: events.append(factory.make(t, d, ts))  # noqa: E731
+    emit = lambda t, d, ts=None, job=None: events.append(factory.make(t, d, ts, job))  # noqa: E731
     for r in agent.runners:
         r.tick(
             emit,

@@ -90,6 +90,62 @@ DATA_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "spool_bytes": (INT, "current spool size on disk"),
         "spool_pending": (INT, "events spooled but not yet acknowledged"),
     },
+    "train_job": {
+        "run": (STR, "run id (one job can have several runs, e.g. restarts)"),
+        "rank": (INT, "rank of this training process"),
+        "world_size": (INT, "number of training processes"),
+        "role": (STR, "worker | ps | chief | data | client"),
+        "pid": (INT, "process id of the training process"),
+        "model": (STR, "model name"),
+        "params": (INT, "number of model parameters"),
+        "tensors": (INT, "number of parameter tensors"),
+        "flops_per_step": (FLOAT, "floating-point operations per training step, when known"),
+        "batch_size": (INT, "per-worker batch size"),
+        "framework": (STR, "e.g. pytorch, tensorflow, jax"),
+        "framework_version": (STR, "framework version"),
+        "accelerator": (STR, "accelerator type, e.g. nvidia-a100, tpu-v4"),
+    },
+    "train_steps": {
+        "run": (STR, "run id"),
+        "rank": (INT, "rank of the training process"),
+        "interval_seconds": (FLOAT, "length of the aggregation interval"),
+        "steps": (INT, "steps completed in the interval"),
+        "first_step": (INT, "number of the first step in the interval"),
+        "last_step": (INT, "number of the last step in the interval"),
+        "examples": (FLOAT, "examples (or tokens) processed in the interval"),
+        "step_mean_seconds": (FLOAT, "mean step time (input wait included)"),
+        "step_p50_seconds": (FLOAT, "median step time"),
+        "step_p95_seconds": (FLOAT, "95th percentile step time"),
+        "step_max_seconds": (FLOAT, "longest step"),
+        "wait_mean_seconds": (FLOAT, "mean input wait per step (blocked on the next batch)"),
+        "wait_p50_seconds": (FLOAT, "median input wait"),
+        "wait_p95_seconds": (FLOAT, "95th percentile input wait"),
+        "wait_max_seconds": (FLOAT, "longest input wait"),
+        "wait_share_ratio": (FLOAT, "input wait / step time over the interval, 0..1"),
+        "steps_per_second": (FLOAT, "steps per second over the time the steps covered"),
+        "examples_per_second": (FLOAT, "examples per second over the time the steps covered"),
+        "dropped_total": (INT, "step records the tracking library could not deliver (counter)"),
+    },
+    "train_slow_step": {
+        "run": (STR, "run id"),
+        "rank": (INT, "rank of the training process"),
+        "step": (INT, "step number"),
+        "step_seconds": (FLOAT, "this step's time"),
+        "wait_seconds": (FLOAT, "this step's input wait"),
+        "median_seconds": (FLOAT, "the rank's recent median step time it was compared with"),
+        "examples": (FLOAT, "examples in this step"),
+    },
+    "train_checkpoint": {
+        "run": (STR, "run id"),
+        "rank": (INT, "rank of the training process"),
+        "action": (STR, "save | restore"),
+        "seconds": (FLOAT, "time the save or restore took"),
+        "bytes": (INT, "checkpoint size"),
+        "step": (INT, "step the checkpoint belongs to"),
+        "path": (STR, "where it was written or read"),
+        "ok": (BOOL, "false when the save or restore raised"),
+        "error": (STR, "the exception, when not ok"),
+    },
     "status": {
         "source": (STR, "source or sink name, e.g. gpu, host, sink.kafka"),
         "ok": (BOOL, "whether the last collect/ship succeeded"),
@@ -145,8 +201,11 @@ class EventFactory:
             f',"labels":{_encoder.encode(self.labels)},"type":'
         )
         self._types: dict[str, str] = {}
+        self._mids: dict[str, str] = {}
 
-    def line(self, type_: str, data: Mapping[str, Any], ts: float | None = None) -> bytes:
+    def line(
+        self, type_: str, data: Mapping[str, Any], ts: float | None = None, job: str | None = None
+    ) -> bytes:
         """``encode(self.make(type_, data, ts))``, byte for byte, without re-encoding the
         envelope fields that never change (the agent's hot path)."""
         t = self._types.get(type_)
@@ -155,18 +214,32 @@ class EventFactory:
         ts_ = round(time.time() if ts is None else ts, 6)
         if not math.isfinite(ts_):
             raise ValueError(f"event timestamp must be finite, got {ts_!r}")
+        mid = self._mid
+        if job is not None and job != self.job:  # a training job's event carries that job's id
+            mid = self._mids.get(job) or self._job_mid(job)
         return (
-            f'{{"v":{VERSION},"id":"{self.ids.next()}","ts":{ts_!r}{self._mid}{t}{_encoder.encode(data)}}}\n'
+            f'{{"v":{VERSION},"id":"{self.ids.next()}","ts":{ts_!r}{mid}{t}{_encoder.encode(data)}}}\n'
         ).encode()
 
-    def make(self, type_: str, data: Mapping[str, Any], ts: float | None = None) -> dict[str, Any]:
+    def _job_mid(self, job: str) -> str:
+        if len(self._mids) > 1000:
+            self._mids.clear()
+        m = self._mids[job] = (
+            f',"node":{_encoder.encode(self.node)},"role":{_encoder.encode(self.role)},"job":{_encoder.encode(job)}'
+            f',"labels":{_encoder.encode(self.labels)},"type":'
+        )
+        return m
+
+    def make(
+        self, type_: str, data: Mapping[str, Any], ts: float | None = None, job: str | None = None
+    ) -> dict[str, Any]:
         return {
             "v": VERSION,
             "id": self.ids.next(),
             "ts": round(time.time() if ts is None else ts, 6),
             "node": self.node,
             "role": self.role,
-            "job": self.job,
+            "job": self.job if job is None else job,
             "labels": self.labels,
             "type": type_,
             "data": data,  # sources hand over a fresh dict each time

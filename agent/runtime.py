@@ -113,8 +113,8 @@ class Agent:
             "spool_pending": self.spool.pending,
         }
 
-    def emit(self, type_: str, data: dict[str, Any], ts: float | None = None) -> None:
-        self._pending.append(self.factory.line(type_, data, ts))
+    def emit(self, type_: str, data: dict[str, Any], ts: float | None = None, job: str | None = None) -> None:
+        self._pending.append(self.factory.line(type_, data, ts, job))
         self._pending_n += 1
 
     def _status(self, source: str, state: str, dur: float, msg: str | None) -> None:
@@ -129,7 +129,7 @@ class Agent:
     def tick(self) -> None:
         ts = time.time()
         for r in self.runners:
-            r.tick(lambda t, d, ts_=None: self.emit(t, d, ts_ or ts), self._status)
+            r.tick(lambda t, d, ts_=None, job=None: self.emit(t, d, ts_ or ts, job), self._status)
         while self._sink_status:
             ok, msg = self._sink_status.pop(0)
             self._status("sink.kafka", "ok" if ok else "error", 0.0, msg)

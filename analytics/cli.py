@@ -52,13 +52,15 @@ def _cutoff(since: str | None) -> Any:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cmdare", prog_name="analyze")
 def cli() -> None:
-    """Query cmdare telemetry: nodes, GPUs, hosts, or any SQL.
+    """Query cmdare telemetry: nodes, GPUs, hosts, training jobs and steps, or any SQL.
 
     \b
     Examples:
       analyze nodes
       analyze gpu --node gpu-7 --since 10m
       analyze host --since 1h --json
+      analyze jobs
+      analyze steps --job resnet50-a --since 1h
       analyze sql "SELECT node, count(*) FROM gpu_samples GROUP BY node"
     """
 
@@ -108,12 +110,46 @@ def host(node: str | None, since: str | None, db: str, as_json_: bool) -> None:
 
 
 @cli.command()
+@since_option
+@db_option
+@json_option
+def jobs(since: str | None, db: str, as_json_: bool) -> None:
+    """Training jobs: model, size, ranks, nodes, steps/s, examples/s, input-wait share and
+    the input-bound verdict (TensorFlow profiler thresholds: under 5% not, 5-20%
+    moderately, 20% or more highly input-bound).
+
+    \b
+    Example:
+      analyze jobs --since 1d
+    """
+    _show(queries.jobs, db, as_json_, _cutoff(since))
+
+
+@cli.command()
+@click.option("--job", required=True, help="the training job's id (see analyze jobs)")
+@node_option
+@since_option
+@db_option
+@json_option
+def steps(job: str, node: str | None, since: str | None, db: str, as_json_: bool) -> None:
+    """Per run and rank of one job: steps/s, examples/s, mean step time, input-wait share
+    and verdict, slow steps, and the node's GPU / CPU utilisation over the same intervals.
+
+    \b
+    Example:
+      analyze steps --job resnet50-a --since 1h
+    """
+    _show(queries.steps, db, as_json_, job, node, _cutoff(since))
+
+
+@cli.command()
 @click.argument("query")
 @db_option
 @json_option
 def sql(query: str, db: str, as_json_: bool) -> None:
     """Run QUERY on a read-only connection (tables: nodes, host_samples, gpu_samples,
-    gpu_events, heartbeats, agent_status, unknown_events, dead_letters).
+    gpu_events, heartbeats, agent_status, jobs, steps, slow_steps, checkpoints,
+    unknown_events, dead_letters; view step_hardware).
 
     \b
     Example:

@@ -121,6 +121,106 @@ def host(
     )
 
 
+# The TensorFlow profiler's input-pipeline verdict, by the share of step time spent
+# waiting for input: under 5 % not input-bound, 5-20 % moderately, 20 % or more highly.
+INPUT_BOUND_SQL = """CASE WHEN {share} IS NULL THEN NULL
+    WHEN {share} < 0.05 THEN 'not input-bound'
+    WHEN {share} < 0.20 THEN 'moderately input-bound'
+    ELSE 'highly input-bound' END"""
+
+
+def input_bound_class(share: float | None) -> str | None:
+    """The same verdict in Python (tests and recommendations use it)."""
+    if share is None:
+        return None
+    return (
+        "not input-bound"
+        if share < 0.05
+        else "moderately input-bound"
+        if share < 0.20
+        else "highly input-bound"
+    )
+
+
+# per step aggregate: the time its steps covered, and its wait / step time totals
+_STEP_SUMS = """steps, examples, steps / nullif(steps_per_second, 0) AS span,
+    step_mean_seconds * steps AS step_time, wait_mean_seconds * steps AS wait_time"""
+
+
+def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> Result:
+    """Every training job seen (declared or stepping): model, size, ranks, nodes, steps/s
+    (mean over ranks), examples/s (sum over ranks), input-wait share and verdict."""
+    where = " WHERE ts >= ?" if cutoff is not None else ""
+    params = [cutoff] if cutoff is not None else []
+    share = "sum(s.wait_time) / nullif(sum(s.step_time), 0)"
+    return _run(
+        con,
+        f"""
+        WITH decl AS (
+            SELECT job, arg_max(model, ts) AS model, arg_max(params, ts) AS params,
+                   arg_max(world_size, ts) AS world_size, arg_max(batch_size, ts) AS batch_size,
+                   arg_max(framework, ts) AS framework, arg_max(accelerator, ts) AS accelerator
+            FROM jobs GROUP BY job),
+        per_rank AS (
+            SELECT job, run, rank, any_value(node) AS node, sum(steps) AS steps, sum(examples) AS examples,
+                   sum(span) AS span, sum(step_time) AS step_time, sum(wait_time) AS wait_time,
+                   min(ts) AS t0, max(ts) AS t1
+            FROM (SELECT job, run, rank, node, ts, {_STEP_SUMS} FROM steps{where}) GROUP BY job, run, rank),
+        agg AS (
+            SELECT s.job, count(DISTINCT s.run) AS runs, count(*) AS ranks, count(DISTINCT s.node) AS nodes,
+                   sum(s.steps) AS steps, avg(s.steps / nullif(s.span, 0)) AS steps_per_s,
+                   sum(s.examples / nullif(s.span, 0)) AS examples_per_s, {share} AS share, max(s.t1) AS t1
+            FROM per_rank s GROUP BY s.job)
+        SELECT coalesce(a.job, d.job) AS job, d.model, d.params, d.world_size, d.batch_size, d.framework,
+               d.accelerator, coalesce(a.runs, 0) AS runs, coalesce(a.ranks, 0) AS ranks,
+               coalesce(a.nodes, 0) AS nodes, coalesce(a.steps, 0) AS steps,
+               round(a.steps_per_s, 3) AS steps_per_s, round(a.examples_per_s, 1) AS examples_per_s,
+               round(a.share * 100, 1) AS input_wait_pct, {INPUT_BOUND_SQL.format(share="a.share")} AS input_bound,
+               strftime(a.t1, '%Y-%m-%d %H:%M:%S') AS last_step
+        FROM agg a FULL OUTER JOIN decl d ON a.job = d.job
+        ORDER BY 1""",
+        params,
+    )
+
+
+def steps(
+    con: duckdb.DuckDBPyConnection,
+    job: str,
+    node: str | None = None,
+    cutoff: dt.datetime | None = None,
+) -> Result:
+    """Per run and rank of one job: steps/s, examples/s, step time, input-wait share and
+    verdict, slow steps, and the node's mean GPU and CPU utilisation while it stepped."""
+    known = [r[0] for r in con.execute("SELECT DISTINCT job FROM steps ORDER BY 1").fetchall()]
+    if job not in known:
+        hint = f" (jobs with steps: {', '.join(known[:10])})" if known else " (no job has sent steps yet)"
+        raise AnalyticsError(f"no steps for job {job!r}{hint}")
+    where, params = _where(node, cutoff)
+    where = (where + " AND job = ?") if where else " WHERE job = ?"
+    params = params + [job]
+    share = "sum(wait_time) / nullif(sum(step_time), 0)"
+    return _run(
+        con,
+        f"""
+        WITH s AS (
+            SELECT run, rank, node, ts, gpu_util_ratio, host_cpu_util_ratio, {_STEP_SUMS}
+            FROM step_hardware{where}),
+        slow AS (SELECT run, rank, count(*) AS slow FROM slow_steps{where} GROUP BY run, rank)
+        SELECT s.run, s.rank, any_value(s.node) AS node, count(*) AS intervals, sum(s.steps) AS steps,
+               round(sum(s.steps) / nullif(sum(s.span), 0), 3) AS steps_per_s,
+               round(sum(s.examples) / nullif(sum(s.span), 0), 1) AS examples_per_s,
+               round(sum(s.step_time) / nullif(sum(s.steps), 0) * 1e3, 2) AS step_ms,
+               round({share} * 100, 1) AS input_wait_pct, {INPUT_BOUND_SQL.format(share=share)} AS input_bound,
+               coalesce(any_value(slow.slow), 0) AS slow_steps,
+               round(avg(s.gpu_util_ratio) * 100, 1) AS gpu_util_pct,
+               round(avg(s.host_cpu_util_ratio) * 100, 1) AS cpu_pct,
+               strftime(max(s.ts), '%Y-%m-%d %H:%M:%S') AS last_step
+        FROM s LEFT JOIN slow USING (run, rank)
+        GROUP BY s.run, s.rank ORDER BY s.run, s.rank""",
+        params + params,
+    )
+
+
 def sql(con: duckdb.DuckDBPyConnection, query: str) -> Result:
     """Run a user's query on the read-only connection."""
     try:

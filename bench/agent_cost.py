@@ -105,7 +105,12 @@ def main() -> None:
             cfg = load(
                 None,
                 env={"CMDARE_AGENT_CONFIG": f"{tmp}/none.toml"},
-                overrides={"spool.dir": f"{tmp}/sp-{fsync}", "spool.fsync": fsync, "node": "bench"},
+                overrides={
+                    "spool.dir": f"{tmp}/sp-{fsync}",
+                    "spool.fsync": fsync,
+                    "node": "bench",
+                    "sources.train.enabled": False,  # host + GPUs, as the bare loop
+                },
             )
             agent = Agent(cfg, adapters={"nvml": FakeNvml(gpus=a.gpus)})
             agent.open()

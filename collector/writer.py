@@ -33,6 +33,10 @@ TABLES = {
     "gpu_event": "gpu_events",
     "heartbeat": "heartbeats",
     "status": "agent_status",
+    "train_job": "jobs",
+    "train_steps": "steps",
+    "train_slow_step": "slow_steps",
+    "train_checkpoint": "checkpoints",
 }
 
 

@@ -61,6 +61,8 @@ def agent_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("NOTIFY_SOCKET", None)
+    # never the system's /run/cmdare/train.sock: tests that want the train source set a path
+    env["CMDARE_AGENT_SOURCES__TRAIN__ENABLED"] = "false"
     env.update(extra)
     return env
 

@@ -7,11 +7,13 @@ from .base import Source, SourceUnavailable
 from .gpu import GpuSource
 from .heartbeat import HeartbeatSource
 from .host import HostSource
+from .train import TrainSource
 
 REGISTRY: dict[str, type[Source]] = {
     HostSource.name: HostSource,
     GpuSource.name: GpuSource,
     HeartbeatSource.name: HeartbeatSource,
+    TrainSource.name: TrainSource,
 }
 
 __all__ = ["REGISTRY", "Source", "SourceUnavailable"]

@@ -61,6 +61,7 @@ def test_fast_line_is_byte_identical_to_encoding_the_event(node, job, labels, da
     b.ids = a.ids.__class__()
     b.ids._head, b.ids._seq = a.ids._head, a.ids._seq  # same next id
     assert a.line("gpu", data, ts) == encode(b.make("gpu", data, ts))
+    assert a.line("train_steps", {}, ts, job=node) == encode(b.make("train_steps", {}, ts, job=node))
 
 
 def test_fast_line_refuses_a_non_finite_timestamp() -> None:

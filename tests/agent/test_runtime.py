@@ -39,6 +39,7 @@ def test_agent_ticks_into_the_spool_with_status_per_source(tmp_path: Path) -> No
             "spool.dir": str(tmp_path / "sp"),
             "spool.fsync": False,
             "labels": {"team": "t"},
+            "sources.train.socket": str(tmp_path / "t.sock"),
         },
     )
     agent = Agent(cfg, adapters={"nvml": FakeNvml(gpus=2)})
@@ -48,7 +49,7 @@ def test_agent_ticks_into_the_spool_with_status_per_source(tmp_path: Path) -> No
     ticks = types.count("host")
     assert ticks >= 4
     assert types.count("gpu") == 2 * ticks and types.count("heartbeat") == ticks
-    assert types.count("status") == 3 * ticks  # host, gpu and heartbeat each report every tick
+    assert types.count("status") == 4 * ticks  # host, gpu, heartbeat and train each report every tick
     assert {e["node"] for e in evs} == {"n1"} and all(e["labels"] == {"team": "t"} for e in evs)
     assert [e["data"]["seq"] for e in evs if e["type"] == "heartbeat"] == list(range(1, ticks + 1))
     assert len({e["id"] for e in evs}) == len(evs)
@@ -60,7 +61,12 @@ def test_one_failing_source_does_not_stop_the_others(tmp_path: Path) -> None:
     cfg = load(
         None,
         env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
-        overrides={"interval": 0.1, "spool.dir": str(tmp_path / "sp"), "spool.fsync": False},
+        overrides={
+            "interval": 0.1,
+            "spool.dir": str(tmp_path / "sp"),
+            "spool.fsync": False,
+            "sources.train.enabled": False,
+        },
     )
     agent = Agent(cfg, adapters={"nvml": FakeNvml(scenario="driver_missing")})
     agent.run(duration=0.35)

@@ -1,0 +1,292 @@
+"""Training-process source: what ``cmdare.agent.track`` sends over the local socket.
+
+The agent binds a Unix datagram socket (``socket``, mode 0666 so training processes of any
+user can send) and a receiver thread reads it continuously, so the kernel's datagram
+queue never fills between ticks. Per tick it emits, per (job, run, rank):
+
+- ``train_steps``: the interval's aggregate of step records: count, mean, p50, p95, max of
+  step time and of input wait, input-wait share, steps/s and examples/s;
+- ``train_slow_step``: single steps slower than ``slow_factor`` times the rank's recent
+  median (at most ``max_slow_per_tick`` per rank per tick);
+- ``train_job`` and ``train_checkpoint``: each declaration and checkpoint as it came.
+
+Events carry the training job's id in the envelope ``job`` field. Malformed datagrams are
+counted and logged once per tick, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import stat
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from ..events import DATA_FIELDS, _kind_ok
+from .base import Emit, Source, SourceUnavailable
+
+log = logging.getLogger("cmdare.agent.train")
+
+PROTOCOL = 1
+WINDOW = 256  # recent step times per rank for the slow-step median
+MIN_WINDOW = 20  # no slow-step verdicts before this many steps
+IDLE_FORGET = 3600.0  # seconds without a message before a rank's state is dropped
+
+
+def _pct(sorted_vals: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list: the smallest value with at least a
+    share ``q`` of the values at or below it."""
+    return sorted_vals[max(0, math.ceil(q * len(sorted_vals)) - 1)]
+
+
+class _Rank:
+    def __init__(self) -> None:
+        self.records: list[list[float]] = []
+        self.window: deque[float] = deque(maxlen=WINDOW)
+        self.dropped = 0  # the library's own count of undelivered records
+        self.since = self.last = time.time()
+
+
+class TrainSource(Source):
+    name = "train"
+    OPTIONS = {
+        "socket": ("str", "/run/cmdare/train.sock", "Unix datagram socket the tracking library sends to"),
+        "slow_factor": ("str", "3", "a step is slow above this many times the rank's recent median"),
+        "max_slow_per_tick": ("int", 20, "slow steps kept per rank per tick (the rest are counted)"),
+    }
+
+    @classmethod
+    def parse_config(cls, where: str, raw: Any) -> dict[str, Any]:
+        cfg = super().parse_config(where, raw)
+        try:
+            f = float(cfg["slow_factor"])
+        except ValueError:
+            f = 0.0
+        if not f > 1.0:
+            raise ConfigError(f"{where}.slow_factor: must be a number above 1, got {cfg['slow_factor']!r}")
+        cfg["slow_factor"] = f
+        return cfg
+
+    def __init__(self, config: dict[str, Any], **_: Any) -> None:
+        super().__init__(config)
+        self.path = Path(self.config["socket"])
+        self.sock: socket.socket | None = None
+        self.lock = threading.Lock()
+        self.ranks: dict[tuple[str, str, int], _Rank] = {}
+        self.urgent: list[tuple[str, str, dict[str, Any], float]] = []  # (type, job, data, ts)
+        self.bad = 0
+        self.bad_example = ""
+        self.received = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        p = self.path
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if p.exists() or p.is_symlink():
+                if not stat.S_ISSOCK(p.lstat().st_mode):
+                    raise SourceUnavailable(f"{p} exists and is not a socket; not replacing it")
+                p.unlink()  # a stale socket of an earlier agent
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            s.bind(str(p))
+            os.chmod(p, 0o666)
+        except OSError as e:
+            raise SourceUnavailable(f"cannot listen on {p}: {e.strerror or e}") from None
+        s.settimeout(0.2)
+        self.sock = s
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._receive, name="cmdare-train-recv", daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        assert self.sock is not None
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.05)
+                continue
+            self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        try:
+            m = json.loads(data)
+            if type(m) is not dict or m.get("v") != PROTOCOL:
+                raise ValueError(f"not a protocol v{PROTOCOL} message")
+            job, run, rank, kind = m["job"], m.get("run", ""), m["rank"], m["k"]
+            if type(job) is not str or not job or type(run) is not str or type(rank) is not int:
+                raise ValueError("job, run or rank of the wrong type")
+            dropped = int(m.get("dropped", 0))
+            key = (job, run, rank)
+            head = {"run": run, "rank": rank}
+            with self.lock:
+                r = self.ranks.get(key)
+                if r is None:
+                    r = self.ranks[key] = _Rank()
+                r.dropped, r.last = max(r.dropped, dropped), time.time()
+                if kind == "steps":
+                    recs = m["s"]
+                    for rec in recs:
+                        if (
+                            type(rec) is not list
+                            or len(rec) != 5
+                            or not all(type(x) in (int, float) and math.isfinite(x) for x in rec)
+                            or rec[1] < 0
+                            or rec[2] < 0
+                        ):
+                            raise ValueError("step record is not [ts, step_s, wait_s, examples, step]")
+                    r.records.extend(recs)
+                elif kind == "job":
+                    d = _typed("train_job", m, _JOB_KEYS)
+                    self.urgent.append(("train_job", job, {**head, **d}, time.time()))
+                elif kind == "ckpt":
+                    d = _typed("train_checkpoint", m, _CKPT_KEYS)
+                    self.urgent.append(("train_checkpoint", job, {**head, **d}, time.time()))
+                else:
+                    raise ValueError(f"unknown message kind {kind!r}")
+                self.received += 1
+        except (ValueError, KeyError, TypeError) as e:
+            with self.lock:
+                self.bad += 1
+                self.bad_example = f"{type(e).__name__}: {e}"[:200]
+
+    def collect(self, emit: Emit) -> None:
+        if self.sock is None:
+            self.start()
+        now = time.time()
+        with self.lock:
+            urgent, self.urgent = self.urgent, []
+            work = []
+            for key in [k for k, r in self.ranks.items() if now - r.last > IDLE_FORGET]:
+                del self.ranks[key]  # a process gone for an hour: forget its window
+            for key, r in self.ranks.items():
+                if r.records:
+                    work.append((key, r, r.records, r.since))
+                    r.records = []
+                r.since = now
+            bad, self.bad = self.bad, 0
+        for type_, job, data, ts in urgent:
+            emit(type_, data, ts, job=job)
+        for (job, run, rank), r, recs, since in work:
+            self._aggregate(emit, job, run, rank, r, recs, max(now - since, 1e-3))
+        if bad:
+            log.warning("train: %d malformed datagrams this tick (e.g. %s)", bad, self.bad_example)
+
+    def _aggregate(
+        self, emit: Emit, job: str, run: str, rank: int, r: _Rank, recs: list[list[float]], interval: float
+    ) -> None:
+        steps = sorted(x[1] for x in recs)
+        waits = sorted(x[2] for x in recs)
+        total_step, total_wait = sum(steps), sum(waits)
+        examples = sum(x[3] for x in recs)
+        n = len(recs)
+        # rate over the time the steps covered (first start .. last end), not the tick
+        span = max(recs[-1][0] - recs[0][0] + recs[0][1], total_step, 1e-9)
+        emit(
+            "train_steps",
+            {
+                "run": run,
+                "rank": rank,
+                "interval_seconds": round(interval, 6),
+                "steps": n,
+                "first_step": int(recs[0][4]),
+                "last_step": int(recs[-1][4]),
+                "examples": examples,
+                "step_mean_seconds": total_step / n,
+                "step_p50_seconds": _pct(steps, 0.5),
+                "step_p95_seconds": _pct(steps, 0.95),
+                "step_max_seconds": steps[-1],
+                "wait_mean_seconds": total_wait / n,
+                "wait_p50_seconds": _pct(waits, 0.5),
+                "wait_p95_seconds": _pct(waits, 0.95),
+                "wait_max_seconds": waits[-1],
+                "wait_share_ratio": total_wait / total_step if total_step > 0 else 0.0,
+                "steps_per_second": n / span,
+                "examples_per_second": examples / span,
+                "dropped_total": r.dropped,
+            },
+            recs[-1][0],
+            job=job,
+        )
+        factor, cap, kept = self.config["slow_factor"], self.config["max_slow_per_tick"], 0
+        med = None
+        for rec in recs:
+            if len(r.window) >= MIN_WINDOW:
+                if med is None:
+                    med = sorted(r.window)[len(r.window) // 2]
+                if rec[1] > factor * med and kept < cap:
+                    kept += 1
+                    emit(
+                        "train_slow_step",
+                        {
+                            "run": run,
+                            "rank": rank,
+                            "step": int(rec[4]),
+                            "step_seconds": rec[1],
+                            "wait_seconds": rec[2],
+                            "median_seconds": med,
+                            "examples": rec[3],
+                        },
+                        rec[0],
+                        job=job,
+                    )
+            r.window.append(rec[1])
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+            self._thread = None
+        try:
+            if self.path.exists() and stat.S_ISSOCK(self.path.lstat().st_mode):
+                self.path.unlink()
+        except OSError:
+            pass
+
+
+def _typed(type_: str, m: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The message's fields of this event type, each of its declared kind; a field of the
+    wrong kind (the training code passed a string for ``params``, say) is left out and
+    logged, so the rest of the event still arrives."""
+    spec, out = DATA_FIELDS[type_], {}
+    for k in keys:
+        v = m.get(k)
+        if v is None:
+            continue
+        if _kind_ok(spec[k][0], v):
+            out[k] = v
+        else:
+            log.warning("train: %s.%s must be %s, got %r: left out", type_, k, spec[k][0], v)
+    return out
+
+
+_JOB_KEYS = (
+    "pid",
+    "world_size",
+    "role",
+    "model",
+    "params",
+    "tensors",
+    "flops_per_step",
+    "batch_size",
+    "framework",
+    "framework_version",
+    "accelerator",
+)
+_CKPT_KEYS = ("action", "seconds", "bytes", "step", "path", "ok", "error")

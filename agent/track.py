@@ -1,0 +1,227 @@
+"""cmdare tracking library for training code: step times, input wait, checkpoints, job.
+
+Standard library only (no agent dependencies, no framework). A few lines in a loop::
+
+    from cmdare.agent import track
+
+    run = track.init(job="resnet50-a", model="resnet50", batch_size=256, rank=0, world_size=8)
+    for batch in run.batches(loader, examples=256):  # input wait measured, one step per batch
+        train_step(batch)
+    with run.checkpoint("save") as ck:
+        torch.save(state, path)
+        ck.bytes = os.path.getsize(path)
+
+What it measures. ``run.batches(it)`` times each ``next()`` on the batch iterator (the
+input wait: time the loop was blocked on data) and counts each batch as a step whose time
+runs from one batch's arrival to the next one's (so step time = input wait + compute).
+``run.step(examples=n)`` marks a step by hand instead; ``run.wait()`` times a custom
+blocking fetch.
+
+How it ships. Records go, in batches, as datagrams to the local cmdare-agent over a Unix
+datagram socket (``$CMDARE_TRAIN_SOCKET`` or ``/run/cmdare/train.sock``), sent
+non-blocking: a missing, stopped or slow agent never blocks or breaks training. What
+cannot be delivered is dropped and counted (``run.dropped``), and the count reaches the
+agent with the next datagram that gets through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+DEFAULT_SOCKET = "/run/cmdare/train.sock"
+PROTOCOL = 1  # version of the datagram protocol between this library and the agent
+FLUSH_RECORDS = 256  # step records per datagram
+FLUSH_SECONDS = 1.0  # ... or at least this often while steps are being recorded
+ROLES = ("worker", "ps", "chief", "data", "client")
+
+T = TypeVar("T")
+_clock = time.perf_counter
+
+
+class Run:
+    """One training process's handle (see ``init``)."""
+
+    def __init__(self, job: str, run: str, rank: int, socket_path: str, **declared: Any) -> None:
+        self.job, self.run, self.rank = job, run, rank
+        self.socket_path = socket_path
+        self.declared = declared
+        self.steps = 0  # steps recorded by this process
+        self.dropped = 0  # step records (and job/checkpoint messages) that could not be delivered
+        self._unsent_dropped = 0
+        self._records: list[list[float]] = []
+        self._last_flush = _clock()
+        self._last_step_end: float | None = None
+        self._wait = 0.0  # input wait accumulated for the step in progress
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self._head = {"v": PROTOCOL, "job": job, "run": run, "rank": rank, "pid": os.getpid()}
+        self._send({"k": "job", **declared})
+
+    # -- transport ---------------------------------------------------------------------
+    def _send(self, msg: dict[str, Any], records: int = 1) -> bool:
+        msg.update(self._head)
+        msg["dropped"] = self.dropped
+        try:
+            self._sock.sendto(json.dumps(msg, separators=(",", ":")).encode(), self.socket_path)
+            return True
+        except OSError:  # no agent (ENOENT, ECONNREFUSED), agent busy (EAGAIN), too large
+            self.dropped += records
+            return False
+
+    def flush(self) -> None:
+        """Send the step records gathered so far (also done every 256 steps and every second)."""
+        recs, self._records = self._records, []
+        self._last_flush = _clock()
+        if recs:
+            self._send({"k": "steps", "s": recs}, len(recs))
+
+    # -- steps -------------------------------------------------------------------------
+    def step(self, examples: int | float = 0, step: int | None = None) -> None:
+        """Mark the end of one training step that processed ``examples`` examples (or
+        tokens).  Its time runs from the previous step's end; the very first call only
+        marks the start (there is nothing to measure from)."""
+        now = _clock()
+        prev = self._last_step_end
+        self._last_step_end = now
+        self.steps += 1
+        if prev is None:  # the first step has no start to measure from
+            self._wait = 0.0
+            return
+        self._records.append(
+            [time.time(), now - prev, self._wait, examples, self.steps if step is None else step]
+        )
+        self._wait = 0.0
+        if len(self._records) >= FLUSH_RECORDS or now - self._last_flush >= FLUSH_SECONDS:
+            self.flush()
+
+    def wait(self, fetch: Callable[[], T]) -> T:
+        """Call ``fetch()`` and count the time it blocks as input wait of the current step."""
+        t = _clock()
+        try:
+            return fetch()
+        finally:
+            self._wait += _clock() - t
+
+    def batches(self, iterable: Iterable[T], examples: int | Callable[[T], int | float] = 0) -> Iterator[T]:
+        """Yield from ``iterable``, timing each fetch as input wait; every batch after the
+        first closes a step (``examples``: a number per step, or a function of the batch).
+        """
+        it = iter(iterable)
+        count = examples if callable(examples) else None
+        pending: T | None = None
+        have = False
+        while True:
+            t = _clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                if have:
+                    self._wait += _clock() - t
+                    self.step(count(pending) if count else examples)  # type: ignore[arg-type]
+                self.flush()
+                return
+            now = _clock()
+            if have:
+                self._wait += now - t
+                self.step(count(pending) if count else examples)  # type: ignore[arg-type]
+            elif self._last_step_end is None:
+                self._last_step_end, self._wait = now, 0.0  # warm-up fetch: before the first step
+            else:
+                self._wait += now - t
+            pending, have = batch, True
+            yield batch
+
+    # -- checkpoints -------------------------------------------------------------------
+    def checkpoint(self, action: str = "save", path: str = "", step: int | None = None) -> _Checkpoint:
+        """``with run.checkpoint("save"|"restore") as ck: ...; ck.bytes = size`` times it."""
+        if action not in ("save", "restore"):
+            raise ValueError(f"checkpoint action must be 'save' or 'restore', got {action!r}")
+        return _Checkpoint(self, action, path, self.steps if step is None else step)
+
+    def close(self) -> None:
+        self.flush()
+        self._sock.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Checkpoint:
+    def __init__(self, run: Run, action: str, path: str, step: int) -> None:
+        self.run, self.action, self.path, self.step = run, action, path, step
+        self.bytes: int | None = None
+
+    def __enter__(self) -> _Checkpoint:
+        self._t = _clock()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
+        msg: dict[str, Any] = {
+            "k": "ckpt",
+            "action": self.action,
+            "seconds": _clock() - self._t,
+            "step": self.step,
+            "ok": et is None,
+        }
+        if self.bytes is not None:
+            msg["bytes"] = int(self.bytes)
+        if self.path:
+            msg["path"] = str(self.path)[:1024]
+        if e is not None:
+            msg["error"] = f"{type(e).__name__}: {e}"[:500]
+        self.run.flush()  # steps before the checkpoint arrive before it
+        self.run._send(msg)
+
+
+def init(
+    job: str,
+    *,
+    run: str = "",
+    rank: int | None = None,
+    world_size: int | None = None,
+    role: str = "worker",
+    model: str = "",
+    params: int | None = None,
+    tensors: int | None = None,
+    flops_per_step: float | None = None,
+    batch_size: int | None = None,
+    framework: str = "",
+    framework_version: str = "",
+    accelerator: str = "",
+    socket_path: str | None = None,
+) -> Run:
+    """Declare this training process to the local agent and return its ``Run``.
+
+    ``rank`` and ``world_size`` default to ``$RANK`` / ``$WORLD_SIZE`` (torchrun), else 0
+    and 1. ``params`` and ``tensors``: parameter count and number of parameter tensors;
+    ``flops_per_step`` when known; ``batch_size`` per worker.
+    """
+    if not isinstance(job, str) or not job:
+        raise ValueError("track.init: job must be a non-empty string")
+    if role not in ROLES:
+        raise ValueError(f"track.init: role must be one of {', '.join(ROLES)}, got {role!r}")
+    rank = int(os.environ.get("RANK", 0)) if rank is None else int(rank)
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else int(world_size)
+    path = socket_path or os.environ.get("CMDARE_TRAIN_SOCKET") or DEFAULT_SOCKET
+    declared: dict[str, Any] = {"world_size": world_size, "role": role}
+    for key, val in (
+        ("model", model),
+        ("params", params),
+        ("tensors", tensors),
+        ("flops_per_step", flops_per_step),
+        ("batch_size", batch_size),
+        ("framework", framework),
+        ("framework_version", framework_version),
+        ("accelerator", accelerator),
+    ):
+        if val not in (None, ""):
+            declared[key] = val
+    return Run(job, run, rank, path, **declared)

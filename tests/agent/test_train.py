@@ -1,0 +1,240 @@
+"""The tracking library (cmdare.agent.track) and the agent's train source, over a real
+Unix datagram socket."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cmdare.agent import track
+from cmdare.agent.config import ConfigError
+from cmdare.agent.runtime import SourceRunner
+from cmdare.agent.sources.train import TrainSource
+from tests.conftest import ROOT, wait_for
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="cmt-"))  # AF_UNIX paths are limited to 107 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Listener:
+    """The receiving end the agent would be: a bound datagram socket."""
+
+    def __init__(self, path: Path) -> None:
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.s.bind(str(path))
+        self.s.settimeout(1.0)
+
+    def messages(self) -> list[dict]:
+        out = []
+        self.s.setblocking(False)
+        while True:
+            try:
+                out.append(json.loads(self.s.recv(1 << 20)))
+            except BlockingIOError:
+                return out
+
+
+def test_library_imports_without_the_agents_dependencies() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('psutil', 'pynvml', 'kafka', 'tomli', 'duckdb', 'numpy'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from cmdare.agent import track\n"
+        "run = track.init('j', socket_path='/nonexistent/x.sock')\n"
+        "[run.step(examples=1) for _ in range(3)]\n"
+        "run.close(); print(run.steps, run.dropped)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["3", "3"]  # 2 step records + the job declaration, all dropped
+
+
+def test_batches_measures_input_wait_and_step_time(sockdir: Path) -> None:
+    ln = Listener(sockdir / "a.sock")
+    run = track.init(
+        "job-a", run="r9", rank=3, world_size=4, model="m", params=10, socket_path=str(sockdir / "a.sock")
+    )
+
+    def slow_loader() -> Iterator[int]:
+        for i in range(6):
+            time.sleep(0.03)  # the loop blocks 30 ms on each batch
+            yield i
+
+    seen = []
+    for b in run.batches(slow_loader(), examples=lambda b: b + 1):
+        seen.append(b)
+        time.sleep(0.01)  # 10 ms of "compute"
+    run.close()
+    assert seen == list(range(6))
+    msgs = ln.messages()
+    job = msgs[0]
+    assert job["k"] == "job" and job["job"] == "job-a" and job["run"] == "r9" and job["rank"] == 3
+    assert job["world_size"] == 4 and job["params"] == 10 and job["model"] == "m"
+    recs = [r for m in msgs if m["k"] == "steps" for r in m["s"]]
+    assert len(recs) == 6 and run.steps == 6 and run.dropped == 0
+    assert [r[3] for r in recs] == [1, 2, 3, 4, 5, 6]  # examples of the batch each step processed
+    for _ts, step_s, wait_s, _ex, _n in recs[:-1]:
+        assert 0.025 < wait_s < 0.1 and step_s == pytest.approx(wait_s + 0.01, abs=0.02)
+    assert recs[-1][2] < 0.01  # the last step ends at StopIteration: no batch to wait for
+
+
+def test_checkpoint_is_timed_with_its_size_and_failure(sockdir: Path) -> None:
+    ln = Listener(sockdir / "c.sock")
+    run = track.init("job-c", socket_path=str(sockdir / "c.sock"))
+    with run.checkpoint("save", path="/ckpt/1") as ck:
+        time.sleep(0.02)
+        ck.bytes = 1234
+    with pytest.raises(OSError), run.checkpoint("restore"):
+        raise OSError("disk gone")
+    with pytest.raises(ValueError, match="save' or 'restore"):
+        run.checkpoint("copy")
+    cks = [m for m in ln.messages() if m["k"] == "ckpt"]
+    assert cks[0]["action"] == "save" and cks[0]["bytes"] == 1234 and cks[0]["ok"] is True
+    assert cks[0]["seconds"] >= 0.02 and cks[0]["path"] == "/ckpt/1"
+    assert cks[1]["ok"] is False and cks[1]["error"] == "OSError: disk gone"
+
+
+def test_no_agent_drops_and_counts_never_raises() -> None:
+    run = track.init("job-x", socket_path="/nonexistent/dir/t.sock")
+    for _ in range(track.FLUSH_RECORDS * 2 + 1):
+        run.step(examples=8)
+    run.close()
+    assert run.steps == 513 and run.dropped == 1 + 512  # job declaration + every record
+
+
+def test_init_rejects_bad_arguments_with_one_line() -> None:
+    with pytest.raises(ValueError, match="job must be a non-empty string"):
+        track.init("")
+    with pytest.raises(ValueError, match="role must be one of"):
+        track.init("j", role="boss")
+
+
+# -- the agent side ----------------------------------------------------------------------
+def source(path: Path, **cfg: object) -> TrainSource:
+    return TrainSource(TrainSource.parse_config("sources.train", {"socket": str(path), **cfg}))
+
+
+def collect(src: TrainSource) -> list[tuple[str, dict, float | None, str | None]]:
+    out: list = []
+    src.collect(lambda t, d, ts=None, job=None: out.append((t, d, ts, job)))
+    return out
+
+
+def send(path: Path, msg: dict | bytes) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendto(msg if isinstance(msg, bytes) else json.dumps(msg).encode(), str(path))
+    s.close()
+
+
+def test_source_aggregates_steps_per_rank(sockdir: Path) -> None:
+    p = sockdir / "t.sock"
+    src = source(p)
+    src.start()
+    try:
+        head = {"v": 1, "job": "j", "run": "r", "pid": 1, "dropped": 4}
+        recs = [[1000.0 + i, 0.1 * (i + 1), 0.01 * (i + 1), 32, i + 1] for i in range(10)]
+        send(p, {**head, "rank": 0, "k": "steps", "s": recs})
+        send(p, {**head, "rank": 1, "k": "steps", "s": recs[:2]})
+        wait_for(lambda: src.received == 2, 5, what="datagrams")
+        evs = collect(src)
+    finally:
+        src.close()
+    steps = {d["rank"]: (d, ts, job) for t, d, ts, job in evs if t == "train_steps"}
+    d, ts, job = steps[0]
+    assert job == "j" and ts == 1009.0
+    assert d["steps"] == 10 and d["examples"] == 320 and d["first_step"] == 1 and d["last_step"] == 10
+    assert d["step_mean_seconds"] == pytest.approx(0.55) and d["step_max_seconds"] == pytest.approx(1.0)
+    assert d["step_p50_seconds"] == pytest.approx(0.5) and d["step_p95_seconds"] == pytest.approx(1.0)
+    assert d["wait_share_ratio"] == pytest.approx(0.1) and d["dropped_total"] == 4
+    # the steps covered 9 s between ends plus the first step's own 0.1 s
+    assert d["steps_per_second"] == pytest.approx(10 / 9.1) and d["examples_per_second"] == pytest.approx(
+        320 / 9.1
+    )
+    assert steps[1][0]["steps"] == 2
+    assert not p.exists()  # close removes the socket
+
+
+def test_slow_steps_are_kept_on_their_own(sockdir: Path) -> None:
+    p = sockdir / "s.sock"
+    src = source(p, slow_factor="3")
+    src.start()
+    try:
+        head = {"v": 1, "job": "j", "run": "", "rank": 0, "k": "steps"}
+        send(p, {**head, "s": [[1.0 + i, 0.1, 0.0, 1, i] for i in range(30)]})
+        wait_for(lambda: src.received == 1, 5, what="datagram")
+        assert not [e for e in collect(src) if e[0] == "train_slow_step"]
+        send(p, {**head, "s": [[40.0, 0.1, 0.0, 1, 30], [41.0, 0.5, 0.3, 1, 31], [42.0, 0.25, 0.0, 1, 32]]})
+        wait_for(lambda: src.received == 2, 5, what="datagram")
+        slow = [(d, ts) for t, d, ts, _ in collect(src) if t == "train_slow_step"]
+    finally:
+        src.close()
+    assert len(slow) == 1 and slow[0][1] == 41.0
+    assert slow[0][0] == {
+        "run": "",
+        "rank": 0,
+        "step": 31,
+        "step_seconds": 0.5,
+        "wait_seconds": 0.3,
+        "median_seconds": 0.1,
+        "examples": 1,
+    }
+
+
+def test_bad_datagrams_are_counted_and_bad_fields_left_out(sockdir: Path, caplog) -> None:
+    p = sockdir / "b.sock"
+    src = source(p)
+    src.start()
+    try:
+        send(p, b"not json")
+        send(p, {"v": 2, "job": "j", "rank": 0, "k": "steps", "s": []})
+        send(p, {"v": 1, "job": "j", "rank": 0, "k": "steps", "s": [[1, 2, "x", 4, 5]]})
+        send(p, {"v": 1, "job": "j", "rank": 0, "k": "steps", "s": [[1, float("nan"), 0, 4, 5]]})
+        send(p, {"v": 1, "job": "j", "rank": 0, "k": "job", "params": "many", "model": "m"})
+        wait_for(lambda: src.received + src.bad == 5, 5, what="datagrams")
+        assert src.bad == 4
+        evs = collect(src)
+    finally:
+        src.close()
+    assert [(t, d) for t, d, _, _ in evs] == [("train_job", {"run": "", "rank": 0, "model": "m"})]
+    assert "train_job.params must be int" in caplog.text and "4 malformed datagrams" in caplog.text
+
+
+def test_stale_socket_is_replaced_and_a_file_in_the_way_is_unavailable(sockdir: Path) -> None:
+    stale = sockdir / "stale.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(str(stale))
+    s.close()  # a killed agent leaves this behind
+    src = source(stale)
+    src.start()
+    send(stale, {"v": 1, "job": "j", "rank": 0, "k": "job"})
+    wait_for(lambda: src.received == 1, 5, what="datagram")
+    src.close()
+    (sockdir / "plain").write_text("important")
+    runner = SourceRunner(source(sockdir / "plain"))
+    statuses: list = []
+    runner.tick(lambda *a, **k: None, lambda *a: statuses.append(a))
+    assert statuses[0][1] == "unavailable" and "not a socket" in statuses[0][3]
+    assert (sockdir / "plain").read_text() == "important"
+
+
+def test_slow_factor_must_be_above_one() -> None:
+    with pytest.raises(ConfigError, match=r"sources.train.slow_factor: must be a number above 1, got '0.5'"):
+        TrainSource.parse_config("sources.train", {"slow_factor": "0.5"})

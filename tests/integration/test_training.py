@@ -1,0 +1,168 @@
+"""Training telemetry end to end: a real numpy training loop with a real multi-process data
+loader -> cmdare.agent.track -> Unix socket -> cmdare-agent -> spool -> cmdare-collector
+-> DuckDB -> analyze steps / jobs.  And the agent absent, killed and restarted while the
+loop runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import BIN, ROOT, agent_env, wait_for
+
+LOOP = ROOT / "tests" / "integration" / "train_loop.py"
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="cmt-"))  # AF_UNIX paths are limited to 107 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def start_agent(spool: Path, sock: Path, node: str = "train-1") -> subprocess.Popen:
+    p = subprocess.Popen(
+        [
+            str(BIN / "cmdare-agent"),
+            "--spool-dir",
+            str(spool),
+            "--interval",
+            "0.5s",
+            "--node",
+            node,
+            "--set",
+            "sources.gpu.backend=python:tests.fakes.nvml",
+            "--set",
+            f"sources.train.socket={sock}",
+            "--set",
+            "sources.train.enabled=true",
+        ],
+        env=agent_env(CMDARE_FAKE_NVML="gpus=1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: sock.exists() or p.poll() is not None, 30, what="the agent's train socket")
+    assert p.poll() is None, p.stderr.read() if p.stderr else ""
+    return p
+
+
+def train(mode: str, steps: int, job: str, sock: Path, pause: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(LOOP),
+            "--mode",
+            mode,
+            "--steps",
+            str(steps),
+            "--job",
+            job,
+            "--pause",
+            str(pause),
+        ],
+        env=agent_env(CMDARE_TRAIN_SOCKET=str(sock)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(p: subprocess.Popen, timeout: float = 120) -> dict:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def load(spool: Path, db: Path) -> None:
+    r = subprocess.run(
+        [str(BIN / "cmdare-collector"), "spool", str(spool), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def analyze(*args: str) -> list[dict]:
+    r = subprocess.run([str(BIN / "analyze"), *args, "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_input_bound_and_compute_bound_loops_are_told_apart(tmp_path: Path, sockdir: Path) -> None:
+    spool, db, sock = tmp_path / "spool", tmp_path / "t.duckdb", sockdir / "train.sock"
+    agent = start_agent(spool, sock)
+    try:
+        res_in = finish(train("input", 600, "job-input", sock))
+        res_cpu = finish(train("compute", 300, "job-compute", sock))
+        time.sleep(1.2)  # two more ticks: the last records are aggregated and spooled
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+    assert res_in["dropped"] == 0 and res_cpu["dropped"] == 0
+    load(spool, db)
+
+    rows = {r["run"]: r for r in analyze("steps", "--job", "job-input", "--db", str(db))}
+    r = rows["r1"]
+    assert r["steps"] == res_in["steps"] == 600  # every step record arrived, once
+    assert r["input_wait_pct"] > 50 and r["input_bound"] == "highly input-bound"
+    assert r["node"] == "train-1" and r["examples_per_s"] == pytest.approx(32 * r["steps_per_s"], rel=0.01)
+
+    r = analyze("steps", "--job", "job-compute", "--db", str(db))[0]
+    assert r["steps"] == 300
+    assert r["input_wait_pct"] < 10 and r["input_bound"] == "not input-bound"
+
+    jobs = {j["job"]: j for j in analyze("jobs", "--db", str(db))}
+    assert jobs["job-input"]["model"] == "linreg" and jobs["job-input"]["batch_size"] == 32
+    assert jobs["job-input"]["input_bound"] == "highly input-bound"
+    assert jobs["job-compute"]["input_bound"] == "not input-bound"
+
+    con = duckdb.connect(str(db), read_only=True)
+    ck = con.execute("SELECT job, action, bytes, ok FROM checkpoints ORDER BY job").fetchall()
+    joined = con.execute(
+        "SELECT count(*), count(gpu_util_ratio) FROM step_hardware WHERE job = 'job-input'"
+    ).fetchone()
+    con.close()
+    assert ck == [("job-compute", "save", 512, True), ("job-input", "save", 512, True)]
+    assert joined[0] > 0 and joined[1] == joined[0]  # each interval met the node's GPU samples
+
+
+def test_agent_absent_killed_and_restarted_never_blocks_training(tmp_path: Path, sockdir: Path) -> None:
+    spool, db, sock = tmp_path / "spool", tmp_path / "t.duckdb", sockdir / "train.sock"
+    loop = train("compute", 1500, "job-chaos", sock, pause=0.002)  # no agent yet: ~12 s of steps
+    time.sleep(1.5)
+    agent = start_agent(spool, sock)
+    time.sleep(2.0)
+    agent.kill()  # SIGKILL: the socket file stays behind, nobody reads it
+    agent.wait()
+    time.sleep(1.5)
+    agent = start_agent(spool, sock)  # replaces the stale socket
+    try:
+        res = finish(loop)
+        time.sleep(1.2)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+    # the loop never raised and never blocked: no step took long, whatever the agent did
+    assert res["steps"] == 1500 and res["max_step_seconds"] < 0.5
+    assert res["dropped"] > 0  # what went nowhere was counted
+    load(spool, db)
+    con = duckdb.connect(str(db), read_only=True)
+    stored, max_dropped, last = con.execute(
+        "SELECT sum(steps), max(dropped_total), max(last_step) FROM steps WHERE job = 'job-chaos'"
+    ).fetchone()
+    con.close()
+    assert 0 < stored < 1500 and last == 1500  # steps after the restart arrived, up to the end
+    assert max_dropped > 0  # the library's drop count reached the database
+    assert stored + res["dropped"] <= 1500 + 2  # never more than was recorded (+ job, checkpoint)
