@@ -196,12 +196,9 @@ class EventFactory:
         self.node, self.role, self.job = node, role, job
         self.labels = dict(labels or {})
         # what every line of this agent repeats, encoded once (see ``line``)
-        self._mid = (
-            f',"node":{_encoder.encode(node)},"role":{_encoder.encode(role)},"job":{_encoder.encode(job)}'
-            f',"labels":{_encoder.encode(self.labels)},"type":'
-        )
-        self._types: dict[str, str] = {}
         self._mids: dict[str, str] = {}
+        self._mid = self._job_mid(job)
+        self._types: dict[str, str] = {}
 
     def line(
         self, type_: str, data: Mapping[str, Any], ts: float | None = None, job: str | None = None
@@ -222,6 +219,7 @@ class EventFactory:
         ).encode()
 
     def _job_mid(self, job: str) -> str:
+        """The pre-encoded envelope between ``ts`` and ``type`` for events of ``job``."""
         if len(self._mids) > 1000:
             self._mids.clear()
         m = self._mids[job] = (

@@ -132,22 +132,23 @@ class TrainSource(Source):
             dropped = int(m.get("dropped", 0))
             key = (job, run, rank)
             head = {"run": run, "rank": rank}
+            if kind == "steps":
+                recs = m["s"]
+                for rec in recs:
+                    if (
+                        type(rec) is not list
+                        or len(rec) != 5
+                        or not all(type(x) in (int, float) and math.isfinite(x) for x in rec)
+                        or rec[1] < 0
+                        or rec[2] < 0
+                    ):
+                        raise ValueError("step record is not [ts, step_s, wait_s, examples, step]")
             with self.lock:
                 r = self.ranks.get(key)
                 if r is None:
                     r = self.ranks[key] = _Rank()
                 r.dropped, r.last = max(r.dropped, dropped), time.time()
                 if kind == "steps":
-                    recs = m["s"]
-                    for rec in recs:
-                        if (
-                            type(rec) is not list
-                            or len(rec) != 5
-                            or not all(type(x) in (int, float) and math.isfinite(x) for x in rec)
-                            or rec[1] < 0
-                            or rec[2] < 0
-                        ):
-                            raise ValueError("step record is not [ts, step_s, wait_s, examples, step]")
                     r.records.extend(recs)
                 elif kind == "job":
                     d = _typed("train_job", m, _JOB_KEYS)

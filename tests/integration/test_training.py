@@ -123,6 +123,14 @@ def test_input_bound_and_compute_bound_loops_are_told_apart(tmp_path: Path, sock
     assert r["steps"] == 300
     assert r["input_wait_pct"] < 10 and r["input_bound"] == "not input-bound"
 
+    bad = subprocess.run(
+        [str(BIN / "analyze"), "steps", "--job", "nope", "--db", str(db)], capture_output=True, text=True
+    )
+    assert (
+        bad.returncode == 1
+        and "no steps for job 'nope' (jobs with steps: job-compute, job-input)" in bad.stderr
+    )
+
     jobs = {j["job"]: j for j in analyze("jobs", "--db", str(db))}
     assert jobs["job-input"]["model"] == "linreg" and jobs["job-input"]["batch_size"] == 32
     assert jobs["job-input"]["input_bound"] == "highly input-bound"
