@@ -105,7 +105,7 @@ def check(cfg: AgentConfig) -> int:
         try:
             src.start()
             got: list[str] = []
-            src.collect(lambda t, d, ts=None, got=got: got.append(t))
+            src.collect(lambda t, d, ts=None, got=got, **_: got.append(t))
             dt = time.perf_counter() - t0
             print(f"source    ok     {src.name}: {len(got)} events in {dt * 1000:.1f} ms")
         except SourceUnavailable as e:
@@ -146,7 +146,7 @@ def once(cfg: AgentConfig) -> int:
         except Exception:
             pass  # reported by the tick below
     time.sleep(min(cfg.interval, 0.5))  # CPU shares need two readings
-    emit = lambda t, d, ts=None, job=None: events.append(factory.make(t, d, ts, job))  # noqa: E731
+    emit = lambda t, d, ts=None, job=None, id=None: events.append(factory.make(t, d, ts, job, id))  # noqa: E731
     for r in agent.runners:
         r.tick(
             emit,

@@ -70,6 +70,13 @@ DATA_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "ecc_uncorrected_total": (INT, "volatile uncorrected ECC errors since driver load (counter)"),
         "processes": (OBJS, "per process: pid, used_bytes"),
     },
+    "tpu": {
+        "device": (INT, "TPU device (core) id as libtpu numbers it"),
+        "hbm_used_bytes": (INT, "high-bandwidth memory in use"),
+        "hbm_total_bytes": (INT, "high-bandwidth memory size"),
+        "duty_cycle_ratio": (FLOAT, "share of time the TensorCore was busy, 0..1 (per chip)"),
+        "hbm_bandwidth_ratio": (FLOAT, "HBM bandwidth utilisation, 0..1, where libtpu reports it"),
+    },
     "gpu_event": {
         "index": (INT, "NVML device index"),
         "uuid": (STR, "GPU UUID"),
@@ -93,7 +100,8 @@ DATA_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     "train_job": {
         "run": (STR, "run id (one job can have several runs, e.g. restarts)"),
         "rank": (INT, "rank of this training process"),
-        "world_size": (INT, "number of training processes"),
+        "world_size": (INT, "number of training processes (workers)"),
+        "ps": (INT, "number of parameter servers, for parameter-server jobs"),
         "role": (STR, "worker | ps | chief | data | client"),
         "pid": (INT, "process id of the training process"),
         "model": (STR, "model name"),
@@ -134,6 +142,13 @@ DATA_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "wait_seconds": (FLOAT, "this step's input wait"),
         "median_seconds": (FLOAT, "the rank's recent median step time it was compared with"),
         "examples": (FLOAT, "examples in this step"),
+    },
+    "train_scalar": {
+        "run": (STR, "run id (TensorBoard: the event file's directory under the log dir)"),
+        "rank": (INT, "rank of the training process"),
+        "tag": (STR, "scalar name, e.g. loss"),
+        "step": (INT, "training step the value belongs to"),
+        "value": (FLOAT, "the value"),
     },
     "train_checkpoint": {
         "run": (STR, "run id"),
@@ -201,10 +216,16 @@ class EventFactory:
         self._types: dict[str, str] = {}
 
     def line(
-        self, type_: str, data: Mapping[str, Any], ts: float | None = None, job: str | None = None
+        self,
+        type_: str,
+        data: Mapping[str, Any],
+        ts: float | None = None,
+        job: str | None = None,
+        id: str | None = None,
     ) -> bytes:
-        """``encode(self.make(type_, data, ts))``, byte for byte, without re-encoding the
-        envelope fields that never change (the agent's hot path)."""
+        """``encode(self.make(type_, data, ts, job, id))``, byte for byte, without
+        re-encoding the envelope fields that never change (the agent's hot path).  ``id``:
+        a source's own deterministic id (re-reading a file yields the same events)."""
         t = self._types.get(type_)
         if t is None:
             t = self._types[type_] = f'{_encoder.encode(type_)},"data":'
@@ -214,9 +235,8 @@ class EventFactory:
         mid = self._mid
         if job is not None and job != self.job:  # a training job's event carries that job's id
             mid = self._mids.get(job) or self._job_mid(job)
-        return (
-            f'{{"v":{VERSION},"id":"{self.ids.next()}","ts":{ts_!r}{mid}{t}{_encoder.encode(data)}}}\n'
-        ).encode()
+        id_ = _encoder.encode(id) if id else f'"{self.ids.next()}"'
+        return (f'{{"v":{VERSION},"id":{id_},"ts":{ts_!r}{mid}{t}{_encoder.encode(data)}}}\n').encode()
 
     def _job_mid(self, job: str) -> str:
         """The pre-encoded envelope between ``ts`` and ``type`` for events of ``job``."""
@@ -229,11 +249,16 @@ class EventFactory:
         return m
 
     def make(
-        self, type_: str, data: Mapping[str, Any], ts: float | None = None, job: str | None = None
+        self,
+        type_: str,
+        data: Mapping[str, Any],
+        ts: float | None = None,
+        job: str | None = None,
+        id: str | None = None,
     ) -> dict[str, Any]:
         return {
             "v": VERSION,
-            "id": self.ids.next(),
+            "id": id or self.ids.next(),
             "ts": round(time.time() if ts is None else ts, 6),
             "node": self.node,
             "role": self.role,

@@ -76,6 +76,7 @@ class Agent:
         self.started_at = time.time()
         self.notifier = notifier or Notifier()
         self.stop_event = threading.Event()
+        self._wake = threading.Event()  # set by stop() and by sources with urgent events
         self.samples_total = 0
         self.events_total = 0
         self.spool = Spool(
@@ -94,7 +95,9 @@ class Agent:
         for name, cls in REGISTRY.items():
             scfg = cfg.sources[name]
             if scfg["enabled"]:
-                self.runners.append(SourceRunner(cls(scfg, stats=self.stats, **adapters)))
+                self.runners.append(
+                    SourceRunner(cls(scfg, stats=self.stats, wake=self._wake.set, **adapters))
+                )
         self._pending: list[bytes] = []
         self._pending_n = 0
 
@@ -113,8 +116,15 @@ class Agent:
             "spool_pending": self.spool.pending,
         }
 
-    def emit(self, type_: str, data: dict[str, Any], ts: float | None = None, job: str | None = None) -> None:
-        self._pending.append(self.factory.line(type_, data, ts, job))
+    def emit(
+        self,
+        type_: str,
+        data: dict[str, Any],
+        ts: float | None = None,
+        job: str | None = None,
+        id: str | None = None,
+    ) -> None:
+        self._pending.append(self.factory.line(type_, data, ts, job, id))
         self._pending_n += 1
 
     def _status(self, source: str, state: str, dur: float, msg: str | None) -> None:
@@ -129,7 +139,9 @@ class Agent:
     def tick(self) -> None:
         ts = time.time()
         for r in self.runners:
-            r.tick(lambda t, d, ts_=None, job=None: self.emit(t, d, ts_ or ts, job), self._status)
+            r.tick(
+                lambda t, d, ts_=None, job=None, id=None: self.emit(t, d, ts_ or ts, job, id), self._status
+            )
         while self._sink_status:
             ok, msg = self._sink_status.pop(0)
             self._status("sink.kafka", "ok" if ok else "error", 0.0, msg)
@@ -186,12 +198,28 @@ class Agent:
                     wait = min(wait, wd)
                 if end is not None:
                     wait = min(wait, end - time.monotonic())
-                self.stop_event.wait(max(0.0, wait))
+                if self._wake.wait(max(0.0, wait)) and not self.stop_event.is_set():
+                    self._wake.clear()
+                    self.urgent()
         finally:
             self.close()
 
+    def urgent(self) -> None:
+        """Between ticks: emit and flush what sources say cannot wait."""
+        ts = time.time()
+        for r in self.runners:
+            if r.started:
+                try:
+                    r.source.collect_urgent(
+                        lambda t, d, ts_=None, job=None, id=None: self.emit(t, d, ts_ or ts, job, id)
+                    )
+                except Exception as e:
+                    log.error("source %s: urgent events: %s: %s", r.source.name, type(e).__name__, e)
+        self.flush()
+
     def stop(self) -> None:
         self.stop_event.set()
+        self._wake.set()
 
     def close(self) -> None:
         self.notifier.stopping()

@@ -187,6 +187,7 @@ def init(
     run: str = "",
     rank: int | None = None,
     world_size: int | None = None,
+    ps: int | None = None,
     role: str = "worker",
     model: str = "",
     params: int | None = None,
@@ -201,7 +202,7 @@ def init(
     """Declare this training process to the local agent and return its ``Run``.
 
     ``rank`` and ``world_size`` default to ``$RANK`` / ``$WORLD_SIZE`` (torchrun), else 0
-    and 1. ``params`` and ``tensors``: parameter count and number of parameter tensors;
+    and 1. ``ps``: parameter servers, for parameter-server jobs. ``params`` and ``tensors``: parameter count and number of parameter tensors;
     ``flops_per_step`` when known; ``batch_size`` per worker.
     """
     if not isinstance(job, str) or not job:
@@ -213,6 +214,7 @@ def init(
     path = socket_path or os.environ.get("CMDARE_TRAIN_SOCKET") or DEFAULT_SOCKET
     declared: dict[str, Any] = {"world_size": world_size, "role": role}
     for key, val in (
+        ("ps", ps),
         ("model", model),
         ("params", params),
         ("tensors", tensors),

@@ -31,12 +31,14 @@ TABLES = {
     "host": "host_samples",
     "gpu": "gpu_samples",
     "gpu_event": "gpu_events",
+    "tpu": "tpu_samples",
     "heartbeat": "heartbeats",
     "status": "agent_status",
     "train_job": "jobs",
     "train_steps": "steps",
     "train_slow_step": "slow_steps",
     "train_checkpoint": "checkpoints",
+    "train_scalar": "scalars",
 }
 
 

@@ -7,13 +7,17 @@ from .base import Source, SourceUnavailable
 from .gpu import GpuSource
 from .heartbeat import HeartbeatSource
 from .host import HostSource
+from .tensorboard import TensorBoardSource
+from .tpu import TpuSource
 from .train import TrainSource
 
 REGISTRY: dict[str, type[Source]] = {
     HostSource.name: HostSource,
     GpuSource.name: GpuSource,
     HeartbeatSource.name: HeartbeatSource,
+    TpuSource.name: TpuSource,
     TrainSource.name: TrainSource,
+    TensorBoardSource.name: TensorBoardSource,
 }
 
 __all__ = ["REGISTRY", "Source", "SourceUnavailable"]

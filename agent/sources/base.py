@@ -65,5 +65,11 @@ class Source:
     def collect(self, emit: Emit) -> None:
         raise NotImplementedError
 
+    def collect_urgent(self, emit: Emit) -> None:
+        """Emit what must not wait for the next tick (a job declaration, a checkpoint, a
+        revocation notice).  A source that has such events calls the ``wake`` callable the
+        runtime passes to its constructor; the runtime then calls this at once, between
+        ticks, and flushes."""
+
     def close(self) -> None:
         """Release what start() took."""

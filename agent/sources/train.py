@@ -8,7 +8,8 @@ queue never fills between ticks. Per tick it emits, per (job, run, rank):
   step time and of input wait, input-wait share, steps/s and examples/s;
 - ``train_slow_step``: single steps slower than ``slow_factor`` times the rank's recent
   median (at most ``max_slow_per_tick`` per rank per tick);
-- ``train_job`` and ``train_checkpoint``: each declaration and checkpoint as it came.
+- ``train_job`` and ``train_checkpoint``: each declaration and checkpoint at once (the
+  receiver wakes the agent, which emits and flushes them between ticks).
 
 Events carry the training job's id in the envelope ``job`` field. Malformed datagrams are
 counted and logged once per tick, never fatal.
@@ -25,6 +26,7 @@ import stat
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +76,9 @@ class TrainSource(Source):
         cfg["slow_factor"] = f
         return cfg
 
-    def __init__(self, config: dict[str, Any], **_: Any) -> None:
+    def __init__(self, config: dict[str, Any], wake: Callable[[], None] | None = None, **_: Any) -> None:
         super().__init__(config)
+        self.wake = wake or (lambda: None)
         self.path = Path(self.config["socket"])
         self.sock: socket.socket | None = None
         self.lock = threading.Lock()
@@ -159,10 +162,18 @@ class TrainSource(Source):
                 else:
                     raise ValueError(f"unknown message kind {kind!r}")
                 self.received += 1
+            if kind != "steps":
+                self.wake()  # declarations and checkpoints go out at once, not next tick
         except (ValueError, KeyError, TypeError) as e:
             with self.lock:
                 self.bad += 1
                 self.bad_example = f"{type(e).__name__}: {e}"[:200]
+
+    def collect_urgent(self, emit: Emit) -> None:
+        with self.lock:
+            urgent, self.urgent = self.urgent, []
+        for type_, job, data, ts in urgent:
+            emit(type_, data, ts, job=job)
 
     def collect(self, emit: Emit) -> None:
         if self.sock is None:
@@ -280,6 +291,7 @@ def _typed(type_: str, m: dict[str, Any], keys: tuple[str, ...]) -> dict[str, An
 _JOB_KEYS = (
     "pid",
     "world_size",
+    "ps",
     "role",
     "model",
     "params",

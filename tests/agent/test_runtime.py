@@ -28,6 +28,54 @@ def spool_events(d: Path) -> list[dict]:
     return [json.loads(x) for c, _ in chunks for x in c.splitlines()]
 
 
+def test_job_declarations_and_checkpoints_reach_the_spool_at_once_not_next_tick(tmp_path: Path) -> None:
+    import tempfile
+    import threading
+
+    from cmdare.agent import track
+
+    sock = Path(tempfile.mkdtemp(prefix="cmt-")) / "t.sock"
+    cfg = load(
+        None,
+        env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
+        overrides={
+            "node": "n1",
+            "interval": 30.0,  # the next tick is far away
+            "spool.dir": str(tmp_path / "sp"),
+            "spool.fsync": False,
+            "sources.train.socket": str(sock),
+            "sources.gpu.enabled": False,
+            "sources.tensorboard.enabled": False,
+            "sources.tpu.enabled": False,
+        },
+    )
+    agent = Agent(cfg)
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: sock.exists(), 10, what="the train socket")
+        t0 = time.monotonic()
+        run = track.init("urgent-job", model="m", socket_path=str(sock))
+        with run.checkpoint("save", path="/tmp/x") as ck:
+            ck.bytes = 123
+        wait_for(
+            lambda: {"train_job", "train_checkpoint"} <= {e["type"] for e in spool_events(tmp_path / "sp")},
+            5,
+            interval=0.02,
+            what="declaration and checkpoint in the spool",
+        )
+        took = time.monotonic() - t0
+    finally:
+        agent.stop()
+        t.join(10)
+    assert took < 2.0  # well before the 30 s tick
+    evs = spool_events(tmp_path / "sp")
+    assert [e["job"] for e in evs if e["type"].startswith("train_")] == ["urgent-job", "urgent-job"]
+    assert (
+        sum(e["type"] == "heartbeat" for e in evs) == 1
+    )  # only the first tick ran (and the urgent path added none)
+
+
 def test_agent_ticks_into_the_spool_with_status_per_source(tmp_path: Path) -> None:
     cfg = load(
         None,
@@ -49,7 +97,12 @@ def test_agent_ticks_into_the_spool_with_status_per_source(tmp_path: Path) -> No
     ticks = types.count("host")
     assert ticks >= 4
     assert types.count("gpu") == 2 * ticks and types.count("heartbeat") == ticks
-    assert types.count("status") == 4 * ticks  # host, gpu, heartbeat and train each report every tick
+    # host, gpu, heartbeat and train report every tick; tensorboard (no log dirs) and tpu
+    # (no TPU program here) say once that they are unavailable
+    assert types.count("status") == 4 * ticks + 2
+    once = [e["data"] for e in evs if e["type"] == "status" and e["data"]["source"] in ("tpu", "tensorboard")]
+    assert sorted(d["source"] for d in once) == ["tensorboard", "tpu"]
+    assert all(d["state"] == "unavailable" and d["message"] for d in once)
     assert {e["node"] for e in evs} == {"n1"} and all(e["labels"] == {"team": "t"} for e in evs)
     assert [e["data"]["seq"] for e in evs if e["type"] == "heartbeat"] == list(range(1, ticks + 1))
     assert len({e["id"] for e in evs}) == len(evs)

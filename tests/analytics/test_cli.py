@@ -173,7 +173,12 @@ def test_db_from_environment(db: Path) -> None:
 
 def test_every_command_is_documented_with_an_example() -> None:
     readme = (ROOT / "README.md").read_text()
-    for name in cli.commands:
-        help_text = CliRunner().invoke(cli, [name, "--help"]).output
-        assert "Example" in help_text, f"analyze {name} --help has no example"
-        assert f"analyze {name}" in readme, f"README does not mention analyze {name}"
+    names = []
+    for name, cmd in cli.commands.items():
+        names.append([name])
+        names += [[name, sub] for sub in getattr(cmd, "commands", {})]  # groups: each subcommand too
+    for args in names:
+        help_text = CliRunner().invoke(cli, [*args, "--help"]).output
+        assert "Example" in help_text, f"analyze {' '.join(args)} --help has no example"
+        assert f"analyze {' '.join(args)}" in readme, f"README does not mention analyze {' '.join(args)}"
+    assert ["import", "tensorboard"] in names

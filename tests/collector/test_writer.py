@@ -153,12 +153,42 @@ def test_dead_letters_are_not_duplicated_by_a_replay(db) -> None:
     assert count(db, "dead_letters") == 2
 
 
+def test_tpu_samples_and_scalars_land_typed_and_wrong_kinds_are_dead_lettered(db) -> None:
+    good = F.make(
+        "tpu",
+        {
+            "device": 3,
+            "hbm_used_bytes": 5 << 30,
+            "hbm_total_bytes": 32 << 30,
+            "duty_cycle_ratio": 0.75,
+            "hbm_bandwidth_ratio": 0.4,
+        },
+    )
+    bad = F.make("tpu", {"device": "3"})
+    sc = F.make(
+        "train_scalar", {"run": "train", "rank": 0, "tag": "loss", "step": 100, "value": 0.25}, job="j"
+    )
+    r = Writer(db).write([("k", encode(good) + encode(bad) + encode(sc))])
+    assert r.rows["tpu_samples"] == 1 and r.rows["scalars"] == 1 and r.dead == 1
+    assert db.execute(
+        "SELECT device, hbm_used_bytes, duty_cycle_ratio, hbm_bandwidth_ratio FROM tpu_samples"
+    ).fetchone() == (3, 5 << 30, 0.75, 0.4)
+    assert db.execute("SELECT job, run, tag, step, value FROM scalars").fetchone() == (
+        "j",
+        "train",
+        "loss",
+        100,
+        0.25,
+    )
+    assert "device" in db.execute("SELECT reason FROM dead_letters").fetchone()[0]
+
+
 def test_unknown_types_are_kept_whole(db) -> None:
-    ev = F.make("tpu", {"duty_cycle": 0.9, "chips": [1, 2]})
+    ev = F.make("fpga", {"duty_cycle": 0.9, "chips": [1, 2]})
     r = Writer(db).write([("k", encode(ev))])
     assert r.rows["unknown_events"] == 1
     t, data = db.execute("SELECT type, data FROM unknown_events").fetchone()
-    assert t == "tpu" and json.loads(data) == {"duty_cycle": 0.9, "chips": [1, 2]}
+    assert t == "fpga" and json.loads(data) == {"duty_cycle": 0.9, "chips": [1, 2]}
 
 
 def test_a_failed_batch_leaves_stored_data_untouched(tmp_path: Path) -> None:

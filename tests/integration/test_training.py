@@ -174,3 +174,87 @@ def test_agent_absent_killed_and_restarted_never_blocks_training(tmp_path: Path,
     assert 0 < stored < 1500 and last == 1500  # steps after the restart arrived, up to the end
     assert max_dropped > 0  # the library's drop count reached the database
     assert stored + res["dropped"] <= 1500 + 2  # never more than was recorded (+ job, checkpoint)
+
+
+TB_WRITER = """
+import sys, time
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+w = EventFileWriter(sys.argv[1], flush_secs=1)
+t0 = time.time()
+for i in range(1, 31):
+    vals = [summary_pb2.Summary.Value(tag="global_step/sec", simple_value=20.0),
+            summary_pb2.Summary.Value(tag="loss", simple_value=1.0 / i)]
+    w.add_event(event_pb2.Event(wall_time=t0 + i * 0.1, step=i * 2, summary=summary_pb2.Summary(value=vals)))
+    w.flush()
+    time.sleep(0.1)
+w.close()
+"""
+
+
+def test_tensorboard_logs_reach_the_database_live_and_a_later_import_adds_nothing(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    logs, spool, db = tmp_path / "tb" / "bert-tb", tmp_path / "spool", tmp_path / "t.duckdb"
+    agent = subprocess.Popen(
+        [
+            str(BIN / "cmdare-agent"),
+            "--spool-dir",
+            str(spool),
+            "--interval",
+            "0.5s",
+            "--node",
+            "tb-1",
+            "--set",
+            f'sources.tensorboard.logdirs=["{logs}"]',
+            "--set",
+            'sources.tensorboard.scalars=["loss"]',
+        ],
+        env=agent_env(CMDARE_FAKE_NVML="gpus=1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        writer = subprocess.run(
+            [sys.executable, "-c", TB_WRITER, str(logs / "train")],
+            env=agent_env(),
+            timeout=60,
+            capture_output=True,
+        )
+        assert writer.returncode == 0, writer.stderr
+        time.sleep(1.5)  # the agent's next ticks read the last records
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=10)
+    assert agent.returncode == 0, err
+    load(spool, db)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*), sum(steps), min(job), min(run) FROM steps").fetchone() == (
+        30,
+        58,
+        "bert-tb",
+        "train",
+    )
+    assert con.execute("SELECT count(*) FROM scalars WHERE tag = 'loss'").fetchone()[0] == 30
+    con.close()
+    (row,) = analyze("steps", "--job", "bert-tb", "--db", str(db))
+    assert row["steps_per_s"] == pytest.approx(20.0) and row["node"] == "tb-1"
+    r = subprocess.run(
+        [
+            str(BIN / "analyze"),
+            "import",
+            "tensorboard",
+            str(logs),
+            "--job",
+            "bert-tb",
+            "--db",
+            str(db),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["steps"] == 0 and res["scalars"] == 0  # the agent already stored every point

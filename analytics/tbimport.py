@@ -1,0 +1,178 @@
+"""``analyze import tensorboard``: historical runs as step telemetry of a job.
+
+Event files (``events.out.tfevents.*``) and TensorBoard UI CSV exports (``Wall time,Step,
+Value``) are read in full and checked before anything is written; then the job
+declaration, the ``global_step/sec`` points (as ``steps`` intervals) and every other scalar
+(``scalars``) go to the database in one transaction through the collector's writer, so an
+import is all or nothing.  Event ids are derived from the job and the points, so importing
+the same files again (or files the agent's ``tensorboard`` source already streamed) stores
+nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from cmdare.agent.events import ROLES, EventFactory, InvalidEvent, encode, validate
+from cmdare.agent.tbevents import (
+    EXAMPLES_TAG,
+    STEPS_TAG,
+    Point,
+    StepConverter,
+    TensorBoardError,
+    csv_run,
+    csv_tag,
+    point_id,
+    read_csv,
+    read_event_file,
+)
+from cmdare.collector.writer import Writer
+
+from .db import AnalyticsError
+
+# the job declaration's fields an import can set (train_job data field -> value)
+JOB_FIELDS = (
+    "world_size",
+    "ps",
+    "role",
+    "model",
+    "params",
+    "tensors",
+    "flops_per_step",
+    "batch_size",
+    "accelerator",
+)
+
+
+@dataclass
+class ImportResult:
+    files: int = 0
+    points: int = 0
+    steps: int = 0  # step intervals (rows of steps) stored
+    scalars: int = 0
+    duplicates: int = 0
+    runs: list[str] = field(default_factory=list)
+
+
+def find_files(paths: Sequence[str | Path]) -> list[tuple[Path, str, str]]:
+    """``[(file, "event" | "csv", run)]`` for the given files and directories (walked)."""
+    out: list[tuple[Path, str, str]] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise AnalyticsError(f"{p}: no such file or directory")
+        if p.is_dir():
+            found = sorted(
+                f
+                for f in p.rglob("*")
+                if f.is_file() and ("tfevents" in f.name or f.suffix.lower() == ".csv")
+            )
+            if not found:
+                raise AnalyticsError(
+                    f"{p}: no TensorBoard event files (events.out.tfevents.*) or CSV exports"
+                )
+            for f in found:
+                rel = f.parent.relative_to(p).as_posix()
+                kind = "event" if "tfevents" in f.name else "csv"
+                run = (csv_run(f) if kind == "csv" else None) or rel
+                out.append((f, kind, run))
+        elif "tfevents" in p.name:
+            out.append((p, "event", "."))
+        elif p.suffix.lower() == ".csv":
+            out.append((p, "csv", csv_run(p) or "."))
+        else:
+            raise AnalyticsError(
+                f"{p}: not a TensorBoard event file (events.out.tfevents.*) or CSV export (*.csv)"
+            )
+    return out
+
+
+def import_tensorboard(
+    con: duckdb.DuckDBPyConnection,
+    paths: Sequence[str | Path],
+    job: str,
+    node: str = "import",
+    role: str = "worker",
+    run: str | None = None,
+    rank: int = 0,
+    csv_tag_: str | None = None,
+    steps_tag: str = STEPS_TAG,
+    examples_tag: str = EXAMPLES_TAG,
+    declare: dict[str, Any] | None = None,
+    progress: Callable[[Path], None] | None = None,
+) -> ImportResult:
+    """Read, check and store; raises AnalyticsError (one line) with nothing written."""
+    if not job:
+        raise AnalyticsError("--job must not be empty")
+    if role not in ROLES:
+        raise AnalyticsError(f"--role must be one of {', '.join(ROLES)}, got {role!r}")
+    files = find_files(paths)
+    res = ImportResult(files=len(files))
+    per_run: dict[str, list[tuple[Point, str]]] = defaultdict(list)
+    for path, kind, file_run in files:
+        if progress:
+            progress(path)
+        try:
+            pts = (
+                read_event_file(path)
+                if kind == "event"
+                else read_csv(path, csv_tag_ or csv_tag(path, steps_tag))
+            )
+        except TensorBoardError as e:
+            raise AnalyticsError(str(e)) from None
+        except OSError as e:
+            raise AnalyticsError(f"{path}: cannot read: {e.strerror or e}") from None
+        source = path.name  # ids depend on the file's name, not where it sits now
+        per_run[run or file_run] += [(p, source) for p in pts]
+        res.points += len(pts)
+    if not res.points:
+        raise AnalyticsError(f"no scalar points in {len(files)} file(s): nothing to import")
+
+    f = EventFactory(node, role, job)
+    lines: list[bytes] = []
+
+    def add(type_: str, data: dict[str, Any], ts: float, id_: str) -> None:
+        ev = f.make(type_, data, ts)
+        ev["id"] = id_
+        try:
+            validate(ev)
+        except InvalidEvent as e:
+            raise AnalyticsError(f"cannot import {type_} at {ts}: {e}") from None
+        lines.append(encode(ev))
+
+    first_ts = min(p.wall for pts in per_run.values() for p, _ in pts)
+    decl = {k: v for k, v in (declare or {}).items() if v not in (None, "") and k in JOB_FIELDS}
+    decl.setdefault("role", role)
+    for r in sorted(per_run):
+        jd = {"run": r, "rank": rank, "framework": "tensorboard", **decl}
+        h = hashlib.sha1(repr((job, node, sorted(jd.items()))).encode()).hexdigest()[:40]
+        add("train_job", jd, first_ts, f"tbjob-{h}")
+    for r, pts in sorted(per_run.items()):
+        res.runs.append(r)
+        pts.sort(key=lambda x: (x[0].wall, x[0].step))
+        conv = StepConverter(r, rank, steps_tag, examples_tag)
+        sources = {id(p): s for p, s in pts}
+        for ts, data, p in conv.feed([p for p, _ in pts]):
+            add("train_steps", data, ts, point_id(job, sources[id(p)], p))
+        for p, s in pts:
+            if p.tag not in (steps_tag, examples_tag):
+                add(
+                    "train_scalar",
+                    {"run": r, "rank": rank, "tag": p.tag, "step": p.step, "value": p.value},
+                    p.wall,
+                    point_id(job, s, p),
+                )
+    w = Writer(con).write([(f"import:{job}", b"".join(lines))])
+    if w.dead:  # validated above, so this is a bug; the rows went to dead_letters, not lost
+        raise AnalyticsError(f"{w.dead} imported events were rejected by the writer; see dead_letters")
+    res.steps = w.rows.get("steps", 0)
+    res.scalars = w.rows.get("scalars", 0)
+    res.duplicates = w.duplicates
+    return res
