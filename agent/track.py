@@ -99,6 +99,22 @@ class Run:
         if len(self._records) >= FLUSH_RECORDS or now - self._last_flush >= FLUSH_SECONDS:
             self.flush()
 
+    def add_wait(self, seconds: float) -> None:
+        """Count ``seconds`` measured elsewhere (a framework callback's gap between batches)
+        as input wait of the step in progress."""
+        self._wait += max(0.0, seconds)
+
+    def begin_step(self) -> None:
+        """Mark where a step starts when no previous step end can serve (the first step, or
+        the first after ``pause``); a no-op otherwise."""
+        if self._last_step_end is None:
+            self._last_step_end, self._wait = _clock(), 0.0
+
+    def pause(self) -> None:
+        """Training stops for a while (evaluation, an epoch boundary): the next step's time
+        is measured from ``begin_step``, not from the last step's end."""
+        self._last_step_end, self._wait = None, 0.0
+
     def wait(self, fetch: Callable[[], T]) -> T:
         """Call ``fetch()`` and count the time it blocks as input wait of the current step."""
         t = _clock()
