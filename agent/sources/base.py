@@ -27,13 +27,14 @@ class Source:
     name: ClassVar[str]
     # key -> (kind, default, help); kinds: bool, int, str, duration, list
     OPTIONS: ClassVar[dict[str, tuple[str, Any, str]]] = {}
+    DEFAULT_ENABLED: ClassVar[bool] = True  # off for sources that need configuring first
 
     def __init__(self, config: Mapping[str, Any], **adapters: Any) -> None:
         self.config = dict(config)
 
     @classmethod
     def parse_config(cls, where: str, raw: Mapping[str, Any]) -> dict[str, Any]:
-        options = {"enabled": ("bool", True, "turn the source on or off"), **cls.OPTIONS}
+        options = {"enabled": ("bool", cls.DEFAULT_ENABLED, "turn the source on or off"), **cls.OPTIONS}
         unknown = sorted(set(raw) - set(options))
         if unknown:
             raise ConfigError(f"unknown key '{where}.{unknown[0]}' (known: {', '.join(sorted(options))})")

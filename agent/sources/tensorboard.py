@@ -37,6 +37,7 @@ class _File:
 
 class TensorBoardSource(Source):
     name = "tensorboard"
+    DEFAULT_ENABLED = False  # nothing to do until log dirs are configured
     OPTIONS = {
         "logdirs": ("list", [], "TensorBoard log dirs to watch (event files anywhere below them)"),
         "job": ("str", "", "job id for their runs (default: each log dir's name)"),

@@ -207,6 +207,8 @@ def test_tensorboard_logs_reach_the_database_live_and_a_later_import_adds_nothin
             "--set",
             f'sources.tensorboard.logdirs=["{logs}"]',
             "--set",
+            "sources.tensorboard.enabled=true",
+            "--set",
             'sources.tensorboard.scalars=["loss"]',
         ],
         env=agent_env(CMDARE_FAKE_NVML="gpus=1"),
