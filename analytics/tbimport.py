@@ -20,7 +20,7 @@ from typing import Any
 
 import duckdb
 
-from cmdare.agent.events import ROLES, EventFactory, InvalidEvent, encode, validate
+from cmdare.agent.events import DATA_FIELDS, ROLES, EventFactory, InvalidEvent, encode, validate
 from cmdare.agent.tbevents import (
     EXAMPLES_TAG,
     STEPS_TAG,
@@ -36,19 +36,6 @@ from cmdare.agent.tbevents import (
 from cmdare.collector.writer import Writer
 
 from .db import AnalyticsError
-
-# the job declaration's fields an import can set (train_job data field -> value)
-JOB_FIELDS = (
-    "world_size",
-    "ps",
-    "role",
-    "model",
-    "params",
-    "tensors",
-    "flops_per_step",
-    "batch_size",
-    "accelerator",
-)
 
 
 @dataclass
@@ -148,7 +135,8 @@ def import_tensorboard(
         lines.append(encode(ev))
 
     first_ts = min(p.wall for pts in per_run.values() for p, _ in pts)
-    decl = {k: v for k, v in (declare or {}).items() if v not in (None, "") and k in JOB_FIELDS}
+    known = DATA_FIELDS["train_job"]
+    decl = {k: v for k, v in (declare or {}).items() if v not in (None, "") and k in known}
     decl.setdefault("role", role)
     for r in sorted(per_run):
         jd = {"run": r, "rank": rank, "framework": "tensorboard", **decl}

@@ -288,18 +288,7 @@ def _typed(type_: str, m: dict[str, Any], keys: tuple[str, ...]) -> dict[str, An
     return out
 
 
-_JOB_KEYS = (
-    "pid",
-    "world_size",
-    "ps",
-    "role",
-    "model",
-    "params",
-    "tensors",
-    "flops_per_step",
-    "batch_size",
-    "framework",
-    "framework_version",
-    "accelerator",
-)
+_JOB_KEYS = tuple(
+    k for k in DATA_FIELDS["train_job"] if k not in ("run", "rank")
+)  # the rest of a declaration
 _CKPT_KEYS = ("action", "seconds", "bytes", "step", "path", "ok", "error")
