@@ -127,6 +127,10 @@ class Agent:
         self._pending.append(self.factory.line(type_, data, ts, job, id))
         self._pending_n += 1
 
+    def _emitter(self, ts: float) -> Callable[..., None]:
+        """The ``emit`` a source gets: events without their own timestamp take ``ts``."""
+        return lambda t, d, ts_=None, job=None, id=None: self.emit(t, d, ts_ or ts, job, id)
+
     def _status(self, source: str, state: str, dur: float, msg: str | None) -> None:
         d: dict[str, Any] = {"source": source, "ok": state == "ok", "state": state, "duration_seconds": dur}
         if msg:
@@ -139,9 +143,7 @@ class Agent:
     def tick(self) -> None:
         ts = time.time()
         for r in self.runners:
-            r.tick(
-                lambda t, d, ts_=None, job=None, id=None: self.emit(t, d, ts_ or ts, job, id), self._status
-            )
+            r.tick(self._emitter(ts), self._status)
         while self._sink_status:
             ok, msg = self._sink_status.pop(0)
             self._status("sink.kafka", "ok" if ok else "error", 0.0, msg)
@@ -210,9 +212,7 @@ class Agent:
         for r in self.runners:
             if r.started:
                 try:
-                    r.source.collect_urgent(
-                        lambda t, d, ts_=None, job=None, id=None: self.emit(t, d, ts_ or ts, job, id)
-                    )
+                    r.source.collect_urgent(self._emitter(ts))
                 except Exception as e:
                     log.error("source %s: urgent events: %s: %s", r.source.name, type(e).__name__, e)
         self.flush()

@@ -154,8 +154,8 @@ def steps(job: str, node: str | None, since: str | None, db: str, as_json_: bool
 @json_option
 def sql(query: str, db: str, as_json_: bool) -> None:
     """Run QUERY on a read-only connection (tables: nodes, host_samples, gpu_samples,
-    gpu_events, heartbeats, agent_status, jobs, steps, slow_steps, checkpoints,
-    scalars, unknown_events, dead_letters; view step_hardware).
+    gpu_events, tpu_samples, heartbeats, agent_status, jobs, steps, slow_steps,
+    checkpoints, scalars, unknown_events, dead_letters; view step_hardware).
 
     \b
     Example:

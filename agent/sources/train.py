@@ -178,9 +178,9 @@ class TrainSource(Source):
     def collect(self, emit: Emit) -> None:
         if self.sock is None:
             self.start()
+        self.collect_urgent(emit)
         now = time.time()
         with self.lock:
-            urgent, self.urgent = self.urgent, []
             work = []
             for key in [k for k, r in self.ranks.items() if now - r.last > IDLE_FORGET]:
                 del self.ranks[key]  # a process gone for an hour: forget its window
@@ -190,8 +190,6 @@ class TrainSource(Source):
                     r.records = []
                 r.since = now
             bad, self.bad = self.bad, 0
-        for type_, job, data, ts in urgent:
-            emit(type_, data, ts, job=job)
         for (job, run, rank), r, recs, since in work:
             self._aggregate(emit, job, run, rank, r, recs, max(now - since, 1e-3))
         if bad:

@@ -30,7 +30,9 @@ def sockdir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def start_agent(spool: Path, sock: Path, node: str = "train-1") -> subprocess.Popen:
+def start_agent(spool: Path, sock: Path, node: str = "train-1", *sets: str) -> subprocess.Popen:
+    """A real agent process (0.5 s ticks, fake NVML, train socket ``sock``); ``sets``:
+    more ``--set KEY=VALUE`` overrides."""
     p = subprocess.Popen(
         [
             str(BIN / "cmdare-agent"),
@@ -46,6 +48,7 @@ def start_agent(spool: Path, sock: Path, node: str = "train-1") -> subprocess.Po
             f"sources.train.socket={sock}",
             "--set",
             "sources.train.enabled=true",
+            *(a for kv in sets for a in ("--set", kv)),
         ],
         env=agent_env(CMDARE_FAKE_NVML="gpus=1"),
         stdout=subprocess.DEVNULL,
@@ -192,29 +195,18 @@ w.close()
 """
 
 
-def test_tensorboard_logs_reach_the_database_live_and_a_later_import_adds_nothing(tmp_path: Path) -> None:
+def test_tensorboard_logs_reach_the_database_live_and_a_later_import_adds_nothing(
+    tmp_path: Path, sockdir: Path
+) -> None:
     pytest.importorskip("tensorboard")
     logs, spool, db = tmp_path / "tb" / "bert-tb", tmp_path / "spool", tmp_path / "t.duckdb"
-    agent = subprocess.Popen(
-        [
-            str(BIN / "cmdare-agent"),
-            "--spool-dir",
-            str(spool),
-            "--interval",
-            "0.5s",
-            "--node",
-            "tb-1",
-            "--set",
-            f'sources.tensorboard.logdirs=["{logs}"]',
-            "--set",
-            "sources.tensorboard.enabled=true",
-            "--set",
-            'sources.tensorboard.scalars=["loss"]',
-        ],
-        env=agent_env(CMDARE_FAKE_NVML="gpus=1"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    agent = start_agent(
+        spool,
+        sockdir / "t.sock",
+        "tb-1",
+        f'sources.tensorboard.logdirs=["{logs}"]',
+        "sources.tensorboard.enabled=true",
+        'sources.tensorboard.scalars=["loss"]',
     )
     try:
         writer = subprocess.run(
