@@ -25,6 +25,7 @@ from typing import Any
 import keras
 
 from .. import track
+from ._hooks import HookClock
 
 
 class CmdareCallback(keras.callbacks.Callback):
@@ -33,9 +34,12 @@ class CmdareCallback(keras.callbacks.Callback):
         flops_per_step, accelerator, socket_path); ``batch_size``: examples per step."""
         super().__init__()
         self.job, self.batch_size, self.init = job, batch_size, init
-        self.run: track.Run | None = None
-        self._gap_from: float | None = None
+        self.clock = HookClock()
         self._thread = threading.get_ident()
+
+    @property
+    def run(self) -> track.Run | None:
+        return self.clock.run
 
     def data(self, x: Any) -> Any:
         """Wrap what you pass to ``fit`` so the time the training loop is blocked fetching
@@ -82,37 +86,22 @@ class CmdareCallback(keras.callbacks.Callback):
             declared.setdefault("tensors", len(m.weights))
         except ValueError:  # a model not built yet has no weights to count
             pass
-        self.run = track.init(self.job, **declared)
+        self.clock.start(track.init(self.job, **declared))
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        if self.run is None:
-            return
-        if self._gap_from is None:
-            self.run.begin_step()
-        else:
-            self.run.add_wait(time.perf_counter() - self._gap_from)
+        self.clock.begin()
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if self.run is None:
-            return
-        self.run.step(examples=self.batch_size or 0)
-        self._gap_from = time.perf_counter()
+        self.clock.end(self.batch_size or 0)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self._pause()
+        self.clock.pause()
 
     def on_test_begin(self, logs: Any = None) -> None:
-        self._pause()
-
-    def _pause(self) -> None:
-        self._gap_from = None
-        if self.run is not None:
-            self.run.pause()
+        self.clock.pause()
 
     def on_train_end(self, logs: Any = None) -> None:
-        if self.run is not None:
-            self.run.close()
-            self.run = None
+        self.clock.close()
 
 
 class _TimedPyDataset(keras.utils.PyDataset):
