@@ -104,6 +104,7 @@ def check(cfg: AgentConfig) -> int:
         t0 = time.perf_counter()
         try:
             src.start()
+            src.settle(5.0)
             got: list[str] = []
             src.collect(lambda t, d, ts=None, got=got, **_: got.append(t))
             dt = time.perf_counter() - t0
@@ -146,6 +147,9 @@ def once(cfg: AgentConfig) -> int:
         except Exception:
             pass  # reported by the tick below
     time.sleep(min(cfg.interval, 0.5))  # CPU shares need two readings
+    for r in agent.runners:
+        if r.started:
+            r.source.settle(5.0)
     emit = lambda t, d, ts=None, job=None, id=None: events.append(factory.make(t, d, ts, job, id))  # noqa: E731
     for r in agent.runners:
         r.tick(
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
 
     agent = Agent(cfg)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: agent.stop())
+        signal.signal(sig, lambda signum, _frame: agent.stop(signal.Signals(signum).name))
     try:
         agent.run(duration=a.duration)
     except RuntimeError as e:  # e.g. the spool is locked by another agent

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__
+from . import __version__, cloud
 from .config import AgentConfig
 from .events import EventFactory
 from .sdnotify import Notifier
@@ -25,6 +25,7 @@ from .sinks.kafka import KafkaSink
 from .sinks.shipper import Shipper
 from .sinks.spool import Spool
 from .sources import REGISTRY, Source, SourceUnavailable
+from .state import AgentState
 
 log = logging.getLogger("cmdare.agent")
 STOP_GRACE = 3.0
@@ -76,6 +77,7 @@ class Agent:
         self.started_at = time.time()
         self.notifier = notifier or Notifier()
         self.stop_event = threading.Event()
+        self.stop_reason = "duration"
         self._wake = threading.Event()  # set by stop() and by sources with urgent events
         self.samples_total = 0
         self.events_total = 0
@@ -90,13 +92,25 @@ class Agent:
         )
         self.shipper: Shipper | None = None
         self._sink_status: list[tuple[bool, str]] = []
-        adapters = adapters or {}
+        adapters = dict(adapters or {})
+        self.state = AgentState(cfg.spool.dir)
+        self.boot_time = adapters.pop("boot_time", None) or cloud.boot_time()
+        self.system_stopping = adapters.pop("system_stopping", cloud.system_stopping)
         self.runners = []
         for name, cls in REGISTRY.items():
             scfg = cfg.sources[name]
             if scfg["enabled"]:
                 self.runners.append(
-                    SourceRunner(cls(scfg, stats=self.stats, wake=self._wake.set, **adapters))
+                    SourceRunner(
+                        cls(
+                            scfg,
+                            stats=self.stats,
+                            wake=self._wake.set,
+                            state=self.state,
+                            boot_time=self.boot_time,
+                            **adapters,
+                        )
+                    )
                 )
         self._pending: list[bytes] = []
         self._pending_n = 0
@@ -114,6 +128,7 @@ class Agent:
             "dropped_total": self.spool.dropped_total,
             "spool_bytes": self.spool.size_bytes(),
             "spool_pending": self.spool.pending,
+            "interval_seconds": self.cfg.interval,
         }
 
     def emit(
@@ -150,7 +165,9 @@ class Agent:
         self.samples_total += 1
         self.flush()
 
-    def flush(self) -> None:
+    def flush(self, urgent: bool = False) -> None:
+        """Append the pending events to the spool; ``urgent``: also hand them to the shipper
+        to send ahead of any backlog."""
         if not self._pending:
             return
         data, n = b"".join(self._pending), self._pending_n
@@ -163,6 +180,8 @@ class Agent:
         else:
             self.events_total += n
             if self.shipper:
+                if urgent:
+                    self.shipper.priority(data)
                 self.shipper.wake.set()
 
     def open(self) -> None:
@@ -176,6 +195,26 @@ class Agent:
                 self.spool, sink, k.batch_bytes, k.retry_backoff, k.retry_backoff_max, on_status=self._on_sink
             )
             self.shipper.start()
+        self._lifecycle_start()
+
+    def _lifecycle(self, event: str, ts: float | None = None, **extra: Any) -> None:
+        d: dict[str, Any] = {
+            "event": event,
+            "instance": self.factory.ids.instance,
+            "boot_time": self.boot_time,
+            "interval_seconds": self.cfg.interval,
+            "agent_version": __version__,
+            **extra,
+        }
+        self.emit("lifecycle", d, ts)
+
+    def _lifecycle_start(self) -> None:
+        """``boot`` (dated at the boot) when this is the agent's first start since the VM
+        booted, then ``agent_start``; spooled and sent at once."""
+        if self.state.new_boot(self.boot_time):
+            self._lifecycle("boot", ts=self.boot_time)
+        self._lifecycle("agent_start")
+        self.flush(urgent=True)
 
     def run(self, duration: float | None = None) -> None:
         """Tick until stopped (signal) or for ``duration`` seconds."""
@@ -203,6 +242,9 @@ class Agent:
                 if self._wake.wait(max(0.0, wait)) and not self.stop_event.is_set():
                     self._wake.clear()
                     self.urgent()
+        except BaseException:
+            self.stop_reason = "error"
+            raise
         finally:
             self.close()
 
@@ -215,9 +257,11 @@ class Agent:
                     r.source.collect_urgent(self._emitter(ts))
                 except Exception as e:
                     log.error("source %s: urgent events: %s: %s", r.source.name, type(e).__name__, e)
-        self.flush()
+        self.flush(urgent=True)
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "stop") -> None:
+        """Stop sampling (from a signal handler: ``reason`` is the signal's name)."""
+        self.stop_reason = reason
         self.stop_event.set()
         self._wake.set()
 
@@ -226,10 +270,23 @@ class Agent:
         t0 = time.monotonic()
         for r in self.runners:
             try:
+                if r.started:
+                    r.source.collect_urgent(self._emitter(time.time()))  # a notice just seen
                 r.source.close()
             except Exception as e:
                 log.debug("closing %s: %s", r.source.name, e)
-        self.flush()
+        self.flush(urgent=True)
+        # a clean stop, and the OS going down when systemd is stopping everything
+        self._lifecycle(
+            "agent_stop", stop_reason=self.stop_reason, uptime_seconds=round(time.time() - self.started_at, 3)
+        )
+        if self.stop_reason.startswith("SIG"):
+            try:
+                if self.system_stopping():
+                    self._lifecycle("shutdown")
+            except Exception as e:
+                log.debug("shutdown check: %s", e)
+        self.flush(urgent=True)
         if self.shipper:
             self.shipper.stop(STOP_GRACE)
         self.spool.close()

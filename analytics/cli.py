@@ -66,23 +66,101 @@ def cli() -> None:
       analyze host --since 1h --json
       analyze jobs
       analyze steps --job resnet50-a --since 1h
+      analyze instances --region us-central1 --gpu-type v100
+      analyze revocations --since 7d --gpu-type v100
+      analyze goodput --job resnet50-a
       analyze sql "SELECT node, count(*) FROM gpu_samples GROUP BY node"
       analyze import tensorboard runs/ --job resnet50-a --gpu-type v100 --workers 4
     """
 
 
+lost_after_option = click.option(
+    "--lost-after",
+    type=click.FloatRange(1),
+    default=3,
+    show_default=True,
+    envvar="CMDARE_LOST_AFTER",
+    help="a node whose heartbeats stopped for this many sampling intervals is lost ($CMDARE_LOST_AFTER)",
+)
+region_option = click.option("--region", help="only this region (substring, e.g. us-central1)")
+gpu_type_option = click.option(
+    "--gpu-type", help="only this accelerator (substring of the cloud's or the GPU's name, e.g. v100)"
+)
+
+
 @cli.command()
+@lost_after_option
 @db_option
 @json_option
-def nodes(db: str, as_json_: bool) -> None:
-    """Every node seen: role, job, first/last seen, agent version, heartbeats, GPUs, spool
-    backlog, dropped events and sources that are not ok.
+def nodes(lost_after: float, db: str, as_json_: bool) -> None:
+    """Every node seen: role, job, cloud zone and instance type, spot, the state of its
+    latest life (alive, or how it ended: revoked, stopped, lost), lives seen, first/last
+    seen, agent version, heartbeats, GPUs, spool backlog, dropped events and sources that
+    are not ok.
 
     \b
     Example:
-      analyze nodes --db fleet.duckdb
+      analyze nodes --db fleet.duckdb --lost-after 5
     """
-    _show(queries.nodes, db, as_json_)
+    _show(queries.nodes, db, as_json_, lost_after)
+
+
+@cli.command()
+@since_option
+@region_option
+@gpu_type_option
+@lost_after_option
+@db_option
+@json_option
+def instances(
+    since: str | None, region: str | None, gpu_type: str | None, lost_after: float, db: str, as_json_: bool
+) -> None:
+    """Every life of every VM (boot to end): cloud identity, boot, last seen, state, how it
+    ended (revoked: a notice that takes the VM away was seen; stopped: a clean stop; lost:
+    heartbeats stopped without either), lifetime and notices.
+
+    \b
+    Example:
+      analyze instances --since 30d --gpu-type v100
+    """
+    _show(queries.instances, db, as_json_, lost_after, _cutoff(since), region, gpu_type)
+
+
+@cli.command()
+@since_option
+@region_option
+@gpu_type_option
+@db_option
+@json_option
+def revocations(since: str | None, region: str | None, gpu_type: str | None, db: str, as_json_: bool) -> None:
+    """Revocation and maintenance notices: when seen, node and identity, kind, the cloud's
+    deadline and the lead time it gave, how long the node was still seen, how its life
+    ended, and per training job on the node the progress lost since its last checkpoint
+    (steps and seconds of work from the last good save to the last step reported).
+
+    \b
+    Example:
+      analyze revocations --since 7d --region us-central1 --gpu-type v100
+    """
+    _show(queries.revocations, db, as_json_, _cutoff(since), region, gpu_type)
+
+
+@cli.command()
+@click.option("--job", required=True, help="the training job's id (see analyze jobs)")
+@db_option
+@json_option
+def goodput(job: str, db: str, as_json_: bool) -> None:
+    """Split a job's wall time into productive step time and badput: input wait, start-up,
+    checkpoint save and restore, revocations (work redone since the last checkpoint, and
+    notice to steps resuming) and idle. The parts add up to the wall time.
+
+    \b
+    Example:
+      analyze goodput --job resnet50-a --json
+    """
+    from .goodput import goodput as compute
+
+    _show(lambda con: compute(con, job).result(), db, as_json_)
 
 
 @cli.command()
@@ -155,7 +233,9 @@ def steps(job: str, node: str | None, since: str | None, db: str, as_json_: bool
 def sql(query: str, db: str, as_json_: bool) -> None:
     """Run QUERY on a read-only connection (tables: nodes, host_samples, gpu_samples,
     gpu_events, tpu_samples, heartbeats, agent_status, jobs, steps, slow_steps,
-    checkpoints, scalars, unknown_events, dead_letters; view step_hardware).
+    checkpoints, scalars, instance_identity, lifecycle_events, revocations,
+    unknown_events, dead_letters; views step_hardware, instances; table macro
+    instance_lives(lost_after := 3)).
 
     \b
     Example:

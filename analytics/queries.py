@@ -18,9 +18,22 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> Result:
     return cols, cur.fetchall()
 
 
-def nodes(con: duckdb.DuckDBPyConnection) -> Result:
-    """Every node seen: role, job, first/last seen, agent version and counters from its
-    latest heartbeat, GPUs seen, and sources currently not ok."""
+def needs_schema(con: duckdb.DuckDBPyConnection, version: int, what: str) -> None:
+    """A clear error when the database predates the tables an analysis reads."""
+    have = con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+    if have < version:
+        raise AnalyticsError(
+            f"{what} needs database schema {version}, this database has {have}: "
+            "run cmdare-collector migrate --db <file> (or any collector command) once"
+        )
+
+
+def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Result:
+    """Every node seen: role, job, cloud identity and state of its latest life (alive, or
+    how it ended: revoked / stopped / lost after ``lost_after`` silent heartbeat
+    intervals), first/last seen, agent version and counters from its latest heartbeat,
+    GPUs seen, and sources currently not ok."""
+    needs_schema(con, 4, "analyze nodes")
     return _run(
         con,
         """
@@ -32,14 +45,117 @@ def nodes(con: duckdb.DuckDBPyConnection) -> Result:
         st AS (
             SELECT node, string_agg(source || '=' || state, ', ' ORDER BY source) AS problems FROM (
                 SELECT node, source, arg_max(state, ts) AS state FROM agent_status GROUP BY node, source)
-            WHERE state <> 'ok' GROUP BY node)
-        SELECT n.node, n.role, n.job, strftime(n.first_seen, '%Y-%m-%d %H:%M:%S') AS first_seen,
+            WHERE state <> 'ok' GROUP BY node),
+        life AS (
+            SELECT node, arg_max(cloud, boot_time) AS cloud, arg_max(zone, boot_time) AS zone,
+                   arg_max(instance_type, boot_time) AS instance_type, arg_max(spot, boot_time) AS spot,
+                   arg_max(coalesce(end_reason, state), boot_time) AS state, count(*) AS lives
+            FROM instance_lives(lost_after := ?) GROUP BY node)
+        SELECT n.node, n.role, n.job, life.cloud, life.zone, life.instance_type, life.spot,
+               coalesce(life.state, 'unknown') AS state, coalesce(life.lives, 0) AS lives,
+               strftime(n.first_seen, '%Y-%m-%d %H:%M:%S') AS first_seen,
                strftime(n.last_seen, '%Y-%m-%d %H:%M:%S') AS last_seen, hb.agent_version,
                hb.last_seq AS heartbeats, coalesce(g.gpus, 0) AS gpus, hb.spool_pending, hb.dropped,
                coalesce(st.problems, '') AS not_ok
         FROM nodes n LEFT JOIN hb USING (node) LEFT JOIN g USING (node) LEFT JOIN st USING (node)
+        LEFT JOIN life USING (node)
         ORDER BY n.node""",
-        [],
+        [lost_after],
+    )
+
+
+def _life_filters(region: str | None, gpu_type: str | None, alias: str) -> tuple[str, list[Any]]:
+    """SQL conditions on a life's region and accelerator (the cloud's, else the GPU model
+    the node's samples name): case-insensitive substrings, e.g. ``v100``."""
+    clauses, params = [], []
+    if region:
+        clauses.append(f"lower({alias}.region) LIKE '%' || lower(?) || '%'")
+        params.append(region)
+    if gpu_type:
+        clauses.append(
+            f"(lower({alias}.accelerator) LIKE '%' || lower(?) || '%' OR EXISTS (SELECT 1 FROM gpu_samples g "
+            f"WHERE g.node = {alias}.node AND lower(g.name) LIKE '%' || lower(?) || '%'))"
+        )
+        params += [gpu_type, gpu_type]
+    return " AND ".join(clauses), params
+
+
+def instances(
+    con: duckdb.DuckDBPyConnection,
+    lost_after: float = 3,
+    cutoff: dt.datetime | None = None,
+    region: str | None = None,
+    gpu_type: str | None = None,
+) -> Result:
+    """Every life of every VM: identity, boot, first/last seen, state and how it ended,
+    lifetime, notices seen."""
+    needs_schema(con, 4, "analyze instances")
+    cond, params = _life_filters(region, gpu_type, "l")
+    if cutoff is not None:
+        cond = " AND ".join(c for c in (cond, "l.last_seen >= ?") if c)
+        params.append(cutoff)
+    return _run(
+        con,
+        f"""
+        SELECT l.node, l.cloud, l.region, l.zone, l.instance_type, l.spot, l.accelerator,
+               l.accelerator_count AS accelerators, l.instance_id,
+               strftime(l.boot_time, '%Y-%m-%d %H:%M:%S') AS booted,
+               strftime(l.last_seen, '%Y-%m-%d %H:%M:%S') AS last_seen, l.state, l.end_reason,
+               round(l.lifetime_seconds / 3600, 3) AS lifetime_h, l.notices
+        FROM instance_lives(lost_after := ?) l
+        {"WHERE " + cond if cond else ""}
+        ORDER BY l.node, l.boot_time""",
+        [lost_after, *params],
+    )
+
+
+def revocations(
+    con: duckdb.DuckDBPyConnection,
+    cutoff: dt.datetime | None = None,
+    region: str | None = None,
+    gpu_type: str | None = None,
+    lost_after: float = 3,
+) -> Result:
+    """Every notice: when it was seen, the node and its identity, kind and action, the
+    cloud's deadline and the lead time it gave, when the node was last seen, and for each
+    training job on the node, the progress lost since its last checkpoint (steps and
+    seconds of work from the last successful save to the last step the node reported)."""
+    needs_schema(con, 4, "analyze revocations")
+    cond, params = _life_filters(region, gpu_type, "r")
+    if cutoff is not None:
+        cond = " AND ".join(c for c in (cond, "r.ts >= ?") if c)
+        params.append(cutoff)
+    return _run(
+        con,
+        f"""
+        WITH lives AS (SELECT * FROM instance_lives(lost_after := ?)),
+        r AS (
+            SELECT v.*, l.region, l.zone, l.instance_type, l.accelerator, l.spot, l.last_seen, l.end_reason,
+                   l.boot_time AS booted,
+                   lead(l.boot_time) OVER (PARTITION BY l.node ORDER BY l.boot_time) AS next_boot
+            FROM revocations v ASOF LEFT JOIN lives l ON v.node = l.node AND v.ts >= l.boot_time),
+        work AS (  -- per notice and job: the last step the node reported in that life
+            SELECT r.id, s.job, max(s.last_step) AS last_step, max(s.ts) AS last_step_ts
+            FROM r JOIN steps s ON s.node = r.node AND s.ts >= coalesce(r.booted, r.ts - INTERVAL 1 DAY)
+            GROUP BY r.id, s.job),
+        ck AS (  -- the job's last good save at or before that step
+            SELECT w.id, w.job, w.last_step, w.last_step_ts, max(c.step) AS ckpt_step,
+                   arg_max(c.ts, c.step) AS ckpt_ts, count(c.id) AS saves
+            FROM work w LEFT JOIN checkpoints c ON c.job = w.job AND c.action = 'save' AND c.ok
+                 AND c.step <= w.last_step AND c.ts <= w.last_step_ts
+            GROUP BY ALL)
+        SELECT strftime(r.ts, '%Y-%m-%d %H:%M:%S') AS noticed, r.node, r.cloud, r.region, r.zone,
+               r.instance_type, r.accelerator, r.spot, r.kind, r.action, r.revokes,
+               strftime(make_timestamp(CAST(r.deadline * 1e6 AS BIGINT)), '%Y-%m-%d %H:%M:%S') AS deadline,
+               round(r.lead_seconds, 1) AS lead_s,
+               round(epoch(r.last_seen - r.ts), 1) AS seen_after_notice_s, r.end_reason,
+               ck.job, ck.last_step, ck.ckpt_step AS checkpoint_step,
+               CASE WHEN ck.saves > 0 THEN ck.last_step - ck.ckpt_step END AS steps_lost,
+               CASE WHEN ck.saves > 0 THEN round(epoch(ck.last_step_ts - ck.ckpt_ts), 1) END AS work_lost_s
+        FROM r LEFT JOIN ck ON ck.id = r.id
+        {"WHERE " + cond if cond else ""}
+        ORDER BY r.ts, r.node, ck.job""",
+        [lost_after, *params],
     )
 
 

@@ -39,6 +39,9 @@ TABLES = {
     "train_slow_step": "slow_steps",
     "train_checkpoint": "checkpoints",
     "train_scalar": "scalars",
+    "instance": "instance_identity",
+    "lifecycle": "lifecycle_events",
+    "revocation": "revocations",
 }
 
 
@@ -58,11 +61,14 @@ def _q(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-# Every known data field, across types (a name has one kind everywhere).
+# Every known data field, across types (a name has one kind everywhere).  Some names are
+# the writer's own working columns and cannot be data fields.
+_RESERVED = {"id", "ts", "node", "job", "origin", "line_no", "n", "reason", "type", "d", "data"}
 _ALL_FIELDS: dict[str, str] = {}
 for _t, _fields in DATA_FIELDS.items():
     for _n, (_k, _) in _fields.items():
         assert _ALL_FIELDS.setdefault(_n, _k) == _k, f"data field {_n} has two kinds"
+        assert _n not in _RESERVED, f"data field {_t}.{_n}: the name is reserved by the collector"
 
 # One json_transform per line: every envelope key and every known data field as raw JSON
 # text, so a line is parsed once and types are checked on the text (first character).

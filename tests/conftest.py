@@ -63,6 +63,9 @@ def agent_env(**extra: str) -> dict[str, str]:
     env.pop("NOTIFY_SOCKET", None)
     # never the system's /run/cmdare/train.sock: tests that want the train source set a path
     env["CMDARE_AGENT_SOURCES__TRAIN__ENABLED"] = "false"
+    # never the machine's own metadata service (CI may run in a cloud): tests that want the
+    # cloud source point it at a local fake
+    env["CMDARE_AGENT_SOURCES__CLOUD__PROVIDER"] = "none"
     env.update(extra)
     return env
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from .kafka import KafkaSink, SinkError
@@ -56,6 +57,25 @@ class Shipper(threading.Thread):
         self.stopping = threading.Event()
         self.deadline: float | None = None
         self._ok: bool | None = None
+        self._priority: deque[bytes] = deque()  # urgent lines: sent ahead of the spool's backlog
+
+    def priority(self, lines: bytes) -> None:
+        """Send these (already spooled) lines ahead of any backlog: a revocation notice must
+        not wait behind an hour of samples.  They travel again, in order, when the cursor
+        reaches them; the collector stores each event id once."""
+        self._priority.append(lines)
+        self.wake.set()
+
+    def _ship_priority(self) -> None:
+        while self._priority:
+            data = self._priority[0]
+            msgs = pack([(data, Position(0, len(data)))], self.sink.message_bytes)
+            acked = self.sink.write([m for m, _, _ in msgs])
+            if acked < len(msgs):
+                if acked:  # keep what was not acknowledged
+                    self._priority[0] = data[msgs[acked - 1][2].offset :]
+                raise SinkError(f"{self.sink.url.text}: urgent events not acknowledged")
+            self._priority.popleft()
 
     def _state(self, ok: bool, msg: str) -> None:
         if ok != self._ok:
@@ -92,6 +112,7 @@ class Shipper(threading.Thread):
             if self.stopping.is_set() and (self.deadline is None or time.monotonic() >= self.deadline):
                 break
             try:
+                self._ship_priority()
                 n = self.ship_once()
                 self._state(True, f"shipping to {self.sink.url.text}")
                 delay = self.backoff

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from .base import Source, SourceUnavailable
+from .cloud import CloudSource
 from .gpu import GpuSource
 from .heartbeat import HeartbeatSource
 from .host import HostSource
@@ -18,6 +19,7 @@ REGISTRY: dict[str, type[Source]] = {
     TpuSource.name: TpuSource,
     TrainSource.name: TrainSource,
     TensorBoardSource.name: TensorBoardSource,
+    CloudSource.name: CloudSource,
 }
 
 __all__ = ["REGISTRY", "Source", "SourceUnavailable"]

@@ -72,5 +72,9 @@ class Source:
         runtime passes to its constructor; the runtime then calls this at once, between
         ticks, and flushes."""
 
+    def settle(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until what ``start()`` began in the background has a
+        first result; ``--check`` and ``--once`` call it before their one collect."""
+
     def close(self) -> None:
         """Release what start() took."""

@@ -58,7 +58,10 @@ INVALID = [
         "sink.compression: must be one of none, gzip, snappy, lz4, zstd, got 'brotli'",
     ),
     ("[sink]\nlinger_ms = -1", "sink.linger_ms: must be between 0 and 60000, got -1"),
-    ("[sources.gpuu]", "unknown key 'sources.gpuu' (known: gpu, heartbeat, host, tensorboard, tpu, train)"),
+    (
+        "[sources.gpuu]",
+        "unknown key 'sources.gpuu' (known: cloud, gpu, heartbeat, host, tensorboard, tpu, train)",
+    ),
     (
         "[sources.gpu]\nretry = 5",
         "unknown key 'sources.gpu.retry' (known: backend, enabled, processes, retry_interval, xid_events)",

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def test_job_declarations_and_checkpoints_reach_the_spool_at_once_not_next_tick(
             "sources.gpu.enabled": False,
             "sources.tensorboard.enabled": False,
             "sources.tpu.enabled": False,
+            "sources.cloud.enabled": False,
         },
     )
     agent = Agent(cfg)
@@ -88,6 +90,7 @@ def test_agent_ticks_into_the_spool_with_status_per_source(tmp_path: Path) -> No
             "spool.fsync": False,
             "labels": {"team": "t"},
             "sources.train.socket": str(tmp_path / "t.sock"),
+            "sources.cloud.provider": "none",
         },
     )
     agent = Agent(cfg, adapters={"nvml": FakeNvml(gpus=2)})
@@ -97,9 +100,9 @@ def test_agent_ticks_into_the_spool_with_status_per_source(tmp_path: Path) -> No
     ticks = types.count("host")
     assert ticks >= 4
     assert types.count("gpu") == 2 * ticks and types.count("heartbeat") == ticks
-    # host, gpu, heartbeat and train report every tick; tpu (no TPU program here) says once
-    # that it is unavailable; tensorboard is off until configured
-    assert types.count("status") == 4 * ticks + 1
+    # host, gpu, heartbeat, train and cloud report every tick; tpu (no TPU program here)
+    # says once that it is unavailable; tensorboard is off until configured
+    assert types.count("status") == 5 * ticks + 1
     once = [e["data"] for e in evs if e["type"] == "status" and e["data"]["source"] in ("tpu", "tensorboard")]
     assert [d["source"] for d in once] == ["tpu"]
     assert all(d["state"] == "unavailable" and d["message"] for d in once)
@@ -119,6 +122,7 @@ def test_one_failing_source_does_not_stop_the_others(tmp_path: Path) -> None:
             "spool.dir": str(tmp_path / "sp"),
             "spool.fsync": False,
             "sources.train.enabled": False,
+            "sources.cloud.provider": "none",
         },
     )
     agent = Agent(cfg, adapters={"nvml": FakeNvml(scenario="driver_missing")})
@@ -246,3 +250,54 @@ def test_once_prints_one_round_as_json(tmp_path: Path) -> None:
     evs = json.loads(r.stdout)
     assert [e["type"] for e in evs].count("gpu") == 3 and evs[0]["node"] == "n9"
     assert not list((tmp_path / "sp").glob("*.ndjson"))  # --once writes nothing
+
+
+def lifecycle_agent(tmp_path: Path, boot: float, stopping: bool = False) -> Agent:
+    cfg = load(
+        None,
+        env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
+        overrides={
+            "node": "n1",
+            "interval": 0.1,
+            "spool.dir": str(tmp_path / "sp"),
+            "spool.fsync": False,
+            "sources.train.enabled": False,
+            "sources.gpu.enabled": False,
+            "sources.tpu.enabled": False,
+            "sources.cloud.provider": "none",
+        },
+    )
+    return Agent(cfg, adapters={"boot_time": boot, "system_stopping": lambda: stopping})
+
+
+def test_lifecycle_boot_start_stop_and_shutdown(tmp_path: Path) -> None:
+    boot = time.time() - 3600
+    lifecycle_agent(tmp_path, boot).run(duration=0.25)  # first start since this boot
+    a = lifecycle_agent(tmp_path, boot)  # restarted: same boot
+    threading.Timer(0.25, a.stop, args=("SIGTERM",)).start()
+    a.run()
+    a = lifecycle_agent(tmp_path, boot + 7200, stopping=True)  # rebooted; stopped by the shutdown
+    threading.Timer(0.25, a.stop, args=("SIGTERM",)).start()
+    a.run()
+    evs = spool_events(tmp_path / "sp")
+    life = [(e["data"]["event"], e["data"].get("stop_reason")) for e in evs if e["type"] == "lifecycle"]
+    assert life == [
+        ("boot", None),
+        ("agent_start", None),
+        ("agent_stop", "duration"),
+        ("agent_start", None),  # the same boot: no boot event
+        ("agent_stop", "SIGTERM"),
+        ("boot", None),
+        ("agent_start", None),
+        ("agent_stop", "SIGTERM"),
+        ("shutdown", None),
+    ]
+    lc = [e for e in evs if e["type"] == "lifecycle"]
+    assert lc[0]["ts"] == round(boot, 6) and lc[5]["ts"] == round(boot + 7200, 6)  # dated at the boot
+    assert all(e["data"]["interval_seconds"] == 0.1 and e["data"]["boot_time"] for e in lc)
+    starts = [e for e in evs if e["type"] == "lifecycle" and e["data"]["event"] == "agent_start"]
+    firsts = [next(i for i, x in enumerate(evs) if x["id"] == s["id"]) for s in starts]
+    assert all(evs[i - 1]["type"] == "lifecycle" or i == 1 for i in firsts)  # before any sample
+    idents = [e["data"] for e in evs if e["type"] == "instance"]
+    assert len(idents) == 3 and all(d["cloud"] == "none" for d in idents)
+    assert [d["boot_time"] for d in idents] == [boot, boot, boot + 7200]

@@ -1,0 +1,274 @@
+"""VM lives, revocations and goodput from a scripted fleet loaded through the collector's
+writer into a real database file: each life's end classified, notices with their lead
+time and the progress lost since the last checkpoint, and a job's goodput adding up to
+its wall time with every category at its scripted value."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.agent.events import encode_many
+from cmdare.analytics.cli import cli
+from cmdare.collector.db import connect
+from cmdare.collector.writer import Writer
+
+T0 = 1_790_000_000.0  # 2026-09-21 14:13:20 UTC
+BOOT = T0 - 300
+_n = [0]
+
+
+def ev(ts: float, node: str, type_: str, data: dict[str, Any], job: str = "") -> dict[str, Any]:
+    _n[0] += 1
+    return {
+        "v": 1,
+        "id": f"e{_n[0]}",
+        "ts": ts,
+        "node": node,
+        "role": "worker",
+        "job": job,
+        "labels": {},
+        "type": type_,
+        "data": data,
+    }
+
+
+def life(
+    node: str,
+    boot: float,
+    start: float,
+    end: float,
+    stop: str | None = None,
+    shutdown: bool = False,
+    cloud: str = "gce",
+    zone: str = "us-central1-a",
+) -> list[dict[str, Any]]:
+    """A node's agent from ``start`` with heartbeats every 10 s up to ``end``; ``stop``:
+    the reason of a clean stop at ``end`` (None: it just goes silent)."""
+    out = [
+        ev(start, node, "lifecycle", {"event": "agent_start", "boot_time": boot, "interval_seconds": 10.0}),
+        ev(
+            start + 0.5,
+            node,
+            "instance",
+            {
+                "cloud": cloud,
+                "region": zone.rsplit("-", 1)[0],
+                "zone": zone,
+                "instance_id": f"id-{node}",
+                "instance_type": "a2-highgpu-1g",
+                "spot": True,
+                "accelerator": "NVIDIA A100-SXM4-40GB",
+                "accelerator_count": 1,
+                "boot_time": boot,
+            },
+        ),
+    ]
+    t, seq = start + 1, 0
+    while t <= end:
+        seq += 1
+        out.append(ev(t, node, "heartbeat", {"seq": seq, "interval_seconds": 10.0}))
+        t += 10
+    if stop:
+        out.append(
+            ev(end + 0.5, node, "lifecycle", {"event": "agent_stop", "stop_reason": stop, "boot_time": boot})
+        )
+        if shutdown:
+            out.append(ev(end + 0.6, node, "lifecycle", {"event": "shutdown", "boot_time": boot}))
+    return out
+
+
+def steps(node: str, run: str, t_from: float, n: int, first_step: int) -> list[dict[str, Any]]:
+    """``n`` 10 s step intervals of 100 steps (0.1 s each, 0.02 s of it input wait)."""
+    out = []
+    for i in range(n):
+        out.append(
+            ev(
+                t_from + 10 * (i + 1),
+                node,
+                "train_steps",
+                {
+                    "run": run,
+                    "rank": 0,
+                    "interval_seconds": 10.0,
+                    "steps": 100,
+                    "first_step": first_step + 100 * i,
+                    "last_step": first_step + 100 * i + 99,
+                    "examples": 6400.0,
+                    "step_mean_seconds": 0.1,
+                    "wait_mean_seconds": 0.02,
+                    "steps_per_second": 10.0,
+                    "examples_per_second": 640.0,
+                },
+                job="j1",
+            )
+        )
+    return out
+
+
+def decl(node: str, run: str, t: float) -> dict[str, Any]:
+    return ev(t, node, "train_job", {"run": run, "rank": 0, "world_size": 1, "model": "resnet50"}, job="j1")
+
+
+def ckpt(node: str, run: str, t: float, action: str, seconds: float, step: int) -> dict[str, Any]:
+    return ev(
+        t,
+        node,
+        "train_checkpoint",
+        {
+            "run": run,
+            "rank": 0,
+            "action": action,
+            "seconds": seconds,
+            "step": step,
+            "bytes": 10 << 20,
+            "ok": True,
+        },
+        job="j1",
+    )
+
+
+@pytest.fixture()
+def db(tmp_path: Path) -> Path:
+    now = time.time()
+    evs: list[dict[str, Any]] = []
+    # revoked: a preemption notice at +600, the OS shuts the agent down at +625
+    evs += life("rev-1", BOOT, T0 - 200, T0 + 620, stop="SIGTERM", shutdown=True)
+    evs.append(
+        ev(
+            T0 + 600,
+            "rev-1",
+            "revocation",
+            {
+                "cloud": "gce",
+                "kind": "preemption",
+                "action": "stop",
+                "deadline": T0 + 630,
+                "lead_seconds": 30.0,
+                "notice_id": "gce:preempted",
+                "revokes": True,
+                "boot_time": BOOT,
+            },
+        )
+    )
+    evs += life("stop-1", BOOT, T0 - 200, T0 + 300, stop="SIGTERM")  # stopped by its owner
+    evs += life("kill-1", BOOT, T0 - 200, T0 + 200, zone="europe-west4-a")  # SIGKILL: goes silent
+    # restarted in the same boot, still running now: one life, alive
+    evs += life("restart-1", BOOT, T0 - 200, T0 + 100, stop="SIGTERM")
+    evs += life("restart-1", BOOT, now - 60, now - 5)
+    # crashed and rebooted: the first life lost, the second alive
+    evs += life("reboot-1", BOOT, T0 - 200, T0 + 100)
+    evs += life("reboot-1", T0 + 150, now - 60, now - 5)
+    # job j1: run r1 on rev-1 (revoked), run r2 on spare-1 restores the step-3000 checkpoint
+    evs.append(decl("rev-1", "r1", T0))
+    evs += steps("rev-1", "r1", T0 + 20, 30, 1)  # steps 1-3000 in [+20, +320]
+    evs.append(ckpt("rev-1", "r1", T0 + 325, "save", 5.0, 3000))
+    evs += steps("rev-1", "r1", T0 + 325, 30, 3001)  # steps 3001-6000 in [+325, +625], lost
+    evs.append(decl("spare-1", "r2", T0 + 700))
+    evs.append(ckpt("spare-1", "r2", T0 + 718, "restore", 8.0, 3000))
+    evs += steps("spare-1", "r2", T0 + 720, 15, 3001)  # [+720, +870]
+    evs += steps("spare-1", "r2", T0 + 880, 15, 4501)  # an evaluation gap, then [+880, +1030]
+    p = tmp_path / "fleet.duckdb"
+    con = connect(p)
+    res = Writer(con).write([("fixture", encode_many(evs))])
+    assert res.dead == 0, con.execute("SELECT reason FROM dead_letters").fetchall()
+    con.close()
+    return p
+
+
+def run(*args: str) -> list[dict[str, Any]]:
+    r = CliRunner().invoke(cli, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_each_life_ends_with_the_right_classification(db: Path) -> None:
+    lives = {(r["node"], r["booted"]): r for r in run("instances", "--db", str(db))}
+    by_node: dict[str, list] = {}
+    for (node, _), r in sorted(lives.items()):
+        by_node.setdefault(node, []).append((r["state"], r["end_reason"]))
+    assert by_node == {
+        "kill-1": [("ended", "lost")],
+        "reboot-1": [("ended", "lost"), ("alive", None)],
+        "restart-1": [("alive", None)],
+        "rev-1": [("ended", "revoked")],
+        "stop-1": [("ended", "stopped")],
+    }
+    rev = next(r for r in lives.values() if r["node"] == "rev-1")
+    assert rev["cloud"] == "gce" and rev["region"] == "us-central1" and rev["spot"] is True
+    assert rev["notices"] == 1 and rev["lifetime_h"] == round((T0 + 620.6 - BOOT) / 3600, 3)
+    nodes = {r["node"]: r for r in run("nodes", "--db", str(db))}
+    assert {n: (r["state"], r["lives"]) for n, r in nodes.items() if n != "spare-1"} == {
+        "kill-1": ("lost", 1),
+        "reboot-1": ("alive", 2),
+        "restart-1": ("alive", 1),
+        "rev-1": ("revoked", 1),
+        "stop-1": ("stopped", 1),
+    }
+    assert nodes["rev-1"]["zone"] == "us-central1-a" and nodes["rev-1"]["instance_type"] == "a2-highgpu-1g"
+    assert nodes["spare-1"]["state"] == "unknown"  # no agent lifecycle from that node
+
+
+def test_instances_filters(db: Path) -> None:
+    assert {r["node"] for r in run("instances", "--region", "europe", "--db", str(db))} == {"kill-1"}
+    assert len(run("instances", "--gpu-type", "a100", "--db", str(db))) == 6  # every life
+    assert run("instances", "--gpu-type", "v100", "--db", str(db)) == []
+
+
+def test_lost_after_is_configurable(db: Path, monkeypatch) -> None:
+    # reboot-1 and restart-1 last sent a heartbeat about 5 s ago: with a 10 s interval they
+    # are lost only if 0.4 intervals of silence are enough
+    r = CliRunner().invoke(cli, ["nodes", "--lost-after", "0.4", "--db", str(db)])
+    assert r.exit_code != 0 and "--lost-after" in r.output  # at least one interval
+    monkeypatch.setenv("CMDARE_LOST_AFTER", "1")
+    assert {r["node"]: r["state"] for r in run("nodes", "--db", str(db))}["restart-1"] == "alive"
+
+
+def test_revocations_with_lead_time_and_progress_lost(db: Path) -> None:
+    (r,) = run("revocations", "--db", str(db))
+    assert (r["node"], r["kind"], r["revokes"], r["lead_s"], r["end_reason"]) == (
+        "rev-1",
+        "preemption",
+        True,
+        30.0,
+        "revoked",
+    )
+    assert r["seen_after_notice_s"] == 20.6 and r["region"] == "us-central1"
+    assert (r["job"], r["last_step"], r["checkpoint_step"], r["steps_lost"], r["work_lost_s"]) == (
+        "j1",
+        6000,
+        3000,
+        3000,
+        300.0,
+    )
+    assert run("revocations", "--gpu-type", "v100", "--db", str(db)) == []
+    assert len(run("revocations", "--region", "us-central1", "--gpu-type", "A100", "--db", str(db))) == 1
+    assert run("revocations", "--since", "1h", "--db", str(db)) == []
+
+
+def test_goodput_adds_up_to_the_wall_time(db: Path) -> None:
+    got = {r["category"]: r["seconds"] for r in run("goodput", "--job", "j1", "--db", str(db))}
+    assert got == {
+        "productive": 480.0,  # 60 step intervals x 10 s x 80 %, minus the 30 redone ones
+        "input_wait": 120.0,
+        "startup": 20.0,  # r1: declared at +0, first step at +20
+        "checkpoint_save": 5.0,
+        "checkpoint_restore": 8.0,
+        # r1's steps after the step-3000 save (+325..+625, redone by r2) and from the end of
+        # r1 to r2's first step (+625..+720) less the restore: 300 + 95 - 8
+        "revocation": 387.0,
+        "idle": 10.0,  # r2's evaluation gap
+        "wall": 1030.0,
+    }
+    parts = sum(v for k, v in got.items() if k != "wall")
+    assert parts == pytest.approx(got["wall"], abs=1e-6)
+
+
+def test_goodput_of_an_unknown_job_is_a_one_line_error(db: Path) -> None:
+    r = CliRunner().invoke(cli, ["goodput", "--job", "nope", "--db", str(db)])
+    assert r.exit_code == 1 and r.output.strip() == "Error: no steps for job 'nope' (jobs with steps: j1)"
