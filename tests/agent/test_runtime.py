@@ -301,3 +301,39 @@ def test_lifecycle_boot_start_stop_and_shutdown(tmp_path: Path) -> None:
     idents = [e["data"] for e in evs if e["type"] == "instance"]
     assert len(idents) == 3 and all(d["cloud"] == "none" for d in idents)
     assert [d["boot_time"] for d in idents] == [boot, boot, boot + 7200]
+
+
+def test_a_hanging_metadata_service_never_holds_up_the_other_sources(tmp_path: Path) -> None:
+    from tests.fakes.metadata import FakeMetadata
+
+    srv = FakeMetadata("aws").start()
+    srv.mode = "hang"
+    try:
+        cfg = load(
+            None,
+            env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
+            overrides={
+                "node": "n1",
+                "interval": 0.1,
+                "spool.dir": str(tmp_path / "sp"),
+                "spool.fsync": False,
+                "sources.train.enabled": False,
+                "sources.gpu.enabled": False,
+                "sources.tpu.enabled": False,
+                "sources.cloud.provider": "aws",
+                "sources.cloud.metadata_url": srv.url,
+                "sources.cloud.timeout": "300ms",
+            },
+        )
+        t0 = time.monotonic()
+        Agent(cfg).run(duration=1.0)
+        took = time.monotonic() - t0
+    finally:
+        srv.stop()
+    evs = spool_events(tmp_path / "sp")
+    assert took < 2.0  # the stop is not held up by a request in flight either
+    assert sum(e["type"] == "host" for e in evs) >= 8 and sum(e["type"] == "heartbeat" for e in evs) >= 8
+    cloud = [e["data"] for e in evs if e["type"] == "status" and e["data"]["source"] == "cloud"]
+    errors = [d for d in cloud if d["state"] == "error"]
+    assert errors and "timed out after 0.3s" in errors[0]["message"]
+    assert not any(e["type"] == "instance" for e in evs)

@@ -100,6 +100,8 @@ def check_database(db: Path, agents: list[AgentRun]) -> None:
                 SELECT (SELECT count(*) FROM host_samples WHERE node = $n) + (SELECT count(*) FROM gpu_samples WHERE node = $n)
                      + (SELECT count(*) FROM gpu_events WHERE node = $n) + (SELECT count(*) FROM heartbeats WHERE node = $n)
                      + (SELECT count(*) FROM agent_status WHERE node = $n) + (SELECT count(*) FROM unknown_events WHERE node = $n)
+                     + (SELECT count(*) FROM lifecycle_events WHERE node = $n)
+                     + (SELECT count(*) FROM instance_identity WHERE node = $n)
             """,
                 {"n": a.node},
             ).fetchone()[0]
