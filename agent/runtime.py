@@ -19,7 +19,7 @@ from typing import Any
 
 from . import __version__, cloud
 from .config import AgentConfig
-from .events import EventFactory
+from .events import Encoded, EventFactory, jstr
 from .sdnotify import Notifier
 from .sinks.kafka import KafkaSink
 from .sinks.shipper import Shipper
@@ -150,7 +150,11 @@ class Agent:
         d: dict[str, Any] = {"source": source, "ok": state == "ok", "state": state, "duration_seconds": dur}
         if msg:
             d["message"] = msg
-        self.emit("status", d)
+            self.emit("status", d)
+            return
+        # the common case, once per source per tick: the JSON text from a template
+        text = f'{{"source":{jstr(source)},"ok":{"true" if state == "ok" else "false"},"state":{jstr(state)},"duration_seconds":{dur!r}}}'
+        self.emit("status", Encoded(d, text))
 
     def _on_sink(self, ok: bool, msg: str) -> None:
         self._sink_status.append((ok, msg))  # picked up by the next tick (thread-safe append)

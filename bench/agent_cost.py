@@ -110,6 +110,8 @@ def main() -> None:
                     "spool.fsync": fsync,
                     "node": "bench",
                     "sources.train.enabled": False,  # host + GPUs, as the bare loop
+                    "sources.tpu.enabled": False,
+                    "sources.cloud.enabled": False,
                 },
             )
             agent = Agent(cfg, adapters={"nvml": FakeNvml(gpus=a.gpus)})

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ConfigError
+from ..events import Encoded, jstr
 from .base import Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.gpu")
@@ -57,6 +58,32 @@ def throttle_names(mask: int) -> list[str]:
 _ABSENT = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION}
 
 
+_REASONS_JSON: dict[int, str] = {}
+
+
+def _reasons_json(mask: int, reasons: list[str]) -> str:
+    """The JSON of ``throttle_names(mask)``, cached per mask (a handful of masks occur)."""
+    t = _REASONS_JSON.get(mask)
+    if t is None:
+        if len(_REASONS_JSON) > 4096:
+            _REASONS_JSON.clear()
+        t = _REASONS_JSON[mask] = "[" + ",".join(map(jstr, reasons)) + "]"
+    return t
+
+
+def _processes_json(procs: list[dict[str, int]]) -> str:
+    return (
+        "["
+        + ",".join(
+            f'{{"pid":{p["pid"]},"used_bytes":{p["used_bytes"]}}}'
+            if "used_bytes" in p
+            else f'{{"pid":{p["pid"]}}}'
+            for p in procs
+        )
+        + "]"
+    )
+
+
 def _missing(*_: Any) -> None:
     """Stands in for an NVML function this binding does not have: the field is absent."""
     return None
@@ -75,6 +102,9 @@ class _Gpu:
     lost: bool = False
     ecc_prev: dict[str, int] = field(default_factory=dict)
     fast: bool = True  # every NVML call answered last time: take the straight path
+
+    def __post_init__(self) -> None:
+        self.uuid_json, self.name_json = jstr(self.uuid), jstr(self.name)
 
 
 def load_backend(spec: str) -> Any:
@@ -267,33 +297,41 @@ class GpuSource(Source):
             u = n.nvmlDeviceGetUtilizationRates(h)
             m = n.nvmlDeviceGetMemoryInfo(h)
             mask = int(n.nvmlDeviceGetCurrentClocksEventReasons(h))
+            ugpu, umem = u.gpu / 100.0, u.memory / 100.0
+            used, total = int(m.used), int(m.total)
+            pw = float(n.nvmlDeviceGetPowerUsage(h)) * 1e-3
+            pl = float(n.nvmlDeviceGetEnforcedPowerLimit(h)) * 1e-3
+            temp = float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
+            sm = float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)) * 1e6
+            mc = float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)) * 1e6
+            tx = float(n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES)) * 1e3
+            rx = float(n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES)) * 1e3
+            reasons = throttle_names(mask) if mask else []
+            ecc_c = int(
+                n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC)
+            )
+            ecc_u = int(
+                n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)
+            )
             d: dict[str, Any] = {
                 "index": g.index,
                 "uuid": g.uuid,
                 "name": g.name,
-                "util_gpu_ratio": u.gpu / 100.0,
-                "util_mem_ratio": u.memory / 100.0,
-                "mem_used_bytes": int(m.used),
-                "mem_total_bytes": int(m.total),
-                "power_watts": float(n.nvmlDeviceGetPowerUsage(h)) * 1e-3,
-                "power_limit_watts": float(n.nvmlDeviceGetEnforcedPowerLimit(h)) * 1e-3,
-                "temp_celsius": float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
-                "sm_clock_hz": float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)) * 1e6,
-                "mem_clock_hz": float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)) * 1e6,
-                "pcie_tx_bytes_per_second": float(n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES))
-                * 1e3,
-                "pcie_rx_bytes_per_second": float(n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES))
-                * 1e3,
+                "util_gpu_ratio": ugpu,
+                "util_mem_ratio": umem,
+                "mem_used_bytes": used,
+                "mem_total_bytes": total,
+                "power_watts": pw,
+                "power_limit_watts": pl,
+                "temp_celsius": temp,
+                "sm_clock_hz": sm,
+                "mem_clock_hz": mc,
+                "pcie_tx_bytes_per_second": tx,
+                "pcie_rx_bytes_per_second": rx,
                 "throttle_mask": mask,
-                "throttle_reasons": throttle_names(mask) if mask else [],
-                "ecc_corrected_total": int(
-                    n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC)
-                ),
-                "ecc_uncorrected_total": int(
-                    n.nvmlDeviceGetTotalEccErrors(
-                        h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC
-                    )
-                ),
+                "throttle_reasons": reasons,
+                "ecc_corrected_total": ecc_c,
+                "ecc_uncorrected_total": ecc_u,
             }
             if self.config["processes"]:
                 d["processes"] = [
@@ -302,10 +340,22 @@ class GpuSource(Source):
                     else {"pid": int(p.pid)}
                     for p in n.nvmlDeviceGetComputeRunningProcesses(h)
                 ]
-            return d
         except (n.NVMLError, AttributeError):  # an error, or a binding without the function
             g.fast = False
             return self.sample(g)
+        # the JSON text from a template (the generic encoder is most of the cost per GPU);
+        # NVML's integers make every float finite, so repr() is what json writes
+        text = (
+            f'{{"index":{g.index},"uuid":{g.uuid_json},"name":{g.name_json},"util_gpu_ratio":{ugpu!r},'
+            f'"util_mem_ratio":{umem!r},"mem_used_bytes":{used},"mem_total_bytes":{total},'
+            f'"power_watts":{pw!r},"power_limit_watts":{pl!r},"temp_celsius":{temp!r},"sm_clock_hz":{sm!r},'
+            f'"mem_clock_hz":{mc!r},"pcie_tx_bytes_per_second":{tx!r},"pcie_rx_bytes_per_second":{rx!r},'
+            f'"throttle_mask":{mask},"throttle_reasons":{_reasons_json(mask, reasons)},'
+            f'"ecc_corrected_total":{ecc_c},"ecc_uncorrected_total":{ecc_u}'
+        )
+        if "processes" in d:
+            text += ',"processes":' + _processes_json(d["processes"])
+        return Encoded(d, text + "}")
 
     def sample(self, g: _Gpu) -> dict[str, Any]:
         n, h, fns, err = self.nvml, g.handle, self._fns, self.nvml.NVMLError

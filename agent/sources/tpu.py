@@ -15,6 +15,7 @@ decoded with ``cmdare.agent.protowire``, so the agent needs grpcio but not proto
 from __future__ import annotations
 
 import re
+import socket
 import struct
 import time
 from typing import Any
@@ -141,6 +142,7 @@ class TpuSource(Source):
             raise SourceUnavailable(self._why)
         self.next_try = time.monotonic() + self.config["retry_interval"]
         if self._grpc is None:
+            self._nobody_listening()  # most machines have no TPU: do not load grpc (16 MB) for nothing
             try:
                 import grpc
             except ImportError:
@@ -163,6 +165,23 @@ class TpuSource(Source):
             self.close()
             self._why = f"{addr} serves no HBM metrics (libtpu lists {len(names)} others)"
             raise SourceUnavailable(self._why)
+
+    def _nobody_listening(self) -> None:
+        """SourceUnavailable when nothing accepts TCP connections at ``address`` (a plain
+        ``host:port``); other address forms are left to gRPC."""
+        host, sep, port = self.config["address"].rpartition(":")
+        if not sep or not port.isdigit() or "/" in host:
+            return
+        try:
+            socket.create_connection(
+                (host.strip("[]"), int(port)), timeout=min(self.config["timeout"], 1.0)
+            ).close()
+        except OSError:
+            self._why = (
+                f"no TPU program serving runtime metrics on {self.config['address']} "
+                "(libtpu serves them only while one runs)"
+            )
+            raise SourceUnavailable(self._why) from None
 
     def _call(self, method: str, request: bytes) -> bytes:
         grpc = self._grpc

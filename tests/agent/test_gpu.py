@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cmdare.agent.runtime import SourceRunner
 from cmdare.agent.sources.gpu import GpuSource, throttle_names
 from tests.fakes.nvml import FakeNvml
@@ -121,3 +124,52 @@ def test_an_nvml_error_moves_that_gpu_to_the_checked_path_for_good() -> None:
     assert not src.gpus[0].fast and "power_watts" not in events[0][1]
     events, _ = tick(src)
     assert events[0][0] == "gpu" and events[0][1]["temp_celsius"] > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    util=st.integers(0, 100),
+    mem=st.integers(0, 1 << 40),
+    power=st.integers(0, 10**6),
+    temp=st.integers(0, 120),
+    clock=st.integers(0, 5000),
+    pcie=st.integers(0, 10**8),
+    mask=st.integers(0, (1 << 12) - 1),
+    ecc=st.integers(0, 10**9),
+    procs=st.lists(
+        st.tuples(st.integers(1, 1 << 22), st.one_of(st.none(), st.integers(0, 1 << 40))), max_size=3
+    ),
+    name=st.text(min_size=1, max_size=20),
+)
+def test_fast_path_json_text_is_the_encoding_of_its_dict(
+    util, mem, power, temp, clock, pcie, mask, ecc, procs, name
+):
+    """The GPU sample's JSON is formatted from a template on the hot path: it must be the
+    event encoder's output for the same dict, byte for byte, for any NVML values."""
+    import json
+    from types import SimpleNamespace
+
+    from cmdare.agent.events import Encoded, EventFactory, encode
+
+    nvml = FakeNvml(gpus=1)
+    nvml.nvmlDeviceGetName = lambda h: name
+    nvml.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=util, memory=100 - util)
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(used=mem // 3, total=mem, free=mem - mem // 3)
+    nvml.nvmlDeviceGetPowerUsage = lambda h: power
+    nvml.nvmlDeviceGetEnforcedPowerLimit = lambda h: power + 1
+    nvml.nvmlDeviceGetTemperature = lambda h, s: temp
+    nvml.nvmlDeviceGetClockInfo = lambda h, c: clock
+    nvml.nvmlDeviceGetPcieThroughput = lambda h, c: pcie
+    nvml.nvmlDeviceGetCurrentClocksEventReasons = lambda h: mask
+    nvml.nvmlDeviceGetTotalEccErrors = lambda h, t, c: ecc
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        SimpleNamespace(pid=p, usedGpuMemory=u) for p, u in procs
+    ]
+    src = GpuSource(GpuSource.parse_config("sources.gpu", {}), nvml=nvml)
+    got: list = []
+    src.collect(lambda t, d, **_: got.append(d))
+    (d,) = got
+    assert type(d) is Encoded and src.gpus[0].fast
+    assert d.text == json.dumps(dict(d), separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    f = EventFactory("n", "worker")
+    assert f.line("gpu", d, ts=1.5, id="x") == encode(f.make("gpu", dict(d), ts=1.5, id="x"))
