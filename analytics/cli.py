@@ -69,6 +69,8 @@ def cli() -> None:
       analyze instances --region us-central1 --gpu-type v100
       analyze revocations --since 7d --gpu-type v100
       analyze goodput --job resnet50-a
+      analyze fit speed
+      analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6
       analyze sql "SELECT node, count(*) FROM gpu_samples GROUP BY node"
       analyze import tensorboard runs/ --job resnet50-a --gpu-type v100 --workers 4
     """
@@ -156,7 +158,9 @@ def goodput(job: str, db: str, as_json_: bool) -> None:
 
     \b
     Example:
-      analyze goodput --job resnet50-a --json
+      analyze goodput --job resnet50-a
+      analyze fit speed
+      analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6 --json
     """
     from .goodput import goodput as compute
 
@@ -233,7 +237,7 @@ def steps(job: str, node: str | None, since: str | None, db: str, as_json_: bool
 def sql(query: str, db: str, as_json_: bool) -> None:
     """Run QUERY on a read-only connection (tables: nodes, host_samples, gpu_samples,
     gpu_events, tpu_samples, heartbeats, agent_status, jobs, steps, slow_steps,
-    checkpoints, scalars, instance_identity, lifecycle_events, revocations,
+    checkpoints, scalars, instance_identity, lifecycle_events, revocations, model_fits,
     unknown_events, dead_letters; views step_hardware, instances; table macro
     instance_lives(lost_after := 3)).
 
@@ -365,6 +369,292 @@ def tensorboard(
             f"imported job {job}: {res.files} file(s), runs {', '.join(res.runs)}: {res.steps} step intervals, "
             f"{res.scalars} scalars stored ({res.duplicates} already there)"
         )
+
+
+FIT_KINDS = ("speed", "cluster", "overhead", "lifetime")
+
+
+@cli.command(name="fit")
+@click.argument("kind", type=click.Choice(FIT_KINDS))
+@lost_after_option
+@db_option
+@json_option
+def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
+    """Fit a performance model from the database and store it in model_fits (read-write).
+
+    \b
+    speed     single-worker step time from FLOPs per step / accelerator peak, parameter
+              bytes / memory bandwidth and tensor count (roofline-like and log-linear
+              families; the one with the lower held-out error is kept)
+    cluster   per-worker step time as workers and parameter servers grow (spotDNN's
+              PS-bandwidth contention term)
+    overhead  checkpoint save / restore time against size; resume after a revocation;
+              VM start-up by region, accelerator and spot
+    lifetime  Kaplan-Meier survival of spot VM lives per region and accelerator, with
+              Cox proportional hazards across them
+
+    Error is held out: leave one model architecture out (MAPE, R^2), never training error.
+
+    \b
+    Example:
+      analyze fit speed --json
+    """
+    from cmdare.collector.db import DatabaseError, connect
+
+    from . import fits, lifemodel, perfmodel
+
+    try:
+        con = connect(db) if Path(db).exists() else None
+    except DatabaseError as e:
+        raise click.ClickException(str(e)) from None
+    if con is None:
+        raise click.ClickException(f"{db}: no such database (load one with cmdare-collector, or pass --db)")
+    try:
+        if kind in ("speed", "cluster"):
+            jobs, skipped = perfmodel.job_speeds(con)
+            if kind == "speed":
+                f = perfmodel.fit_speed(jobs)
+            else:
+                try:
+                    sfit = fits.latest(con, "speed")
+                except AnalyticsError:
+                    sfit = None
+                f = perfmodel.fit_cluster(jobs, sfit)
+            f.notes += skipped
+        elif kind == "overhead":
+            f = lifemodel.fit_overhead(con)
+        else:
+            f = lifemodel.fit_lifetime(con, lost_after)
+        fits.save(con, f)
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        con.close()
+    out = f.summary()
+    if as_json_:
+        click.echo(json.dumps(fits._clean(out), indent=1))
+        return
+    mape = "n/a" if out["cv_mape"] is None else f"{out['cv_mape'] * 100:.1f}%"
+    r2 = "n/a" if out["cv_r2"] is None else f"{out['cv_r2']:.3f}"
+    click.echo(
+        f"fit {out['fit_id']}: {kind} ({out['family']}) from {out['rows']} rows, {out['groups']} groups"
+    )
+    click.echo(f"held-out error (leave one group out): MAPE {mape}, R^2 {r2}")
+    for k, v in out["coefficients"].items():
+        click.echo(f"  {k} = {v:.6g}")
+    if kind == "overhead":
+        for k in ("resume_after_revocation_seconds",):
+            if k in f.model:
+                m = f.model[k]
+                click.echo(
+                    f"  {k}: mean {m['mean']:.1f} (95% {m['lower']:.1f}..{m['upper']:.1f}), n={m['n']}"
+                )
+        for g, m in f.model.get("vm_startup_seconds", {}).items():
+            click.echo(f"  vm start-up {g}: mean {m['mean']:.1f}s, n={m['n']}")
+    if kind == "lifetime":
+        for g, c in f.model["curves"].items():
+            med = "not reached" if c["median_hours"] is None else f"{c['median_hours']:.2f} h"
+            click.echo(f"  {g}: {c['n']} lives, {c['events']} revoked, median lifetime {med}")
+    for n in out["notes"][:20]:
+        click.echo(f"  note: {n}")
+
+
+@cli.group()
+def predict() -> None:
+    """Predict with the latest stored fit of a kind (read-only); every answer names its fit.
+
+    \b
+    Example:
+      analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6
+    """
+
+
+def _emit_prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
+    if as_json_:
+        from .fits import _clean
+
+        click.echo(json.dumps(_clean(out)))
+        return
+    lo, hi = out["interval"]
+    click.echo(f"{out['prediction']:.4g} {unit} (95% interval {lo:.4g} .. {hi:.4g}; fit {out['fit_id']})")
+    for k, v in out.items():
+        if k not in ("prediction", "interval", "fit_id"):
+            click.echo(f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}")
+
+
+def _with_ro(db: str, fn: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        con = open_ro(db)
+        try:
+            return fn(con)
+        finally:
+            con.close()
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+
+
+model_options = [
+    click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), required=True),
+    click.option(
+        "--params", type=click.FloatRange(min=0, min_open=True), required=True, help="parameter count"
+    ),
+    click.option(
+        "--tensors",
+        type=click.IntRange(1),
+        default=None,
+        help="parameter tensors (default: params / 1e5, at least 1)",
+    ),
+    click.option("--batch-size", type=click.IntRange(1), help="per-worker batch size (adds examples/s)"),
+]
+
+
+def _model_opts(f: Callable[..., Any]) -> Callable[..., Any]:
+    for o in reversed(model_options):
+        f = o(f)
+    return f
+
+
+@predict.command(name="speed")
+@click.option("--gpu-type", required=True, help="accelerator (catalogue name or alias, e.g. v100)")
+@_model_opts
+@db_option
+@json_option
+def predict_speed(
+    gpu_type: str,
+    flops_per_step: float,
+    params: float,
+    tensors: int | None,
+    batch_size: int | None,
+    db: str,
+    as_json_: bool,
+) -> None:
+    """Single-worker steps/s of a model on an accelerator, with a 95% interval.
+
+    \b
+    Example:
+      analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6 --json
+    """
+    from . import catalog, fits, perfmodel
+
+    def run(con: Any) -> dict[str, Any]:
+        acc = catalog.lookup(gpu_type)
+        f = fits.latest(con, "speed")
+        v, lo, hi = perfmodel.predict_speed(
+            f, acc, flops_per_step, params, tensors or max(1, round(params / 1e5))
+        )
+        out = {
+            "prediction": v,
+            "interval": [lo, hi],
+            "fit_id": f["fit_id"],
+            "accelerator": acc.name,
+            "step_seconds": 1 / v,
+        }
+        if batch_size:
+            out["examples_per_second"] = v * batch_size
+        return out
+
+    _emit_prediction(_with_ro(db, run), as_json_, "steps/s")
+
+
+def _parse_gpus(spec: str) -> list[tuple[str, int]]:
+    out = []
+    for part in spec.split(","):
+        name, sep, n = part.strip().rpartition(":")
+        if not sep or not name or not n.isdigit() or int(n) < 1:
+            raise click.BadParameter(
+                f"expected TYPE:COUNT[,TYPE:COUNT...] like k80:2,p100:2, got {part!r}", param_hint="--gpus"
+            )
+        out.append((name, int(n)))
+    return out
+
+
+@predict.command(name="cluster")
+@click.option("--gpu-type", help="accelerator of every worker (with --workers)")
+@click.option("--workers", type=click.IntRange(1), help="number of workers (with --gpu-type)")
+@click.option("--gpus", help="heterogeneous workers, TYPE:COUNT,... e.g. k80:2,p100:2")
+@click.option("--ps", type=click.IntRange(1), required=True, help="parameter servers")
+@_model_opts
+@db_option
+@json_option
+def predict_cluster(
+    gpu_type: str | None,
+    workers: int | None,
+    gpus: str | None,
+    ps: int,
+    flops_per_step: float,
+    params: float,
+    tensors: int | None,
+    batch_size: int | None,
+    db: str,
+    as_json_: bool,
+) -> None:
+    """Cluster steps/s of a parameter-server job, homogeneous (--gpu-type and --workers) or
+    heterogeneous (--gpus k80:2,p100:2: T_exp = 1 / sum(1/T_i), spotDNN), with a 95%
+    interval, the speed the parameter servers cap it at, and the workers that reach 90% of it.
+
+    \b
+    Example:
+      analyze predict cluster --gpus k80:2,p100:2 --ps 1 --flops-per-step 3.1e12 --params 25.6e6
+    """
+    from . import catalog, fits, perfmodel
+
+    if gpus and (gpu_type or workers):
+        raise click.UsageError("give either --gpus, or --gpu-type with --workers")
+    if not gpus and not (gpu_type and workers):
+        raise click.UsageError("give --gpu-type and --workers, or --gpus TYPE:COUNT,...")
+    spec = _parse_gpus(gpus) if gpus else [(gpu_type or "", workers or 1)]
+
+    def run(con: Any) -> dict[str, Any]:
+        sfit, cfit = fits.latest(con, "speed"), fits.latest(con, "cluster")
+        t = tensors or max(1, round(params / 1e5))
+        ws = []
+        for name, n in spec:
+            acc = catalog.lookup(name)
+            v1 = perfmodel.predict_speed(sfit, acc, flops_per_step, params, t)[0]
+            ws += [(1.0 / v1, 0.0)] * n
+        r = perfmodel.predict_cluster(cfit, ws, ps, params)
+        out = {
+            "prediction": r.pop("steps_per_second"),
+            "interval": [r.pop("lower"), r.pop("upper")],
+            "fit_id": cfit["fit_id"],
+            "speed_fit_id": sfit["fit_id"],
+            "workers": len(ws),
+            **r,
+        }
+        if batch_size:
+            out["examples_per_second"] = out["prediction"] * batch_size
+        return out
+
+    _emit_prediction(_with_ro(db, run), as_json_, "steps/s")
+
+
+@predict.command(name="revocation")
+@click.option("--region", required=True)
+@click.option("--gpu-type", required=True)
+@click.option("--hours", type=click.FloatRange(min=0, min_open=True), required=True)
+@db_option
+@json_option
+def predict_revocation(region: str, gpu_type: str, hours: float, db: str, as_json_: bool) -> None:
+    """Probability that a spot VM of this region and accelerator is revoked within HOURS of
+    its boot (Kaplan-Meier), with a 95% interval.
+
+    \b
+    Example:
+      analyze predict revocation --region us-central1 --gpu-type v100 --hours 6
+    """
+    from . import fits, lifemodel
+
+    def run(con: Any) -> dict[str, Any]:
+        f = fits.latest(con, "lifetime")
+        r = lifemodel.predict_revocation(f, region, gpu_type, hours)
+        return {
+            "prediction": r.pop("probability"),
+            "interval": [r.pop("lower"), r.pop("upper")],
+            "fit_id": f["fit_id"],
+            **r,
+        }
+
+    _emit_prediction(_with_ro(db, run), as_json_, "probability")
 
 
 def main() -> None:

@@ -1,0 +1,260 @@
+"""Performance models on a simulated fleet with known ground truth (tests/fakes/fleet.py),
+through the real database file and the ``analyze fit`` / ``analyze predict`` CLI: each
+model recovers its parameters within tolerance, cross-validation folds never share a
+model architecture, too little data is said plainly, and an unknown accelerator names
+what the catalogue has."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.agent.events import encode_many
+from cmdare.analytics import catalog, perfmodel
+from cmdare.analytics.cli import cli
+from cmdare.analytics.db import AnalyticsError
+from cmdare.collector.db import connect
+from cmdare.collector.writer import Writer
+from tests.fakes.fleet import MODELS, Fleet, Truth
+
+TRUTH = Truth()
+
+
+@pytest.fixture(scope="module")
+def fleet_db(tmp_path_factory) -> Path:
+    f = Fleet(TRUTH, seed=7)
+    for m in MODELS:
+        for a in ("k80", "p100", "v100", "t4"):
+            f.job(m, a, checkpoints=2)
+        for a in ("k80", "v100"):
+            for w, p in ((2, 1), (4, 1), (8, 1), (8, 2)):
+                f.job(m, a, workers=w, ps=p, intervals=15)
+    f.vm_lives(per_group=60)
+    p = tmp_path_factory.mktemp("fleet") / "fleet.duckdb"
+    con = connect(p)
+    assert Writer(con).write([("sim", encode_many(f.events))]).dead == 0
+    con.close()
+    return p
+
+
+def cli_json(*args: str) -> dict[str, Any]:
+    r = CliRunner().invoke(cli, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_steady_state_skips_the_ramp_the_tail_and_outliers() -> None:
+    iv = [(10.0 * (i + 1), n, 10.0) for i, n in enumerate([30, 60, 85, 100, 101, 99, 30, 100, 102, 40])]
+    assert perfmodel.steady_rate(iv) == pytest.approx(10.0)  # ramp, a slow interval and the tail ignored
+    assert perfmodel.steady_rate(iv[:5]) is None  # too short for a steady state
+
+
+def test_speed_fit_recovers_the_roofline_and_predicts_held_out_models(fleet_db: Path) -> None:
+    out = cli_json("fit", "speed", "--db", str(fleet_db))
+    assert out["family"] == "roofline" and out["groups"] == len(MODELS) and out["rows"] == 4 * len(MODELS)
+    c = out["coefficients"]
+    assert c["compute_s"] == pytest.approx(TRUTH.a, rel=0.05)
+    assert c["tensors"] == pytest.approx(TRUTH.c, rel=0.2)
+    assert c["weights_s"] == pytest.approx(TRUTH.b, rel=0.25)  # the smallest term: least identifiable
+    assert out["cv_mape"] < 0.05 and out["cv_r2"] > 0.99
+    # predict an architecture with the fit: within its interval and a few percent of truth
+    name, params, tensors, gflops = MODELS[2]
+    flops = 3 * gflops * 1e9 * 32
+    acc = catalog.load()["v100"]
+    truth = 1 / TRUTH.t1(flops, params, tensors, acc)
+    p = cli_json(
+        "predict",
+        "speed",
+        "--gpu-type",
+        "Tesla V100-SXM2-16GB",
+        "--flops-per-step",
+        str(flops),
+        "--params",
+        str(params),
+        "--tensors",
+        str(tensors),
+        "--batch-size",
+        "32",
+        "--db",
+        str(fleet_db),
+    )
+    assert p["fit_id"] == out["fit_id"] and p["accelerator"] == "v100"
+    lo, hi = p["interval"]
+    assert lo < truth < hi and p["prediction"] == pytest.approx(truth, rel=0.05)
+    assert p["examples_per_second"] == pytest.approx(32 * p["prediction"])
+
+
+def test_cv_folds_never_share_a_model_architecture(fleet_db: Path) -> None:
+    con = connect(fleet_db)
+    try:
+        jobs, _ = perfmodel.job_speeds(con)
+    finally:
+        con.close()
+    fit = perfmodel.fit_speed(jobs)
+    folds = fit.cv["folds"]
+    assert sorted(f["test_group"] for f in folds) == sorted(m[0] for m in MODELS)
+    for f in folds:
+        assert f["test_group"] not in f["train_groups"]
+        assert len(f["train_groups"]) == len(MODELS) - 1 and f["test_rows"] == 4
+
+
+def test_cluster_fit_recovers_the_ps_contention_term(fleet_db: Path) -> None:
+    cli_json("fit", "speed", "--db", str(fleet_db))
+    out = cli_json("fit", "cluster", "--db", str(fleet_db))
+    c = out["coefficients"]
+    assert c["t1_s"] == pytest.approx(1.0, rel=0.05)
+    assert c["weights_gb_x_workers_per_ps"] == pytest.approx(TRUTH.f, rel=0.15)
+    assert out["cv_mape"] < 0.05
+    name, params, tensors, gflops = MODELS[6]  # vgg16: a big model, the PS saturates
+    flops = 3 * gflops * 1e9 * 32
+    args = [
+        "--ps",
+        "1",
+        "--flops-per-step",
+        str(flops),
+        "--params",
+        str(params),
+        "--tensors",
+        str(tensors),
+        "--db",
+        str(fleet_db),
+    ]
+    cat = catalog.load()
+    t_k80, t_p100 = (TRUTH.t1(flops, params, tensors, cat[a]) for a in ("k80", "p100"))
+    het = cli_json("predict", "cluster", "--gpus", "k80:2,p100:2", *args)
+    truth = sum(1 / TRUTH.tw(t, params, 4, 1) for t in (t_k80, t_k80, t_p100, t_p100))  # spotDNN: sum 1/T_i
+    assert het["prediction"] == pytest.approx(truth, rel=0.08) and het["workers"] == 4
+    assert het["fit_id"] == out["fit_id"] and het["speed_fit_id"].startswith("speed-")
+    hom = cli_json("predict", "cluster", "--gpu-type", "v100", "--workers", "8", *args)
+    s = 4 * params / 1e9
+    assert hom["ps_limit_steps_per_second"] == pytest.approx(1 / (TRUTH.f * s), rel=0.15)
+    more = cli_json("predict", "cluster", "--gpu-type", "v100", "--workers", "16", *args)
+    assert more["prediction"] < 1.5 * hom["prediction"]  # saturating: doubling workers gains little
+
+
+def test_overhead_fit_recovers_checkpoint_costs(fleet_db: Path) -> None:
+    out = cli_json("fit", "overhead", "--db", str(fleet_db))
+    c = out["coefficients"]
+    assert c["save_seconds_per_gb"] == pytest.approx(TRUTH.save_per_gb, rel=0.1)
+    assert c["save_fixed_seconds"] == pytest.approx(TRUTH.save_fixed, rel=0.15)
+    assert c["restore_seconds_per_gb"] == pytest.approx(TRUTH.restore_per_gb, rel=0.1)
+    assert out["cv_mape"] < 0.06
+
+
+def test_lifetime_fit_and_revocation_probability(fleet_db: Path) -> None:
+    out = cli_json("fit", "lifetime", "--db", str(fleet_db))
+    assert out["groups"] == 3 and out["family"] == "kaplan-meier"
+    hr = out["coefficients"]
+    assert 1.5 < hr["hazard_ratio[acc_v100]"] < 5  # truth 0.08 / 0.03 = 2.7
+    for region, gpu, hours in (("europe-west4", "v100", 4), ("us-central1", "k80", 10)):
+        rate = TRUTH.hazard_per_hour[(region, gpu)]
+        p = cli_json(
+            "predict",
+            "revocation",
+            "--region",
+            region,
+            "--gpu-type",
+            gpu,
+            "--hours",
+            str(hours),
+            "--db",
+            str(fleet_db),
+        )
+        truth = 1 - math.exp(-rate * hours)
+        lo, hi = p["interval"]
+        assert lo <= truth <= hi and hi - lo < 0.35, (p, truth)
+        assert p["fit_id"] == out["fit_id"]
+    r = CliRunner().invoke(
+        cli,
+        [
+            "predict",
+            "revocation",
+            "--region",
+            "asia-east1",
+            "--gpu-type",
+            "v100",
+            "--hours",
+            "1",
+            "--db",
+            str(fleet_db),
+        ],
+    )
+    assert r.exit_code == 1 and "no lifetime curve for region 'asia-east1'" in r.output
+    assert "europe-west4/v100" in r.output
+
+
+def test_unknown_accelerator_names_the_catalogue(fleet_db: Path) -> None:
+    cli_json("fit", "speed", "--db", str(fleet_db))
+    r = CliRunner().invoke(
+        cli,
+        [
+            "predict",
+            "speed",
+            "--gpu-type",
+            "gtx1080",
+            "--flops-per-step",
+            "1e12",
+            "--params",
+            "1e7",
+            "--db",
+            str(fleet_db),
+        ],
+    )
+    assert r.exit_code == 1
+    line = r.output.strip()
+    assert line.startswith("Error: unknown accelerator 'gtx1080': the catalogue has a100-40gb,")
+    assert "v100" in line and "tpu-v4" in line and len(line.splitlines()) == 1
+
+
+def test_too_little_data_is_said_plainly(tmp_path: Path) -> None:
+    f = Fleet(TRUTH, seed=1)
+    for m in MODELS[:2]:
+        f.job(m, "v100")
+    p = tmp_path / "small.duckdb"
+    con = connect(p)
+    Writer(con).write([("sim", encode_many(f.events))])
+    con.close()
+    for kind, words in (
+        ("speed", "the speed fit needs at least 5 configurations from 3 model architectures"),
+        ("cluster", "the cluster fit needs at least 6 configurations"),
+        ("lifetime", "the lifetime fit needs at least 10 spot VM lives with 3 revocations"),
+    ):
+        r = CliRunner().invoke(cli, ["fit", kind, "--db", str(p)])
+        assert r.exit_code == 1 and words in r.output, r.output
+    r = CliRunner().invoke(
+        cli,
+        [
+            "predict",
+            "speed",
+            "--gpu-type",
+            "v100",
+            "--flops-per-step",
+            "1e12",
+            "--params",
+            "1e7",
+            "--db",
+            str(p),
+        ],
+    )
+    assert r.exit_code == 1 and "no speed fit stored yet: run analyze fit speed first" in r.output
+
+
+def test_catalogue_extension_and_bad_rows(tmp_path: Path, monkeypatch) -> None:
+    extra = tmp_path / "extra.csv"
+    extra.write_text(
+        "name,aliases,fp32_tflops,fp16_tflops,tf32_tflops,memory_gb,memory_bandwidth_gbs\n"
+        "rtx4090,geforce rtx 4090,82.6,165.2,82.6,24,1008\n"
+    )
+    monkeypatch.setenv("CMDARE_ACCELERATORS", str(extra))
+    assert catalog.lookup("NVIDIA GeForce RTX 4090").name == "rtx4090"
+    assert catalog.lookup("v100").fp32_tflops == 15.7  # built-ins stay
+    extra.write_text(
+        "name,aliases,fp32_tflops,fp16_tflops,tf32_tflops,memory_gb,memory_bandwidth_gbs\nx,,fast,,,,\n"
+    )
+    with pytest.raises(AnalyticsError, match=r"extra.csv: row 2: fp32_tflops must be a number, got 'fast'"):
+        catalog.load()
