@@ -43,7 +43,7 @@ def save(con: duckdb.DuckDBPyConnection, fit: Fit) -> str:
             fit.groups,
             _clean(fit.cv.get("mape")),
             _clean(fit.cv.get("r2")),
-            json.dumps(_clean(fit.cv)),
+            json.dumps(_clean({k: v for k, v in fit.cv.items() if k != "predictions"})),
             json.dumps(fit.notes),
         ],
     )

@@ -195,6 +195,7 @@ def logo_cv(
         "mape": float(ape.mean()),
         "r2": 1 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
         "folds": folds,
+        "predictions": preds.tolist(),  # held out, row order (reports; not stored)
         "worst": sorted(
             ({"group": gr, "ape": float(a)} for gr, a in zip(groups, ape, strict=False)),
             key=lambda d: -d["ape"],

@@ -192,9 +192,11 @@ class Fleet:
                 )
         return job
 
-    def vm_lives(self, per_group: int = 40, owner_stop_share: float = 0.2) -> None:
-        """Spot VM lives: exponential lifetimes per group; a share stopped by the owner at
-        a uniform time (censored)."""
+    def vm_lives(self, per_group: int = 40, owner_stop_share: float = 0.3) -> None:
+        """Spot VM lives: exponential lifetimes per group; for a share of the VMs the owner
+        plans a stop at a uniform time within 48 h, independent of the lifetime (so the
+        censoring is non-informative, as Kaplan-Meier assumes); the earlier of the two
+        ends the life."""
         for (region, accel), rate in self.truth.hazard_per_hour.items():
             acc = self.cat[accel]
             for i in range(per_group):
@@ -203,7 +205,8 @@ class Fleet:
                 life = self.rng.expovariate(rate) * 3600
                 stop = None
                 if self.rng.random() < owner_stop_share:
-                    stop = self.rng.uniform(0.1, 1.0) * life
+                    planned = self.rng.uniform(0.0, 48 * 3600)
+                    stop = planned if planned < life else None
                 end = boot + (stop or life)
                 start = boot + self.rng.uniform(30, 90)
                 if end <= start + 20:
