@@ -452,6 +452,12 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
         for g, m in f.model.get("vm_startup_seconds", {}).items():
             click.echo(f"  vm start-up {g}: mean {m['mean']:.1f}s, n={m['n']}")
     if kind == "lifetime":
+        cv = f.cv
+        if "brier" in cv:
+            click.echo(
+                f"held-out (5 folds by VM) Brier score of P(revoked within {cv['horizon_hours']:.2f} h): "
+                f"{cv['brier']:.4f} (one pooled curve: {cv['brier_pooled']:.4f})"
+            )
         for g, c in f.model["curves"].items():
             med = "not reached" if c["median_hours"] is None else f"{c['median_hours']:.2f} h"
             click.echo(f"  {g}: {c['n']} lives, {c['events']} revoked, median lifetime {med}")

@@ -258,3 +258,16 @@ def test_catalogue_extension_and_bad_rows(tmp_path: Path, monkeypatch) -> None:
     )
     with pytest.raises(AnalyticsError, match=r"extra.csv: row 2: fp32_tflops must be a number, got 'fast'"):
         catalog.load()
+
+
+def test_lifetime_fit_reports_a_held_out_error_by_vm(fleet_db: Path) -> None:
+    out = cli_json("fit", "lifetime", "--db", str(fleet_db))
+    con = connect(fleet_db)
+    try:
+        cv = json.loads(
+            con.execute("SELECT cv FROM model_fits WHERE fit_id = ?", [out["fit_id"]]).fetchone()[0]
+        )
+    finally:
+        con.close()
+    assert cv["folds"] == 5 and cv["scored_lives"] > 100
+    assert 0 < cv["brier"] < cv["brier_pooled"]  # the per-group curves beat one pooled curve
