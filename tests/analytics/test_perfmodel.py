@@ -271,3 +271,55 @@ def test_lifetime_fit_reports_a_held_out_error_by_vm(fleet_db: Path) -> None:
         con.close()
     assert cv["folds"] == 5 and cv["scored_lives"] > 100
     assert 0 < cv["brier"] < cv["brier_pooled"]  # the per-group curves beat one pooled curve
+
+
+def test_tensorboard_exports_feed_the_speed_fit(tmp_path: Path) -> None:
+    """The acceptance path: global_step/sec CSV exports of runs, imported with analyze
+    import tensorboard and the job declared by flags, are what the speed fit uses."""
+    db = tmp_path / "tb.duckdb"
+    cat = catalog.load()
+    n = 0
+    for name, params, tensors, gflops in MODELS[:6]:
+        for acc in ("k80", "p100", "v100"):
+            flops = 3 * gflops * 1e9 * 32
+            rate = 1 / TRUTH.t1(flops, params, tensors, cat[acc])
+            d = tmp_path / f"{name}-{acc}"
+            d.mkdir()
+            lines, step = ["Wall time,Step,Value"], 0
+            for i in range(25):
+                step += max(1, round(rate * 10))
+                lines.append(f"{1.7e9 + 10 * (i + 1)},{step},{rate * (1 + 0.01 * ((i * 7) % 5 - 2))}")
+            (d / "run-.-tag-global_step_sec.csv").write_text("\n".join(lines) + "\n")
+            r = CliRunner().invoke(
+                cli,
+                [
+                    "import",
+                    "tensorboard",
+                    str(d),
+                    "--job",
+                    f"{name}-{acc}",
+                    "--gpu-type",
+                    acc,
+                    "--workers",
+                    "1",
+                    "--model",
+                    name,
+                    "--params",
+                    str(int(params)),
+                    "--tensors",
+                    str(tensors),
+                    "--flops-per-step",
+                    str(flops),
+                    "--batch-size",
+                    "32",
+                    "--tag",
+                    "global_step/sec",
+                    "--db",
+                    str(db),
+                ],
+            )
+            assert r.exit_code == 0, r.output
+            n += 1
+    out = cli_json("fit", "speed", "--db", str(db))
+    assert out["rows"] == n and out["groups"] == 6
+    assert out["cv_mape"] < 0.1
