@@ -617,7 +617,7 @@ def predict_cluster(
         for name, n in spec:
             acc = catalog.lookup(name)
             v1 = perfmodel.predict_speed(sfit, acc, flops_per_step, params, t)[0]
-            ws += [(1.0 / v1, 0.0)] * n
+            ws += [1.0 / v1] * n
         r = perfmodel.predict_cluster(cfit, ws, ps, params)
         out = {
             "prediction": r.pop("steps_per_second"),

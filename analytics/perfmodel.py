@@ -358,15 +358,15 @@ def fit_cluster(jobs: list[JobSpeed], speed_fit: dict[str, Any] | None) -> Fit:
     )
 
 
-def predict_cluster(
-    fit: dict[str, Any], workers: list[tuple[float, float]], ps: int, params: float
-) -> dict[str, float]:
-    """Cluster steps/s for workers given as [(single-worker step time T1_i, its interval
-    half-width ignored)], heterogeneous allowed: T_exp = 1 / sum(1/t_i) (spotDNN)."""
+def predict_cluster(fit: dict[str, Any], workers: list[float], ps: int, params: float) -> dict[str, float]:
+    """Cluster steps/s for workers given by their single-worker step times T1_i
+    (heterogeneous allowed: T_exp = 1 / sum(1/t_i), spotDNN), with an interval from each
+    worker's prediction interval, the speed the PS caps a homogeneous cluster at, and the
+    workers that reach 90 % of that cap."""
     lin = Linear(**fit["model"]["linear"])
     w = len(workers)
     v = lo = hi = 0.0
-    for t1, _ in workers:
+    for t1 in workers:
         t, tl, th = lin.predict(cluster_features(t1, params, w, ps))
         v += 1.0 / max(t, 1e-9)
         lo += 1.0 / max(th, 1e-9)
@@ -376,7 +376,7 @@ def predict_cluster(
     k = c * s / max(ps, 1)
     out = {"steps_per_second": v, "lower": lo, "upper": hi, "expected_step_seconds": 1.0 / v}
     if k > 0:
-        base = sum(a * t1 for t1, _ in workers) / w + b * s + d
+        base = sum(a * t1 for t1 in workers) / w + b * s + d
         out["ps_limit_steps_per_second"] = 1.0 / k  # the asymptote as workers grow
         out["workers_at_90pct_of_limit"] = 9.0 * base / k
     return out
