@@ -80,6 +80,7 @@ class KafkaIngest:
         self.options = consumer_options or {}
         self.commit_timeout = 10.0
         self.stall_after = 10.0  # no records this long: check whether the consumer is wedged
+        self.assign_after = 30.0  # no partitions assigned this long: rejoin with a fresh consumer
         self.consumer: Any = None
 
     def open(self) -> None:
@@ -127,6 +128,7 @@ class KafkaIngest:
 
     def _run(self, idle_exit: float | None) -> None:
         last_data = last_report = last_check = time.monotonic()
+        unassigned_since: float | None = None
         while not self.stop_event.is_set():
             batch: list[tuple[str, bytes | None]] = []
             offsets: dict[Any, int] = {}
@@ -159,6 +161,21 @@ class KafkaIngest:
                 last_data = now
             else:
                 self._commit_done()
+                # kafka-python can stay out of its group for good after a broker restart
+                # (seen in CI: no assignment for minutes); rejoin with a fresh consumer
+                if self.consumer.assignment():
+                    unassigned_since = None
+                elif unassigned_since is None:
+                    unassigned_since = now
+                elif now - unassigned_since >= self.assign_after:
+                    log.warning(
+                        "no partitions assigned for %.0fs; rejoining the group", now - unassigned_since
+                    )
+                    unassigned_since = None
+                    self.reconnect()
+                    if self.consumer is None:
+                        break
+                    continue
                 if now - max(last_data, last_check) >= self.stall_after:
                     last_check = now
                     if self.stalled():
