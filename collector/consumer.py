@@ -80,7 +80,8 @@ class KafkaIngest:
         self.options = consumer_options or {}
         self.commit_timeout = 10.0
         self.stall_after = 10.0  # no records this long: check whether the consumer is wedged
-        self.assign_after = 30.0  # no partitions assigned this long: rejoin with a fresh consumer
+        self.assign_after = 30.0  # out of the group this long: rejoin with a fresh consumer
+        self.rejoins = 0
         self.consumer: Any = None
 
     def open(self) -> None:
@@ -162,8 +163,9 @@ class KafkaIngest:
             else:
                 self._commit_done()
                 # kafka-python can stay out of its group for good after a broker restart
-                # (seen in CI: no assignment for minutes); rejoin with a fresh consumer
-                if self.consumer.assignment():
+                # (seen in CI: no assignment for minutes); rejoin with a fresh consumer.  A
+                # stable member without partitions (more collectors than partitions) is fine.
+                if self.consumer.assignment() or self._in_group():
                     unassigned_since = None
                 elif unassigned_since is None:
                     unassigned_since = now
@@ -172,6 +174,7 @@ class KafkaIngest:
                         "no partitions assigned for %.0fs; rejoining the group", now - unassigned_since
                     )
                     unassigned_since = None
+                    self.rejoins += 1
                     self.reconnect()
                     if self.consumer is None:
                         break
@@ -190,6 +193,15 @@ class KafkaIngest:
             if self.progress and now - last_report >= self.progress_every:
                 self.progress(self.totals)
                 last_report = now
+
+    def _in_group(self) -> bool:
+        """Whether the consumer is a stable member of its group (kafka-python's coordinator
+        state; True when that cannot be read, so that nothing is restarted on a guess)."""
+        coord = getattr(self.consumer, "_coordinator", None)
+        try:
+            return bool(coord.stable()) if coord is not None else True
+        except Exception:
+            return True
 
     def _commit_done(self) -> None:
         """Commit the offsets of every batch whose DuckDB transaction has committed."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import BIN, KafkaBroker, agent_env
+from tests.conftest import BIN, KafkaBroker, agent_env, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -254,3 +254,52 @@ def test_collector_resumes_after_a_broker_restart_while_idle(
         collector.kill()
     con = duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True)
     assert con.execute("SELECT count(*) FROM heartbeats").fetchone()[0] == 12
+
+
+def test_a_second_collector_without_partitions_stays_in_the_group(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Two collectors in one group on a one-partition topic: the one without a partition is
+    a stable member and is left alone (no rejoin churn that would move the partition)."""
+    import threading
+
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from cmdare.agent.config import parse_kafka_url
+    from cmdare.agent.events import EventFactory, encode_many
+    from cmdare.collector.consumer import KafkaIngest
+    from cmdare.collector.db import connect
+
+    topic = f"it-two-{uuid.uuid4().hex[:6]}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+    admin.close()
+    prod = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all")
+    f = EventFactory("n", "worker", "j")
+    prod.send(topic, encode_many(f.make("heartbeat", {"seq": i}) for i in range(3)), key=b"k")
+    prod.flush()
+    url = parse_kafka_url("url", kafka_broker.url(topic))
+    ings, threads = [], []
+    for i in range(2):
+        ing = KafkaIngest(connect(tmp_path / f"c{i}.duckdb"), url, group=f"two-{topic}", max_wait=0.2)
+        ing.assign_after = 3.0
+        ings.append(ing)
+        threads.append(threading.Thread(target=ing.run, daemon=True))
+    for t in threads:
+        t.start()
+        time.sleep(1.0)
+    try:
+        wait_for(lambda: sum(i.totals.events for i in ings) == 3, 30, what="the 3 events stored")
+        time.sleep(8)  # well past assign_after for the member without a partition
+        assert sorted(len(i.consumer.assignment()) for i in ings) == [0, 1]
+        assert [i.rejoins for i in ings] == [0, 0]
+        prod.send(topic, encode_many(f.make("heartbeat", {"seq": 10 + i}) for i in range(2)), key=b"k")
+        prod.flush()
+        wait_for(lambda: sum(i.totals.events for i in ings) == 5, 30, what="2 more events")
+    finally:
+        prod.close()
+        for i in ings:
+            i.stop()
+        for t in threads:
+            t.join(15)
