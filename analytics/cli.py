@@ -443,7 +443,7 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
     for k, v in out["coefficients"].items():
         click.echo(f"  {k} = {v:.6g}")
     if kind == "overhead":
-        for k in ("resume_after_revocation_seconds",):
+        for k in ("resume_after_revocation_seconds", "resume_after_restart_seconds"):
             if k in f.model:
                 m = f.model[k]
                 click.echo(

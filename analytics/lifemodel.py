@@ -77,6 +77,17 @@ def fit_overhead(con: duckdb.DuckDBPyConnection) -> Fit:
     ).fetchall()
     if resume:
         model["resume_after_revocation_seconds"] = _mean_ci([x[0] for x in resume if x[0] is not None])
+    restart = con.execute(
+        """WITH r AS (
+               SELECT job, run, min(epoch(ts) - coalesce(steps / nullif(steps_per_second, 0), 0)) AS first_t,
+                      max(epoch(ts)) AS last_t
+               FROM steps GROUP BY job, run),
+           g AS (SELECT job, first_t - lag(last_t) OVER (PARTITION BY job ORDER BY first_t) AS gap FROM r)
+           SELECT gap FROM g WHERE gap > 0"""
+    ).fetchall()
+    if restart:
+        # any restart of a job (a new run): previous run's last step to the new run's first
+        model["resume_after_restart_seconds"] = _mean_ci([x[0] for x in restart])
     starts = con.execute(
         """WITH s AS (
                SELECT node, round(boot_time) AS boot, min(epoch(ts)) - any_value(boot_time) AS secs
@@ -90,7 +101,12 @@ def fit_overhead(con: duckdb.DuckDBPyConnection) -> Fit:
         for region, acc, spot, secs in starts:
             by.setdefault(f"{region}/{acc}/{'spot' if spot else 'on-demand'}", []).append(secs)
         model["vm_startup_seconds"] = {k: _mean_ci(v) for k, v in sorted(by.items())}
-    if not model["checkpoint"] and "resume_after_revocation_seconds" not in model and not starts:
+    if (
+        not model["checkpoint"]
+        and "resume_after_revocation_seconds" not in model
+        and not starts
+        and not restart
+    ):
         raise AnalyticsError(
             "the overhead fit found no checkpoint timings, revocations or VM starts; " + "; ".join(notes)
         )

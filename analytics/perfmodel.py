@@ -258,6 +258,7 @@ class Fit:
             "data_from": self.data_from.isoformat(sep=" ") if self.data_from else None,
             "data_to": self.data_to.isoformat(sep=" ") if self.data_to else None,
             "coefficients": self.model.get("coefficients", {}),
+            **{k: v for k, v in self.model.items() if k.endswith("_seconds")},  # overhead means
             "notes": self.notes,
         }
 

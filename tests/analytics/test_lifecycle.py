@@ -272,3 +272,10 @@ def test_goodput_adds_up_to_the_wall_time(db: Path) -> None:
 def test_goodput_of_an_unknown_job_is_a_one_line_error(db: Path) -> None:
     r = CliRunner().invoke(cli, ["goodput", "--job", "nope", "--db", str(db)])
     assert r.exit_code == 1 and r.output.strip() == "Error: no steps for job 'nope' (jobs with steps: j1)"
+
+
+def test_overhead_fit_measures_resume_after_the_revocation_and_the_restart(db: Path) -> None:
+    out = run("fit", "overhead", "--db", str(db))
+    assert out["resume_after_revocation_seconds"]["mean"] == pytest.approx(120.0)  # notice +600 -> step +720
+    assert out["resume_after_restart_seconds"]["mean"] == pytest.approx(95.0)  # r1 ends +625, r2 steps +720
+    assert any("checkpoint save: needs at least 5 timings" in n for n in out["notes"])
