@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from tests.agent.test_torch import B, Examples, collect, mlp, totals  # noqa: E402
+from tests.agent.test_adapter_torch import B, Examples, collect, mlp, totals  # noqa: E402
 
 INPUT = dict(width=32, hidden=32, work=40, deep=0)  # loader-heavy, tiny model
 COMPUTE = dict(width=1024, hidden=4096, work=0, deep=2)  # ~7 GFLOP per step

@@ -1,7 +1,10 @@
 """The PyTorch loop wrapper around a real training loop fed by a real multi-process
 DataLoader (2 workers), its records received by the agent's train source: input-bound and
 compute-bound loops told apart, the job declared with the module's own counts, and FLOPs
-per step measured by torch's flop counter."""
+per step measured by torch's flop counter.
+
+(Named to run before test_keras.py: the DataLoader forks its workers, which is safest
+before JAX, loaded by the Keras test, has started its threads.)"""
 
 from __future__ import annotations
 
