@@ -35,7 +35,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,11 +112,10 @@ class Identity:
     accelerator: str | None = None
     accelerator_count: int | None = None
     boot_time: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def data(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k != "extra" and v is not None}
-        return d
+        """The ``instance`` event's data: the fields that are known."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 @dataclass

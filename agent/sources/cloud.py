@@ -199,8 +199,15 @@ class CloudSource(Source):
         elif self.client is not None:
             self._poll_loop()
 
+    def _key(self, n: cloud.Notice) -> str:
+        return f"{int(self.boot)}:{n.notice_id}"  # notices belong to this boot of the VM
+
+    def _spooled(self, key: str) -> bool:
+        """Handed to the agent by this process, or published by an earlier one."""
+        return key in self.emitted or (self.state is not None and self.state.published(key))
+
     def _notice(self, n: cloud.Notice) -> None:
-        key = f"{int(self.boot)}:{n.notice_id}"  # notices belong to this boot of the VM
+        key = self._key(n)
         if key in self._queued or (self.state is not None and self.state.published(key)):
             return
         self._queued.add(key)
@@ -271,13 +278,13 @@ class CloudSource(Source):
                 return
             for n in notices:
                 self._notice(n)
-                key = f"{int(self.boot)}:{n.notice_id}"
+                key = self._key(n)
                 # approve only what the agent has already spooled (emitted before a flush)
                 if (
                     isinstance(self.client, cloud.Azure)
                     and n.action in approve
-                    and key in self.emitted
                     and key not in approved
+                    and self._spooled(key)
                 ):
                     eid = n.notice_id.split(":", 1)[1]
                     try:

@@ -254,3 +254,24 @@ def test_no_cloud_is_detected_quickly_and_still_publishes_the_local_identity(ser
 def test_config_errors_name_the_key(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         CloudSource.parse_config("sources.cloud", raw)
+
+
+def test_azure_approval_of_a_notice_published_before_a_restart(servers, tmp_path: Path) -> None:
+    srv = serve(servers, "azure")
+    state = AgentState(tmp_path)
+    state.new_boot(BOOT)
+    first = Run(srv.url, state=state, provider="azure")
+    try:
+        first.wait(lambda: first.of("instance"))
+        srv.preempt(lead=60)
+        first.wait(lambda: first.of("revocation"))
+    finally:
+        first.close()
+    assert srv.approved == []
+    again = Run(srv.url, state=AgentState(tmp_path), provider="azure", azure_approve=["Preempt"])
+    try:
+        again.wait(lambda: srv.approved)  # published (and spooled) by the first process
+        again.drain()
+        assert again.of("revocation") == []  # not published twice
+    finally:
+        again.close()
