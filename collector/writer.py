@@ -70,13 +70,24 @@ for _t, _fields in DATA_FIELDS.items():
         assert _ALL_FIELDS.setdefault(_n, _k) == _k, f"data field {_n} has two kinds"
         assert _n not in _RESERVED, f"data field {_t}.{_n}: the name is reserved by the collector"
 
-# One json_transform per line: every envelope key and every known data field as raw JSON
-# text, so a line is parsed once and types are checked on the text (first character).
+# One json_transform per line: every envelope key and every data field of the high-volume
+# types as raw JSON text, so a sample is parsed once and types are checked on the text
+# (first character).  The struct's width is paid on every line, so the rare types (job
+# declarations, checkpoints, lifecycle, notices...) are not in it: their few lines have
+# their data parsed a second time, with a struct of their own fields (see _type_sql).
+HOT_TYPES = ("host", "gpu", "gpu_event", "tpu", "heartbeat", "status", "train_steps")
+_HOT_FIELDS = [n for n in _ALL_FIELDS if any(n in DATA_FIELDS[t] for t in HOT_TYPES)]
+
+
+def _struct(fields: list[str]) -> str:
+    return "{" + ", ".join(f'"{n}":"JSON"' for n in fields) + "}"
+
+
 _STRUCT = (
     "{"
     + ", ".join(
         [f'"{k}":"JSON"' for k in ("v", "id", "ts", "node", "role", "job", "labels", "type")]
-        + ['"data":{' + ", ".join(f'"{n}":"JSON"' for n in _ALL_FIELDS) + "}"]
+        + ['"data":' + _struct(_HOT_FIELDS)]
     )
     + "}"
 )
@@ -154,7 +165,7 @@ SELECT origin, line_no, n,
       WHEN {_present("r.labels")} AND (left(r.labels, 1) <> '{{' OR NOT coalesce(list_bool_and(
              list_transform(json_extract(r.labels, '$.*'), lambda x: json_type(x) = 'VARCHAR')), true))
         THEN 'field ''labels'' must be an object of string values'
-      WHEN r.data IS NULL OR ({" AND ".join(f'r.data."{n}" IS NULL' for n in _ALL_FIELDS)}
+      WHEN r.data IS NULL OR ({" AND ".join(f'r.data."{n}" IS NULL' for n in _HOT_FIELDS)}
                              AND json_type(line, '$.data') IS DISTINCT FROM 'OBJECT')
         THEN 'field ''data'' must be an object'
     END AS reason
@@ -175,11 +186,18 @@ def _type_sql(type_: str, dedup: bool) -> tuple[str, list[str]]:
             f"WHEN {_present(x)} AND NOT ({ok}) THEN "
             f"{_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)"
         )
+    if type_ in HOT_TYPES:
+        src = f"(SELECT * FROM _ev WHERE reason IS NULL AND type = {_q(type_)})"
+    else:  # a rare type: its data parsed again, with its own fields only
+        src = f"""(SELECT e.origin, e.line_no, e.n, e.id, e.ts, e.node, e.job,
+                   json_transform(json_extract(b.line, '$.data'), '{_struct(list(fields))}') AS d
+            FROM (SELECT * FROM _ev WHERE reason IS NULL AND type = {_q(type_)}) e
+            JOIN _batch b ON b.origin = e.origin AND b.line_no = e.line_no)"""
     sql = f"""
 CREATE OR REPLACE TEMP TABLE _t AS
 SELECT origin, line_no, n, id, ts, node, job, {", ".join(values)},
        CASE {" ".join(checks)} END AS reason
-FROM _ev WHERE reason IS NULL AND type = {_q(type_)}
+FROM {src}
 {_FIRST_OF_ID if dedup else ""}
 """
     return sql, list(fields)

@@ -118,6 +118,19 @@ MALFORMED = [
         b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"status","data":{"ok":"yes"}}',
         'status.ok must be bool, got "yes"',
     ),
+    # rare types have their data parsed with their own fields: same checks, same reasons
+    (
+        b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"lifecycle","data":{"boot_time":"yesterday"}}',
+        'lifecycle.boot_time must be float, got "yesterday"',
+    ),
+    (
+        b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"train_job","data":{"params":2.5}}',
+        "train_job.params must be int, got 2.5",
+    ),
+    (
+        b'{"v":1,"id":"a","ts":1.7e9,"node":"n","role":"worker","type":"revocation","data":["TRUE"]}',
+        "field 'data' must be an object",
+    ),
 ]
 
 
