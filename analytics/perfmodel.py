@@ -37,19 +37,35 @@ ALPHA = 0.05  # 95 % intervals
 
 
 # -- steady state -----------------------------------------------------------------------
-def steady_rate(intervals: list[tuple[float, float, float]]) -> float | None:
-    """``[(end ts, steps, span seconds)]`` of one rank -> its steady steps/s (see the
-    module doc), or None when too few intervals remain."""
-    iv = sorted((t, n, s) for t, n, s in intervals if s and s > 0 and n and n > 0)
-    if len(iv) < MIN_RAMP_INTERVALS + MIN_KEPT + 1:
-        return None
-    t_start = iv[0][0] - iv[0][2]
-    t_end = iv[-1][0]
-    ramp_end = t_start + RAMP_SHARE * (t_end - t_start)
-    kept = [x for i, x in enumerate(iv[:-1]) if i >= MIN_RAMP_INTERVALS and x[0] - x[2] >= ramp_end]
-    if len(kept) < MIN_KEPT:
-        return None
-    return float(np.median([n / s for _, n, s in kept]))
+# Computed in DuckDB (a fleet's step intervals need not fit in memory): per job, run and
+# rank, number the intervals in time order, keep those after the ramp and before the tail,
+# then per job and rank the median over the kept intervals of all its runs.
+STEADY_SQL = f"""
+WITH s AS (
+    SELECT job, run, rank, ts, steps,
+           coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps) AS span
+    FROM steps),
+w AS (
+    SELECT job, rank, ts, steps / span AS rate, epoch(ts) - span AS begins,
+           row_number() OVER p AS i, count(*) OVER p AS n,
+           min(epoch(ts) - span) OVER p AS t_start, max(epoch(ts)) OVER p AS t_end
+    FROM s WHERE span > 0 AND steps > 0
+    WINDOW p AS (PARTITION BY job, run, rank ORDER BY ts
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING))
+SELECT job, coalesce(rank, 0) AS rank, median(rate) AS rate, count(*) AS kept
+FROM w
+WHERE i > {MIN_RAMP_INTERVALS} AND i < n AND begins >= t_start + {RAMP_SHARE} * (t_end - t_start)
+GROUP BY ALL HAVING count(*) >= {MIN_KEPT}
+"""
+
+
+def steady_rates(con: duckdb.DuckDBPyConnection) -> dict[str, dict[int, float]]:
+    """job -> rank -> steady steps/s (see the module doc); ranks with too few intervals
+    are absent."""
+    out: dict[str, dict[int, float]] = {}
+    for job, rank, rate, _ in con.execute(STEADY_SQL).fetchall():
+        out.setdefault(job, {})[int(rank)] = float(rate)
+    return out
 
 
 @dataclass
@@ -77,19 +93,15 @@ def job_speeds(con: duckdb.DuckDBPyConnection) -> tuple[list[JobSpeed], list[str
                   arg_max(flops_per_step, ts), arg_max(params, ts), arg_max(tensors, ts), arg_max(batch_size, ts)
            FROM jobs GROUP BY job"""
     ).fetchall()
-    rows = con.execute(
-        """SELECT job, rank, epoch(ts), steps, coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps), ts
-           FROM steps ORDER BY job, rank, ts"""
-    ).fetchall()
-    by: dict[str, dict[int, list[tuple[float, float, float]]]] = {}
-    span: dict[str, list[dt.datetime]] = {}
-    for job, rank, t, n, s, ts in rows:
-        by.setdefault(job, {}).setdefault(int(rank or 0), []).append((t, n, s))
-        span.setdefault(job, []).append(ts)
+    span = {
+        job: (t0, t1)
+        for job, t0, t1 in con.execute("SELECT job, min(ts), max(ts) FROM steps GROUP BY job").fetchall()
+    }
+    rates = steady_rates(con)
     cat = catalog.load()
     out, skipped = [], []
     for job, model, accel, world, ps, flops, params, tensors, batch in decl:
-        if job not in by:
+        if job not in span:
             continue
         missing = [
             k for k, v in (("accelerator", accel), ("flops_per_step", flops), ("params", params)) if not v
@@ -102,8 +114,7 @@ def job_speeds(con: duckdb.DuckDBPyConnection) -> tuple[list[JobSpeed], list[str
         except AnalyticsError:
             skipped.append(f"{job}: accelerator {accel!r} not in the catalogue")
             continue
-        rates = {r: steady_rate(iv) for r, iv in by[job].items()}
-        good = {r: v for r, v in rates.items() if v is not None}
+        good = rates.get(job)
         if not good:
             skipped.append(f"{job}: too few step intervals for a steady state")
             continue
@@ -121,8 +132,8 @@ def job_speeds(con: duckdb.DuckDBPyConnection) -> tuple[list[JobSpeed], list[str
                 float(tensors or 1),
                 float(batch) if batch else None,
                 speed,
-                min(span[job]),
-                max(span[job]),
+                span[job][0],
+                span[job][1],
                 acc,
             )
         )

@@ -48,10 +48,24 @@ def cli_json(*args: str) -> dict[str, Any]:
     return json.loads(r.output)
 
 
-def test_steady_state_skips_the_ramp_the_tail_and_outliers() -> None:
-    iv = [(10.0 * (i + 1), n, 10.0) for i, n in enumerate([30, 60, 85, 100, 101, 99, 30, 100, 102, 40])]
-    assert perfmodel.steady_rate(iv) == pytest.approx(10.0)  # ramp, a slow interval and the tail ignored
-    assert perfmodel.steady_rate(iv[:5]) is None  # too short for a steady state
+def test_steady_state_skips_the_ramp_the_tail_and_outliers(tmp_path: Path) -> None:
+    con = connect(tmp_path / "s.duckdb")
+    try:
+        for job, counts in (
+            ("long", [30, 60, 85, 100, 101, 99, 30, 100, 102, 40]),
+            ("short", [30, 60, 85, 100, 101]),
+        ):
+            for i, n in enumerate(counts):
+                con.execute(
+                    "INSERT INTO steps (id, ts, node, job, run, rank, steps, steps_per_second) "
+                    "VALUES (?, make_timestamp(?::BIGINT), 'n', ?, 'r', 0, ?, ?)",
+                    [f"{job}{i}", int((1.7e9 + 10 * (i + 1)) * 1e6), job, n, n / 10.0],
+                )
+        rates = perfmodel.steady_rates(con)
+    finally:
+        con.close()
+    assert rates["long"][0] == pytest.approx(10.0)  # ramp, a slow interval and the tail ignored
+    assert "short" not in rates  # too short for a steady state
 
 
 def test_speed_fit_recovers_the_roofline_and_predicts_held_out_models(fleet_db: Path) -> None:
