@@ -181,6 +181,13 @@ class CloudSource(Source):
                 "aws": lambda: cloud.Aws(self.http, cfg["aws_token_ttl"]),
                 "azure": lambda: cloud.Azure(self.http),
             }[provider]()
+        # notices must not wait for the identity: GCE and AWS watchers start first (Azure
+        # needs the VM's name to pick its own events, so it watches once that is known)
+        if isinstance(self.client, cloud.Gce):
+            self._thread(self._gce, "cmdare-gce-maintenance", "maintenance-event")
+            self._thread(self._gce, "cmdare-gce-preempted", "preempted")
+        elif isinstance(self.client, cloud.Aws):
+            self._thread(self._poll_loop, "cmdare-aws-notices")
         if self.client is not None:
             ident = self._retry("identity", self.client.identity)
             if ident is None:
@@ -193,10 +200,7 @@ class CloudSource(Source):
         ident.boot_time = self.boot
         self.identity = ident
         self._put("instance", ident.data(), time.time())
-        if isinstance(self.client, cloud.Gce):
-            self._thread(self._gce, "cmdare-gce-maintenance", "maintenance-event")
-            self._gce("preempted")
-        elif self.client is not None:
+        if isinstance(self.client, cloud.Azure):
             self._poll_loop()
 
     def _key(self, n: cloud.Notice) -> str:

@@ -275,3 +275,20 @@ def test_azure_approval_of_a_notice_published_before_a_restart(servers, tmp_path
         assert again.of("revocation") == []  # not published twice
     finally:
         again.close()
+
+
+@pytest.mark.parametrize("cloud_", ["gce", "aws"])
+def test_notices_do_not_wait_for_a_failing_identity(servers, cloud_: str) -> None:
+    srv = serve(servers, cloud_)
+    srv.fail_paths = {"/computeMetadata/v1/instance/", "/latest/dynamic/instance-identity/document"}
+    run = Run(srv.url, provider=cloud_)
+    try:
+        run.wait(lambda: "identity" in run.src.problems)
+        time.sleep(0.3)
+        srv.preempt()
+        run.wait(lambda: run.of("revocation"))
+        assert run.of("instance") == []  # still failing, reported, retried
+        srv.fail_paths = set()
+        run.wait(lambda: run.of("instance"), timeout=8)
+    finally:
+        run.close()

@@ -67,6 +67,7 @@ class FakeMetadata:
         self.refused_tokens = 0
         self.announced_at: float | None = None  # time.time() when the last notice appeared
         self.server: ThreadingHTTPServer | None = None
+        self.fail_paths: set[str] = set()  # paths (without query) that answer 500 while "ok"
 
     @staticmethod
     def _etag(key: str, value: str) -> str:
@@ -270,6 +271,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self._misbehave():
             return
         u = urlsplit(self.path)
+        if u.path in s.fail_paths:
+            return self._send(500, "internal error")
         q = {k: v[0] for k, v in parse_qs(u.query).items()}
         if s.cloud == "gce":
             return self._gce(u.path, q)
