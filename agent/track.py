@@ -62,6 +62,12 @@ class Run:
         self._head = {"v": PROTOCOL, "job": job, "run": run, "rank": rank, "pid": os.getpid()}
         self._send({"k": "job", **declared})
 
+    def declare(self, **fields: Any) -> None:
+        """Add to this process's job declaration (e.g. ``flops_per_step`` once measured)
+        and send it again; the agent forwards it at once and the latest one counts."""
+        self.declared.update({k: v for k, v in fields.items() if v not in (None, "")})
+        self._send({"k": "job", **self.declared})
+
     # -- transport ---------------------------------------------------------------------
     def _send(self, msg: dict[str, Any], records: int = 1) -> bool:
         msg.update(self._head)

@@ -51,8 +51,7 @@ class HookClock:
             self._counting = False
             self.flops_per_step = float(self._flops.get_total_flops())
             self._flops = None
-            self.run.declared["flops_per_step"] = self.flops_per_step
-            self.run._send({"k": "job", **self.run.declared})
+            self.run.declare(flops_per_step=self.flops_per_step)
             self.pause()  # the counted step was slowed: not recorded
             return
         self.run.step(examples=examples)

@@ -104,8 +104,7 @@ class TorchRun:
             with counter:
                 yield first  # the caller's first training step runs here
             self.flops_per_step = float(counter.get_total_flops())
-            self.run.declared["flops_per_step"] = self.flops_per_step
-            self.run._send({"k": "job", **self.run.declared})
+            self.run.declare(flops_per_step=self.flops_per_step)
             self.run.pause()  # the counted step was slowed: the next one starts the clock
         yield from self.run.batches(it, count)
 
