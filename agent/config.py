@@ -146,13 +146,26 @@ class AgentConfig:
     labels: dict[str, str] = field(default_factory=dict)
     interval: float = 10.0
     log_level: str = "info"
+    sample_format: str = "rows"  # host / gpu / tpu samples as row lines; "json": every event a JSON object
     spool: SpoolConfig = field(default_factory=SpoolConfig)
     sink: SinkConfig = field(default_factory=SinkConfig)
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     path: str | None = None  # where it was read from, for messages
 
 
-_TOP_KEYS = {"node", "role", "job", "labels", "interval", "log_level", "spool", "sink", "sources"}
+_TOP_KEYS = {
+    "node",
+    "role",
+    "job",
+    "labels",
+    "interval",
+    "log_level",
+    "sample_format",
+    "spool",
+    "sink",
+    "sources",
+}
+SAMPLE_FORMATS = ("rows", "json")
 _SPOOL_KEYS = {"dir", "max_bytes", "max_age", "segment_bytes", "fsync", "fsync_interval"}
 _SINK_KEYS = {
     "url",
@@ -287,6 +300,12 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
         cfg.log_level = _str("log_level", tree["log_level"]).lower()
         if cfg.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level: must be one of {', '.join(LOG_LEVELS)}, got {tree['log_level']!r}")
+    if "sample_format" in tree:
+        cfg.sample_format = _str("sample_format", tree["sample_format"]).lower()
+        if cfg.sample_format not in SAMPLE_FORMATS:
+            raise ConfigError(
+                f"sample_format: must be one of {', '.join(SAMPLE_FORMATS)}, got {tree['sample_format']!r}"
+            )
 
     sp = _table("spool", tree.get("spool", {}))
     _unknown("spool", set(sp), _SPOOL_KEYS)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -215,16 +216,126 @@ MAX_NAME_LEN = 256
 
 
 class Encoded(dict):
-    """Event data that also carries its JSON text, made by the source that built it (the
-    hot path: a GPU sample formatted from a template costs a fifth of the generic encoder).
-    ``text`` must equal the compact JSON encoding of the dict, byte for byte; tests check
-    every producer of it."""
+    """Event data that also carries its encoded text, made by the source that built it (the
+    hot path: a GPU sample formatted from a template costs a fraction of the generic
+    encoders).  ``text``, when set, must equal the compact JSON encoding of the dict, and
+    ``row``, when set, ``encode_row_data`` of it, byte for byte; tests check every producer."""
 
-    __slots__ = ("text",)
+    __slots__ = ("text", "row")
 
-    def __init__(self, data: dict[str, Any], text: str) -> None:
+    def __init__(self, data: dict[str, Any], text: str | None = None, row: str | None = None) -> None:
         super().__init__(data)
-        self.text = text
+        self.text, self.row = text, row
+
+
+# -- the row form -------------------------------------------------------------------------
+# A high-volume sample can travel as one tab-separated line instead of a JSON object:
+#
+#   r1<TAB>type<TAB>id<TAB>ts<TAB>node<TAB>role<TAB>job<TAB>labels<TAB>field1<TAB>field2...
+#
+# the data fields in DATA_FIELDS order (new fields are only ever appended), an empty field
+# meaning absent; trailing absent fields are left off.  Same event, same validation, same
+# tables: only the encoding differs, and it costs the collector a fifth of the JSON form to
+# parse (no keys, no nesting).  Documented in docs/wire-format.md ("Row form").
+ROW_PREFIX = "r1"
+ROW_TYPES = ("host", "gpu", "tpu")  # what the agent sends as rows (``sample_format = "rows"``)
+ROW_ENVELOPE = ("type", "id", "ts", "node", "role", "job", "labels")  # after the prefix
+
+
+def row_str(s: str) -> str:
+    """A string field: as is, or as a JSON string literal when it is empty, starts with a
+    quote or holds a tab, line break or other character that is not printable."""
+    if s and s[0] != '"' and s.isprintable():
+        return s
+    return _encoder.encode(s)
+
+
+def row_field(kind: str, v: Any) -> str:
+    if v is None:
+        return ""
+    if kind == STR:
+        return row_str(v)
+    if kind == BOOL:
+        return "true" if v else "false"
+    if kind in (FLOAT, INT):
+        return _encoder.encode(v)  # int -> digits, float -> repr; NaN / Infinity refused
+    return _encoder.encode(v)  # the list kinds: compact JSON (never a raw tab or newline)
+
+
+def encode_row_data(type_: str, data: Mapping[str, Any]) -> str | None:
+    """The data fields of a row line, or None when ``data`` holds a field the type does not
+    declare (only the JSON form can carry it)."""
+    spec = DATA_FIELDS[type_]
+    if not data.keys() <= spec.keys():
+        return None
+    return "\t".join(row_field(k, data.get(n)) for n, (k, _) in spec.items()).rstrip("\t")
+
+
+def _row_value(type_: str, name: str, kind: str, x: str) -> Any:
+    """Decode one row field (``x`` non-empty); InvalidEvent naming the field otherwise."""
+    try:
+        if kind == FLOAT:
+            v = float(x)
+            if math.isfinite(v):
+                return v
+        elif kind == INT:
+            if _INT_TEXT.fullmatch(x) and -(2**63) <= int(x) < 2**63:
+                return int(x)
+        elif kind == STR:
+            v = json.loads(x) if x[0] == '"' else x
+            if type(v) is str:
+                return v
+        elif kind == BOOL:
+            if x in ("true", "false"):
+                return x == "true"
+        else:
+            v = json.loads(x)
+            if _kind_ok(kind, v):
+                return v
+    except ValueError:
+        pass
+    raise InvalidEvent(f"{type_}.{name} must be {kind}, got {x[:60]}")
+
+
+def decode_row(line: str) -> dict[str, Any]:
+    """A row line as the event dict it stands for (not yet validated)."""
+    parts = line.rstrip("\n").split("\t")
+    if parts[0] != ROW_PREFIX:
+        raise InvalidEvent(f"unsupported row format {parts[0][:20]!r} (this collector reads {ROW_PREFIX})")
+    if len(parts) < 1 + len(ROW_ENVELOPE):
+        raise InvalidEvent(
+            f"row has {len(parts)} fields, fewer than the {1 + len(ROW_ENVELOPE)} of the envelope"
+        )
+    type_, id_, ts, node, role, job, labels = parts[1:8]
+    ev: dict[str, Any] = {"v": VERSION}
+    for key, x in (("type", type_), ("id", id_), ("node", node), ("role", role), ("job", job)):
+        ev[key] = _row_value("row", key, STR, x) if x else ""
+    try:
+        ev["ts"] = float(ts)
+    except ValueError:
+        ev["ts"] = ts  # validate() says what is wrong with it
+    try:
+        ev["labels"] = json.loads(labels) if labels else {}
+    except ValueError:
+        raise InvalidEvent("field 'labels' must be an object of string values") from None
+    spec = DATA_FIELDS.get(ev["type"])
+    values = parts[8:]
+    if spec is None:
+        raise InvalidEvent(f"row of type {ev['type'][:60]!r}, which this collector does not know")
+    if len(values) > len(spec):
+        raise InvalidEvent(
+            f"{ev['type']} row has {len(values)} data fields; this collector knows {len(spec)} (a newer agent?)"
+        )
+    ev["data"] = {
+        name: _row_value(ev["type"], name, kind, x)
+        for (name, (kind, _)), x in zip(spec.items(), values, strict=False)
+        if x
+    }
+    return ev
+
+
+_INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
+_ROW_START = re.compile(r"r[0-9]+\t")  # a row line; anything else is read as JSON
 
 
 _JSTR: dict[str, str] = {}
@@ -274,10 +385,19 @@ class IdGenerator:
 class EventFactory:
     """Builds envelopes for one agent: node, role, job and labels stamped on every event."""
 
-    def __init__(self, node: str, role: str, job: str = "", labels: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        node: str,
+        role: str,
+        job: str = "",
+        labels: Mapping[str, str] | None = None,
+        rows: bool = False,
+    ):
         self.ids = IdGenerator()
         self.node, self.role, self.job = node, role, job
         self.labels = dict(labels or {})
+        self.rows = rows  # ROW_TYPES go out in the row form
+        self._row_mids: dict[str, str] = {}
         # what every line of this agent repeats, encoded once (see ``line``)
         self._mids: dict[str, str] = {}
         self._mid = self._job_mid(job)
@@ -294,18 +414,34 @@ class EventFactory:
         """``encode(self.make(type_, data, ts, job, id))``, byte for byte, without
         re-encoding the envelope fields that never change (the agent's hot path).  ``id``:
         a source's own deterministic id (re-reading a file yields the same events)."""
-        t = self._types.get(type_)
-        if t is None:
-            t = self._types[type_] = f'{_encoder.encode(type_)},"data":'
         ts_ = round(time.time() if ts is None else ts, 6)
         if not math.isfinite(ts_):
             raise ValueError(f"event timestamp must be finite, got {ts_!r}")
+        if self.rows and type_ in ROW_TYPES:
+            row = data.row if type(data) is Encoded and data.row is not None else encode_row_data(type_, data)
+            if row is not None:
+                j = self.job if job is None else job
+                mid = self._row_mids.get(j) or self._row_mid(j)
+                id_ = row_str(id) if id else self.ids.next()
+                return f"{ROW_PREFIX}\t{type_}\t{id_}\t{ts_!r}{mid}{row}\n".encode()
+        t = self._types.get(type_)
+        if t is None:
+            t = self._types[type_] = f'{_encoder.encode(type_)},"data":'
         mid = self._mid
         if job is not None and job != self.job:  # a training job's event carries that job's id
             mid = self._mids.get(job) or self._job_mid(job)
         id_ = _encoder.encode(id) if id else f'"{self.ids.next()}"'
-        body = data.text if type(data) is Encoded else _encoder.encode(data)
+        body = data.text if type(data) is Encoded and data.text is not None else _encoder.encode(data)
         return (f'{{"v":{VERSION},"id":{id_},"ts":{ts_!r}{mid}{t}{body}}}\n').encode()
+
+    def _row_mid(self, job: str) -> str:
+        """The pre-encoded row fields between ``ts`` and the data, for events of ``job``."""
+        if len(self._row_mids) > 1000:
+            self._row_mids.clear()
+        m = self._row_mids[job] = (
+            f"\t{row_str(self.node)}\t{self.role}\t{row_str(job) if job else ''}\t{_encoder.encode(self.labels)}\t"
+        )
+        return m
 
     def _job_mid(self, job: str) -> str:
         """The pre-encoded envelope between ``ts`` and ``type`` for events of ``job``."""
@@ -415,10 +551,16 @@ def validate(ev: Any) -> dict[str, Any]:
 
 
 def decode_line(line: bytes | str) -> dict[str, Any]:
-    """Parse and validate one NDJSON line; InvalidEvent on any problem."""
+    """Parse and validate one line, JSON or row form; InvalidEvent on any problem."""
     try:
+        if isinstance(line, bytes):
+            line = line.decode("utf-8")
+        if _ROW_START.match(line):
+            return validate(decode_row(line))
         ev = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
+        if isinstance(e, InvalidEvent):
+            raise
         raise InvalidEvent(f"not valid JSON: {e}"[:200]) from None
     return validate(ev)
 

@@ -73,7 +73,7 @@ class Agent:
         self, cfg: AgentConfig, adapters: dict[str, Any] | None = None, notifier: Notifier | None = None
     ) -> None:
         self.cfg = cfg
-        self.factory = EventFactory(cfg.node, cfg.role, cfg.job, cfg.labels)
+        self.factory = EventFactory(cfg.node, cfg.role, cfg.job, cfg.labels, rows=cfg.sample_format == "rows")
         self.started_at = time.time()
         self.notifier = notifier or Notifier()
         self.stop_event = threading.Event()

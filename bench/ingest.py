@@ -5,8 +5,9 @@ Targets (issue 2): ratio >= 0.6, and >= 100,000 samples/s on a 2-core machine.
 
     python bench/ingest.py [--samples 400000] [--nodes 20] [--gpus 8]
 
-The topic is filled the way agents fill it: NDJSON messages of up to 256 KiB of gpu
-samples from the fake NVML (8 GPUs per node), gzip, key = node.
+The topic is filled the way agents fill it: messages of up to 256 KiB of gpu samples
+from the fake NVML (8 GPUs per node), gzip, key = node; the samples in the agent's
+default row form (``--format json``: every sample a JSON object, as before 0.5).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from common import Broker
 
 from cmdare.agent.config import KafkaURL
-from cmdare.agent.events import EventFactory, encode
+from cmdare.agent.events import EventFactory
 from cmdare.agent.sinks.shipper import pack
 from cmdare.agent.sinks.spool import Position
 from cmdare.agent.sources.gpu import GpuSource
@@ -29,7 +30,9 @@ from cmdare.collector.db import connect
 from tests.fakes.nvml import FakeNvml
 
 
-def produce(bootstrap: str, topic: str, samples: int, nodes: int, gpus: int, compression: str) -> int:
+def produce(
+    bootstrap: str, topic: str, samples: int, nodes: int, gpus: int, compression: str, rows: bool = True
+) -> int:
     from kafka import KafkaProducer
 
     prod = KafkaProducer(
@@ -45,12 +48,10 @@ def produce(bootstrap: str, topic: str, samples: int, nodes: int, gpus: int, com
     for n in range(nodes):
         src = GpuSource(GpuSource.parse_config("g", {}), nvml=FakeNvml(gpus=gpus))
         src.start()
-        f = EventFactory(f"node-{n:03d}", "worker", "bench")
+        f = EventFactory(f"node-{n:03d}", "worker", "bench", rows=rows)
         lines: list[bytes] = []
-        for t in range(ticks):
-            src.collect(
-                lambda ty, d, ts=None, lines=lines, f=f, t=t: lines.append(encode(f.make(ty, d, 1.75e9 + t)))
-            )
+        for t in range(ticks):  # the agent's own line path (runtime.emit -> EventFactory.line)
+            src.collect(lambda ty, d, ts=None, lines=lines, f=f, t=t: lines.append(f.line(ty, d, 1.75e9 + t)))
         data = b"".join(lines)
         for msg, cnt, _ in pack([(data, Position(1, len(data)))], 256 << 10):
             prod.send(topic, value=msg, key=f.node.encode())
@@ -109,13 +110,14 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=20)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--compression", default="gzip")
+    ap.add_argument("--format", choices=("rows", "json"), default="rows", help="the agent's sample_format")
     a = ap.parse_args()
     with Broker() as b, tempfile.TemporaryDirectory() as tmp:
         topic = "bench-ingest"
         t = time.perf_counter()
-        n = produce(b.bootstrap, topic, a.samples, a.nodes, a.gpus, a.compression)
+        n = produce(b.bootstrap, topic, a.samples, a.nodes, a.gpus, a.compression, a.format == "rows")
         print(
-            f"produced {n} gpu samples ({a.nodes} nodes x {a.gpus} GPUs, {a.compression}) "
+            f"produced {n} gpu samples ({a.nodes} nodes x {a.gpus} GPUs, {a.format}, {a.compression}) "
             f"in {time.perf_counter() - t:.1f}s"
         )
         raw_s, msgs, lines = raw_consume(b.bootstrap, topic)

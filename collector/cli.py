@@ -50,7 +50,10 @@ def cli() -> None:
 @click.option("--db", envvar="CMDARE_DB", default="cmdare.duckdb", show_default=True, help=DB_HELP)
 @click.option("--group", default="cmdare-collector", show_default=True, help="Kafka consumer group")
 @click.option(
-    "--batch-bytes", default="64MiB", show_default=True, help="write a transaction at this much data"
+    "--batch-bytes",
+    default="16MiB",
+    show_default=True,
+    help="write a transaction at this much data (smaller batches let Kafka fetches overlap DuckDB writes)",
 )
 @click.option("--max-wait", default="1s", show_default=True, help="...or after this long")
 @click.option(

@@ -21,7 +21,20 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from cmdare.agent.events import BOOL, DATA_FIELDS, FLOAT, FLOATS, INT, OBJS, ROLES, STR, STRS, VERSION
+from cmdare.agent.events import (
+    BOOL,
+    DATA_FIELDS,
+    FLOAT,
+    FLOATS,
+    INT,
+    OBJS,
+    ROLES,
+    ROW_ENVELOPE,
+    ROW_PREFIX,
+    STR,
+    STRS,
+    VERSION,
+)
 
 MAX_EVENT_BYTES = 1 << 20
 RAW_CAP = 64 << 10
@@ -132,13 +145,16 @@ def _present(x: str) -> str:
     return f"({x} IS NOT NULL AND {x} <> 'null')"
 
 
+# a row-form line (events.ROW_PREFIX and friends); every other line is read as JSON
+_IS_ROW = "(left(line, 1) = 'r' AND regexp_matches(line, '^r[0-9]+\t'))"
+
 ENVELOPE_SQL = f"""
-CREATE OR REPLACE TEMP TABLE _ev AS
+CREATE OR REPLACE TEMP TABLE _evj AS
 WITH p AS (
     SELECT origin, line_no, line, strlen(line) AS n,
            CASE WHEN strlen(line) <= {MAX_EVENT_BYTES} AND json_valid(line) THEN left(ltrim(line), 1) END AS c0,
            CASE WHEN c0 = '{{' THEN json_transform(line, '{_STRUCT}') END AS r
-    FROM _batch WHERE line <> ''
+    FROM _batch WHERE line <> '' AND NOT {_IS_ROW}
 )
 SELECT origin, line_no, n,
     r.id->>'$' AS id,
@@ -173,31 +189,208 @@ FROM p
 """
 
 
-def _type_sql(type_: str, dedup: bool) -> tuple[str, list[str]]:
-    """SQL that builds ``_t`` (rows of one type, values typed, per-row reason; with
-    ``dedup`` only the first of each id in the batch) and the list of its value columns."""
+# -- the row form ---------------------------------------------------------------------------
+# r1<TAB>type<TAB>id<TAB>ts<TAB>node<TAB>role<TAB>job<TAB>labels<TAB>data fields... (see
+# events.py).  A row of a known type (its line starts with "r1<TAB>type<TAB>") is split and
+# cast in one pass per type, straight into typed columns: materialising the split text is
+# what costs (measured: most of the time), so it never is.  Row lines of no known type are
+# all rejects; a generic pass finds their reason.  A text field starting with a quote is a
+# JSON string literal.
+_NENV = 1 + len(ROW_ENVELOPE)
+_Q = "''"
+
+
+def _row_str(x: str) -> tuple[str, str]:
+    """(validity, value) of a row text field ``x`` (non-NULL)."""
+    # json_type() raises on invalid JSON and AND does not short-circuit: guard with CASE
+    lit = (
+        f"(CASE WHEN left({x}, 1) = '\"' AND json_valid({x}) THEN json_type({x}) = 'VARCHAR' ELSE false END)"
+    )
+    return (
+        f"(left({x}, 1) <> '\"' OR {lit})",
+        f"CASE WHEN left({x}, 1) <> '\"' THEN {x} WHEN {lit} THEN {x}->>'$' END",
+    )
+
+
+def _row_field_sql(kind: str, x: str) -> tuple[str, str]:
+    """(validity, value) of the text ``x`` (non-NULL: empty fields are NULL) of one field."""
+    if kind == FLOAT:
+        return f"coalesce(isfinite(TRY_CAST({x} AS DOUBLE)), false)", f"TRY_CAST({x} AS DOUBLE)"
+    if kind == INT:  # TRY_CAST alone would take '1.5', ' 7', '1e3', '+5': the text must be the number
+        return f"coalesce(TRY_CAST({x} AS BIGINT)::VARCHAR = {x}, false)", f"TRY_CAST({x} AS BIGINT)"
+    if kind == STR:
+        return _row_str(x)
+    if kind == BOOL:
+        return f"{x} IN ('true', 'false')", f"{x} = 'true'"
+    pred = {FLOATS: _is_num("e"), STRS: "left(e, 1) = '\"'", OBJS: "left(e, 1) = '{'"}[kind]
+    ok = f"(CASE WHEN left({x}, 1) = '[' AND json_valid({x}) THEN {_all(x, pred)} ELSE false END)"
+    typed = {FLOATS: "'[\"DOUBLE\"]'", STRS: "'[\"VARCHAR\"]'"}.get(kind)
+    val = (
+        f"CASE WHEN {ok} THEN from_json({x}, {typed}) END" if typed else f"CASE WHEN {ok} THEN {x}::JSON END"
+    )
+    return ok, val
+
+
+def _row_envelope(type_: str | None) -> tuple[str, str]:
+    """(select list, reason CASE) of the envelope of row lines split into ``l``, joined to
+    ``_lab``; ``type_``: the lines are known to be rows of that type."""
+    id_ok, id_val = _row_str("l[3]")
+    node_ok, node_val = _row_str("l[5]")
+    job_ok, job_val = _row_str("l[7]")
+    cols = f"""CASE WHEN {id_ok} THEN {id_val} END AS id,
+        make_timestamp(TRY_CAST(round(TRY_CAST(l[4] AS DOUBLE) * 1e6) AS BIGINT)) AS ts,
+        CASE WHEN {node_ok} THEN {node_val} END AS node,
+        l[6] AS role,
+        CASE WHEN l[7] = '' THEN '' WHEN {job_ok} THEN {job_val} END AS job,
+        _lab.labels::JSON AS labels"""
+    if type_ is None:
+        kinds = [
+            f"WHEN l[2] = {_q(t)} AND len(l) > {_NENV + len(f)} THEN {_q(f'{t} row has ')} || (len(l) - {_NENV}) || "
+            + _q(f" data fields; this collector knows {len(f)} (a newer agent?)")
+            for t, f in DATA_FIELDS.items()
+        ]
+        head = f"""WHEN l[1] <> '{ROW_PREFIX}' THEN 'unsupported row format {_Q}' || left(l[1], 20) || '{_Q} (this collector reads {ROW_PREFIX})'
+      WHEN len(l) < {_NENV} THEN 'row has ' || len(l) || ' fields, fewer than the {_NENV} of the envelope'"""
+        tail = f"""WHEN l[2] NOT IN ({", ".join(_q(t) for t in TABLES)})
+        THEN 'row of type {_Q}' || left(l[2], 60) || '{_Q}, which this collector does not know'
+      {" ".join(kinds)}"""
+    else:
+        nf = len(DATA_FIELDS[type_])
+        head = f"""WHEN len(l) < {_NENV} THEN 'row has ' || len(l) || ' fields, fewer than the {_NENV} of the envelope'
+      WHEN len(l) > {_NENV + nf} THEN {_q(f"{type_} row has ")} || (len(l) - {_NENV}) || {_q(f" data fields; this collector knows {nf} (a newer agent?)")}"""
+        tail = ""
+    tsf = "TRY_CAST(l[4] AS DOUBLE)"
+    reason = f"""CASE
+      WHEN n > {MAX_EVENT_BYTES} THEN 'event of ' || n || ' bytes exceeds the {MAX_EVENT_BYTES} byte limit'
+      {head}
+      WHEN NOT coalesce({id_ok} AND strlen({id_val}) BETWEEN 1 AND 64, false)
+        THEN 'field {_Q}id{_Q} must be a non-empty string of at most 64 characters'
+      WHEN NOT coalesce(isfinite({tsf}) AND {tsf} > 0 AND {tsf} < 1e11, false)
+        THEN 'field {_Q}ts{_Q} must be unix seconds, got {_Q}' || left(l[4], 40) || '{_Q}'
+      WHEN NOT coalesce({node_ok} AND strlen({node_val}) BETWEEN 1 AND 256, false)
+        THEN 'field {_Q}node{_Q} must be a non-empty string of at most 256 characters'
+      WHEN l[6] NOT IN ({", ".join(map(_q, ROLES))})
+        THEN 'field {_Q}role{_Q} must be one of {", ".join(ROLES)}, got {_Q}' || left(l[6], 40) || '{_Q}'
+      WHEN NOT (l[7] = '' OR {job_ok}) THEN 'field {_Q}job{_Q} must be a string'
+      WHEN NOT coalesce(_lab.lok, false) THEN 'field {_Q}labels{_Q} must be an object of string values'
+      {tail}
+    END"""
+    return cols, reason
+
+
+def _split(where: str) -> str:
+    return f"""(SELECT origin, line_no, strlen(line) AS n, string_split(line, chr(9)) AS l
+        FROM _batch WHERE {where}) p LEFT JOIN _lab ON _lab.lraw = p.l[8]"""
+
+
+def _row_prefix(type_: str) -> str:
+    return f"starts_with(line, '{ROW_PREFIX}' || chr(9) || {_q(type_)} || chr(9))"
+
+
+# one agent's labels repeat on every line: each distinct text is checked once
+LABELS_SQL = """
+CREATE OR REPLACE TEMP TABLE _lab AS
+SELECT lraw, labels,
+    labels IS NOT NULL AND coalesce(list_bool_and(
+        list_transform(json_extract(labels, '$.*'), lambda x: json_type(x) = 'VARCHAR')), true) AS lok
+FROM (SELECT lraw, CASE WHEN lraw = '' THEN '{}' WHEN left(lraw, 1) = '{' AND json_valid(lraw) THEN lraw END AS labels
+      FROM (SELECT DISTINCT lraw FROM _kinds))
+"""
+# the (type, labels) pairs of the batch's row lines, one pass
+KINDS_SQL = f"""
+CREATE OR REPLACE TEMP TABLE _kinds AS
+SELECT DISTINCT l[2] AS type, coalesce(l[8], '') AS lraw
+FROM (SELECT string_split(line, chr(9)) AS l FROM _batch WHERE {_IS_ROW})
+"""
+
+
+def _other_rows_sql() -> str:
+    """Row lines that are no known type's rows: every one a reject, with its reason."""
+    cols, reason = _row_envelope(None)
+    known = " OR ".join(_row_prefix(t) for t in TABLES)
+    return f"""
+CREATE OR REPLACE TEMP TABLE _rows AS
+SELECT origin, line_no, n, {cols}, coalesce(l[2], '') AS type, coalesce({reason}, 'not a valid row') AS reason
+FROM {_split(f"{_IS_ROW} AND NOT ({known})")}
+"""
+
+
+def _row_type_sql(type_: str) -> tuple[str, list[str]]:
+    """``_r_<type>``: that type's row lines split, checked and cast in one pass.  ``ereason``
+    is the envelope's problem, ``reason`` the first problem of the line."""
     fields = DATA_FIELDS[type_]
+    cols, ereason = _row_envelope(type_)
+    texts = ", ".join(f"nullif(l[{_NENV + 1 + i}], '') AS \"{n}\"" for i, n in enumerate(fields))
     values, checks = [], []
     for name, (kind, _) in fields.items():
         x = f'd."{name}"'
-        ok, val = _field_sql(kind, x)
+        ok, val = _row_field_sql(kind, x)
         values.append(f'{val} AS "{name}"')
         checks.append(
-            f"WHEN {_present(x)} AND NOT ({ok}) THEN "
-            f"{_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)"
+            f"WHEN {x} IS NOT NULL AND NOT ({ok}) THEN {_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)"
         )
-    if type_ in HOT_TYPES:
-        src = f"(SELECT * FROM _ev WHERE reason IS NULL AND type = {_q(type_)})"
-    else:  # a rare type: its data parsed again, with its own fields only
-        src = f"""(SELECT e.origin, e.line_no, e.n, e.id, e.ts, e.node, e.job,
-                   json_transform(json_extract(b.line, '$.data'), '{_struct(list(fields))}') AS d
-            FROM (SELECT * FROM _ev WHERE reason IS NULL AND type = {_q(type_)}) e
-            JOIN _batch b ON b.origin = e.origin AND b.line_no = e.line_no)"""
+    sql = f"""
+CREATE OR REPLACE TEMP TABLE _r_{type_} AS
+SELECT origin, line_no, n, id, ts, node, role, job, labels, {", ".join(values)}, ereason,
+       coalesce(ereason, CASE {" ".join(checks)} END) AS reason
+FROM (SELECT origin, line_no, n, {cols}, {ereason} AS ereason, {texts} FROM {_split(_row_prefix(type_))}) d
+"""
+    return sql, list(fields)
+
+
+OTHER_ROWS_SQL = _other_rows_sql()
+ROW_TYPE_SQL = {t: _row_type_sql(t)[0] for t in TABLES}
+
+
+def _ev_view(row_types: list[str], other_rows: bool) -> str:
+    """``_ev``: every envelope of the batch, JSON and rows (a view: nothing is copied)."""
+    parts = ["SELECT origin, line_no, n, id, ts, node, role, job, labels, type, true AS js, reason FROM _evj"]
+    parts += [
+        f"SELECT origin, line_no, n, id, ts, node, role, job, labels, {_q(t)}, false, ereason FROM _r_{t}"
+        for t in row_types
+    ]
+    if other_rows:
+        parts.append(
+            "SELECT origin, line_no, n, id, ts, node, role, job, labels, type, false, reason FROM _rows"
+        )
+    return "CREATE OR REPLACE TEMP VIEW _ev AS " + " UNION ALL ".join(parts)
+
+
+def _type_sql(type_: str, dedup: bool, json: bool = True, rows: bool = False) -> tuple[str, list[str]]:
+    """SQL that builds ``_t`` (rows of one type, values typed, per-row reason; with
+    ``dedup`` only the first of each id in the batch) from the type's JSON lines and/or its
+    row-form lines, and the list of its value columns."""
+    fields = DATA_FIELDS[type_]
+    parts = []
+    if json:
+        values, checks = [], []
+        for name, (kind, _) in fields.items():
+            x = f'd."{name}"'
+            ok, val = _field_sql(kind, x)
+            values.append(f'{val} AS "{name}"')
+            checks.append(
+                f"WHEN {_present(x)} AND NOT ({ok}) THEN "
+                f"{_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)"
+            )
+        if type_ in HOT_TYPES:
+            src = f"(SELECT * FROM _evj WHERE reason IS NULL AND type = {_q(type_)})"
+        else:  # a rare type: its data parsed again, with its own fields only
+            src = f"""(SELECT e.origin, e.line_no, e.n, e.id, e.ts, e.node, e.job,
+                       json_transform(json_extract(b.line, '$.data'), '{_struct(list(fields))}') AS d
+                FROM (SELECT * FROM _evj WHERE reason IS NULL AND type = {_q(type_)}) e
+                JOIN _batch b ON b.origin = e.origin AND b.line_no = e.line_no)"""
+        parts.append(
+            f"SELECT origin, line_no, n, id, ts, node, job, {', '.join(values)}, "
+            f"CASE {' '.join(checks)} END AS reason FROM {src}"
+        )
+    if rows:
+        names = ", ".join(f'"{n}"' for n in fields)
+        parts.append(
+            f"SELECT origin, line_no, n, id, ts, node, job, {names}, reason FROM _r_{type_} WHERE ereason IS NULL"
+        )
     sql = f"""
 CREATE OR REPLACE TEMP TABLE _t AS
-SELECT origin, line_no, n, id, ts, node, job, {", ".join(values)},
-       CASE {" ".join(checks)} END AS reason
-FROM {src}
+SELECT * FROM ({" UNION ALL ".join(parts)})
 {_FIRST_OF_ID if dedup else ""}
 """
     return sql, list(fields)
@@ -205,7 +398,12 @@ FROM {src}
 
 _FIRST_OF_ID = "QUALIFY row_number() OVER (PARTITION BY id ORDER BY origin, line_no) = 1"
 # the window is costly: used only for a batch that holds the same id twice
-_TYPE_SQL = {(t, dedup): _type_sql(t, dedup) for t in TABLES for dedup in (False, True)}
+_TYPE_SQL = {
+    (t, dedup, js, rows): _type_sql(t, dedup, js, rows)
+    for t in TABLES
+    for dedup in (False, True)
+    for js, rows in ((True, False), (False, True), (True, True))
+}
 
 # the raw line comes from the input (_batch), which is joined only for the rejected rows
 DEAD_SQL = f"""
@@ -237,7 +435,7 @@ class Writer:
         self.con.execute(f"""CREATE OR REPLACE TEMP TABLE _t AS
             SELECT e.id, e.ts, e.node, e.job, e.type, json_extract(b.line, '$.data') AS data,
                    NULL::VARCHAR AS reason
-            FROM (SELECT * FROM _ev WHERE reason IS NULL AND type NOT IN ({known})) e
+            FROM (SELECT * FROM _evj WHERE reason IS NULL AND type NOT IN ({known})) e
             JOIN _batch b ON b.origin = e.origin AND b.line_no = e.line_no
             QUALIFY row_number() OVER (PARTITION BY e.id ORDER BY e.origin, e.line_no) = 1""")
         return self._insert_dedup("unknown_events", ["type", "data"], "_t")
@@ -270,6 +468,7 @@ class Writer:
         line_nos: list[int] = []
         lines: list[str] = []
         py_dead = []
+        has_rows = False
         for origin, raw in messages:
             if raw is None:
                 py_dead.append((origin, 0, "message has no value", b"", 0))
@@ -289,16 +488,28 @@ class Writer:
                 continue
             if parts[-1] == "":
                 parts.pop()
+            if not has_rows and (raw[:1] == b"r" or b"\nr" in raw):
+                has_rows = True
             lines += parts
             origins += [origin] * len(parts)
             line_nos += range(1, len(parts) + 1)
         con = self.con
+        row_types: list[str] = []
         con.execute("BEGIN")
         try:
             ts_now = _ts(now)
             if lines:
                 con.register("_batch", _lines_table(origins, line_nos, lines))
                 con.execute(ENVELOPE_SQL)
+                if has_rows:
+                    con.execute(KINDS_SQL)
+                    con.execute(LABELS_SQL)
+                    kinds = {t for (t,) in con.execute("SELECT DISTINCT type FROM _kinds").fetchall()}
+                    row_types = [t for t in TABLES if t in kinds]
+                    for t in row_types:
+                        con.execute(ROW_TYPE_SQL[t])
+                    con.execute(OTHER_ROWS_SQL)
+                con.execute(_ev_view(row_types, has_rows))
                 res.lines, env_dead, valid, repeats = con.execute(
                     "SELECT count(*), count(reason), count(*) - count(reason), "
                     "count(id) FILTER (WHERE reason IS NULL) - count(DISTINCT id) FILTER (WHERE reason IS NULL) "
@@ -307,20 +518,33 @@ class Writer:
                 if env_dead:
                     res.dead += con.execute(DEAD_SQL.format(src="_ev"), [ts_now]).fetchone()[0]
                 field_dead = 0
-                present = {
-                    t for (t,) in con.execute("SELECT DISTINCT type FROM _ev WHERE reason IS NULL").fetchall()
+                forms = {
+                    t: (js, rows)
+                    for t, js, rows in con.execute(
+                        "SELECT type, bool_or(js), bool_or(NOT js) FROM _ev WHERE reason IS NULL GROUP BY type"
+                        if has_rows
+                        else "SELECT DISTINCT type, true, false FROM _ev WHERE reason IS NULL"
+                    ).fetchall()
                 }
+                present = set(forms)
                 for type_, table in TABLES.items():
                     if type_ not in present:
                         res.rows[table] = 0
                         continue
-                    sql, cols = _TYPE_SQL[(type_, repeats > 0)]
-                    con.execute(sql)
-                    bad = con.execute("SELECT count(reason) FROM _t").fetchone()[0]
+                    if forms[type_] == (False, True) and not repeats:  # rows only: no copy
+                        src, cols = (
+                            f"(SELECT * FROM _r_{type_} WHERE ereason IS NULL)",
+                            list(DATA_FIELDS[type_]),
+                        )
+                    else:
+                        sql, cols = _TYPE_SQL[(type_, repeats > 0, *forms[type_])]
+                        con.execute(sql)
+                        src = "_t"
+                    bad = con.execute(f"SELECT count(reason) FROM {src}").fetchone()[0]
                     if bad:
                         field_dead += bad
-                        res.dead += con.execute(DEAD_SQL.format(src="_t"), [ts_now]).fetchone()[0]
-                    res.rows[table] = self._insert_dedup(table, cols, "_t")
+                        res.dead += con.execute(DEAD_SQL.format(src=src), [ts_now]).fetchone()[0]
+                    res.rows[table] = self._insert_dedup(table, cols, src)
                 res.rows["unknown_events"] = self._unknown_types() if present - set(TABLES) else 0
                 con.execute(NODES_SQL)
                 res.duplicates = max(0, valid - res.inserted - field_dead)
@@ -348,6 +572,8 @@ class Writer:
         finally:
             if lines:
                 con.unregister("_batch")
+            for t in row_types:  # free the batch's memory now, not at the next batch
+                con.execute(f"DROP TABLE IF EXISTS _r_{t}")
         return res
 
 

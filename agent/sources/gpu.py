@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ConfigError
-from ..events import Encoded, jstr
+from ..events import Encoded, jstr, row_str
 from .base import Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.gpu")
@@ -104,7 +104,7 @@ class _Gpu:
     fast: bool = True  # every NVML call answered last time: take the straight path
 
     def __post_init__(self) -> None:
-        self.uuid_json, self.name_json = jstr(self.uuid), jstr(self.name)
+        self.uuid_row, self.name_row = row_str(self.uuid), row_str(self.name)
 
 
 def load_backend(spec: str) -> Any:
@@ -343,19 +343,16 @@ class GpuSource(Source):
         except (n.NVMLError, AttributeError):  # an error, or a binding without the function
             g.fast = False
             return self.sample(g)
-        # the JSON text from a template (the generic encoder is most of the cost per GPU);
-        # NVML's integers make every float finite, so repr() is what json writes
-        text = (
-            f'{{"index":{g.index},"uuid":{g.uuid_json},"name":{g.name_json},"util_gpu_ratio":{ugpu!r},'
-            f'"util_mem_ratio":{umem!r},"mem_used_bytes":{used},"mem_total_bytes":{total},'
-            f'"power_watts":{pw!r},"power_limit_watts":{pl!r},"temp_celsius":{temp!r},"sm_clock_hz":{sm!r},'
-            f'"mem_clock_hz":{mc!r},"pcie_tx_bytes_per_second":{tx!r},"pcie_rx_bytes_per_second":{rx!r},'
-            f'"throttle_mask":{mask},"throttle_reasons":{_reasons_json(mask, reasons)},'
-            f'"ecc_corrected_total":{ecc_c},"ecc_uncorrected_total":{ecc_u}'
+        # the row form from a template (the generic encoders are most of the cost per GPU;
+        # fields in DATA_FIELDS order, see events.encode_row_data); NVML's integers make
+        # every float finite, so repr() is what the encoders write
+        row = (
+            f"{g.index}\t{g.uuid_row}\t{g.name_row}\t{ugpu!r}\t{umem!r}\t{used}\t{total}\t{pw!r}\t{pl!r}"
+            f"\t{temp!r}\t{sm!r}\t{mc!r}\t{tx!r}\t{rx!r}\t{mask}\t{_reasons_json(mask, reasons)}\t{ecc_c}\t{ecc_u}"
         )
         if "processes" in d:
-            text += ',"processes":' + _processes_json(d["processes"])
-        return Encoded(d, text + "}")
+            row += "\t" + _processes_json(d["processes"])
+        return Encoded(d, row=row)
 
     def sample(self, g: _Gpu) -> dict[str, Any]:
         n, h, fns, err = self.nvml, g.handle, self._fns, self.nvml.NVMLError

@@ -14,11 +14,12 @@ from cmdare.agent.config import ConfigError, load, parse_kafka_url
 INVALID = [
     (
         'nodee = "x"',
-        "unknown key 'nodee' (known: interval, job, labels, log_level, node, role, sink, sources, spool)",
+        "unknown key 'nodee' (known: interval, job, labels, log_level, node, role, sample_format, sink, sources, spool)",
     ),
     ('role = "boss"', "role: must be one of worker, ps, chief, data, client, got 'boss'"),
     ('interval = "10 parsecs"', "interval: expected a duration like 500ms, 10s, 5m or 24h, got '10 parsecs'"),
     ('interval = "10ms"', "interval: must be between 50ms and 1h, got '10ms'"),
+    ('sample_format = "csv"', "sample_format: must be one of rows, json, got 'csv'"),
     (
         "[spool]\nmaxbytes = 5",
         "unknown key 'spool.maxbytes' (known: dir, fsync, fsync_interval, max_age, max_bytes, segment_bytes)",

@@ -64,6 +64,59 @@ def test_fast_line_is_byte_identical_to_encoding_the_event(node, job, labels, da
     assert a.line("train_steps", {}, ts, job=node) == encode(b.make("train_steps", {}, ts, job=node))
 
 
+@given(
+    node=names,
+    job=st.text(max_size=30),
+    labels=st.dictionaries(names, st.text(max_size=20), max_size=3),
+    data=gpu_data(),
+    ts=st.one_of(st.floats(1.0, 4e9), st.integers(1, 4 * 10**9)),
+    id=st.one_of(st.none(), st.text(min_size=1, max_size=64)),
+)
+@settings(max_examples=300, deadline=None)
+def test_row_form_decodes_to_the_same_event_as_the_json_form(node, job, labels, data, ts, id) -> None:
+    """Any strings (tabs, newlines, quotes, empty, non-ASCII) survive the row form."""
+    rows, js = EventFactory(node, "worker", job, labels, rows=True), EventFactory(node, "worker", job, labels)
+    r, j = rows.line("gpu", data, ts, id=id or "i-1"), js.line("gpu", data, ts, id=id or "i-1")
+    assert r.startswith(b"r1\tgpu\t") and r.count(b"\n") == 1 and r.endswith(b"\n")
+    assert decode_line(r) == decode_line(j)
+
+
+def test_row_form_only_for_row_types_and_declared_fields() -> None:
+    f = EventFactory("n", "worker", rows=True)
+    assert f.line("gpu", {"index": 1}, 5.0).startswith(b"r1\t")
+    assert f.line("heartbeat", {"seq": 1}, 5.0).startswith(b"{")  # not a row type
+    assert f.line("gpu", {"index": 1, "extra": 2}, 5.0).startswith(b"{")  # undeclared field: JSON keeps it
+    line = f.line("host", {"load1": 0.5, "procs": 7}, 5.0).decode()
+    assert line.split("\t")[8:] == ["", "", "0.5"] + [""] * 9 + ["7\n"]  # absent: empty
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ("r2\tgpu\tx\t5.0\tn\tworker\t\t{}\t1", "unsupported row format 'r2' (this collector reads r1)"),
+        ("r1\tgpu\tx\t5.0\tn\tworker", "row has 6 fields, fewer than the 8 of the envelope"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1.5", "gpu.index must be int, got 1.5"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t007", "gpu.index must be int, got 007"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\tu\tn\tnan", "gpu.util_gpu_ratio must be float, got nan"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\tu\tn\thigh", "gpu.util_gpu_ratio must be float, got high"),
+        ("r1\tgpu\tx\t5.0\tn\tboss\t\t{}\t1", "field 'role' must be one of"),
+        ("r1\tgpu\tx\tnoon\tn\tworker\t\t{}\t1", "field 'ts' must be unix seconds, got 'noon'"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t[1]\t1", "field 'labels' must be an object of string values"),
+        ("r1\tgpu\t\t5.0\tn\tworker\t\t{}\t1", "field 'id' must be a non-empty string"),
+        ("r1\tfoo\tx\t5.0\tn\tworker\t\t{}\t1", "row of type 'foo', which this collector does not know"),
+        ("r1\ttpu\tx\t5.0\tn\tworker\t\t{}" + "\t1" * 6, "tpu row has 6 data fields; this collector knows 5"),
+        (
+            "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t[1]",
+            "gpu.throttle_reasons must be str[], got [1]",
+        ),
+    ],
+)
+def test_invalid_rows_are_refused_with_a_reason(line, reason) -> None:
+    with pytest.raises(InvalidEvent) as e:
+        decode_line(line)
+    assert reason in str(e.value)
+
+
 def test_fast_line_refuses_a_non_finite_timestamp() -> None:
     with pytest.raises(ValueError, match="finite"):
         EventFactory("n", "worker").line("gpu", {}, float("nan"))
@@ -137,3 +190,10 @@ def test_agent_events_validate_against_the_json_schema() -> None:
     bad = f.make("gpu", {"util_gpu_ratio": "high"})
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_the_documented_row_example_is_the_documented_json_example() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "wire-format.md").read_text()
+    block = doc.split("The same `gpu` sample in both forms:")[1].split("```")[1]
+    js, row = block.strip().splitlines()
+    assert row.startswith("r1\tgpu\t") and decode_line(row) == decode_line(js)

@@ -141,15 +141,15 @@ def test_an_nvml_error_moves_that_gpu_to_the_checked_path_for_good() -> None:
     ),
     name=st.text(min_size=1, max_size=20),
 )
-def test_fast_path_json_text_is_the_encoding_of_its_dict(
+def test_fast_path_row_is_the_encoding_of_its_dict(
     util, mem, power, temp, clock, pcie, mask, ecc, procs, name
 ):
-    """The GPU sample's JSON is formatted from a template on the hot path: it must be the
-    event encoder's output for the same dict, byte for byte, for any NVML values."""
-    import json
+    """The GPU sample's row is formatted from a template on the hot path: it must be the
+    row encoder's output for the same dict, byte for byte, for any NVML values, and the
+    line must decode to the same event as its JSON form."""
     from types import SimpleNamespace
 
-    from cmdare.agent.events import Encoded, EventFactory, encode
+    from cmdare.agent.events import Encoded, EventFactory, decode_line, encode, encode_row_data
 
     nvml = FakeNvml(gpus=1)
     nvml.nvmlDeviceGetName = lambda h: name
@@ -170,6 +170,8 @@ def test_fast_path_json_text_is_the_encoding_of_its_dict(
     src.collect(lambda t, d, **_: got.append(d))
     (d,) = got
     assert type(d) is Encoded and src.gpus[0].fast
-    assert d.text == json.dumps(dict(d), separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    f = EventFactory("n", "worker")
-    assert f.line("gpu", d, ts=1.5, id="x") == encode(f.make("gpu", dict(d), ts=1.5, id="x"))
+    assert d.row == encode_row_data("gpu", dict(d))
+    rows, js = EventFactory("n", "worker", rows=True), EventFactory("n", "worker")
+    assert rows.line("gpu", d, ts=1.5, id="x") == rows.line("gpu", dict(d), ts=1.5, id="x")
+    assert js.line("gpu", d, ts=1.5, id="x") == encode(js.make("gpu", dict(d), ts=1.5, id="x"))
+    assert decode_line(rows.line("gpu", d, ts=1.5, id="x")) == decode_line(js.line("gpu", d, ts=1.5, id="x"))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cmdare.agent.config import load
+from cmdare.agent.events import decode_line
 from cmdare.agent.runtime import Agent
 from cmdare.agent.sdnotify import Notifier
 from cmdare.agent.sinks.spool import Position, read_lines
@@ -26,7 +27,7 @@ from tests.fakes.nvml import FakeNvml
 
 def spool_events(d: Path) -> list[dict]:
     chunks, _, _ = read_lines(d, Position(0, 0), 1 << 30)
-    return [json.loads(x) for c, _ in chunks for x in c.splitlines()]
+    return [decode_line(x) for c, _ in chunks for x in c.splitlines()]
 
 
 def test_job_declarations_and_checkpoints_reach_the_spool_at_once_not_next_tick(tmp_path: Path) -> None:

@@ -240,3 +240,137 @@ def test_not_a_database(tmp_path: Path) -> None:
     p.write_text("hello")
     with pytest.raises(DatabaseError, match=f"^{p}: "):
         connect(p)
+
+
+# -- the row form ---------------------------------------------------------------------------
+R = EventFactory("node-a", "worker", "job-1", {"team": "x"}, rows=True)
+
+ODD = 'tab\there, "quoted", new\nline, ünï'
+
+
+def _table_rows(con, table: str) -> list:
+    cols = [
+        c
+        for (c,) in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()
+        if c != "ingested_at"
+    ]
+    return con.execute(
+        f"SELECT {', '.join(map(repr, cols)).replace(chr(39), chr(34))} FROM {table} ORDER BY ALL"
+    ).fetchall()
+
+
+def test_row_form_lands_exactly_as_the_json_form(tmp_path: Path) -> None:
+    """The same events, one database fed JSON lines and one fed row lines (mixed with JSON
+    events in the same messages): every stored value is equal."""
+    data = {
+        "gpu": [
+            {
+                "index": 0,
+                "uuid": "GPU-0",
+                "name": ODD,
+                "util_gpu_ratio": 0.5,
+                "mem_used_bytes": 2**40,
+                "throttle_reasons": ["sw_power_cap"],
+                "processes": [{"pid": 7, "used_bytes": 3}],
+                "ecc_corrected_total": 0,
+            },
+            {
+                "index": 1,
+                "uuid": "",
+                "name": '"starts with a quote',
+                "power_watts": 1e-05,
+                "temp_celsius": 61,
+            },
+            {},
+        ],
+        "host": [
+            {
+                "cpu_util_ratio": 0.25,
+                "cpu_per_core_ratio": [0.5, 0.0],
+                "net": [{"nic": "eth0", "rx_bytes_total": 5}],
+                "procs": 9,
+                "load1": 1.5e300,
+            }
+        ],
+        "tpu": [{"device": 3, "hbm_used_bytes": 5, "duty_cycle_ratio": 0.75}],
+    }
+    js = EventFactory("node\tb", "ps", ODD, {"team": "x\ty"})
+    rows = EventFactory("node\tb", "ps", ODD, {"team": "x\ty"}, rows=True)
+    rows.ids = js.ids.__class__()
+    rows.ids._head, rows.ids._seq = js.ids._head, js.ids._seq  # the same ids
+    a, b = [], []
+    for t, ds in data.items():
+        for i, d in enumerate(ds):
+            a.append(js.line(t, d, 1.75e9 + i))
+            b.append(rows.line(t, d, 1.75e9 + i))
+        a.append(js.line("heartbeat", {"seq": len(a)}, 1.75e9))
+        b.append(rows.line("heartbeat", {"seq": len(b)}, 1.75e9))
+    assert sum(x.startswith(b"r1\t") for x in b) == 5
+    ca, cb = connect(tmp_path / "a.duckdb"), connect(tmp_path / "b.duckdb")
+    ra, rb = Writer(ca).write([("m:1", b"".join(a))]), Writer(cb).write([("m:1", b"".join(b))])
+    assert ra.rows == rb.rows and rb.dead == 0 and rb.inserted == 8
+    for table in ("gpu_samples", "host_samples", "tpu_samples", "heartbeats", "nodes"):
+        assert _table_rows(ca, table) == _table_rows(cb, table), table
+    assert cb.execute('SELECT name, job FROM gpu_samples WHERE "index" = 0').fetchone() == (ODD, ODD)
+    # a replay of the row lines stores nothing twice
+    again = Writer(cb).write([("m:2", b"".join(b))])
+    assert again.inserted == 0 and again.duplicates == 8
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ("r2\tgpu\tx\t5.0\tn\tworker\t\t{}\t1", "unsupported row format 'r2' (this collector reads r1)"),
+        ("r1\tgpu\tx\t5.0\tn\tworker", "row has 6 fields, fewer than the 8 of the envelope"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1.5", "gpu.index must be int, got 1.5"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t007", "gpu.index must be int, got 007"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t 7", "gpu.index must be int, got  7"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\tu\tn\tnan", "gpu.util_gpu_ratio must be float, got nan"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\tu\tn\thigh", "gpu.util_gpu_ratio must be float, got high"),
+        ('r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\t"unterminated', 'gpu.uuid must be str, got "unterminated'),
+        (
+            "r1\tgpu\tx\t5.0\tn\tboss\t\t{}\t1",
+            "field 'role' must be one of worker, ps, chief, data, client, got 'boss'",
+        ),
+        ("r1\tgpu\tx\tnoon\tn\tworker\t\t{}\t1", "field 'ts' must be unix seconds, got 'noon'"),
+        ("r1\tgpu\tx\t5.0\tn\tworker\t\t[1]\t1", "field 'labels' must be an object of string values"),
+        ('r1\tgpu\tx\t5.0\tn\tworker\t\t{"a":1}\t1', "field 'labels' must be an object of string values"),
+        (
+            "r1\tgpu\t\t5.0\tn\tworker\t\t{}\t1",
+            "field 'id' must be a non-empty string of at most 64 characters",
+        ),
+        (
+            "r1\tgpu\tx\t5.0\t\tworker\t\t{}\t1",
+            "field 'node' must be a non-empty string of at most 256 characters",
+        ),
+        ("r1\tfoo\tx\t5.0\tn\tworker\t\t{}\t1", "row of type 'foo', which this collector does not know"),
+        (
+            "r1\ttpu\tx\t5.0\tn\tworker\t\t{}" + "\t1" * 6,
+            "tpu row has 6 data fields; this collector knows 5 (a newer agent?)",
+        ),
+        (
+            "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1" + "\t" * 15 + "[1]",
+            "gpu.throttle_reasons must be str[], got [1]",
+        ),
+        (
+            "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1" + "\t" * 18 + "[{]",
+            "gpu.processes must be object[], got [{]",
+        ),
+        (
+            'r1\thost\tx\t5.0\tn\tworker\t\t{}\t\t[0.5,"a"]',
+            'host.cpu_per_core_ratio must be float[], got [0.5,"a"]',
+        ),
+        ("random words", "not valid JSON"),
+    ],
+)
+def test_malformed_rows_are_dead_lettered_with_the_reason_the_agent_library_gives(db, line, reason) -> None:
+    from cmdare.agent.events import InvalidEvent, decode_line
+
+    good = R.line("gpu", {"index": 1}, 1.75e9)
+    r = Writer(db).write([("t:1", line.encode() + b"\n" + good)])
+    assert r.dead == 1 and r.rows["gpu_samples"] == 1
+    got = db.execute("SELECT reason, line, raw FROM dead_letters").fetchone()
+    assert got[0] == reason and got[1] == 1 and bytes(got[2]) == line.encode()
+    with pytest.raises(InvalidEvent) as e:
+        decode_line(line)
+    assert str(e.value).startswith(reason)
