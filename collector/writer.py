@@ -15,6 +15,7 @@ zone maps keep cheap) or earlier in the same batch.  No unbounded in-memory inde
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -315,20 +316,29 @@ FROM {_split(f"{_IS_ROW} AND NOT ({known})")}
 """
 
 
+def _values_and_checks(
+    type_: str, field_sql: Callable[[str, str], tuple[str, str]], present: Callable[[str], str]
+) -> tuple[list[str], list[str]]:
+    """Per data field of ``type_`` (text in ``d."<field>"``): the typed value expression and
+    the CASE branch naming the field when a present value is not of its kind."""
+    values, checks = [], []
+    for name, (kind, _) in DATA_FIELDS[type_].items():
+        x = f'd."{name}"'
+        ok, val = field_sql(kind, x)
+        values.append(f'{val} AS "{name}"')
+        checks.append(
+            f"WHEN {present(x)} AND NOT ({ok}) THEN {_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)"
+        )
+    return values, checks
+
+
 def _row_type_sql(type_: str) -> tuple[str, list[str]]:
     """``_r_<type>``: that type's row lines split, checked and cast in one pass.  ``ereason``
     is the envelope's problem, ``reason`` the first problem of the line."""
     fields = DATA_FIELDS[type_]
     cols, ereason = _row_envelope(type_)
     texts = ", ".join(f"nullif(l[{_NENV + 1 + i}], '') AS \"{n}\"" for i, n in enumerate(fields))
-    values, checks = [], []
-    for name, (kind, _) in fields.items():
-        x = f'd."{name}"'
-        ok, val = _row_field_sql(kind, x)
-        values.append(f'{val} AS "{name}"')
-        checks.append(
-            f"WHEN {x} IS NOT NULL AND NOT ({ok}) THEN {_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)"
-        )
+    values, checks = _values_and_checks(type_, _row_field_sql, lambda x: f"{x} IS NOT NULL")
     sql = f"""
 CREATE OR REPLACE TEMP TABLE _r_{type_} AS
 SELECT origin, line_no, n, id, ts, node, role, job, labels, {", ".join(values)}, ereason,
@@ -363,15 +373,7 @@ def _type_sql(type_: str, dedup: bool, json: bool = True, rows: bool = False) ->
     fields = DATA_FIELDS[type_]
     parts = []
     if json:
-        values, checks = [], []
-        for name, (kind, _) in fields.items():
-            x = f'd."{name}"'
-            ok, val = _field_sql(kind, x)
-            values.append(f'{val} AS "{name}"')
-            checks.append(
-                f"WHEN {_present(x)} AND NOT ({ok}) THEN "
-                f"{_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)"
-            )
+        values, checks = _values_and_checks(type_, _field_sql, _present)
         if type_ in HOT_TYPES:
             src = f"(SELECT * FROM _evj WHERE reason IS NULL AND type = {_q(type_)})"
         else:  # a rare type: its data parsed again, with its own fields only
