@@ -132,6 +132,7 @@ class SinkConfig:
     linger_ms: int = 50
     compression: str = "gzip"
     message_bytes: int = 256 << 10
+    message_format: str = "columns"  # row-form samples packed as binary columns; "lines": as spooled
     batch_bytes: int = 2 << 20
     request_timeout: float = 10.0
     retry_backoff: float = 1.0
@@ -172,11 +173,13 @@ _SINK_KEYS = {
     "linger_ms",
     "compression",
     "message_bytes",
+    "message_format",
     "batch_bytes",
     "request_timeout",
     "retry_backoff",
     "retry_backoff_max",
 }
+MESSAGE_FORMATS = ("columns", "lines")
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -348,6 +351,12 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
         k.message_bytes = parse_size("sink.message_bytes", sk["message_bytes"])
         if not 1024 <= k.message_bytes <= 8 << 20:
             raise ConfigError("sink.message_bytes: must be between 1KiB and 8MiB")
+    if "message_format" in sk:
+        k.message_format = _str("sink.message_format", sk["message_format"]).lower()
+        if k.message_format not in MESSAGE_FORMATS:
+            raise ConfigError(
+                f"sink.message_format: must be one of {', '.join(MESSAGE_FORMATS)}, got {sk['message_format']!r}"
+            )
     if "batch_bytes" in sk:
         k.batch_bytes = parse_size("sink.batch_bytes", sk["batch_bytes"])
     for key in ("request_timeout", "retry_backoff", "retry_backoff_max"):

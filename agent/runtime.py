@@ -196,7 +196,13 @@ class Agent:
                 k.kafka, self.cfg.node, k.linger_ms, k.compression, k.message_bytes, k.request_timeout
             )
             self.shipper = Shipper(
-                self.spool, sink, k.batch_bytes, k.retry_backoff, k.retry_backoff_max, on_status=self._on_sink
+                self.spool,
+                sink,
+                k.batch_bytes,
+                k.retry_backoff,
+                k.retry_backoff_max,
+                on_status=self._on_sink,
+                columns=k.message_format == "columns",
             )
             self.shipper.start()
         self._lifecycle_start()

@@ -89,8 +89,7 @@ class KafkaIngest:
         from kafka.errors import KafkaError
 
         try:
-            self.consumer = KafkaConsumer(
-                self.url.topic,
+            options = dict(
                 bootstrap_servers=self.url.bootstrap,
                 group_id=self.group,
                 enable_auto_commit=False,
@@ -102,8 +101,8 @@ class KafkaIngest:
                 heartbeat_interval_ms=3000,
                 client_id="cmdare-collector",
                 bootstrap_timeout_ms=15000,
-                **self.options,
             )
+            self.consumer = KafkaConsumer(self.url.topic, **{**options, **self.options})
         except KafkaError as e:
             raise ConnectionError(
                 f"{self.url.text}: cannot reach a broker ({type(e).__name__}: {e})"

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from cmdare.agent.events import (
+    _ROW_START,
     BOOL,
     DATA_FIELDS,
     FLOAT,
@@ -36,6 +38,8 @@ from cmdare.agent.events import (
     STRS,
     VERSION,
 )
+
+from . import columns
 
 MAX_EVENT_BYTES = 1 << 20
 RAW_CAP = 64 << 10
@@ -327,41 +331,108 @@ def _values_and_checks(
         ok, val = field_sql(kind, x)
         values.append(f'{val} AS "{name}"')
         checks.append(
-            f"WHEN {present(x)} AND NOT ({ok}) THEN {_q(f'{type_}.{name} must be {kind}, got ')} || left({x}, 60)"
+            f"WHEN {present(x)} AND NOT ({ok}) THEN {_q(f'{type_}.{name} must be {kind}, got ')} || left({x}::VARCHAR, 60)"
         )
     return values, checks
 
 
-def _row_type_sql(type_: str) -> tuple[str, list[str]]:
-    """``_r_<type>``: that type's row lines split, checked and cast in one pass.  ``ereason``
-    is the envelope's problem, ``reason`` the first problem of the line."""
+def _row_type_sql(type_: str) -> str:
+    """The SELECT of ``_r_<type>`` from that type's row lines: split, checked and cast in
+    one pass.  ``ereason`` is the envelope's problem, ``reason`` the first problem of the
+    line; ``raw`` (the line as text, for dead letters) is NULL: it is in ``_batch``."""
     fields = DATA_FIELDS[type_]
     cols, ereason = _row_envelope(type_)
     texts = ", ".join(f"nullif(l[{_NENV + 1 + i}], '') AS \"{n}\"" for i, n in enumerate(fields))
     values, checks = _values_and_checks(type_, _row_field_sql, lambda x: f"{x} IS NOT NULL")
-    sql = f"""
-CREATE OR REPLACE TEMP TABLE _r_{type_} AS
+    return f"""
 SELECT origin, line_no, n, id, ts, node, role, job, labels, {", ".join(values)}, ereason,
-       coalesce(ereason, CASE {" ".join(checks)} END) AS reason
+       coalesce(ereason, CASE {" ".join(checks)} END) AS reason, NULL::VARCHAR AS raw
 FROM (SELECT origin, line_no, n, {cols}, {ereason} AS ereason, {texts} FROM {_split(_row_prefix(type_))}) d
 """
-    return sql, list(fields)
+
+
+def _block_field_sql(kind: str, x: str) -> tuple[str, str]:
+    """(validity, value) of a column-block value ``x`` (non-NULL): numbers arrive typed, so
+    only finiteness is left to check; the list kinds arrive as their JSON text."""
+    if kind == FLOAT:
+        return f"isfinite({x})", x
+    if kind in (INT, BOOL, STR):
+        return "true", x
+    return _row_field_sql(kind, x)
+
+
+def _raw_str(x: str) -> str:
+    """SQL making ``events.row_str`` of a string ``x``: as is, or a JSON literal."""
+    return (
+        f"CASE WHEN {x} = '' OR left({x}, 1) = '\"' OR regexp_matches({x}, '[\\x00-\\x1f\\x7f]') "
+        f"THEN to_json({x})::VARCHAR ELSE {x} END"
+    )
+
+
+def _raw_field(kind: str, x: str) -> str:
+    return f"coalesce({_raw_str(x) if kind == STR else x + '::VARCHAR'}, '')"
+
+
+def _block_type_sql(type_: str) -> str:
+    """The SELECT of ``_r_<type>`` from the type's column blocks (``_cb_<type>``, one row per
+    sample, typed by Arrow); same columns, same checks and reasons as the row lines'."""
+    fields = DATA_FIELDS[type_]
+    values, checks = _values_and_checks(type_, _block_field_sql, lambda x: f"{x} IS NOT NULL")
+    texts = ", ".join(f'c."{n}"' for n in fields)
+    ereason = f"""CASE
+      WHEN NOT coalesce(strlen(c.id) BETWEEN 1 AND 64, false)
+        THEN 'field {_Q}id{_Q} must be a non-empty string of at most 64 characters'
+      WHEN NOT coalesce(isfinite(c.ts) AND c.ts > 0 AND c.ts < 1e11, false)
+        THEN 'field {_Q}ts{_Q} must be unix seconds, got {_Q}' || c.ts::VARCHAR || '{_Q}'
+      WHEN NOT coalesce(strlen(c.node) BETWEEN 1 AND 256, false)
+        THEN 'field {_Q}node{_Q} must be a non-empty string of at most 256 characters'
+      WHEN c.role NOT IN ({", ".join(map(_q, ROLES))})
+        THEN 'field {_Q}role{_Q} must be one of {", ".join(ROLES)}, got {_Q}' || left(c.role, 40) || '{_Q}'
+      WHEN NOT coalesce(_lab.lok, false) THEN 'field {_Q}labels{_Q} must be an object of string values'
+    END"""
+    # a rejected row's text for dead_letters: the row form, re-made from the columns
+    raw = " || chr(9) || ".join(
+        [f"'{ROW_PREFIX}'", _q(type_), _raw_str("d.id"), "d.tsd::VARCHAR", _raw_str("d.node"), "d.role"]
+        + [f"CASE WHEN d.job = '' THEN '' ELSE {_raw_str('d.job')} END", "d.lraw"]
+        + [_raw_field(k, f'd."{n}"') for n, (k, _) in fields.items()]
+    )
+    return f"""
+SELECT origin, line_no, n, id, ts, node, role, job, labels, {", ".join(values)}, ereason, reason,
+       CASE WHEN reason IS NOT NULL THEN {raw} END AS raw
+FROM (
+SELECT *, coalesce(ereason, CASE {" ".join(checks)} END) AS reason
+FROM (SELECT c.origin, c.line_no, c.n, c.id, make_timestamp(TRY_CAST(round(c.ts * 1e6) AS BIGINT)) AS ts,
+             c.ts AS tsd, c.node, c.role, c.job, _lab.labels::JSON AS labels, c.labels AS lraw,
+             {ereason} AS ereason, {texts}
+      FROM _cb_{type_} c LEFT JOIN _lab ON _lab.lraw = c.labels) d
+) d
+"""
+
+
+def _r_table_sql(type_: str, text: bool, blocks: bool) -> str:
+    parts = ([ROW_TYPE_SQL[type_]] if text else []) + ([BLOCK_TYPE_SQL[type_]] if blocks else [])
+    return f"CREATE OR REPLACE TEMP TABLE _r_{type_} AS " + " UNION ALL ".join(parts)
 
 
 OTHER_ROWS_SQL = _other_rows_sql()
-ROW_TYPE_SQL = {t: _row_type_sql(t)[0] for t in TABLES}
+ROW_TYPE_SQL = {t: _row_type_sql(t) for t in TABLES}
+BLOCK_TYPE_SQL = {t: _block_type_sql(t) for t in TABLES}
 
 
-def _ev_view(row_types: list[str], other_rows: bool) -> str:
+def _ev_view(row_types: list[str], other_rows: bool, json: bool = True) -> str:
     """``_ev``: every envelope of the batch, JSON and rows (a view: nothing is copied)."""
-    parts = ["SELECT origin, line_no, n, id, ts, node, role, job, labels, type, true AS js, reason FROM _evj"]
+    parts = [
+        "SELECT origin, line_no, n, id, ts, node, role, job, labels, type, true AS js, reason, "
+        "NULL::VARCHAR AS raw FROM _evj"
+    ][: 1 if json else 0]
     parts += [
-        f"SELECT origin, line_no, n, id, ts, node, role, job, labels, {_q(t)}, false, ereason FROM _r_{t}"
+        f"SELECT origin, line_no, n, id, ts, node, role, job, labels, {_q(t)} AS type, false AS js, "
+        f"ereason AS reason, raw FROM _r_{t}"
         for t in row_types
     ]
     if other_rows:
         parts.append(
-            "SELECT origin, line_no, n, id, ts, node, role, job, labels, type, false, reason FROM _rows"
+            "SELECT origin, line_no, n, id, ts, node, role, job, labels, type, false, reason, NULL FROM _rows"
         )
     return "CREATE OR REPLACE TEMP VIEW _ev AS " + " UNION ALL ".join(parts)
 
@@ -383,12 +454,12 @@ def _type_sql(type_: str, dedup: bool, json: bool = True, rows: bool = False) ->
                 JOIN _batch b ON b.origin = e.origin AND b.line_no = e.line_no)"""
         parts.append(
             f"SELECT origin, line_no, n, id, ts, node, job, {', '.join(values)}, "
-            f"CASE {' '.join(checks)} END AS reason FROM {src}"
+            f"CASE {' '.join(checks)} END AS reason, NULL::VARCHAR AS raw FROM {src}"
         )
     if rows:
         names = ", ".join(f'"{n}"' for n in fields)
         parts.append(
-            f"SELECT origin, line_no, n, id, ts, node, job, {names}, reason FROM _r_{type_} WHERE ereason IS NULL"
+            f"SELECT origin, line_no, n, id, ts, node, job, {names}, reason, raw FROM _r_{type_} WHERE ereason IS NULL"
         )
     sql = f"""
 CREATE OR REPLACE TEMP TABLE _t AS
@@ -407,12 +478,13 @@ _TYPE_SQL = {
     for js, rows in ((True, False), (False, True), (True, True))
 }
 
-# the raw line comes from the input (_batch), which is joined only for the rejected rows
+# the raw line comes from the input (_batch), which is joined only for the rejected rows (a
+# column block's row has no line: its ``raw`` is the row re-made as text)
 DEAD_SQL = f"""
 INSERT INTO dead_letters
-SELECT ?::TIMESTAMP, s.origin, s.line_no, s.reason, encode(left(b.line, {RAW_CAP})), s.n
+SELECT ?::TIMESTAMP, s.origin, s.line_no, s.reason, encode(left(coalesce(s.raw, b.line), {RAW_CAP})), s.n
 FROM (SELECT * FROM {{src}} WHERE reason IS NOT NULL) s
-JOIN _batch b ON b.origin = s.origin AND b.line_no = s.line_no
+LEFT JOIN _batch b ON b.origin = s.origin AND b.line_no = s.line_no
 WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = s.origin AND d.line = s.line_no)
 """
 
@@ -471,12 +543,23 @@ class Writer:
         lines: list[str] = []
         py_dead = []
         has_rows = False
+        blocks: dict[str, list[pa.RecordBatch]] = {}
+        block_labels: set[tuple[str, str]] = set()
         for origin, raw in messages:
             if raw is None:
                 py_dead.append((origin, 0, "message has no value", b"", 0))
                 continue
+            message_blocks: list[columns.Block] = []
+            if columns.is_block(raw):
+                try:
+                    text, message_blocks = columns.decode(raw, _KNOWN)
+                except columns.BlockError as e:
+                    py_dead.append((origin, 0, str(e), bytes(raw[:RAW_CAP]), len(raw)))
+                    continue
+            else:
+                text = raw
             try:
-                parts = raw.decode("utf-8").split("\n")
+                parts = text.decode("utf-8").split("\n")
             except UnicodeDecodeError as e:
                 py_dead.append(
                     (
@@ -490,28 +573,48 @@ class Writer:
                 continue
             if parts[-1] == "":
                 parts.pop()
-            if not has_rows and (raw[:1] == b"r" or b"\nr" in raw):
+            if not has_rows and (text[:1] == b"r" or b"\nr" in text):
                 has_rows = True
             lines += parts
             origins += [origin] * len(parts)
             line_nos += range(1, len(parts) + 1)
+            first = len(parts) + 1  # a block's rows are numbered after the message's lines
+            for b in message_blocks:
+                blocks.setdefault(b.type, []).append(_block_batch(origin, first, b))
+                block_labels.add((b.type, b.labels))
+                first += b.rows
         con = self.con
         row_types: list[str] = []
+        registered: list[str] = []
         con.execute("BEGIN")
         try:
             ts_now = _ts(now)
-            if lines:
+            if lines or blocks:
                 con.register("_batch", _lines_table(origins, line_nos, lines))
-                con.execute(ENVELOPE_SQL)
+                registered.append("_batch")
+                # the JSON pass costs ~25 ms to plan: skipped when no line needs it
+                has_json = len(lines) > 4096 or any(not _ROW_START.match(x) for x in lines)
+                if has_json:
+                    con.execute(ENVELOPE_SQL)
+                text_types: set[str] = set()
                 if has_rows:
                     con.execute(KINDS_SQL)
+                    text_types = {t for (t,) in con.execute("SELECT DISTINCT type FROM _kinds").fetchall()}
+                if blocks:
+                    if not has_rows:
+                        con.execute("CREATE OR REPLACE TEMP TABLE _kinds (type VARCHAR, lraw VARCHAR)")
+                    con.executemany("INSERT INTO _kinds VALUES (?, ?)", sorted(block_labels))
+                    for t, batches in blocks.items():
+                        con.register(f"_cb_{t}", pa.Table.from_batches(batches))
+                        registered.append(f"_cb_{t}")
+                if has_rows or blocks:
                     con.execute(LABELS_SQL)
-                    kinds = {t for (t,) in con.execute("SELECT DISTINCT type FROM _kinds").fetchall()}
-                    row_types = [t for t in TABLES if t in kinds]
+                    row_types = [t for t in TABLES if t in text_types or t in blocks]
                     for t in row_types:
-                        con.execute(ROW_TYPE_SQL[t])
+                        con.execute(_r_table_sql(t, t in text_types, t in blocks))
+                if has_rows:
                     con.execute(OTHER_ROWS_SQL)
-                con.execute(_ev_view(row_types, has_rows))
+                con.execute(_ev_view(row_types, has_rows, has_json))
                 res.lines, env_dead, valid, repeats = con.execute(
                     "SELECT count(*), count(reason), count(*) - count(reason), "
                     "count(id) FILTER (WHERE reason IS NULL) - count(DISTINCT id) FILTER (WHERE reason IS NULL) "
@@ -524,7 +627,7 @@ class Writer:
                     t: (js, rows)
                     for t, js, rows in con.execute(
                         "SELECT type, bool_or(js), bool_or(NOT js) FROM _ev WHERE reason IS NULL GROUP BY type"
-                        if has_rows
+                        if row_types
                         else "SELECT DISTINCT type, true, false FROM _ev WHERE reason IS NULL"
                     ).fetchall()
                 }
@@ -572,15 +675,49 @@ class Writer:
             con.execute("ROLLBACK")
             raise
         finally:
-            if lines:
-                con.unregister("_batch")
+            for name in registered:
+                con.unregister(name)
             for t in row_types:  # free the batch's memory now, not at the next batch
                 con.execute(f"DROP TABLE IF EXISTS _r_{t}")
         return res
 
 
+_LINES = pa.schema([("origin", pa.string()), ("line_no", pa.int64()), ("line", pa.large_string())])
+_KNOWN = set(TABLES)
+
+
+def _block_schema(type_: str) -> pa.Schema:
+    env = [("origin", pa.string()), ("line_no", pa.int64()), ("n", pa.int64()), ("id", pa.string())]
+    env += [("ts", pa.float64()), ("node", pa.string()), ("role", pa.string()), ("job", pa.string())]
+    env += [("labels", pa.string())]
+    return pa.schema(env + [(n, columns.arrow_type(k)) for n, (k, _) in DATA_FIELDS[type_].items()])
+
+
+_BLOCK_SCHEMAS = {t: _block_schema(t) for t in TABLES}
+
+
+def _block_batch(origin: str, first: int, b: columns.Block) -> pa.RecordBatch:
+    """A block as rows of ``_cb_<type>``: its arrays as they are (over the message's bytes),
+    the envelope repeated, fields it does not carry as NULL."""
+    n = b.rows
+    schema = _BLOCK_SCHEMAS[b.type]
+    const = [pa.repeat(pa.scalar(v, pa.string()), n) for v in (b.node, b.role, b.job, b.labels)]
+    arrays = [
+        pa.repeat(pa.scalar(origin, pa.string()), n),
+        pa.array(np.arange(first, first + n, dtype=np.int64)),
+        pa.array(b.nbytes),
+        b.arrays["id"],
+        b.arrays["ts"],
+        *const,
+    ]
+    arrays += [b.arrays[f.name] if f.name in b.arrays else pa.nulls(n, f.type) for f in list(schema)[9:]]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
 def _lines_table(origins: list[str], line_nos: list[int], lines: list[str]) -> pa.Table:
     """One row per line, in several record batches so that DuckDB parses them on all cores."""
+    if not lines:
+        return _LINES.empty_table()
     return pa.Table.from_batches(
         [
             pa.record_batch(

@@ -1,7 +1,9 @@
 """The shipper: forwards the spool to Kafka, in order, and moves ``cursor.shipped``
 only over what Kafka acknowledged.  When the broker is away it backs off (exponential,
 capped) while the spool grows within its bounds; when the broker returns it resumes
-from the cursor.  A message holds whole events (NDJSON) up to ``sink.message_bytes``.
+from the cursor.  A message holds whole events (NDJSON) up to ``sink.message_bytes``; with
+``columns`` (``sink.message_format = "columns"``) its row-form samples travel as binary
+column blocks (``cmdare.agent.columns``), the other events as lines.
 """
 
 from __future__ import annotations
@@ -12,15 +14,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from ..columns import encode as encode_columns
 from .kafka import KafkaSink, SinkError
 from .spool import Position, Spool, read_lines
 
 log = logging.getLogger("cmdare.agent.shipper")
 
 
-def pack(chunks: list[tuple[bytes, Position]], message_bytes: int) -> list[tuple[bytes, int, Position]]:
-    """Cut line chunks into messages of at most ``message_bytes`` (a longer single event
-    travels alone).  Returns [(message, events in it, spool position after it)]."""
+def pack(
+    chunks: list[tuple[bytes, Position]], message_bytes: int, columns: bool = False
+) -> list[tuple[bytes, int, Position]]:
+    """Cut line chunks into messages of at most ``message_bytes`` of lines (a longer single
+    event travels alone); with ``columns``, each message's row lines become column blocks.
+    Returns [(message, events in it, spool position after it)]."""
     out: list[tuple[bytes, int, Position]] = []
     for data, end_pos in chunks:
         start = 0
@@ -32,7 +38,10 @@ def pack(chunks: list[tuple[bytes, Position]], message_bytes: int) -> list[tuple
                 cut = data.rfind(b"\n", start, stop) + 1
                 stop = cut if cut > start else data.index(b"\n", start) + 1
             msg = data[start:stop]
-            out.append((msg, msg.count(b"\n"), Position(end_pos.segment, base + stop)))
+            count = msg.count(b"\n")
+            out.append(
+                (encode_columns(msg) if columns else msg, count, Position(end_pos.segment, base + stop))
+            )
             start = stop
     return out
 
@@ -46,11 +55,13 @@ class Shipper(threading.Thread):
         backoff: float = 1.0,
         backoff_max: float = 30.0,
         on_status: Callable[[bool, str], None] | None = None,
+        columns: bool = False,
     ) -> None:
         super().__init__(name="cmdare-shipper", daemon=True)
         self.spool, self.sink = spool, sink
         self.batch_bytes, self.backoff, self.backoff_max = batch_bytes, backoff, backoff_max
         self.on_status = on_status or (lambda ok, msg: None)
+        self.columns = columns
         self.shipped_total = 0
         self.skipped_total = 0
         self.wake = threading.Event()
@@ -69,7 +80,7 @@ class Shipper(threading.Thread):
     def _ship_priority(self) -> None:
         while self._priority:
             data = self._priority[0]
-            msgs = pack([(data, Position(0, len(data)))], self.sink.message_bytes)
+            msgs = pack([(data, Position(0, len(data)))], self.sink.message_bytes, self.columns)
             acked = self.sink.write([m for m, _, _ in msgs])
             if acked < len(msgs):
                 if acked:  # keep what was not acknowledged
@@ -93,7 +104,7 @@ class Shipper(threading.Thread):
             if nxt != cur:  # skipped over deleted / torn segments
                 self.spool.commit(nxt, 0)
             return 0
-        msgs = pack(chunks, self.sink.message_bytes)
+        msgs = pack(chunks, self.sink.message_bytes, self.columns)
         acked = self.sink.write([m for m, _, _ in msgs])
         if acked == 0:
             raise SinkError(f"{self.sink.url.text}: no acknowledgement from the broker")

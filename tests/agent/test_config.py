@@ -60,6 +60,10 @@ INVALID = [
     ),
     ("[sink]\nlinger_ms = -1", "sink.linger_ms: must be between 0 and 60000, got -1"),
     (
+        '[sink]\nmessage_format = "parquet"',
+        "sink.message_format: must be one of columns, lines, got 'parquet'",
+    ),
+    (
         "[sources.gpuu]",
         "unknown key 'sources.gpuu' (known: cloud, gpu, heartbeat, host, tensorboard, tpu, train)",
     ),

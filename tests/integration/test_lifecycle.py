@@ -17,7 +17,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from cmdare.agent.events import decode_line
+from cmdare.agent import columns
 from cmdare.analytics.cli import cli
 from tests.conftest import BIN, KafkaBroker, agent_env, wait_for
 from tests.fakes.metadata import FakeMetadata
@@ -70,8 +70,7 @@ def test_revoked_stopped_and_killed_nodes_are_classified(kafka_broker: KafkaBrok
 
     def read_topic() -> None:
         for rec in consumer:
-            for line in rec.value.splitlines():
-                e = decode_line(line)
+            for e in columns.decode(rec.value):  # lines or column blocks
                 seen.setdefault(e["type"], []).append(e)
 
     try:

@@ -1,0 +1,321 @@
+"""Column blocks (sink.message_format = "columns"): the shipper's binary packing of row-form
+samples.  What users rely on: the same events land exactly as from the lines, values the
+encoder cannot carry exactly stay text (same verdict), and a damaged message is
+dead-lettered with a reason while the messages after it land."""
+
+from __future__ import annotations
+
+import json
+import struct
+from array import array
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cmdare.agent import columns
+from cmdare.agent.columns import _HEAD, MAGIC, encode
+from cmdare.agent.events import EventFactory, decode_line
+from cmdare.agent.sinks.shipper import pack
+from cmdare.agent.sinks.spool import Position
+from cmdare.collector.db import connect
+from cmdare.collector.writer import Writer
+
+ODD = 'tab\there, "quoted", new\nline, ünï'
+
+
+def _rows(con, table: str) -> list:
+    cols = [
+        c
+        for (c,) in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()
+        if c not in ("ingested_at", "received_at")
+    ]
+    return con.execute(
+        f"SELECT {', '.join(f'{c!r}'.replace(chr(39), chr(34)) for c in cols)} FROM {table} ORDER BY ALL"
+    ).fetchall()
+
+
+def _header(msg: bytes) -> dict:
+    assert msg.startswith(MAGIC)
+    (n,) = _HEAD.unpack_from(msg, len(MAGIC))
+    return json.loads(msg[len(MAGIC) + 4 : len(MAGIC) + 4 + n])
+
+
+def _lines(factory: EventFactory) -> bytes:
+    data = {
+        "gpu": [
+            {
+                "index": 0,
+                "uuid": "GPU-0",
+                "name": ODD,
+                "util_gpu_ratio": 0.5,
+                "mem_used_bytes": 2**40,
+                "throttle_reasons": ["sw_power_cap"],
+                "processes": [{"pid": 7, "used_bytes": 3}],
+                "ecc_corrected_total": -3,
+            },
+            {
+                "index": 1,
+                "uuid": "",
+                "name": '"starts with a quote',
+                "power_watts": 1e-05,
+                "temp_celsius": 61,
+            },
+            {},
+            {"index": 2, "name": "ok", "util_gpu_ratio": 1e300},
+        ],
+        "host": [
+            {
+                "cpu_util_ratio": 0.25,
+                "cpu_per_core_ratio": [0.5, 0.0],
+                "net": [{"nic": "eth0", "rx_bytes_total": 5}],
+                "procs": 9,
+                "load1": 1.5e300,
+            },
+            {"procs": 2**62},
+        ],
+        "tpu": [{"device": 3, "hbm_used_bytes": 5, "duty_cycle_ratio": 0.75}],
+    }
+    out = []
+    for t, ds in data.items():
+        for i, d in enumerate(ds):
+            out.append(factory.line(t, d, 1.75e9 + i))
+        out.append(factory.line("heartbeat", {"seq": len(out)}, 1.75e9))
+    return b"".join(out)
+
+
+TABLES = ("gpu_samples", "host_samples", "tpu_samples", "heartbeats", "nodes", "dead_letters")
+
+
+def test_column_blocks_land_exactly_as_the_lines(tmp_path: Path) -> None:
+    f = EventFactory("node\tb", "ps", ODD, {"team": "x\ty", "ünï": "ok"}, rows=True)
+    text = _lines(f)
+    msg = encode(text)
+    head = _header(msg)
+    assert sorted(b["type"] for b in head["blocks"]) == ["gpu", "host", "tpu"]
+    assert sum(b["rows"] for b in head["blocks"]) == 7
+    ca, cb = connect(tmp_path / "a.duckdb"), connect(tmp_path / "b.duckdb")
+    ra, rb = Writer(ca).write([("m:1", text)]), Writer(cb).write([("m:1", msg)])
+    assert ra.rows == rb.rows and rb.dead == 0 and rb.inserted == 10
+    for table in TABLES:
+        assert _rows(ca, table) == _rows(cb, table), table
+    # a replay stores nothing twice
+    again = Writer(cb).write([("m:2", msg)])
+    assert again.inserted == 0 and again.duplicates == 10
+
+
+def test_other_consumers_read_the_same_events_from_blocks_and_lines() -> None:
+    f = EventFactory("node\tb", "ps", ODD, {"team": "x\ty"}, rows=True)
+    text = _lines(f)
+    want = sorted((decode_line(x) for x in text.splitlines()), key=lambda e: e["id"])
+    got = sorted(columns.decode(encode(text)), key=lambda e: e["id"])
+    assert got == want and len(got) == 10
+    assert columns.decode(text) == [decode_line(x) for x in text.splitlines()]
+
+
+def test_pack_with_columns_keeps_the_counts_and_spool_positions() -> None:
+    f = EventFactory("n", "worker", "j", rows=True)
+    data = b"".join(f.line("gpu", {"index": i % 8, "util_gpu_ratio": 0.5}, 1.75e9 + i) for i in range(3000))
+    plain = pack([(data, Position(1, len(data)))], 16 << 10)
+    cols = pack([(data, Position(1, len(data)))], 16 << 10, columns=True)
+    assert [(c, p) for _, c, p in plain] == [(c, p) for _, c, p in cols] and len(cols) > 5
+    assert all(
+        m.startswith(MAGIC) and len(m) < len(t) for (m, _, _), (t, _, _) in zip(cols, plain, strict=True)
+    )
+    # JSON events (not rows) stay lines: such a message is not re-packed at all
+    js = EventFactory("n", "worker", "j").line("gpu", {"index": 1}, 1.75e9)
+    assert pack([(js, Position(1, len(js)))], 16 << 10, columns=True)[0][0] == js
+
+
+# rows the encoder must leave as text (it carries only what the agent writes); with the
+# good row after each, the collector's verdict must be the one it gives the lines
+NOT_CARRIED = [
+    "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1.5",
+    "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t007",
+    "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t 7",
+    "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t99999999999999999999",
+    "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\tu\tn\tnan",
+    "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\tu\tn\t1e400",
+    "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\tu\tn\t+0.5",
+    'r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\t"unterminated',
+    'r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1\t"\\ud800"',
+    "r1\tgpu\tx\tnoon\tn\tworker\t\t{}\t1",
+    "r1\tgpu\tx\t\tn\tworker\t\t{}\t1",
+    "r1\ttpu\tx\t5.0\tn\tworker\t\t{}" + "\t1" * 6,
+]
+# rows it carries, whose values the collector refuses (row by row, in DuckDB)
+CARRIED_BAD = [
+    (
+        "r1\tgpu\tx\t5.0\tn\tboss\t\t{}\t1",
+        "field 'role' must be one of worker, ps, chief, data, client, got 'boss'",
+    ),
+    ("r1\tgpu\tx\t5.0\tn\tworker\t\t[1]\t1", "field 'labels' must be an object of string values"),
+    ("r1\tgpu\t\t5.0\tn\tworker\t\t{}\t1", "field 'id' must be a non-empty string of at most 64 characters"),
+    (
+        "r1\tgpu\tx\t5.0\t\tworker\t\t{}\t1",
+        "field 'node' must be a non-empty string of at most 256 characters",
+    ),
+    ("r1\tgpu\tx\t0\tn\tworker\t\t{}\t1", "field 'ts' must be unix seconds, got '0.0'"),
+    (
+        "r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1" + "\t" * 15 + "[1]",
+        "gpu.throttle_reasons must be str[], got [1]",
+    ),
+    ("r1\tgpu\tx\t5.0\tn\tworker\t\t{}\t1" + "\t" * 18 + "[{]", "gpu.processes must be object[], got [{]"),
+    (
+        'r1\thost\tx\t5.0\tn\tworker\t\t{}\t\t[0.5,"a"]',
+        'host.cpu_per_core_ratio must be float[], got [0.5,"a"]',
+    ),
+]
+GOOD = EventFactory("node-a", "worker", "job-1", {"team": "x"}, rows=True)
+
+
+@pytest.mark.parametrize("line", NOT_CARRIED)
+def test_rows_the_encoder_cannot_carry_stay_text_with_the_same_verdict(tmp_path: Path, line: str) -> None:
+    text = line.encode() + b"\n" + GOOD.line("gpu", {"index": 1}, 1.75e9)
+    msg = encode(text)
+    head = _header(msg)
+    assert [b["rows"] for b in head["blocks"]] == [1] and head["text"] == len(line) + 1
+    ca, cb = connect(tmp_path / "a.duckdb"), connect(tmp_path / "b.duckdb")
+    ra, rb = Writer(ca).write([("m:1", text)]), Writer(cb).write([("m:1", msg)])
+    assert (ra.dead, ra.rows["gpu_samples"]) == (rb.dead, rb.rows["gpu_samples"])
+    assert _rows(ca, "gpu_samples") == _rows(cb, "gpu_samples")
+    assert _rows(ca, "dead_letters") == _rows(cb, "dead_letters")
+
+
+@pytest.mark.parametrize("line, reason", CARRIED_BAD, ids=[r[:30] for _, r in CARRIED_BAD])
+def test_bad_values_in_a_block_are_dead_lettered_row_by_row(db, line: str, reason: str) -> None:
+    from cmdare.agent.events import InvalidEvent
+
+    good = GOOD.line("gpu", {"index": 1}, 1.75e9)
+    msg = encode(line.encode() + b"\n" + good)
+    assert _header(msg)["text"] == 0  # both rows carried as columns
+    r = Writer(db).write([("t:1", msg)])
+    assert r.dead == 1 and r.rows["gpu_samples"] + r.rows["host_samples"] == 1
+    got_reason, raw = db.execute("SELECT reason, raw FROM dead_letters").fetchone()
+    assert got_reason == reason
+    # the dead letter holds the row re-made as text: the agent library refuses it the same way
+    with pytest.raises(InvalidEvent) as e:
+        decode_line(bytes(raw))
+    assert str(e.value).startswith(reason.split(", got")[0])
+    assert Writer(db).write([("t:1", msg)]).dead == 0  # a replay: dead-lettered once
+
+
+@pytest.fixture()
+def db(tmp_path: Path):
+    con = connect(tmp_path / "t.duckdb")
+    yield con
+    con.close()
+
+
+def _sample() -> bytes:
+    f = EventFactory("n", "worker", "", rows=True)
+    lines = [
+        f.line("gpu", {"index": i, "uuid": f"GPU-{i}", "util_gpu_ratio": 0.5}, 1.75e9 + i) for i in range(3)
+    ]
+    lines.append(f.line("gpu", {"index": 3, "util_gpu_ratio": 0.5}, 1.75e9 + 3))  # uuid absent: masked
+    return encode(b"".join(lines))
+
+
+def _with_header(msg: bytes, edit) -> bytes:
+    (n,) = _HEAD.unpack_from(msg, len(MAGIC))
+    start = len(MAGIC) + 4
+    head = json.loads(msg[start : start + n])
+    edit(head["blocks"][0])
+    h = json.dumps(head).encode()
+    h += b" " * (-(start + len(h)) % 8)
+    return MAGIC + _HEAD.pack(len(h)) + h + msg[start + n :]
+
+
+def _replace(msg: bytes, old: bytes, new: bytes) -> bytes:
+    assert msg.count(old) == 1, old
+    return msg.replace(old, new)
+
+
+def _set(key, value):
+    return lambda b: b.__setitem__(key, value)
+
+
+DAMAGED = [
+    ("truncated", lambda m: m[:-8], "runs past the message"),
+    ("trailing bytes", lambda m: m + b"\0" * 8, "8 bytes after its last block"),
+    ("header length", lambda m: m[: len(MAGIC)] + _HEAD.pack(1 << 30) + m[len(MAGIC) + 4 :], "header of"),
+    ("header not JSON", lambda m: _replace(m, b'"blocks"', b'"blocks"}'), "header is not valid JSON"),
+    (
+        "unknown type",
+        lambda m: _with_header(m, _set("type", "foo")),
+        "type 'foo', which this collector does not know",
+    ),
+    ("no rows", lambda m: _with_header(m, _set("rows", 0)), "'rows' must be an integer"),
+    (
+        "unknown column",
+        lambda m: _with_header(m, lambda b: b["columns"][2].__setitem__(0, "indexx")),
+        "'indexx' is not a gpu field this collector knows (a newer agent?)",
+    ),
+    (
+        "no id first",
+        lambda m: _with_header(m, lambda b: b["columns"].reverse()),
+        "'columns' must be a list starting with id and ts",
+    ),
+    ("role not a string", lambda m: _with_header(m, _set("role", 5)), "'role' must be a string"),
+    (
+        "mask byte",
+        lambda m: _replace(m, b"\x01\x01\x01\x00", b"\x01\x02\x01\x00"),
+        "presence mask bytes must be 0 or 1",
+    ),
+    (
+        "offsets",
+        lambda m: _replace(
+            m, array("I", [0, 5, 10, 15, 15]).tobytes(), array("I", [0, 10, 5, 15, 15]).tobytes()
+        ),
+        "string offsets must start at 0 and not decrease",
+    ),
+    ("not UTF-8", lambda m: _replace(m, b"GPU-1", b"GPU\xff1"), "column uuid is not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize("name, damage, reason", DAMAGED, ids=[d[0] for d in DAMAGED])
+def test_a_damaged_block_message_is_dead_lettered_and_the_next_lands(db, name, damage, reason) -> None:
+    msg = _sample()
+    bad = damage(msg)
+    r = Writer(db).write([("t:1", bad), ("t:2", msg)])
+    assert r.dead == 1 and r.rows["gpu_samples"] == 4
+    got, raw, size = db.execute("SELECT reason, raw, raw_bytes FROM dead_letters").fetchone()
+    assert reason in got and got.count("\n") == 0
+    assert bytes(raw) == bad[: len(raw)] and size == len(bad)
+
+
+def test_a_nan_in_a_float_column_is_refused_for_its_row_only(db) -> None:
+    msg = _sample()
+    nan = _replace(msg, struct.pack("<d", 1.75e9 + 1), struct.pack("<d", float("nan")))
+    r = Writer(db).write([("t:1", nan)])
+    assert r.dead == 1 and r.rows["gpu_samples"] == 3
+    assert (
+        db.execute("SELECT reason FROM dead_letters").fetchone()[0]
+        == "field 'ts' must be unix seconds, got 'nan'"
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.text(max_size=30),
+    node=st.text(min_size=1, max_size=20),
+    job=st.text(max_size=20),
+    value=st.floats(allow_nan=False, allow_infinity=False),
+    count=st.integers(min_value=-(2**63), max_value=2**63 - 1),
+)
+def test_any_strings_and_numbers_land_as_from_the_lines(
+    tmp_path_factory, name, node, job, value, count
+) -> None:
+    f = EventFactory(node, "worker", job, {"k": name}, rows=True)
+    text = f.line(
+        "gpu", {"index": 0, "name": name, "util_gpu_ratio": value, "ecc_corrected_total": count}, 1.75e9
+    )
+    d = tmp_path_factory.mktemp("c")
+    ca, cb = connect(d / "a.duckdb"), connect(d / "b.duckdb")
+    Writer(ca).write([("m:1", text)])
+    Writer(cb).write([("m:1", encode(text))])
+    for table in ("gpu_samples", "nodes", "dead_letters"):
+        assert _rows(ca, table) == _rows(cb, table), table
+    ca.close()
+    cb.close()
