@@ -141,6 +141,10 @@ def main() -> None:
         print(f"raw kafka-python : {n} samples in {msgs} messages, {raw_s:.2f}s -> {raw_rate:,.0f} samples/s")
         print(f"cmdare-collector : {stored} samples stored, {our_s:.2f}s -> {our_rate:,.0f} samples/s")
         print(f"ratio            : {our_rate / raw_rate:.2f}x of raw (target >= 0.6)")
+        from kafka.record import util
+
+        crc = "C (crc32c package)" if util.crc32c_c is not None else "pure Python (no crc32c package)"
+        print(f"kafka-python CRC : {crc}, for both consumers")
         print(f"absolute         : {our_rate:,.0f} samples/s (target >= 100,000)")
         assert stored == n, f"stored {stored} of {n}"
 
