@@ -121,14 +121,19 @@ def main() -> None:
     ap.add_argument("--compression", default="gzip")
     ap.add_argument("--format", choices=("rows", "json"), default="rows", help="the agent's sample_format")
     ap.add_argument(
-        "--message-format", choices=("columns", "lines"), default="columns", help="the agent's sink.message_format"
+        "--message-format",
+        choices=("columns", "lines"),
+        default="columns",
+        help="the agent's sink.message_format",
     )
     a = ap.parse_args()
     with Broker() as b, tempfile.TemporaryDirectory() as tmp:
         topic = "bench-ingest"
         t = time.perf_counter()
         columns = a.message_format == "columns"
-        n, produced = produce(b.bootstrap, topic, a.samples, a.nodes, a.gpus, a.compression, a.format == "rows", columns)
+        n, produced = produce(
+            b.bootstrap, topic, a.samples, a.nodes, a.gpus, a.compression, a.format == "rows", columns
+        )
         print(
             f"produced {n} gpu samples ({a.nodes} nodes x {a.gpus} GPUs, {a.format}, "
             f"{a.message_format if a.format == 'rows' else 'lines'}, {a.compression}) "
