@@ -21,19 +21,7 @@ from cmdare.agent.sinks.shipper import pack
 from cmdare.agent.sinks.spool import Position
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
-
-ODD = 'tab\there, "quoted", new\nline, ünï'
-
-
-def _rows(con, table: str) -> list:
-    cols = [
-        c
-        for (c,) in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()
-        if c not in ("ingested_at", "received_at")
-    ]
-    return con.execute(
-        f"SELECT {', '.join(f'{c!r}'.replace(chr(39), chr(34)) for c in cols)} FROM {table} ORDER BY ALL"
-    ).fetchall()
+from tests.collector.test_writer import ODD, ROW_SAMPLES, _table_rows
 
 
 def _header(msg: bytes) -> dict:
@@ -43,40 +31,9 @@ def _header(msg: bytes) -> dict:
 
 
 def _lines(factory: EventFactory) -> bytes:
-    data = {
-        "gpu": [
-            {
-                "index": 0,
-                "uuid": "GPU-0",
-                "name": ODD,
-                "util_gpu_ratio": 0.5,
-                "mem_used_bytes": 2**40,
-                "throttle_reasons": ["sw_power_cap"],
-                "processes": [{"pid": 7, "used_bytes": 3}],
-                "ecc_corrected_total": -3,
-            },
-            {
-                "index": 1,
-                "uuid": "",
-                "name": '"starts with a quote',
-                "power_watts": 1e-05,
-                "temp_celsius": 61,
-            },
-            {},
-            {"index": 2, "name": "ok", "util_gpu_ratio": 1e300},
-        ],
-        "host": [
-            {
-                "cpu_util_ratio": 0.25,
-                "cpu_per_core_ratio": [0.5, 0.0],
-                "net": [{"nic": "eth0", "rx_bytes_total": 5}],
-                "procs": 9,
-                "load1": 1.5e300,
-            },
-            {"procs": 2**62},
-        ],
-        "tpu": [{"device": 3, "hbm_used_bytes": 5, "duty_cycle_ratio": 0.75}],
-    }
+    data = {t: list(ds) for t, ds in ROW_SAMPLES.items()}
+    data["gpu"].append({"index": 2, "name": "ok", "util_gpu_ratio": 1e300, "ecc_corrected_total": -3})
+    data["host"].append({"procs": 2**62})
     out = []
     for t, ds in data.items():
         for i, d in enumerate(ds):
@@ -99,7 +56,7 @@ def test_column_blocks_land_exactly_as_the_lines(tmp_path: Path) -> None:
     ra, rb = Writer(ca).write([("m:1", text)]), Writer(cb).write([("m:1", msg)])
     assert ra.rows == rb.rows and rb.dead == 0 and rb.inserted == 10
     for table in TABLES:
-        assert _rows(ca, table) == _rows(cb, table), table
+        assert _table_rows(ca, table) == _table_rows(cb, table), table
     # a replay stores nothing twice
     again = Writer(cb).write([("m:2", msg)])
     assert again.inserted == 0 and again.duplicates == 10
@@ -179,8 +136,8 @@ def test_rows_the_encoder_cannot_carry_stay_text_with_the_same_verdict(tmp_path:
     ca, cb = connect(tmp_path / "a.duckdb"), connect(tmp_path / "b.duckdb")
     ra, rb = Writer(ca).write([("m:1", text)]), Writer(cb).write([("m:1", msg)])
     assert (ra.dead, ra.rows["gpu_samples"]) == (rb.dead, rb.rows["gpu_samples"])
-    assert _rows(ca, "gpu_samples") == _rows(cb, "gpu_samples")
-    assert _rows(ca, "dead_letters") == _rows(cb, "dead_letters")
+    assert _table_rows(ca, "gpu_samples") == _table_rows(cb, "gpu_samples")
+    assert _table_rows(ca, "dead_letters") == _table_rows(cb, "dead_letters")
 
 
 @pytest.mark.parametrize("line, reason", CARRIED_BAD, ids=[r[:30] for _, r in CARRIED_BAD])
@@ -316,6 +273,6 @@ def test_any_strings_and_numbers_land_as_from_the_lines(
     Writer(ca).write([("m:1", text)])
     Writer(cb).write([("m:1", encode(text))])
     for table in ("gpu_samples", "nodes", "dead_letters"):
-        assert _rows(ca, table) == _rows(cb, table), table
+        assert _table_rows(ca, table) == _table_rows(cb, table), table
     ca.close()
     cb.close()

@@ -252,48 +252,52 @@ def _table_rows(con, table: str) -> list:
     cols = [
         c
         for (c,) in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()
-        if c != "ingested_at"
+        if c not in ("ingested_at", "received_at")  # when it was loaded, not what
     ]
     return con.execute(
         f"SELECT {', '.join(map(repr, cols)).replace(chr(39), chr(34))} FROM {table} ORDER BY ALL"
     ).fetchall()
 
 
+# the same samples in every form (tabs, quotes, newlines, huge and tiny numbers, absent fields)
+ROW_SAMPLES = {
+    "gpu": [
+        {
+            "index": 0,
+            "uuid": "GPU-0",
+            "name": ODD,
+            "util_gpu_ratio": 0.5,
+            "mem_used_bytes": 2**40,
+            "throttle_reasons": ["sw_power_cap"],
+            "processes": [{"pid": 7, "used_bytes": 3}],
+            "ecc_corrected_total": 0,
+        },
+        {
+            "index": 1,
+            "uuid": "",
+            "name": '"starts with a quote',
+            "power_watts": 1e-05,
+            "temp_celsius": 61,
+        },
+        {},
+    ],
+    "host": [
+        {
+            "cpu_util_ratio": 0.25,
+            "cpu_per_core_ratio": [0.5, 0.0],
+            "net": [{"nic": "eth0", "rx_bytes_total": 5}],
+            "procs": 9,
+            "load1": 1.5e300,
+        }
+    ],
+    "tpu": [{"device": 3, "hbm_used_bytes": 5, "duty_cycle_ratio": 0.75}],
+}
+
+
 def test_row_form_lands_exactly_as_the_json_form(tmp_path: Path) -> None:
     """The same events, one database fed JSON lines and one fed row lines (mixed with JSON
     events in the same messages): every stored value is equal."""
-    data = {
-        "gpu": [
-            {
-                "index": 0,
-                "uuid": "GPU-0",
-                "name": ODD,
-                "util_gpu_ratio": 0.5,
-                "mem_used_bytes": 2**40,
-                "throttle_reasons": ["sw_power_cap"],
-                "processes": [{"pid": 7, "used_bytes": 3}],
-                "ecc_corrected_total": 0,
-            },
-            {
-                "index": 1,
-                "uuid": "",
-                "name": '"starts with a quote',
-                "power_watts": 1e-05,
-                "temp_celsius": 61,
-            },
-            {},
-        ],
-        "host": [
-            {
-                "cpu_util_ratio": 0.25,
-                "cpu_per_core_ratio": [0.5, 0.0],
-                "net": [{"nic": "eth0", "rx_bytes_total": 5}],
-                "procs": 9,
-                "load1": 1.5e300,
-            }
-        ],
-        "tpu": [{"device": 3, "hbm_used_bytes": 5, "duty_cycle_ratio": 0.75}],
-    }
+    data = ROW_SAMPLES
     js = EventFactory("node\tb", "ps", ODD, {"team": "x\ty"})
     rows = EventFactory("node\tb", "ps", ODD, {"team": "x\ty"}, rows=True)
     rows.ids = js.ids.__class__()
