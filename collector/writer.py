@@ -42,8 +42,8 @@ from cmdare.agent.events import (
 from . import columns
 
 MAX_EVENT_BYTES = 1 << 20
-RAW_CAP = 64 << 10
-CHUNK = 16384  # lines per Arrow record batch handed to DuckDB  # bytes of a rejected message kept in dead_letters.raw
+RAW_CAP = 64 << 10  # bytes of a rejected message kept in dead_letters.raw
+CHUNK = 16384  # lines per Arrow record batch handed to DuckDB
 
 TABLES = {
     "host": "host_samples",
@@ -499,9 +499,30 @@ ON CONFLICT (node) DO UPDATE SET
 """
 
 
+_warm = False
+
+
+def warm_up(con: duckdb.DuckDBPyConnection) -> None:
+    """Pay DuckDB's one-time costs of reading Arrow data now, not inside the first batch.
+
+    The first Arrow table a process hands to DuckDB makes it import pandas and
+    pyarrow.compute (~0.4 s here): inside the first batch's transaction, and holding the
+    GIL while the consumer is fetching the next one."""
+    global _warm
+    if _warm:
+        return
+    con.register("_warm_up", pa.table({"x": pa.array([1], pa.int64())}))
+    try:
+        con.execute("SELECT count(*) FROM _warm_up").fetchall()
+    finally:
+        con.unregister("_warm_up")
+    _warm = True
+
+
 class Writer:
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con
+        warm_up(con)
 
     def _unknown_types(self) -> int:
         """Events of types this collector does not know: kept whole (data as JSON)."""
