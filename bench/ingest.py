@@ -3,7 +3,11 @@ plain kafka-python consumption of the same topic in the same run.
 
 Targets (issue 2): ratio >= 0.6, and >= 100,000 samples/s on a 2-core machine.
 
-    python bench/ingest.py [--samples 400000] [--nodes 20] [--gpus 8]
+    python bench/ingest.py [--samples 400000] [--nodes 20] [--gpus 8] [--crc python]
+
+It also prints a storage floor: the same samples, already decoded, stored with one plain
+INSERT (no checks, no de-duplication), i.e. the best ratio any collector writing this
+table could reach here.
 
 The topic is filled the way agents fill it: messages of up to 256 KiB of gpu samples
 from the fake NVML (8 GPUs per node), gzip, key = node; the samples in the agent's
@@ -69,7 +73,7 @@ def produce(
     return sent, messages
 
 
-def raw_consume(bootstrap: str, topic: str) -> tuple[float, int]:
+def raw_consume(bootstrap: str, topic: str, keep: list[bytes] | None = None) -> tuple[float, int]:
     from kafka import KafkaConsumer
 
     c = KafkaConsumer(
@@ -93,6 +97,8 @@ def raw_consume(bootstrap: str, topic: str) -> tuple[float, int]:
             for r in recs:
                 msgs += 1
                 size += len(r.value)
+                if keep is not None:
+                    keep.append(r.value)
             idle = time.monotonic()
         if polled:
             t_end = time.perf_counter()
@@ -113,6 +119,42 @@ def ours(bootstrap: str, topic: str, db: Path) -> tuple[float, int]:
     return elapsed, n
 
 
+def storage_floor(values: list[bytes], db: Path) -> tuple[float, int] | None:
+    """Seconds to store the topic's gpu samples with one plain INSERT from Arrow (the
+    blocks already decoded, no checks, no de-duplication): what DuckDB alone costs, so the
+    best ratio any collector writing this table could reach on this machine."""
+    import pyarrow as pa
+
+    from cmdare.agent.events import DATA_FIELDS
+    from cmdare.collector import columns
+    from cmdare.collector.writer import _KNOWN, _block_batch
+
+    batches = []
+    for v in values:
+        if not columns.is_block(v):
+            return None  # lines: nothing decoded ahead to compare with
+        text, blocks = columns.decode(v, _KNOWN)
+        batches += [_block_batch("k", 1, b) for b in blocks if b.type == "gpu"]
+    table = pa.Table.from_batches(batches)
+    cols = ", ".join(f'"{n}"' for n in DATA_FIELDS["gpu"])
+    values_sql = cols.replace('"processes"', "processes::JSON").replace(
+        '"throttle_reasons"', "throttle_reasons::VARCHAR[]"
+    )
+    con = connect(db)
+    con.register("a", table)
+    con.execute("SELECT count(*) FROM a").fetchall()  # DuckDB's one-time Arrow imports
+    t0 = time.perf_counter()
+    con.execute("BEGIN")
+    con.execute(
+        f"INSERT INTO gpu_samples (id, ts, node, job, {cols}) "
+        f"SELECT id, make_timestamp(round(ts * 1e6)::BIGINT), node, job, {values_sql} FROM a"
+    )
+    con.execute("COMMIT")
+    dt = time.perf_counter() - t0
+    con.close()
+    return dt, table.num_rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=400_000)
@@ -126,7 +168,18 @@ def main() -> None:
         default="columns",
         help="the agent's sink.message_format",
     )
+    ap.add_argument(
+        "--crc",
+        choices=("installed", "python"),
+        default="installed",
+        help="python: both consumers check CRCs with kafka-python's pure-Python code, as without the crc32c package",
+    )
     a = ap.parse_args()
+    if a.crc == "python":
+        from kafka.record import util
+
+        util.calc_crc32c.__defaults__ = (util.crc32c_py,)
+        util.crc32c_c = None
     with Broker() as b, tempfile.TemporaryDirectory() as tmp:
         topic = "bench-ingest"
         t = time.perf_counter()
@@ -139,13 +192,21 @@ def main() -> None:
             f"{a.message_format if a.format == 'rows' else 'lines'}, {a.compression}) "
             f"in {time.perf_counter() - t:.1f}s"
         )
-        raw_s, msgs = raw_consume(b.bootstrap, topic)
+        values: list[bytes] = []
+        raw_s, msgs = raw_consume(b.bootstrap, topic, values)
         assert msgs == produced, f"raw consumer read {msgs} of {produced} messages"
         our_s, stored = ours(b.bootstrap, topic, Path(tmp) / "bench.duckdb")
         raw_rate, our_rate = n / raw_s, stored / our_s
         print(f"raw kafka-python : {n} samples in {msgs} messages, {raw_s:.2f}s -> {raw_rate:,.0f} samples/s")
         print(f"cmdare-collector : {stored} samples stored, {our_s:.2f}s -> {our_rate:,.0f} samples/s")
         print(f"ratio            : {our_rate / raw_rate:.2f}x of raw (target >= 0.6)")
+        floor = storage_floor(values, Path(tmp) / "floor.duckdb")
+        if floor is not None:
+            rate = floor[1] / floor[0]
+            print(
+                f"storage floor    : one plain INSERT of the decoded samples (no checks, no de-dup), "
+                f"{floor[0]:.2f}s -> {rate:,.0f} samples/s; with the fetch free, at best {rate / raw_rate:.2f}x of raw"
+            )
         from kafka.record import util
 
         crc = "C (crc32c package)" if util.crc32c_c is not None else "pure Python (no crc32c package)"
