@@ -3,7 +3,6 @@ fleets of agents, peak-RSS and CPU readings."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -33,8 +32,3 @@ class Broker:
             [sys.executable, str(ROOT / "scripts" / "kafka"), "stop", "--dir", str(self.dir)],
             capture_output=True,
         )
-
-
-def cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
