@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from operator import itemgetter, sub
 from typing import Any
 
 from .base import Emit, Source
@@ -18,15 +20,43 @@ from .base import Emit, Source
 _IDLE_FIELDS = ("idle", "iowait")
 
 
+def _picker(idx: list[int]) -> Callable[[Any], tuple[Any, ...]]:
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda t: (t[i],)
+    return itemgetter(*idx)
+
+
+_PICKERS: dict[type, tuple[Callable[[Any], tuple[Any, ...]], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
+def _pickers(t: type) -> tuple[Callable[[Any], tuple[Any, ...]], Callable[[Any], tuple[Any, ...]]]:
+    """(counted fields, idle fields) of a ``cpu_times`` named-tuple type, by position."""
+    p = _PICKERS.get(t)
+    if p is None:
+        fields = t._fields  # type: ignore[attr-defined]
+        # guest time is already counted in user/nice on Linux
+        counted = [i for i, k in enumerate(fields) if k not in ("guest", "guest_nice")]
+        idle = [i for i, k in enumerate(fields) if k in _IDLE_FIELDS]
+        p = _PICKERS[t] = (_picker(counted), _picker(idle) if idle else (lambda _: ()))
+    return p
+
+
 def cpu_busy_ratio(prev: Any, cur: Any) -> float | None:
-    """Busy share between two psutil ``cpu_times`` readings (named tuples)."""
-    p, c = prev._asdict(), cur._asdict()
-    # guest time is already counted in user/nice on Linux
-    keys = [k for k in c if k not in ("guest", "guest_nice")]
-    total = sum(c[k] - p.get(k, 0.0) for k in keys)
+    """Busy share between two psutil ``cpu_times`` readings (named tuples of one type).
+
+    Called once per core per tick (208 times on a large GPU VM), hence by position."""
+    if type(prev) is not type(cur):  # not seen from psutil; by name, absent fields as 0
+        p, c = prev._asdict(), cur._asdict()
+        keys = [k for k in c if k not in ("guest", "guest_nice")]
+        total = sum(c[k] - p.get(k, 0.0) for k in keys)
+        idle = sum(c.get(k, 0.0) - p.get(k, 0.0) for k in _IDLE_FIELDS)
+    else:
+        counted, idle_of = _pickers(type(cur))
+        total = sum(map(sub, counted(cur), counted(prev)))
+        idle = sum(map(sub, idle_of(cur), idle_of(prev)))
     if total <= 0:
         return None
-    idle = sum(c.get(k, 0.0) - p.get(k, 0.0) for k in _IDLE_FIELDS)
     return round(min(1.0, max(0.0, 1.0 - idle / total)), 4)
 
 

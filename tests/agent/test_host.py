@@ -8,6 +8,8 @@ from collections import namedtuple
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cmdare.agent.sources.host import HostSource, cpu_busy_ratio, disk_rows, net_rows
 
@@ -20,6 +22,34 @@ def test_cpu_busy_ratio_from_time_deltas() -> None:
     a = CT(100, 0, 50, 800, 50, 0, 0, 0, 10, 0)
     b = CT(160, 0, 70, 900, 70, 0, 0, 0, 30, 0)  # +80 busy, +120 idle(incl iowait)
     assert cpu_busy_ratio(a, b) == 0.4  # guest is already inside user: not counted twice
+
+
+def _by_name(prev, cur):
+    """The definition, field by field (the source computes it by position, per core)."""
+    p, c = prev._asdict(), cur._asdict()
+    total = sum(c[k] - p.get(k, 0.0) for k in c if k not in ("guest", "guest_nice"))
+    if total <= 0:
+        return None
+    idle = sum(c.get(k, 0.0) - p.get(k, 0.0) for k in ("idle", "iowait"))
+    return round(min(1.0, max(0.0, 1.0 - idle / total)), 4)
+
+
+times = st.floats(min_value=0, max_value=1e7, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(times, min_size=10, max_size=10), st.lists(times, min_size=10, max_size=10))
+def test_cpu_busy_ratio_equals_the_definition(before, delta) -> None:
+    a = CT(*before)
+    b = CT(*(x + d for x, d in zip(before, delta, strict=True)))
+    assert cpu_busy_ratio(a, b) == _by_name(a, b)
+    assert cpu_busy_ratio(b, a) == _by_name(b, a)  # counters going back: None or clamped
+
+
+def test_cpu_busy_ratio_without_iowait_and_across_types() -> None:
+    mac = namedtuple("scputimes", "user nice system idle")  # psutil on macOS: no iowait
+    assert cpu_busy_ratio(mac(1, 0, 1, 8), mac(4, 0, 2, 14)) == 0.4
+    assert cpu_busy_ratio(mac(1, 0, 1, 8), CT(4, 0, 2, 14, 0, 0, 0, 0, 0, 0)) == 0.4  # by name
 
 
 def test_cpu_busy_ratio_no_time_passed() -> None:
