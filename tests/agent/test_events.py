@@ -48,13 +48,17 @@ def test_round_trip(node, job, labels, data, role) -> None:
     assert decode_line(line) == ev
 
 
-@given(
+# an event's envelope and gpu data, any strings: both line encoders must agree on them
+ENVELOPE = dict(
     node=names,
     job=st.text(max_size=30),
     labels=st.dictionaries(names, st.text(max_size=20), max_size=3),
     data=gpu_data(),
     ts=st.one_of(st.floats(1.0, 4e9), st.integers(1, 4 * 10**9)),
 )
+
+
+@given(**ENVELOPE)
 @settings(max_examples=200, deadline=None)
 def test_fast_line_is_byte_identical_to_encoding_the_event(node, job, labels, data, ts) -> None:
     a, b = EventFactory(node, "ps", job, labels), EventFactory(node, "ps", job, labels)
@@ -64,14 +68,7 @@ def test_fast_line_is_byte_identical_to_encoding_the_event(node, job, labels, da
     assert a.line("train_steps", {}, ts, job=node) == encode(b.make("train_steps", {}, ts, job=node))
 
 
-@given(
-    node=names,
-    job=st.text(max_size=30),
-    labels=st.dictionaries(names, st.text(max_size=20), max_size=3),
-    data=gpu_data(),
-    ts=st.one_of(st.floats(1.0, 4e9), st.integers(1, 4 * 10**9)),
-    id=st.one_of(st.none(), st.text(min_size=1, max_size=64)),
-)
+@given(**ENVELOPE, id=st.one_of(st.none(), st.text(min_size=1, max_size=64)))
 @settings(max_examples=300, deadline=None)
 def test_row_form_decodes_to_the_same_event_as_the_json_form(node, job, labels, data, ts, id) -> None:
     """Any strings (tabs, newlines, quotes, empty, non-ASCII) survive the row form."""
