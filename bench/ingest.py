@@ -106,9 +106,10 @@ def raw_consume(bootstrap: str, topic: str, keep: list[bytes] | None = None) -> 
     return t_end - t0, msgs
 
 
-def ours(bootstrap: str, topic: str, db: Path) -> tuple[float, int]:
+def ours(bootstrap: str, topic: str, db: Path, batch_bytes: int | None = None) -> tuple[float, int]:
     con = connect(db)
-    ing = KafkaIngest(con, KafkaURL([bootstrap], topic), group=f"cmdare-{uuid.uuid4().hex[:6]}")
+    options = {} if batch_bytes is None else {"batch_bytes": batch_bytes}
+    ing = KafkaIngest(con, KafkaURL([bootstrap], topic), group=f"cmdare-{uuid.uuid4().hex[:6]}", **options)
     ing.open()
     t0 = time.monotonic()  # like raw: group join included
     totals = ing.run(idle_exit=3.0)
@@ -174,6 +175,7 @@ def main() -> None:
         default="installed",
         help="python: both consumers check CRCs with kafka-python's pure-Python code, as without the crc32c package",
     )
+    ap.add_argument("--batch-mib", type=int, default=None, help="the collector's --batch-bytes, in MiB")
     a = ap.parse_args()
     if a.crc == "python":
         from kafka.record import util
@@ -195,7 +197,9 @@ def main() -> None:
         values: list[bytes] = []
         raw_s, msgs = raw_consume(b.bootstrap, topic, values)
         assert msgs == produced, f"raw consumer read {msgs} of {produced} messages"
-        our_s, stored = ours(b.bootstrap, topic, Path(tmp) / "bench.duckdb")
+        our_s, stored = ours(
+            b.bootstrap, topic, Path(tmp) / "bench.duckdb", a.batch_mib and a.batch_mib << 20
+        )
         raw_rate, our_rate = n / raw_s, stored / our_s
         print(f"raw kafka-python : {n} samples in {msgs} messages, {raw_s:.2f}s -> {raw_rate:,.0f} samples/s")
         print(f"cmdare-collector : {stored} samples stored, {our_s:.2f}s -> {our_rate:,.0f} samples/s")

@@ -51,9 +51,10 @@ def cli() -> None:
 @click.option("--group", default="cmdare-collector", show_default=True, help="Kafka consumer group")
 @click.option(
     "--batch-bytes",
-    default="16MiB",
+    default="64MiB",
     show_default=True,
-    help="write a transaction at this much data (smaller batches let Kafka fetches overlap DuckDB writes)",
+    help="write a transaction at this much message data (a bound: two batches are in memory at most, "
+    "one fetched, one written); below ~40MiB DuckDB writes through its WAL, about 1.6x slower per sample",
 )
 @click.option("--max-wait", default="1s", show_default=True, help="...or after this long")
 @click.option(

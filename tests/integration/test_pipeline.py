@@ -303,3 +303,44 @@ def test_a_second_collector_without_partitions_stays_in_the_group(
             i.stop()
         for t in threads:
             t.join(15)
+
+
+def test_kafka_batches_stay_within_batch_bytes(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    """--batch-bytes bounds a transaction's message data (the collector's memory): polls
+    ask for no more records than the batch has room for, so a backlog of many messages is
+    not swallowed by one poll (kafka-python returns up to 256 records at once)."""
+    from kafka import KafkaProducer
+
+    from cmdare.agent.config import parse_kafka_url
+    from cmdare.agent.events import EventFactory, encode_many
+    from cmdare.collector.consumer import KafkaIngest
+    from cmdare.collector.db import connect
+
+    topic = f"it-batches-{uuid.uuid4().hex[:6]}"
+    prod = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all", max_request_size=4 << 20)
+    f = EventFactory("n", "worker", "j")
+    sizes = []
+    for m in range(40):  # 40 messages of ~100 KiB, 16,000 events
+        value = encode_many(f.make("heartbeat", {"seq": m * 400 + i}) for i in range(400))
+        sizes.append(len(value))
+        prod.send(topic, value, key=b"k")
+    prod.flush()
+    prod.close()
+    ing = KafkaIngest(
+        connect(tmp_path / "c.duckdb"),
+        parse_kafka_url("url", kafka_broker.url(topic)),
+        group=f"b-{topic}",
+        batch_bytes=1 << 20,
+        max_wait=5.0,
+    )
+    written: list[int] = []
+    write = ing.writer.write
+    ing.writer.write = lambda messages, position=None: (  # type: ignore[method-assign]
+        written.append(sum(len(v or b"") for _, v in messages)) or write(messages, position)
+    )
+    totals = ing.run(idle_exit=3.0)
+    ing.close()
+    assert totals.events == 16_000 and totals.dead == 0
+    assert sum(written) == sum(sizes)
+    assert max(written) <= (1 << 20) + max(sizes)  # at most one message past the bound
+    assert len(written) >= sum(sizes) // ((1 << 20) + max(sizes))
