@@ -53,7 +53,7 @@ def cli() -> None:
     "--batch-bytes",
     default="64MiB",
     show_default=True,
-    help="write a transaction at this much message data (a bound: at most three batches are in memory, "
+    help="write a transaction at about this much message data (polls are sized to fit; at most three batches are in memory, "
     "one written, one waiting, one fetched); below ~40MiB DuckDB writes through its WAL, about 1.6x slower per sample",
 )
 @click.option("--max-wait", default="1s", show_default=True, help="...or after this long")
