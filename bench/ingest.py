@@ -138,10 +138,13 @@ def storage_floor(values: list[bytes], db: Path) -> tuple[float, int] | None:
         batches += [_block_batch("k", 1, b) for b in blocks if b.type == "gpu"]
     table = pa.Table.from_batches(batches)
     cols = ", ".join(f'"{n}"' for n in DATA_FIELDS["gpu"])
-    values_sql = cols.replace('"processes"', "processes::JSON").replace(
-        '"throttle_reasons"', "throttle_reasons::VARCHAR[]"
-    )
     con = connect(db)
+    types = dict(
+        con.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'gpu_samples'"
+        ).fetchall()
+    )
+    values_sql = ", ".join(f'CAST("{n}" AS {types[n]})' for n in DATA_FIELDS["gpu"])  # as the table has it
     con.register("a", table)
     con.execute("SELECT count(*) FROM a").fetchall()  # DuckDB's one-time Arrow imports
     t0 = time.perf_counter()
