@@ -19,6 +19,7 @@ a module exposing the same functions (tests and benchmarks use a fake).
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import time
@@ -56,6 +57,15 @@ def throttle_names(mask: int) -> list[str]:
 
 
 _ABSENT = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION}
+# nvidia-ml-py raises this (not an NVMLError) when an unversioned call it maps to a newer
+# versioned function (processes -> _v3) meets a driver without it
+_MISMATCH: tuple[type[BaseException], ...] = ()
+try:
+    from pynvml import NVMLLibraryMismatchError
+
+    _MISMATCH = (NVMLLibraryMismatchError,)
+except ImportError:  # an older binding, or none: then nothing raises it
+    pass
 
 
 _REASONS_JSON: dict[int, str] = {}
@@ -107,6 +117,16 @@ class _Gpu:
         self.uuid_row, self.name_row = row_str(self.uuid), row_str(self.name)
 
 
+def _handle_key(h: Any) -> int:
+    """What identifies a device handle: pynvml's handles are ctypes pointers, and the
+    binding builds a new pointer object for each answer (an event's device), so the
+    address it holds; any other binding's handle, the object itself."""
+    try:
+        return ctypes.cast(h, ctypes.c_void_p).value or 0
+    except (ctypes.ArgumentError, TypeError):
+        return id(h)
+
+
 def load_backend(spec: str) -> Any:
     """``pynvml`` or ``python:some.module`` (a module with pynvml's functions)."""
     if spec == "pynvml":
@@ -145,7 +165,8 @@ class GpuSource(Source):
         self.gpus: list[_Gpu] = []
         self.event_set: Any = None
         self._inited = False
-        self._next_retry = 0.0
+        self._next_retry = 0.0  # while NVML or its GPUs are missing: no retry before this
+        self._why = ""
         self._fns: dict[str, Any] = {}
 
     def _resolve(self, fn: str) -> Any:
@@ -200,6 +221,7 @@ class GpuSource(Source):
             self.gpus.append(_Gpu(i, h, uuid, name))
         if self.config["xid_events"]:
             self._watch_xid()
+        self._next_retry = 0.0  # started: a later start (after close) is not a retry
 
     @staticmethod
     def _text(v: Any) -> str:
@@ -266,7 +288,7 @@ class GpuSource(Source):
     def _drain_xid(self, emit: Emit) -> None:
         if self.event_set is None:
             return
-        by_handle = {id(g.handle): g for g in self.gpus}
+        by_handle = {_handle_key(g.handle): g for g in self.gpus}
         for _ in range(64):  # bounded per tick
             try:
                 ev = self.nvml.nvmlEventSetWait_v2(self.event_set, 0)
@@ -274,9 +296,7 @@ class GpuSource(Source):
                 if getattr(e, "value", None) != TIMEOUT:
                     log.debug("Xid wait: %s", e)
                 return
-            g = by_handle.get(id(ev.device))
-            if g is None:
-                g = next((x for x in self.gpus if x.handle == ev.device), None)
+            g = by_handle.get(_handle_key(ev.device))
             emit(
                 "gpu_event",
                 {
@@ -340,8 +360,8 @@ class GpuSource(Source):
                     else {"pid": int(p.pid)}
                     for p in n.nvmlDeviceGetComputeRunningProcesses(h)
                 ]
-        except (n.NVMLError, AttributeError):  # an error, or a binding without the function
-            g.fast = False
+        except (n.NVMLError, AttributeError, *_MISMATCH):  # an error, a binding without the function,
+            g.fast = False  # or a driver older than the binding (its versioned call is missing)
             return self.sample(g)
         # the row form from a template (the generic encoders are most of the cost per GPU;
         # fields in DATA_FIELDS order, see events.encode_row_data); NVML's integers make
@@ -372,6 +392,9 @@ class GpuSource(Source):
                 if code in _ABSENT:
                     return None
                 raise
+            except _MISMATCH:  # the driver predates the binding's versioned call: absent
+                fns[fn] = _missing
+                return None
 
         u = get("nvmlDeviceGetUtilizationRates")
         if u is not None:
@@ -405,6 +428,8 @@ class GpuSource(Source):
                 d[key] = int(v)
         if self.config["processes"]:
             procs = get("nvmlDeviceGetComputeRunningProcesses")
+            if procs is None and fns["nvmlDeviceGetComputeRunningProcesses"] is _missing:
+                procs = get("nvmlDeviceGetComputeRunningProcesses_v2")  # R470 and older drivers
             if procs is not None:
                 d["processes"] = [
                     {"pid": int(p.pid), "used_bytes": int(p.usedGpuMemory)}
