@@ -218,14 +218,22 @@ MAX_NAME_LEN = 256
 class Encoded(dict):
     """Event data that also carries its encoded text, made by the source that built it (the
     hot path: a GPU sample formatted from a template costs a fraction of the generic
-    encoders).  ``text``, when set, must equal the compact JSON encoding of the dict, and
-    ``row``, when set, ``encode_row_data`` of it, byte for byte; tests check every producer."""
+    encoders).  ``text``, when set, must equal the compact JSON encoding of the dict,
+    ``row``, when set, ``encode_row_data`` of it, and each of ``parts`` (field -> text) the
+    compact JSON of that field, byte for byte; tests check every producer."""
 
-    __slots__ = ("text", "row")
+    __slots__ = ("text", "row", "parts")
 
-    def __init__(self, data: dict[str, Any], text: str | None = None, row: str | None = None) -> None:
+    def __init__(
+        self,
+        data: dict[str, Any],
+        text: str | None = None,
+        row: str | None = None,
+        parts: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(data)
         self.text, self.row = text, row
+        self.parts = parts  # field -> its compact JSON, for the row encoder to use as is
 
 
 # -- the row form -------------------------------------------------------------------------
@@ -255,6 +263,11 @@ def row_field(kind: str, v: Any) -> str:
         return ""
     if kind == STR:
         return row_str(v)
+    t = type(v)
+    if t is int:  # what the JSON encoder writes for an int (and a float's repr when finite),
+        return int.__repr__(v)  # without its call chain: most host fields are numbers
+    if t is float and v - v == 0.0:  # finite (inf - inf and nan - nan are nan)
+        return float.__repr__(v)
     if kind == BOOL:
         return "true" if v else "false"
     if kind in (FLOAT, INT):
@@ -268,6 +281,11 @@ def encode_row_data(type_: str, data: Mapping[str, Any]) -> str | None:
     spec = DATA_FIELDS[type_]
     if not data.keys() <= spec.keys():
         return None
+    parts = data.parts if type(data) is Encoded else None
+    if parts:
+        return "\t".join(
+            parts[n] if n in parts else row_field(k, data.get(n)) for n, (k, _) in spec.items()
+        ).rstrip("\t")
     return "\t".join(row_field(k, data.get(n)) for n, (k, _) in spec.items()).rstrip("\t")
 
 
@@ -402,6 +420,7 @@ class EventFactory:
         self._mids: dict[str, str] = {}
         self._mid = self._job_mid(job)
         self._types: dict[str, str] = {}
+        self._ts_in, self._ts_text = float("nan"), ""  # the last timestamp given, as written
 
     def line(
         self,
@@ -414,16 +433,22 @@ class EventFactory:
         """``encode(self.make(type_, data, ts, job, id))``, byte for byte, without
         re-encoding the envelope fields that never change (the agent's hot path).  ``id``:
         a source's own deterministic id (re-reading a file yields the same events)."""
-        ts_ = round(time.time() if ts is None else ts, 6)
-        if not math.isfinite(ts_):
-            raise ValueError(f"event timestamp must be finite, got {ts_!r}")
+        if type(ts) is float and ts == self._ts_in:  # a tick's events share its timestamp
+            ts_ = self._ts_text
+        else:
+            t = round(time.time() if ts is None else ts, 6)
+            if not math.isfinite(t):
+                raise ValueError(f"event timestamp must be finite, got {t!r}")
+            ts_ = repr(t)
+            if type(ts) is float:
+                self._ts_in, self._ts_text = ts, ts_
         if self.rows and type_ in ROW_TYPES:
             row = data.row if type(data) is Encoded and data.row is not None else encode_row_data(type_, data)
             if row is not None:
                 j = self.job if job is None else job
                 mid = self._row_mids.get(j) or self._row_mid(j)
                 id_ = row_str(id) if id else self.ids.next()
-                return f"{ROW_PREFIX}\t{type_}\t{id_}\t{ts_!r}{mid}{row}\n".encode()
+                return f"{ROW_PREFIX}\t{type_}\t{id_}\t{ts_}{mid}{row}\n".encode()
         t = self._types.get(type_)
         if t is None:
             t = self._types[type_] = f'{_encoder.encode(type_)},"data":'
@@ -432,7 +457,7 @@ class EventFactory:
             mid = self._mids.get(job) or self._job_mid(job)
         id_ = _encoder.encode(id) if id else f'"{self.ids.next()}"'
         body = data.text if type(data) is Encoded and data.text is not None else _encoder.encode(data)
-        return (f'{{"v":{VERSION},"id":{id_},"ts":{ts_!r}{mid}{t}{body}}}\n').encode()
+        return (f'{{"v":{VERSION},"id":{id_},"ts":{ts_}{mid}{t}{body}}}\n').encode()
 
     def _row_mid(self, job: str) -> str:
         """The pre-encoded row fields between ``ts`` and the data, for events of ``job``."""
@@ -474,7 +499,9 @@ class EventFactory:
         }
 
 
-_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+# check_circular off: event data is built by the agent's own code from numbers, strings and
+# parsed JSON, never self-referencing, and the check costs a third of encoding a sample
+_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=True, check_circular=False)
 
 
 def encode(event: Mapping[str, Any]) -> bytes:

@@ -52,8 +52,17 @@ THROTTLE_BITS = {
 }
 
 
+_THROTTLE_NAMES: dict[int, tuple[str, ...]] = {}
+
+
 def throttle_names(mask: int) -> list[str]:
-    return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+    """The reasons a clocks-event mask sets (cached per mask: a handful of masks occur)."""
+    t = _THROTTLE_NAMES.get(mask)
+    if t is None:
+        if len(_THROTTLE_NAMES) > 4096:
+            _THROTTLE_NAMES.clear()
+        t = _THROTTLE_NAMES[mask] = tuple(name for bit, name in THROTTLE_BITS.items() if mask & bit)
+    return list(t)
 
 
 _ABSENT = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION}
@@ -69,6 +78,7 @@ except ImportError:  # an older binding, or none: then nothing raises it
 
 
 _REASONS_JSON: dict[int, str] = {}
+_ECC_KINDS = (("ecc_corrected", "ecc_corrected_total"), ("ecc_uncorrected", "ecc_uncorrected_total"))
 
 
 def _reasons_json(mask: int, reasons: list[str]) -> str:
@@ -271,8 +281,8 @@ class GpuSource(Source):
                 log.error("GPU %d (%s) is lost: %s", g.index, g.uuid, e)
                 continue
             emit("gpu", data)
-            for kind in ("ecc_corrected", "ecc_uncorrected"):
-                total = data.get(kind + "_total")
+            for kind, key in _ECC_KINDS:
+                total = data.get(key)
                 if total is None:
                     continue
                 prev = g.ecc_prev.get(kind)
@@ -288,7 +298,7 @@ class GpuSource(Source):
     def _drain_xid(self, emit: Emit) -> None:
         if self.event_set is None:
             return
-        by_handle = {_handle_key(g.handle): g for g in self.gpus}
+        by_handle = None  # made when an event comes (most ticks have none)
         for _ in range(64):  # bounded per tick
             try:
                 ev = self.nvml.nvmlEventSetWait_v2(self.event_set, 0)
@@ -296,6 +306,8 @@ class GpuSource(Source):
                 if getattr(e, "value", None) != TIMEOUT:
                     log.debug("Xid wait: %s", e)
                 return
+            if by_handle is None:
+                by_handle = {_handle_key(g.handle): g for g in self.gpus}
             g = by_handle.get(_handle_key(ev.device))
             emit(
                 "gpu_event",

@@ -194,3 +194,15 @@ def test_the_documented_row_example_is_the_documented_json_example() -> None:
     block = doc.split("The same `gpu` sample in both forms:")[1].split("```")[1]
     js, row = block.strip().splitlines()
     assert row.startswith("r1\tgpu\t") and decode_line(row) == decode_line(js)
+
+
+def test_a_tick_shared_timestamp_is_written_as_each_event_alone_would_be() -> None:
+    """``line`` reuses the text of the last timestamp it wrote (a tick's events share one):
+    repeats, changes, an int equal to the float before it: each line as a fresh factory
+    (nothing to reuse) writes it."""
+    for rows in (False, True):
+        f = EventFactory("n", "worker", rows=rows)
+        for ts in (1.25, 1.25, 1.2500001, 1.25, 2.0, 2, 2.0, 1e-7, 1234567890.123456789):
+            for type_, data in (("gpu", {"index": 1}), ("heartbeat", {"seq": 1})):
+                fresh = EventFactory("n", "worker", rows=rows)
+                assert f.line(type_, data, ts, id="x") == fresh.line(type_, data, ts, id="x"), (rows, ts)

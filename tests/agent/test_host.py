@@ -142,3 +142,64 @@ def test_real_psutil_reading() -> None:
     src.collect(lambda t, d, ts=None: out.append(d))
     d = out[0]
     assert d["mem_total_bytes"] > 0 and 0 <= d.get("cpu_util_ratio", 0) <= 1 and d["procs"] > 0
+
+
+counter = st.integers(0, 2**63 - 1)
+names = st.text(min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    nics=st.dictionaries(names, st.tuples(*[counter] * 8), max_size=4),
+    disks=st.dictionaries(
+        names, st.tuples(*[counter] * 6, st.one_of(st.none(), st.integers(0, 2**40))), max_size=4
+    ),
+)
+def test_net_and_disk_templates_are_the_encoders_json(nics, disks) -> None:
+    """The host line's NIC and disk lists are written from templates: byte for byte what the
+    event encoder writes for the same rows, and the row line is the one without them."""
+    from cmdare.agent.events import Encoded, _encoder, encode_row_data
+    from cmdare.agent.sources.host import disk_json, net_json
+
+    none = re.compile("^$")
+    net = net_rows({k: NIC(*v) for k, v in nics.items()}, none)
+    disk = []
+    for k, v in disks.items():
+        c = DISK(*v) if v[6] is not None else namedtuple("sdiskio", DISK._fields[:6])(*v[:6])
+        disk += disk_rows({k: c}, none)
+    assert net_json(net) == _encoder.encode(net)
+    assert disk_json(disk) == _encoder.encode(disk)
+    data = {"procs": 3, "net": net, "disk": disk}
+    assert encode_row_data("host", Encoded(data, parts={"net": net_json(net), "disk": disk_json(disk)})) == (
+        encode_row_data("host", data)
+    )
+
+
+def test_counters_that_are_not_integers_take_the_generic_encoder() -> None:
+    """A psutil that hands back floats or None (none does today) must not produce bad JSON."""
+    from cmdare.agent.sources.host import disk_json, net_json
+
+    row = {k: 1 for k in ("rx_bytes_total", "tx_bytes_total", "rx_packets_total", "tx_packets_total")}
+    row |= {k: 0 for k in ("rx_errors_total", "tx_errors_total", "rx_drops_total", "tx_drops_total")}
+    for bad in (1.5, None):
+        with pytest.raises((TypeError, ValueError)):
+            net_json([{"nic": "eth0", **row, "rx_bytes_total": bad}])
+    disk = {
+        "disk": "sda",
+        "read_bytes_total": 1,
+        "write_bytes_total": 2,
+        "read_ops_total": 3,
+        "write_ops_total": 4,
+    }
+    with pytest.raises(ValueError):
+        disk_json([{**disk, "busy_seconds_total": float("nan")}])
+
+    class FloatPsutil(FakePsutil):
+        def net_io_counters(self, pernic: bool = False):
+            return {"eth0": NIC(1.5, 2, 3, 4, 0, 0, 0, 0)}
+
+    src = HostSource(HostSource.parse_config("sources.host", {}), psutil=FloatPsutil())
+    src.start()
+    out = []
+    src.collect(lambda t, d, ts=None: out.append(d))
+    assert "net" not in out[0].parts and out[0]["net"][0]["tx_bytes_total"] == 1.5
