@@ -91,19 +91,6 @@ def _reasons_json(mask: int, reasons: list[str]) -> str:
     return t
 
 
-def _processes_json(procs: list[dict[str, int]]) -> str:
-    return (
-        "["
-        + ",".join(
-            f'{{"pid":{p["pid"]},"used_bytes":{p["used_bytes"]}}}'
-            if "used_bytes" in p
-            else f'{{"pid":{p["pid"]}}}'
-            for p in procs
-        )
-        + "]"
-    )
-
-
 def _missing(*_: Any) -> None:
     """Stands in for an NVML function this binding does not have: the field is absent."""
     return None
@@ -365,13 +352,20 @@ class GpuSource(Source):
                 "ecc_corrected_total": ecc_c,
                 "ecc_uncorrected_total": ecc_u,
             }
+            procs_text = None
             if self.config["processes"]:
-                d["processes"] = [
-                    {"pid": int(p.pid), "used_bytes": int(p.usedGpuMemory)}
-                    if p.usedGpuMemory is not None
-                    else {"pid": int(p.pid)}
-                    for p in n.nvmlDeviceGetComputeRunningProcesses(h)
-                ]
+                procs, texts = [], []
+                for p in n.nvmlDeviceGetComputeRunningProcesses(h):
+                    pid, mem = int(p.pid), p.usedGpuMemory
+                    if mem is None:
+                        procs.append({"pid": pid})
+                        texts.append(f'{{"pid":{pid}}}')
+                    else:
+                        mem = int(mem)
+                        procs.append({"pid": pid, "used_bytes": mem})
+                        texts.append(f'{{"pid":{pid},"used_bytes":{mem}}}')
+                d["processes"] = procs
+                procs_text = "[" + ",".join(texts) + "]"
         except (n.NVMLError, AttributeError, *_MISMATCH):  # an error, a binding without the function,
             g.fast = False  # or a driver older than the binding (its versioned call is missing)
             return self.sample(g)
@@ -382,8 +376,8 @@ class GpuSource(Source):
             f"{g.index}\t{g.uuid_row}\t{g.name_row}\t{ugpu!r}\t{umem!r}\t{used}\t{total}\t{pw!r}\t{pl!r}"
             f"\t{temp!r}\t{sm!r}\t{mc!r}\t{tx!r}\t{rx!r}\t{mask}\t{_reasons_json(mask, reasons)}\t{ecc_c}\t{ecc_u}"
         )
-        if "processes" in d:
-            row += "\t" + _processes_json(d["processes"])
+        if procs_text is not None:
+            row += "\t" + procs_text
         return Encoded(d, row=row)
 
     def sample(self, g: _Gpu) -> dict[str, Any]:
