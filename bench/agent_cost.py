@@ -124,24 +124,30 @@ def nvml_of(kind: str, gpus: int) -> Any:
     return nvml_stub.load()
 
 
-def run(kind: str, fsync: bool, a: argparse.Namespace, tmp: str) -> tuple[float, float, float, int]:
-    nvml = nvml_of(kind, a.gpus)
-    nvml.nvmlInit()
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(a.gpus)]
+def make_agent(kind: str, gpus: int, spool_dir: str, fsync: bool = True) -> Agent:
+    """An opened agent sampling what the bare loop reads: host + GPUs (train, tpu, cloud off)."""
     cfg = load(
         None,
-        env={"CMDARE_AGENT_CONFIG": f"{tmp}/none.toml"},
+        env={"CMDARE_AGENT_CONFIG": f"{spool_dir}.none.toml"},
         overrides={
-            "spool.dir": f"{tmp}/sp-{kind}-{fsync}",
+            "spool.dir": spool_dir,
             "spool.fsync": fsync,
             "node": "bench",
-            "sources.train.enabled": False,  # host + GPUs, as the bare loop
+            "sources.train.enabled": False,
             "sources.tpu.enabled": False,
             "sources.cloud.enabled": False,
         },
     )
-    agent = Agent(cfg, adapters={"nvml": nvml_of(kind, a.gpus)})
+    agent = Agent(cfg, adapters={"nvml": nvml_of(kind, gpus)})
     agent.open()
+    return agent
+
+
+def run(kind: str, fsync: bool, a: argparse.Namespace, tmp: str) -> tuple[float, float, float, int]:
+    nvml = nvml_of(kind, a.gpus)
+    nvml.nvmlInit()
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(a.gpus)]
+    agent = make_agent(kind, a.gpus, f"{tmp}/sp-{kind}-{fsync}", fsync)
     measure(agent.tick, a.chunk)  # warm
     bare, ours, ratios = [], [], []
     for _ in range(a.repeat):  # the machine is shared and noisy: best of N, and pairs

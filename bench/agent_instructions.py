@@ -22,11 +22,8 @@ import subprocess
 import sys
 import tempfile
 
-from agent_cost import bare_round, nvml_of
+from agent_cost import bare_round, make_agent, nvml_of
 from common import ROOT
-
-from cmdare.agent.config import load
-from cmdare.agent.runtime import Agent
 
 
 def child(mode: str, rounds: int, gpus: int, kind: str) -> None:
@@ -34,19 +31,7 @@ def child(mode: str, rounds: int, gpus: int, kind: str) -> None:
     nvml.nvmlInit()
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(gpus)]
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load(
-            None,
-            env={"CMDARE_AGENT_CONFIG": f"{tmp}/none.toml"},
-            overrides={
-                "spool.dir": f"{tmp}/sp",
-                "node": "bench",
-                "sources.train.enabled": False,
-                "sources.tpu.enabled": False,
-                "sources.cloud.enabled": False,
-            },
-        )
-        agent = Agent(cfg, adapters={"nvml": nvml_of(kind, gpus)})
-        agent.open()
+        agent = make_agent(kind, gpus, f"{tmp}/sp")
         for _ in range(20):  # both modes warm the same way: the difference is the rounds
             agent.tick()
             bare_round(nvml, handles)

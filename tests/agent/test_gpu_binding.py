@@ -36,9 +36,9 @@ def real_nvml(stub_dir, monkeypatch):
     handle is process-wide, and other tests expect this machine to have no driver)."""
     import pynvml
 
-    def bind(spec: str):
+    def bind(spec: str, driver: str = "current"):
         monkeypatch.setenv("CMDARE_FAKE_NVML", spec)  # read by the stub at nvmlInit
-        return nvml_stub.load()
+        return nvml_stub.load(driver=driver)
 
     yield bind
     pynvml.nvmlLib = None
@@ -139,19 +139,11 @@ def test_agent_finds_the_library_on_the_loader_path(stub_dir, tmp_path) -> None:
     assert status[0]["state"] == "ok"
 
 
-def test_a_driver_older_than_the_binding_still_reports(stub_dir, monkeypatch) -> None:
+def test_a_driver_older_than_the_binding_still_reports(real_nvml) -> None:
     """An R470 driver (the last for K80s) lacks the processes query the binding calls
     (_v3: the binding raises its mismatch error, not an NVMLError) and the renamed
     clock-event reasons: the agent falls back to _v2 and the throttle reasons."""
-    import pynvml
-
-    monkeypatch.setenv("CMDARE_FAKE_NVML", "gpus=2,model=k80")
-    try:
-        src = source(nvml_stub.load(driver="r470"))
-        seen = samples(src, 4)
-    finally:
-        pynvml.nvmlLib = None
-        pynvml._nvmlGetFunctionPointer_cache.clear()
+    seen = samples(source(real_nvml("gpus=2,model=k80", driver="r470")), 4)
     assert [s[0][:2] for _, s in seen] == [("gpu", "ok")] * 4
     gpus = [d for evs, _ in seen for t, d in evs if t == "gpu"]
     assert len(gpus) == 8 and all(
