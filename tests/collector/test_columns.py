@@ -158,6 +158,44 @@ def test_bad_values_in_a_block_are_dead_lettered_row_by_row(db, line: str, reaso
     assert Writer(db).write([("t:1", msg)]).dead == 0  # a replay: dead-lettered once
 
 
+def test_list_texts_repeated_across_a_block_are_checked_once_each_and_kept_per_row(db) -> None:
+    """A GPU block's throttle reasons and processes are checked once per distinct text in
+    the batch: every row still gets its own value, and only the rows holding a bad text
+    are dead-lettered (none dropped, none doubled by the lookup)."""
+    procs = ['[{"pid":1,"used_bytes":5}]', '[{"pid":2}]', "[{]", ""]  # "": absent
+    reasons = ['["sw_power_cap"]', "[]", "[1]"]
+    lines = [
+        f"r1\tgpu\tid-{i}\t{1.75e9 + i}\tn\tworker\t\t{{}}\t{i % 8}"
+        + "\t" * 15
+        + reasons[i % 3]
+        + "\t" * 3
+        + procs[i % 4]
+        for i in range(60)
+    ]
+    msg = encode(("\n".join(lines) + "\n").encode())
+    assert _header(msg)["text"] == 0  # all carried as columns
+    r = Writer(db).write([("t:1", msg)])
+    bad = {i for i in range(60) if i % 3 == 2 or i % 4 == 2}
+    assert (r.dead, r.rows["gpu_samples"]) == (len(bad), 60 - len(bad))
+    got = {
+        i: (t, p)
+        for i, t, p in db.execute(
+            "SELECT CAST(substr(id, 4) AS INT), throttle_reasons, processes::VARCHAR FROM gpu_samples"
+        ).fetchall()
+    }
+    assert set(got) == set(range(60)) - bad
+    for i, (t, p) in got.items():
+        assert t == json.loads(reasons[i % 3])
+        assert p == (procs[i % 4] or None)
+    dead = dict(db.execute("SELECT line, reason FROM dead_letters").fetchall())
+    assert len(dead) == len(bad)
+    assert sorted(dead.values())[0] == "gpu.processes must be object[], got [{]"
+    assert {v for v in dead.values()} == {
+        "gpu.processes must be object[], got [{]",
+        "gpu.throttle_reasons must be str[], got [1]",
+    }
+
+
 @pytest.fixture()
 def db(tmp_path: Path):
     con = connect(tmp_path / "t.duckdb")
