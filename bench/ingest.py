@@ -145,7 +145,7 @@ def storage_floor(values: list[bytes], db: Path) -> tuple[float, int] | None:
         ).fetchall()
     )
     values_sql = ", ".join(f'CAST("{n}" AS {types[n]})' for n in DATA_FIELDS["gpu"])  # as the table has it
-    con.execute("SET preserve_insertion_order = false")
+    con.execute("SET preserve_insertion_order = false")  # as the collector's writer inserts
     con.register("a", table)
     con.execute("SELECT count(*) FROM a").fetchall()  # DuckDB's one-time Arrow imports
     t0 = time.perf_counter()
