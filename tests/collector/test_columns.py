@@ -189,7 +189,6 @@ def test_list_texts_repeated_across_a_block_are_checked_once_each_and_kept_per_r
         assert p == (procs[i % 4] or None)
     dead = dict(db.execute("SELECT line, reason FROM dead_letters").fetchall())
     assert len(dead) == len(bad)
-    assert sorted(dead.values())[0] == "gpu.processes must be object[], got [{]"
     assert {v for v in dead.values()} == {
         "gpu.processes must be object[], got [{]",
         "gpu.throttle_reasons must be str[], got [1]",
