@@ -442,6 +442,52 @@ ROW_TYPE_SQL = {t: _row_type_sql(t) for t in TABLES}
 BLOCK_TYPE_SQL = {t: _block_type_sql(t) for t in TABLES}
 
 
+# -- column blocks, the fast path --------------------------------------------------------------
+# A type's column blocks in a batch where every row is clean (the normal case: the agent
+# checked them before sending) go straight from Arrow into the table: no temp table of
+# checked rows (measured: as costly as the insert itself).  The same checks decide it, as
+# one aggregate over the rows (per-block envelope values are checked in Python once per
+# block); a single failing row, or an id twice in the batch, sends the type to the checked
+# path above, which finds each row's reason.
+def _fast_sql(type_: str) -> tuple[list[str], str, str]:
+    """(lookup tables to create, the check query, the insert) for ``_cf_<type>``."""
+    fields = DATA_FIELDS[type_]
+    distinct = [n for n in _BY_DISTINCT.get(type_, ()) if fields[n][0] in (FLOATS, STRS, OBJS)]
+    lookups, joins, values = [], "", []
+    oks = ["strlen(c.id) BETWEEN 1 AND 64", "isfinite(c.ts)", "c.ts > 0", "c.ts < 1e11"]
+    for n, (kind, _) in fields.items():
+        if n in distinct:
+            i = distinct.index(n)
+            ok, val = _block_field_sql(kind, "v")
+            lookups.append(
+                f"CREATE OR REPLACE TEMP TABLE _k_{type_}_{i} AS SELECT v, {ok} AS ok, {val} AS val "
+                f'FROM (SELECT DISTINCT "{n}" AS v FROM _cf_{type_} WHERE "{n}" IS NOT NULL)'
+            )
+            joins += f' LEFT JOIN _k_{type_}_{i} k{i} ON k{i}.v = c."{n}"'
+            values.append(f"k{i}.val")
+            continue
+        ok, val = _block_field_sql(kind, f'c."{n}"')
+        if ok != "true":
+            oks.append(f'(c."{n}" IS NULL OR {ok})')
+        values.append(val)
+    checks = [f"coalesce(bool_and(coalesce({' AND '.join(oks)}, false)), true)"]
+    checks += [f"(SELECT coalesce(bool_and(ok), true) FROM _k_{type_}_{i})" for i in range(len(distinct))]
+    check = f"""SELECT {" AND ".join(checks)}, count(*) - count(DISTINCT c.id),
+        make_timestamp(TRY_CAST(round(min(c.ts) * 1e6) AS BIGINT)),
+        make_timestamp(TRY_CAST(round(max(c.ts) * 1e6) AS BIGINT)), count(*)
+    FROM _cf_{type_} c"""
+    table = TABLES[type_]
+    cols = ", ".join(f'"{n}"' for n in fields)
+    insert = f"""INSERT INTO {table} (id, ts, node, job, {cols})
+    SELECT c.id, make_timestamp(TRY_CAST(round(c.ts * 1e6) AS BIGINT)), c.node, c.job, {", ".join(values)}
+    FROM _cf_{type_} c{joins}
+    WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = c.id)"""
+    return lookups, check, insert
+
+
+FAST_SQL = {t: _fast_sql(t) for t in TABLES}
+
+
 def _ev_view(row_types: list[str], other_rows: bool, json: bool = True) -> str:
     """``_ev``: every envelope of the batch, JSON and rows (a view: nothing is copied)."""
     parts = [
@@ -514,12 +560,16 @@ WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = s.origin AND d.l
 NODES_SQL = """
 INSERT INTO nodes
 SELECT node, arg_max(role, ts), arg_max(job, ts), arg_max(labels, ts)::JSON, min(ts), max(ts)
-FROM _ev WHERE reason IS NULL GROUP BY node
+FROM ({src}) GROUP BY node
 ON CONFLICT (node) DO UPDATE SET
     role = excluded.role, job = excluded.job, labels = excluded.labels,
     first_seen = least(nodes.first_seen, excluded.first_seen),
     last_seen = greatest(nodes.last_seen, excluded.last_seen)
 """
+_NODES_EV = "SELECT node, role, job, labels, ts FROM _ev WHERE reason IS NULL"
+# a fast-path block's envelope, once at its first and once at its last ts
+_NODES_BN = """SELECT b.node, b.role, b.job, _lab.labels::JSON AS labels,
+    make_timestamp(TRY_CAST(round(b.ts * 1e6) AS BIGINT)) AS ts FROM _bn b JOIN _lab ON _lab.lraw = b.lraw"""
 
 
 _warm = False
@@ -578,6 +628,20 @@ class Writer:
         ).fetchone()[0]
         return inserted
 
+    def _fast(self, type_: str, blocks: list[columns.Block], registered: list[str]) -> tuple[int, int] | None:
+        """Insert a type's column blocks straight from Arrow when every row is clean and no
+        id repeats in them: (rows inserted, rows); None (nothing written) otherwise."""
+        con = self.con
+        con.register(f"_cf_{type_}", _lean_table(type_, blocks))
+        registered.append(f"_cf_{type_}")
+        lookups, check, insert = FAST_SQL[type_]
+        for sql in lookups:
+            con.execute(sql)
+        clean, repeats, lo, hi, n = con.execute(check).fetchall()[0]
+        if not clean or repeats:
+            return None
+        return con.execute(insert, [lo, hi]).fetchone()[0], n
+
     def write(
         self, messages: list[tuple[str, bytes | None]], position: tuple[str, int, int] | None = None
     ) -> WriteResult:
@@ -590,7 +654,7 @@ class Writer:
         lines: list[str] = []
         py_dead = []
         has_rows = False
-        blocks: dict[str, list[pa.RecordBatch]] = {}
+        blocks: dict[str, list[tuple[str, int, columns.Block]]] = {}
         block_labels: set[tuple[str, str]] = set()
         for origin, raw in messages:
             if raw is None:
@@ -627,7 +691,7 @@ class Writer:
             line_nos += range(1, len(parts) + 1)
             first = len(parts) + 1  # a block's rows are numbered after the message's lines
             for b in message_blocks:
-                blocks.setdefault(b.type, []).append(_block_batch(origin, first, b))
+                blocks.setdefault(b.type, []).append((origin, first, b))
                 block_labels.add((b.type, b.labels))
                 first += b.rows
         con = self.con
@@ -639,6 +703,7 @@ class Writer:
             if lines or blocks:
                 con.register("_batch", _lines_table(origins, line_nos, lines))
                 registered.append("_batch")
+                repeats = 0
                 # the JSON pass costs ~25 ms to plan: skipped when no line needs it
                 has_json = len(lines) > 4096 or any(not _ROW_START.match(x) for x in lines)
                 if has_json:
@@ -647,39 +712,58 @@ class Writer:
                 if has_rows:
                     con.execute(KINDS_SQL)
                     text_types = {t for (t,) in con.execute("SELECT DISTINCT type FROM _kinds").fetchall()}
+                fast: dict[str, list[columns.Block]] = {}
                 if blocks:
                     if not has_rows:
                         con.execute("CREATE OR REPLACE TEMP TABLE _kinds (type VARCHAR, lraw VARCHAR)")
                     con.executemany("INSERT INTO _kinds VALUES (?, ?)", sorted(block_labels))
-                    for t, batches in blocks.items():
-                        con.register(f"_cb_{t}", pa.Table.from_batches(batches))
-                        registered.append(f"_cb_{t}")
-                if has_rows or blocks:
                     con.execute(LABELS_SQL)
-                    row_types = [t for t in TABLES if t in text_types or t in blocks]
-                    for t in row_types:
-                        con.execute(_r_table_sql(t, t in text_types, t in blocks))
+                    bad_labels = {x for (x,) in con.execute("SELECT lraw FROM _lab WHERE NOT lok").fetchall()}
+                    for t, bl in blocks.items():
+                        if t not in text_types and all(_envelope_ok(b, bad_labels) for _, _, b in bl):
+                            n = self._fast(t, [b for _, _, b in bl], registered)
+                            if n is not None:
+                                fast[t] = [b for _, _, b in bl]
+                                res.rows[TABLES[t]], res.lines = n[0], res.lines + n[1]
+                                continue
+                        con.register(f"_cb_{t}", _block_table(bl))
+                        registered.append(f"_cb_{t}")
+                    if fast:
+                        con.register("_bn", _block_nodes([b for bl in fast.values() for b in bl]))
+                        registered.append("_bn")
+                elif has_rows:
+                    con.execute(LABELS_SQL)
+                row_types = [t for t in TABLES if t in text_types or (t in blocks and t not in fast)]
+                for t in row_types:
+                    con.execute(_r_table_sql(t, t in text_types, t in blocks))
                 if has_rows:
                     con.execute(OTHER_ROWS_SQL)
-                con.execute(_ev_view(row_types, has_rows, has_json))
-                res.lines, env_dead, valid, repeats = con.execute(
-                    "SELECT count(*), count(reason), count(*) - count(reason), "
-                    "count(id) FILTER (WHERE reason IS NULL) - count(DISTINCT id) FILTER (WHERE reason IS NULL) "
-                    "FROM _ev"
-                ).fetchone()
+                env_dead = valid = 0
+                if has_json or has_rows or row_types:
+                    con.execute(_ev_view(row_types, has_rows, has_json))
+                    lines_n, env_dead, valid, repeats = con.execute(
+                        "SELECT count(*), count(reason), count(*) - count(reason), "
+                        "count(id) FILTER (WHERE reason IS NULL) - count(DISTINCT id) FILTER (WHERE reason IS NULL) "
+                        "FROM _ev"
+                    ).fetchone()
+                    res.lines += lines_n
                 if env_dead:
                     res.dead += con.execute(DEAD_SQL.format(src="_ev"), [ts_now]).fetchone()[0]
                 field_dead = 0
-                forms = {
-                    t: (js, rows)
-                    for t, js, rows in con.execute(
-                        "SELECT type, bool_or(js), bool_or(NOT js) FROM _ev WHERE reason IS NULL GROUP BY type"
-                        if row_types
-                        else "SELECT DISTINCT type, true, false FROM _ev WHERE reason IS NULL"
-                    ).fetchall()
-                }
+                forms = {}
+                if has_json or has_rows or row_types:
+                    forms = {
+                        t: (js, rows)
+                        for t, js, rows in con.execute(
+                            "SELECT type, bool_or(js), bool_or(NOT js) FROM _ev WHERE reason IS NULL GROUP BY type"
+                            if row_types
+                            else "SELECT DISTINCT type, true, false FROM _ev WHERE reason IS NULL"
+                        ).fetchall()
+                    }
                 present = set(forms)
                 for type_, table in TABLES.items():
+                    if type_ in fast:
+                        continue
                     if type_ not in present:
                         res.rows[table] = 0
                         continue
@@ -698,7 +782,10 @@ class Writer:
                         res.dead += con.execute(DEAD_SQL.format(src=src), [ts_now]).fetchone()[0]
                     res.rows[table] = self._insert_dedup(table, cols, src)
                 res.rows["unknown_events"] = self._unknown_types() if present - set(TABLES) else 0
-                con.execute(NODES_SQL)
+                nodes = ([_NODES_EV] if forms else []) + ([_NODES_BN] if fast else [])
+                if nodes:
+                    con.execute(NODES_SQL.format(src=" UNION ALL ".join(nodes)))
+                valid += sum(b.rows for bl in fast.values() for b in bl)
                 res.duplicates = max(0, valid - res.inserted - field_dead)
             for origin, line, reason, raw, size in py_dead:
                 if con.execute(
@@ -759,6 +846,58 @@ def _block_batch(origin: str, first: int, b: columns.Block) -> pa.RecordBatch:
     ]
     arrays += [b.arrays[f.name] if f.name in b.arrays else pa.nulls(n, f.type) for f in list(schema)[9:]]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+_LEAN_SCHEMAS = {
+    t: pa.schema([s.field(n) for n in ("id", "ts", "node", "job")] + list(s)[9:])
+    for t, s in _BLOCK_SCHEMAS.items()
+}
+_ROLES = set(ROLES)
+
+
+def _envelope_ok(b: columns.Block, bad_labels: set[str]) -> bool:
+    """A block's envelope passes the checks the checked path makes per row (same limits)."""
+    return 1 <= len(b.node.encode()) <= 256 and b.role in _ROLES and b.labels not in bad_labels
+
+
+def _lean_table(type_: str, blocks: list[columns.Block]) -> pa.Table:
+    """The fast path's rows: id, ts, node, job and the data fields (no origin, line, size:
+    nothing is dead-lettered from it)."""
+    schema = _LEAN_SCHEMAS[type_]
+    batches = []
+    for b in blocks:
+        n = b.rows
+        arrays = [b.arrays["id"], b.arrays["ts"]]
+        arrays += [pa.repeat(pa.scalar(v, pa.string()), n) for v in (b.node, b.job)]
+        arrays += [b.arrays[f.name] if f.name in b.arrays else pa.nulls(n, f.type) for f in list(schema)[4:]]
+        batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def _block_table(blocks: list[tuple[str, int, columns.Block]]) -> pa.Table:
+    return pa.Table.from_batches([_block_batch(origin, first, b) for origin, first, b in blocks])
+
+
+_BN = pa.schema(
+    [
+        ("node", pa.string()),
+        ("role", pa.string()),
+        ("job", pa.string()),
+        ("lraw", pa.string()),
+        ("ts", pa.float64()),
+    ]
+)
+
+
+def _block_nodes(blocks: list[columns.Block]) -> pa.Table:
+    """Each block's envelope at its first and its last ts (for the nodes table)."""
+    cols: list[list[Any]] = [[], [], [], [], []]
+    for b in blocks:
+        ts = b.arrays["ts"].to_numpy()
+        for t in (float(ts.min()), float(ts.max())):
+            for c, v in zip(cols, (b.node, b.role, b.job, b.labels, t), strict=True):
+                c.append(v)
+    return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(cols, _BN, strict=True)], schema=_BN)
 
 
 def _lines_table(origins: list[str], line_nos: list[int], lines: list[str]) -> pa.Table:

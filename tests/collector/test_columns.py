@@ -195,6 +195,71 @@ def test_list_texts_repeated_across_a_block_are_checked_once_each_and_kept_per_r
     }
 
 
+def test_batches_mixing_clean_blocks_refused_rows_and_a_redelivery(tmp_path: Path, monkeypatch) -> None:
+    """Clean column blocks go straight into their tables; a type with one refused row, or
+    an id twice in the batch, goes through the row-by-row checks.  Either way a batch
+    lands exactly as the same lines do: every good row once, the bad row dead-lettered,
+    the nodes table from both."""
+    fast: list[str] = []
+    real = Writer._fast
+
+    def spy(self, type_, blocks, registered):
+        got = real(self, type_, blocks, registered)
+        if got is not None:
+            fast.append(type_)
+        return got
+
+    monkeypatch.setattr(Writer, "_fast", spy)
+    a = EventFactory("node-a", "worker", "job-1", {"team": "x"}, rows=True)
+    b = EventFactory("node-b", "ps", "job-2", rows=True)
+
+    def gpu(f, t0, n, d):
+        return b"".join(f.line("gpu", {"index": i % 8, **d}, t0 + i) for i in range(n))
+
+    def host(f, t0, n):
+        d = {"cpu_util_ratio": 0.25, "cpu_per_core_ratio": [0.5, 0.1]}
+        return b"".join(f.line("host", d, t0 + i) for i in range(n))
+
+    tpu = b"".join(b.line("tpu", {"device": i, "duty_cycle_ratio": 0.5}, 1.75e9 + 400) for i in range(4))
+    bad = b'r1\thost\tbad-1\t1750000200.0\tnode-b\tps\t\t{}\t\t[0.5,"a"]\n'
+    gpu_a = gpu(a, 1.75e9, 40, {"util_gpu_ratio": 0.5, "throttle_reasons": ["idle"]})
+    gpu_b = gpu(b, 1.75e9 + 300, 3, {"processes": [{"pid": 7}]})
+    batches = [
+        # gpu and tpu clean, host with one refused row
+        [gpu_a + host(b, 1.75e9 + 100, 5), bad + tpu],
+        # host clean; gpu_b twice in the batch, and the first batch's gpu rows again
+        [host(a, 1.75e9 + 500, 3) + gpu_b, gpu_b, gpu_a],
+    ]
+    ca, cb = connect(tmp_path / "a.duckdb"), connect(tmp_path / "b.duckdb")
+    results = []
+    for i, texts in enumerate(batches):
+        msgs = [encode(t) for t in texts]
+        assert all(_header(m)["text"] == 0 for m in msgs)  # every row carried as columns
+        ra = Writer(ca).write([(f"m{i}:{j}", t) for j, t in enumerate(texts)])
+        rb = Writer(cb).write([(f"m{i}:{j}", m) for j, m in enumerate(msgs)])
+        assert (ra.rows, ra.dead, ra.duplicates, ra.lines) == (rb.rows, rb.dead, rb.duplicates, rb.lines)
+        results.append(
+            (rb.rows["gpu_samples"], rb.rows["host_samples"], rb.rows["tpu_samples"], rb.dead, rb.duplicates)
+        )
+    assert results == [(40, 5, 4, 1, 0), (3, 3, 0, 0, 43)]
+    assert fast == ["gpu", "tpu", "host"]  # the rest took the checked path
+    for table in ("gpu_samples", "host_samples", "tpu_samples", "nodes"):
+        assert _table_rows(ca, table) == _table_rows(cb, table), table
+    assert cb.execute("SELECT origin, reason FROM dead_letters").fetchall() == [
+        ("m0:1", 'host.cpu_per_core_ratio must be float[], got [0.5,"a"]')
+    ]
+    nodes = cb.execute(
+        "SELECT node, role, job, labels::VARCHAR, epoch(first_seen), epoch(last_seen) FROM nodes ORDER BY 1"
+    ).fetchall()
+    assert nodes == [
+        ("node-a", "worker", "job-1", '{"team":"x"}', 1.75e9, 1.75e9 + 502),
+        ("node-b", "ps", "job-2", "{}", 1.75e9 + 100, 1.75e9 + 400),
+    ]
+    # the first batch again (a replay after a crash): nothing new, nothing dead-lettered twice
+    again = Writer(cb).write([(f"m0:{j}", encode(t)) for j, t in enumerate(batches[0])])
+    assert (again.inserted, again.dead, again.duplicates) == (0, 0, 49)
+
+
 @pytest.fixture()
 def db(tmp_path: Path):
     con = connect(tmp_path / "t.duckdb")
