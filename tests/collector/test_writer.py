@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
 import pytest
 
+from cmdare.agent import columns
 from cmdare.agent.events import EventFactory, encode, encode_many
-from cmdare.collector.db import DatabaseError, connect, migrations
+from cmdare.collector.db import ROW_GROUP_SIZE, DatabaseError, connect, migrations
 from cmdare.collector.writer import RAW_CAP, Writer
 
 
@@ -233,6 +236,46 @@ def test_a_database_from_a_newer_collector_is_refused(tmp_path: Path) -> None:
     con.close()
     with pytest.raises(DatabaseError, match="schema version 999, newer than this collector knows"):
         connect(p)
+
+
+def test_the_collector_writes_a_plain_duckdb_file_in_small_row_groups(tmp_path: Path) -> None:
+    """The writable connection attaches the file with ROW_GROUP_SIZE (bulk batches then
+    skip the WAL): what it stores is in the file, in row groups of that size, and any
+    DuckDB opens the file as it is."""
+    p = tmp_path / "c.duckdb"
+    con = connect(p)
+    f = EventFactory("n", "worker", "j", rows=True)
+    lines = b"".join(f.line("gpu", {"index": i % 8}, 1.75e9 + i) for i in range(2 * ROW_GROUP_SIZE + 10))
+    assert Writer(con).write([("t:1", columns.encode(lines))]).rows["gpu_samples"] == 2 * ROW_GROUP_SIZE + 10
+    con.execute("CHECKPOINT")
+    sizes = con.execute(
+        "SELECT DISTINCT count FROM pragma_storage_info('gpu_samples') WHERE column_name = 'id'"
+    ).fetchall()
+    assert max(n for (n,) in sizes) <= ROW_GROUP_SIZE < 122880
+    con.close()
+    plain = duckdb.connect(str(p), read_only=True)
+    assert plain.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 2 * ROW_GROUP_SIZE + 10
+    plain.close()
+    holder = subprocess.Popen(  # a running collector
+        [
+            sys.executable,
+            "-c",
+            "import sys, duckdb; c = duckdb.connect(sys.argv[1]); print(1, flush=True); sys.stdin.read()",
+            str(p),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout.readline() == b"1\n"
+        with pytest.raises(DatabaseError, match=f"^{p}: database is locked by another process"):
+            connect(p)
+    finally:
+        holder.communicate(b"")
+    con = connect(p)
+    with pytest.raises(DatabaseError, match=f"^{p}: database is already open for writing in this process"):
+        connect(p)
+    con.close()
 
 
 def test_not_a_database(tmp_path: Path) -> None:
