@@ -25,7 +25,7 @@ import duckdb
 from cmdare.agent.config import KafkaURL
 from cmdare.agent.sinks.spool import Position, read_lines, write_cursor
 
-from .writer import Writer, WriteResult
+from .writer import Batch, Writer, WriteResult
 
 log = logging.getLogger("cmdare.collector")
 _MAX_POLL = 256  # records per poll at most
@@ -117,9 +117,10 @@ class KafkaIngest:
         """Consume until stop() (or, with ``idle_exit``, until no message came for that long
         while partitions were assigned: time spent waiting for the group does not count).
 
-        Pipelined: this thread polls Kafka while a writer thread commits the previous batch
-        to DuckDB (which releases the GIL); offsets are committed here, in order, once the
-        transaction holding their rows has committed."""
+        Pipelined: this thread polls Kafka and reads each message into the next batch
+        (lines split, column blocks decoded: Python) while a writer thread commits the
+        previous batch to DuckDB (SQL, which releases the GIL); offsets are committed here,
+        in order, once the transaction holding their rows has committed."""
         if self.consumer is None:
             self.open()
         assert self.consumer is not None
@@ -135,7 +136,7 @@ class KafkaIngest:
         last_data = last_report = last_check = time.monotonic()
         unassigned_since: float | None = None
         while not self.stop_event.is_set():
-            batch: list[tuple[str, bytes | None]] = []
+            batch = Batch()  # messages are read into it here, while the writer runs SQL
             offsets: dict[Any, int] = {}
             size, t0 = 0, time.monotonic()
             while (
@@ -152,14 +153,14 @@ class KafkaIngest:
                     polled = self.consumer.poll(timeout_ms=100, max_records=min(room, _MAX_POLL))
                 except Exception as e:
                     log.warning("poll failed (%s: %s); reconnecting", type(e).__name__, e)
-                    batch, offsets = [], {}  # nothing written yet: it will be fetched again
+                    batch, offsets = Batch(), {}  # nothing written yet: it will be fetched again
                     self.reconnect()
                     break
                 got = size
                 n = 0
                 for tp, records in polled.items():
                     for rec in records:
-                        batch.append((f"kafka:{tp.topic}/{tp.partition}@{rec.offset}", rec.value))
+                        batch.add(f"kafka:{tp.topic}/{tp.partition}@{rec.offset}", rec.value)
                         size += len(rec.value or b"")
                         offsets[tp] = rec.offset
                     n += len(records)
@@ -323,7 +324,7 @@ class _WriterThread:
                 return
             batch, offsets = item
             try:
-                result = self.writer.write(batch)
+                result = self.writer.write_batch(batch)
             except BaseException as e:  # surfaced on the consumer thread
                 self.error = e
                 self.finished.put(None)
@@ -334,7 +335,7 @@ class _WriterThread:
         if self.error is not None:
             raise self.error
 
-    def submit(self, batch: list[tuple[str, bytes | None]], offsets: dict[Any, int]) -> None:
+    def submit(self, batch: Batch, offsets: dict[Any, int]) -> None:
         self._raise()
         with self.lock:
             self.in_flight += 1

@@ -592,6 +592,62 @@ def warm_up(con: duckdb.DuckDBPyConnection) -> None:
     _warm = True
 
 
+class Batch:
+    """Messages read for one ``Writer.write_batch``: split into lines, column blocks decoded
+    into Arrow arrays over the message bytes.  Python work, so a consumer does it on its
+    own thread, while the writer's thread runs the previous batch's SQL (which releases
+    the GIL)."""
+
+    def __init__(self) -> None:
+        self.origins: list[str] = []
+        self.line_nos: list[int] = []
+        self.lines: list[str] = []
+        self.py_dead: list[tuple[str, int, str, bytes, int]] = []
+        self.has_rows = False
+        self.blocks: dict[str, list[tuple[str, int, columns.Block]]] = {}
+        self.block_labels: set[tuple[str, str]] = set()
+        self.lean: dict[str, list[pa.RecordBatch]] = {}  # per type, for the fast path
+        self.messages = 0
+
+    def __len__(self) -> int:
+        return self.messages
+
+    def add(self, origin: str, raw: bytes | None) -> None:
+        self.messages += 1
+        if raw is None:
+            self.py_dead.append((origin, 0, "message has no value", b"", 0))
+            return
+        message_blocks: list[columns.Block] = []
+        if columns.is_block(raw):
+            try:
+                text, message_blocks = columns.decode(raw, _KNOWN)
+            except columns.BlockError as e:
+                self.py_dead.append((origin, 0, str(e), bytes(raw[:RAW_CAP]), len(raw)))
+                return
+        else:
+            text = raw
+        try:
+            parts = text.decode("utf-8").split("\n")
+        except UnicodeDecodeError as e:
+            reason = f"not UTF-8 text (byte {e.start}): not a cmdare event message"
+            self.py_dead.append((origin, 0, reason, bytes(raw[:RAW_CAP]), len(raw)))
+            return
+        if parts[-1] == "":
+            parts.pop()
+        if not self.has_rows and (text[:1] == b"r" or b"\nr" in text):
+            self.has_rows = True
+        if parts:
+            self.lines += parts
+            self.origins += [origin] * len(parts)
+            self.line_nos += range(1, len(parts) + 1)
+        first = len(parts) + 1  # a block's rows are numbered after the message's lines
+        for b in message_blocks:
+            self.blocks.setdefault(b.type, []).append((origin, first, b))
+            self.lean.setdefault(b.type, []).append(_lean_batch(b))
+            self.block_labels.add((b.type, b.labels))
+            first += b.rows
+
+
 class Writer:
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con
@@ -628,11 +684,11 @@ class Writer:
         ).fetchone()[0]
         return inserted
 
-    def _fast(self, type_: str, blocks: list[columns.Block], registered: list[str]) -> tuple[int, int] | None:
+    def _fast(self, type_: str, lean: list[pa.RecordBatch], registered: list[str]) -> tuple[int, int] | None:
         """Insert a type's column blocks straight from Arrow when every row is clean and no
         id repeats in them: (rows inserted, rows); None (nothing written) otherwise."""
         con = self.con
-        con.register(f"_cf_{type_}", _lean_table(type_, blocks))
+        con.register(f"_cf_{type_}", pa.Table.from_batches(lean, schema=_LEAN_SCHEMAS[type_]))
         registered.append(f"_cf_{type_}")
         lookups, check, insert = FAST_SQL[type_]
         for sql in lookups:
@@ -647,53 +703,17 @@ class Writer:
     ) -> WriteResult:
         """Load ``[(origin, raw message)]`` in one transaction; ``position`` =
         (spool source, segment, offset) is recorded in the same transaction."""
+        batch = Batch()
+        for origin, raw in messages:
+            batch.add(origin, raw)
+        return self.write_batch(batch, position)
+
+    def write_batch(self, batch: Batch, position: tuple[str, int, int] | None = None) -> WriteResult:
+        """``write`` of messages already read into a ``Batch`` (on any thread)."""
         res = WriteResult()
         now = time.time()
-        origins: list[str] = []
-        line_nos: list[int] = []
-        lines: list[str] = []
-        py_dead = []
-        has_rows = False
-        blocks: dict[str, list[tuple[str, int, columns.Block]]] = {}
-        block_labels: set[tuple[str, str]] = set()
-        for origin, raw in messages:
-            if raw is None:
-                py_dead.append((origin, 0, "message has no value", b"", 0))
-                continue
-            message_blocks: list[columns.Block] = []
-            if columns.is_block(raw):
-                try:
-                    text, message_blocks = columns.decode(raw, _KNOWN)
-                except columns.BlockError as e:
-                    py_dead.append((origin, 0, str(e), bytes(raw[:RAW_CAP]), len(raw)))
-                    continue
-            else:
-                text = raw
-            try:
-                parts = text.decode("utf-8").split("\n")
-            except UnicodeDecodeError as e:
-                py_dead.append(
-                    (
-                        origin,
-                        0,
-                        f"not UTF-8 text (byte {e.start}): not a cmdare event message",
-                        bytes(raw[:RAW_CAP]),
-                        len(raw),
-                    )
-                )
-                continue
-            if parts[-1] == "":
-                parts.pop()
-            if not has_rows and (text[:1] == b"r" or b"\nr" in text):
-                has_rows = True
-            lines += parts
-            origins += [origin] * len(parts)
-            line_nos += range(1, len(parts) + 1)
-            first = len(parts) + 1  # a block's rows are numbered after the message's lines
-            for b in message_blocks:
-                blocks.setdefault(b.type, []).append((origin, first, b))
-                block_labels.add((b.type, b.labels))
-                first += b.rows
+        origins, line_nos, lines, py_dead = batch.origins, batch.line_nos, batch.lines, batch.py_dead
+        has_rows, blocks, block_labels = batch.has_rows, batch.blocks, batch.block_labels
         con = self.con
         row_types: list[str] = []
         registered: list[str] = []
@@ -721,7 +741,7 @@ class Writer:
                     bad_labels = {x for (x,) in con.execute("SELECT lraw FROM _lab WHERE NOT lok").fetchall()}
                     for t, bl in blocks.items():
                         if t not in text_types and all(_envelope_ok(b, bad_labels) for _, _, b in bl):
-                            n = self._fast(t, [b for _, _, b in bl], registered)
+                            n = self._fast(t, batch.lean[t], registered)
                             if n is not None:
                                 fast[t] = [b for _, _, b in bl]
                                 res.rows[TABLES[t]], res.lines = n[0], res.lines + n[1]
@@ -860,18 +880,15 @@ def _envelope_ok(b: columns.Block, bad_labels: set[str]) -> bool:
     return 1 <= len(b.node.encode()) <= 256 and b.role in _ROLES and b.labels not in bad_labels
 
 
-def _lean_table(type_: str, blocks: list[columns.Block]) -> pa.Table:
-    """The fast path's rows: id, ts, node, job and the data fields (no origin, line, size:
-    nothing is dead-lettered from it)."""
-    schema = _LEAN_SCHEMAS[type_]
-    batches = []
-    for b in blocks:
-        n = b.rows
-        arrays = [b.arrays["id"], b.arrays["ts"]]
-        arrays += [pa.repeat(pa.scalar(v, pa.string()), n) for v in (b.node, b.job)]
-        arrays += [b.arrays[f.name] if f.name in b.arrays else pa.nulls(n, f.type) for f in list(schema)[4:]]
-        batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
-    return pa.Table.from_batches(batches, schema=schema)
+def _lean_batch(b: columns.Block) -> pa.RecordBatch:
+    """A block's rows for the fast path: id, ts, node, job and the data fields (no origin,
+    line, size: nothing is dead-lettered from it)."""
+    schema = _LEAN_SCHEMAS[b.type]
+    n = b.rows
+    arrays = [b.arrays["id"], b.arrays["ts"]]
+    arrays += [pa.repeat(pa.scalar(v, pa.string()), n) for v in (b.node, b.job)]
+    arrays += [b.arrays[f.name] if f.name in b.arrays else pa.nulls(n, f.type) for f in list(schema)[4:]]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _block_table(blocks: list[tuple[str, int, columns.Block]]) -> pa.Table:
