@@ -54,7 +54,8 @@ def cli() -> None:
     default="64MiB",
     show_default=True,
     help="write a transaction at about this much message data (polls are sized to fit; at most three batches are in memory, "
-    "one written, one waiting, one fetched); below ~40MiB DuckDB writes through its WAL, about 1.6x slower per sample",
+    "one written, one waiting, one fetched); smaller batches send more rows through DuckDB's WAL: a backlog loads "
+    "1.5-2x slower per sample at 16MiB",
 )
 @click.option("--max-wait", default="1s", show_default=True, help="...or after this long")
 @click.option(

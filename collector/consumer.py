@@ -66,9 +66,9 @@ class KafkaIngest:
         con: duckdb.DuckDBPyConnection,
         url: KafkaURL,
         group: str = "cmdare-collector",
-        # measured (bench/ingest.py): at >= 122,880 rows of a table per transaction DuckDB
-        # writes row groups straight to the file instead of through its WAL and a later
-        # checkpoint; 64 MiB (~230k GPU samples) ingests 1.6x faster than 16 or 32 MiB
+        # measured: rows of an INSERT that fill row groups (db.ROW_GROUP_SIZE, on each of
+        # DuckDB's threads) go straight to the file, the rest through the WAL and a later
+        # checkpoint; 64 MiB (~230k GPU samples) loads a backlog 1.4-2x faster than 16 MiB
         batch_bytes: int = 64 << 20,
         max_wait: float = 1.0,
         progress: Progress | None = None,
