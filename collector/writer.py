@@ -608,6 +608,7 @@ class Batch:
         self.block_labels: set[tuple[str, str]] = set()
         self.lean: dict[str, list[pa.RecordBatch]] = {}  # per type, for the fast path
         self.messages = 0
+        self.bytes = 0  # message values read, the bound --batch-bytes sets
 
     def __len__(self) -> int:
         return self.messages
@@ -617,6 +618,7 @@ class Batch:
         if raw is None:
             self.py_dead.append((origin, 0, "message has no value", b"", 0))
             return
+        self.bytes += len(raw)
         message_blocks: list[columns.Block] = []
         if columns.is_block(raw):
             try:

@@ -334,9 +334,9 @@ def test_kafka_batches_stay_within_batch_bytes(kafka_broker: KafkaBroker, tmp_pa
         max_wait=5.0,
     )
     written: list[int] = []
-    write = ing.writer.write
-    ing.writer.write = lambda messages, position=None: (  # type: ignore[method-assign]
-        written.append(sum(len(v or b"") for _, v in messages)) or write(messages, position)
+    write_batch = ing.writer.write_batch
+    ing.writer.write_batch = lambda batch, position=None: (  # type: ignore[method-assign]
+        written.append(batch.bytes) or write_batch(batch, position)
     )
     totals = ing.run(idle_exit=3.0)
     ing.close()
