@@ -54,9 +54,27 @@ def _cutoff(since: str | None) -> Any:
         raise click.BadParameter(str(e).split(": ", 1)[1], param_hint="--since") from None
 
 
+def _db_defaults(group: click.Group, db: str) -> dict[str, Any]:
+    """A ``default_map`` giving every command under ``group`` (nested groups too) ``--db``."""
+    out: dict[str, Any] = {}
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            out[name] = _db_defaults(cmd, db)
+        elif any(p.name == "db" for p in cmd.params):
+            out[name] = {"db": db}
+    return out
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cmdare", prog_name="analyze")
-def cli() -> None:
+@click.option(
+    "--db",
+    "group_db",
+    metavar="PATH",
+    help="the database for the command that follows (as its own --db; either place works)",
+)
+@click.pass_context
+def cli(ctx: click.Context, group_db: str | None) -> None:
     """Query cmdare telemetry: nodes, GPUs, hosts, training jobs and steps, or any SQL.
 
     \b
@@ -74,6 +92,8 @@ def cli() -> None:
       analyze sql "SELECT node, count(*) FROM gpu_samples GROUP BY node"
       analyze import tensorboard runs/ --job resnet50-a --gpu-type v100 --workers 4
     """
+    if group_db is not None:  # `analyze --db X nodes` as `analyze nodes --db X`
+        ctx.default_map = _db_defaults(cli, group_db)
 
 
 lost_after_option = click.option(

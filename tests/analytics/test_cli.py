@@ -171,6 +171,30 @@ def test_db_from_environment(db: Path) -> None:
     assert r.exit_code == 0 and json.loads(r.output) == [{"one": 1}]
 
 
+def test_db_before_the_command(db: Path, tmp_path: Path) -> None:
+    """`analyze --db X nodes` works as `analyze nodes --db X`, nested commands too; a --db
+    after the command wins, and $CMDARE_DB gives way to either."""
+    env = {"CMDARE_DB": str(tmp_path / "other.duckdb")}
+    r = CliRunner().invoke(
+        cli, ["--db", str(db), "sql", "SELECT count(*) AS n FROM nodes", "--json"], env=env
+    )
+    assert r.exit_code == 0 and json.loads(r.output) == [{"n": 2}]
+    missing = tmp_path / "nope.duckdb"
+    r = CliRunner().invoke(cli, ["--db", str(missing), "sql", "SELECT 1", "--db", str(db), "--json"], env=env)
+    assert r.exit_code == 0 and json.loads(r.output) == [{"1": 1}]
+    r = CliRunner().invoke(cli, ["--db", str(missing), "fit", "speed"])
+    assert (
+        r.exit_code == 1
+        and r.output == f"Error: {missing}: no such database (load one with cmdare-collector, or pass --db)\n"
+    )
+    (tmp_path / "runs").mkdir()
+    nested = tmp_path / "no-such-dir" / "x.duckdb"  # import opens it for writing: a clear error
+    r = CliRunner().invoke(
+        cli, ["--db", str(nested), "import", "tensorboard", str(tmp_path / "runs"), "--job", "j"]
+    )
+    assert r.exit_code == 1 and r.output.startswith(f"Error: {nested}: cannot open"), r.output
+
+
 def test_every_command_is_documented_with_an_example() -> None:
     readme = (ROOT / "README.md").read_text()
     names = []
