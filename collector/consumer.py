@@ -138,9 +138,9 @@ class KafkaIngest:
         while not self.stop_event.is_set():
             batch = Batch()  # messages are read into it here, while the writer runs SQL
             offsets: dict[Any, int] = {}
-            size, t0 = 0, time.monotonic()
+            t0 = time.monotonic()
             while (
-                size < self.batch_bytes
+                batch.bytes < self.batch_bytes
                 and time.monotonic() - t0 < self.max_wait
                 and not self.stop_event.is_set()
             ):
@@ -148,7 +148,7 @@ class KafkaIngest:
                 # at most as many records as the batch has room for, at the mean record
                 # size so far: a poll may otherwise return 256 x 256 KiB and overshoot
                 # --batch-bytes (the memory bound) 4-fold
-                room = max(1, int((self.batch_bytes - size) / self._mean_size))
+                room = max(1, int((self.batch_bytes - batch.bytes) / self._mean_size))
                 try:
                     polled = self.consumer.poll(timeout_ms=100, max_records=min(room, _MAX_POLL))
                 except Exception as e:
@@ -156,16 +156,15 @@ class KafkaIngest:
                     batch, offsets = Batch(), {}  # nothing written yet: it will be fetched again
                     self.reconnect()
                     break
-                got = size
+                got = batch.bytes
                 n = 0
                 for tp, records in polled.items():
                     for rec in records:
                         batch.add(f"kafka:{tp.topic}/{tp.partition}@{rec.offset}", rec.value)
-                        size += len(rec.value or b"")
                         offsets[tp] = rec.offset
                     n += len(records)
                 if n:
-                    self._mean_size = 0.5 * self._mean_size + 0.5 * max(1.0, (size - got) / n)
+                    self._mean_size = 0.5 * self._mean_size + 0.5 * max(1.0, (batch.bytes - got) / n)
                 if not polled and batch:
                     break  # caught up: write what we have
             now = time.monotonic()
