@@ -11,9 +11,9 @@ within minutes) and the ratio printed is the median run's.
 Each run also prints both sides' CPU time (the process's, all threads) and the best ratio
 the collector's CPU allows on this machine's cores: the moment its first records came
 (group join and first fetch, which raw pays too) plus the CPU it spent after that spread
-evenly over every core. It also prints a storage floor: the same samples, already decoded, stored with one plain
-INSERT (no checks, no de-duplication), i.e. the best ratio any collector writing this
-table could reach here.
+evenly over every core. It also prints a storage floor: the same samples, already
+decoded, stored with one plain INSERT (no checks, no de-duplication), i.e. the best ratio
+any collector writing this table could reach here with the fetch free.
 
 The topic is filled the way agents fill it: messages of up to 256 KiB of gpu samples
 from the fake NVML (8 GPUs per node), gzip, key = node; the samples in the agent's
