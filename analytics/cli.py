@@ -117,8 +117,9 @@ gpu_type_option = click.option(
 def nodes(lost_after: float, db: str, as_json_: bool) -> None:
     """Every node seen: role, job, cloud zone and instance type, spot, the state of its
     latest life (alive, or how it ended: revoked, stopped, lost), lives seen, first/last
-    seen, agent version, heartbeats, GPUs, spool backlog, dropped events and sources that
-    are not ok.
+    seen, agent version, heartbeats, GPUs, spool backlog and dropped events (as its last
+    heartbeat reported them: events loaded since are not subtracted) and sources that are
+    not ok.
 
     \b
     Example:
