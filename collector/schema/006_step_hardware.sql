@@ -27,9 +27,9 @@ ht AS (
     FROM host_samples GROUP BY node, ts
     WINDOW n AS (PARTITION BY node ORDER BY ts ROWS UNBOUNDED PRECEDING)),
 w AS (
-    SELECT *, ts - to_microseconds(CAST(interval_seconds * 1e6 AS BIGINT)) AS _lo,
-        ts + to_microseconds(CAST(interval_seconds * 1e6 AS BIGINT)) AS _lim
-    FROM steps)
+    SELECT *, ts - to_microseconds(CAST(coalesce(interval_seconds, 0) * 1e6 AS BIGINT)) AS _lo,
+        ts + to_microseconds(CAST(coalesce(interval_seconds, 0) * 1e6 AS BIGINT)) AS _lim
+    FROM steps)  -- no interval (a TensorBoard run's first point): an empty window, NULL
 SELECT w.* EXCLUDE (_lo, _lim),
     CASE WHEN coalesce(g1.k, 0) > coalesce(g0.k, 0)
              THEN (g1.su - coalesce(g0.su, 0)) / nullif(g1.cu - coalesce(g0.cu, 0), 0)

@@ -25,8 +25,10 @@ def host(f: EventFactory, ts: float, cpu: float) -> dict:
     return f.make("host", {"cpu_util_ratio": cpu}, T + ts)
 
 
-def steps(f: EventFactory, ts: float, interval: float, run: str) -> dict:
-    d = {"run": run, "rank": 0, "interval_seconds": interval, "steps": 10}
+def steps(f: EventFactory, ts: float, interval: float | None, run: str) -> dict:
+    d = {"run": run, "rank": 0, "steps": 10}
+    if interval is not None:
+        d["interval_seconds"] = interval
     return f.make("train_steps", d, T + ts, job="j")
 
 
@@ -47,6 +49,7 @@ def test_step_hardware_pairs_each_interval_with_its_nodes_samples(tmp_path: Path
         steps(A, 25, 2, "after-last"),  # no tick in it, none after it
         steps(A, 21, 0.5, "next-too-far"),  # the next tick would be 9 s later: not this interval's
         steps(B, 30, 10, "other-node"),  # node-b's last sample came at 15
+        steps(A, 20, None, "no-interval"),  # a TensorBoard run's first point: no window at all
     ]
     assert Writer(con).write([("t:1", encode_many(events))]).dead == 0
     got = {
@@ -63,3 +66,4 @@ def test_step_hardware_pairs_each_interval_with_its_nodes_samples(tmp_path: Path
     assert got["after-last"] == (None, None, None, 10)
     assert got["next-too-far"] == (None, None, None, 10)
     assert got["other-node"] == (None, None, None, 10)
+    assert got["no-interval"] == (None, None, None, 10)
