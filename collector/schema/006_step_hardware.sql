@@ -7,7 +7,7 @@
 -- whose last step ended just before the agent's tick) takes the node's next sampling tick
 -- when that comes within interval_seconds after ts: NVML reports utilisation over the
 -- period before each sample, so the next tick is the one that saw those steps.  NULL
--- where the node sent no such samples then.
+-- where the node sent no such samples then, or the row has no interval_seconds.
 --
 -- Migration 002's form ran a correlated range subquery per metric: 28 s on a day of 20
 -- nodes (173k step rows, 1.4M GPU samples), and no faster for one node.  This one sums
