@@ -557,19 +557,28 @@ LEFT JOIN _batch b ON b.origin = s.origin AND b.line_no = s.line_no
 WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = s.origin AND d.line = s.line_no)
 """
 
+# A node's role, job and labels are those of its latest event, and only a batch with events
+# as new as the node's latest stored one replaces them (a spool of older events loaded later
+# leaves them alone).  The job is the agent's (its config): train_* events carry the
+# training job's id in their envelope, so they never set it.
 NODES_SQL = """
 INSERT INTO nodes
-SELECT node, arg_max(role, ts), arg_max(job, ts), arg_max(labels, ts)::JSON, min(ts), max(ts)
+SELECT node, arg_max(role, ts), arg_max(job, ts) FILTER (WHERE agent), arg_max(labels, ts)::JSON,
+    min(ts), max(ts)
 FROM ({src}) GROUP BY node
 ON CONFLICT (node) DO UPDATE SET
-    role = excluded.role, job = excluded.job, labels = excluded.labels,
+    role = CASE WHEN excluded.last_seen >= nodes.last_seen THEN excluded.role ELSE nodes.role END,
+    job = CASE WHEN excluded.job IS NOT NULL AND excluded.last_seen >= nodes.last_seen
+               THEN excluded.job ELSE nodes.job END,
+    labels = CASE WHEN excluded.last_seen >= nodes.last_seen THEN excluded.labels ELSE nodes.labels END,
     first_seen = least(nodes.first_seen, excluded.first_seen),
     last_seen = greatest(nodes.last_seen, excluded.last_seen)
 """
-_NODES_EV = "SELECT node, role, job, labels, ts FROM _ev WHERE reason IS NULL"
+_NODES_EV = "SELECT node, role, job, labels, ts, NOT starts_with(type, 'train_') AS agent FROM _ev WHERE reason IS NULL"
 # a fast-path block's envelope, once at its first and once at its last ts
 _NODES_BN = """SELECT b.node, b.role, b.job, _lab.labels::JSON AS labels,
-    make_timestamp(TRY_CAST(round(b.ts * 1e6) AS BIGINT)) AS ts FROM _bn b JOIN _lab ON _lab.lraw = b.lraw"""
+    make_timestamp(TRY_CAST(round(b.ts * 1e6) AS BIGINT)) AS ts, b.agent
+    FROM _bn b JOIN _lab ON _lab.lraw = b.lraw"""
 
 
 _warm = False
@@ -904,17 +913,19 @@ _BN = pa.schema(
         ("job", pa.string()),
         ("lraw", pa.string()),
         ("ts", pa.float64()),
+        ("agent", pa.bool_()),
     ]
 )
 
 
 def _block_nodes(blocks: list[columns.Block]) -> pa.Table:
     """Each block's envelope at its first and its last ts (for the nodes table)."""
-    cols: list[list[Any]] = [[], [], [], [], []]
+    cols: list[list[Any]] = [[], [], [], [], [], []]
     for b in blocks:
         ts = b.arrays["ts"].to_numpy()
+        agent = not b.type.startswith("train_")
         for t in (float(ts.min()), float(ts.max())):
-            for c, v in zip(cols, (b.node, b.role, b.job, b.labels, t), strict=True):
+            for c, v in zip(cols, (b.node, b.role, b.job, b.labels, t, agent), strict=True):
                 c.append(v)
     return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(cols, _BN, strict=True)], schema=_BN)
 

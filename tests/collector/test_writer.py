@@ -73,6 +73,35 @@ def test_typed_rows_land_with_units_and_envelope(db) -> None:
     assert db.execute("SELECT role, job, labels->>'team' FROM nodes").fetchone() == ("worker", "job-1", "x")
 
 
+@pytest.mark.parametrize("form", ["json", "rows", "blocks"])
+def test_a_node_keeps_its_agents_job_and_its_newest_role_and_labels(db, form: str) -> None:
+    def batch(role: str, job: str, team: str, t: float, train: bool = True) -> bytes:
+        f = EventFactory("node-a", role, job, {"team": team}, rows=form != "json")
+        lines = [f.line("host", {"cpu_util_ratio": 0.5}, t), f.line("gpu", {"index": 0, "uuid": "G"}, t)]
+        if train:  # the training job's id in the envelope, and the newest event of the batch
+            lines.append(
+                f.line("train_steps", {"run": "r", "rank": 0, "steps": 3}, t + 1, job="resnet-train")
+            )
+        text = b"".join(lines)
+        return columns.encode(text) if form == "blocks" else text
+
+    def node() -> tuple:
+        return db.execute(
+            "SELECT role, job, labels->>'team', epoch(first_seen), epoch(last_seen) FROM nodes"
+        ).fetchone()
+
+    w = Writer(db)
+    assert w.write([("t:1", batch("worker", "fleet-a", "x", 100.0))]).dead == 0
+    assert node() == ("worker", "fleet-a", "x", 100.0, 101.0)
+    w.write([("t:2", batch("ps", "fleet-old", "old", 50.0))])  # an older spool loaded later
+    assert node() == ("worker", "fleet-a", "x", 50.0, 101.0)
+    w.write([("t:3", batch("ps", "fleet-b", "y", 200.0, train=False))])  # newer: replaces them
+    assert node() == ("ps", "fleet-b", "y", 50.0, 200.0)
+    f = EventFactory("node-a", "ps", "fleet-b", {"team": "y"}, rows=form != "json")
+    w.write([("t:4", f.line("train_job", {"run": "r", "rank": 0}, 300.0, job="resnet-train"))])
+    assert node() == ("ps", "fleet-b", "y", 50.0, 300.0)  # training events alone: job kept
+
+
 def test_an_event_delivered_twice_is_stored_once(db) -> None:
     evs = [gpu(i) for i in range(4)]
     w = Writer(db)
