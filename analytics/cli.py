@@ -223,9 +223,10 @@ def host(node: str | None, since: str | None, db: str, as_json_: bool) -> None:
 @db_option
 @json_option
 def jobs(since: str | None, db: str, as_json_: bool) -> None:
-    """Training jobs: model, size, ranks, nodes, steps/s, examples/s, input-wait share and
-    the input-bound verdict (TensorFlow profiler thresholds: under 5% not, 5-20%
-    moderately, 20% or more highly input-bound).
+    """Training jobs: model, size, ranks, nodes, steps/s (mean per rank), examples/s (all
+    examples over the time the job stepped: ranks side by side add up, a restart's runs
+    do not), input-wait share and the input-bound verdict (TensorFlow profiler
+    thresholds: under 5% not, 5-20% moderately, 20% or more highly input-bound).
 
     \b
     Example:

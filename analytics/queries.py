@@ -265,9 +265,10 @@ _STEP_SUMS = """steps, examples, steps / nullif(steps_per_second, 0) AS span,
 
 def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> Result:
     """Every training job seen (declared or stepping): model, size, ranks, nodes, steps/s
-    (mean over ranks), examples/s (sum over ranks), input-wait share and verdict."""
+    (mean over ranks), examples/s (all examples over the time the job stepped: ranks side
+    by side add up, a restart's runs do not), input-wait share and verdict."""
     where = " WHERE ts >= ?" if cutoff is not None else ""
-    params = [cutoff] if cutoff is not None else []
+    params = [cutoff, cutoff] if cutoff is not None else []  # per-rank sums, then the time covered
     share = "sum(s.wait_time) / nullif(sum(s.step_time), 0)"
     return _run(
         con,
@@ -282,11 +283,26 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
                    sum(span) AS span, sum(step_time) AS step_time, sum(wait_time) AS wait_time,
                    min(ts) AS t0, max(ts) AS t1
             FROM (SELECT job, run, rank, node, ts, {_STEP_SUMS} FROM steps{where}) GROUP BY job, run, rank),
+        -- the time the job stepped: the union of its intervals over all runs and ranks
+        -- (ranks side by side count once, a restart's runs one after the other add up)
+        iv AS (
+            SELECT job, ts - to_microseconds(CAST(span * 1e6 AS BIGINT)) AS a, ts AS b
+            FROM (SELECT job, ts, {_STEP_SUMS} FROM steps{where}) WHERE span > 0),
+        isl AS (
+            SELECT job, a, b, sum(CASE WHEN a > prev_b THEN 1 ELSE 0 END)
+                       OVER (PARTITION BY job ORDER BY a, b ROWS UNBOUNDED PRECEDING) AS k
+            FROM (SELECT job, a, b, max(b) OVER (PARTITION BY job ORDER BY a, b
+                                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_b
+                  FROM iv)),
+        cover AS (
+            SELECT job, sum(epoch(e) - epoch(s)) AS seconds
+            FROM (SELECT job, k, min(a) AS s, max(b) AS e FROM isl GROUP BY job, k) GROUP BY job),
         agg AS (
             SELECT s.job, count(DISTINCT s.run) AS runs, count(*) AS ranks, count(DISTINCT s.node) AS nodes,
                    sum(s.steps) AS steps, avg(s.steps / nullif(s.span, 0)) AS steps_per_s,
-                   sum(s.examples / nullif(s.span, 0)) AS examples_per_s, {share} AS share, max(s.t1) AS t1
-            FROM per_rank s GROUP BY s.job)
+                   sum(s.examples) / nullif(any_value(c.seconds), 0) AS examples_per_s, {share} AS share,
+                   max(s.t1) AS t1
+            FROM per_rank s LEFT JOIN cover c USING (job) GROUP BY s.job)
         SELECT coalesce(a.job, d.job) AS job, d.model, d.params, d.world_size, d.batch_size, d.framework,
                d.accelerator, coalesce(a.runs, 0) AS runs, coalesce(a.ranks, 0) AS ranks,
                coalesce(a.nodes, 0) AS nodes, coalesce(a.steps, 0) AS steps,

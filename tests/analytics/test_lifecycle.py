@@ -269,6 +269,24 @@ def test_goodput_adds_up_to_the_wall_time(db: Path) -> None:
     assert parts == pytest.approx(got["wall"], abs=1e-6)
 
 
+def test_a_restarted_jobs_throughput_is_not_summed_over_its_runs(db: Path, tmp_path: Path) -> None:
+    (j,) = run("jobs", "--db", str(db))
+    # r1 then r2 (after the revocation), one rank each at 640 examples/s: one at a time
+    assert (j["runs"], j["ranks"], j["steps_per_s"], j["examples_per_s"]) == (2, 2, 10.0, 640.0)
+
+    # two ranks stepping side by side (or two TensorBoard worker dirs imported as runs) add up
+    other = tmp_path / "side.duckdb"
+    con = connect(other)
+    evs = steps("w-1", "r1", T0, 5, 1) + steps("w-2", "r1", T0, 5, 1)
+    for e in evs[5:]:
+        e["data"]["rank"] = 1
+    Writer(con).write([("side", encode_many(evs))])
+    con.close()
+    (j,) = run("jobs", "--db", str(other))
+    assert (j["runs"], j["ranks"], j["nodes"], j["examples_per_s"]) == (1, 2, 2, 1280.0)
+    assert run("jobs", "--db", str(other), "--since", "100000d") == [j]
+
+
 def test_goodput_of_an_unknown_job_is_a_one_line_error(db: Path) -> None:
     r = CliRunner().invoke(cli, ["goodput", "--job", "nope", "--db", str(db)])
     assert r.exit_code == 1 and r.output.strip() == "Error: no steps for job 'nope' (jobs with steps: j1)"
