@@ -76,6 +76,7 @@ def _db_defaults(group: click.Group, db: str) -> dict[str, Any]:
 @click.pass_context
 def cli(ctx: click.Context, group_db: str | None) -> None:
     """Query cmdare telemetry: nodes, GPUs, hosts, training jobs and steps, or any SQL.
+    Times shown are UTC, as stored.
 
     \b
     Examples:
