@@ -268,7 +268,7 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
     (mean over ranks), examples/s (all examples over the time the job stepped: ranks side
     by side add up, a restart's runs do not), input-wait share and verdict."""
     where = " WHERE ts >= ?" if cutoff is not None else ""
-    params = [cutoff, cutoff] if cutoff is not None else []  # per-rank sums, then the time covered
+    params = [cutoff] if cutoff is not None else []
     share = "sum(s.wait_time) / nullif(sum(s.step_time), 0)"
     return _run(
         con,
@@ -278,16 +278,15 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
                    arg_max(world_size, ts) AS world_size, arg_max(batch_size, ts) AS batch_size,
                    arg_max(framework, ts) AS framework, arg_max(accelerator, ts) AS accelerator
             FROM jobs GROUP BY job),
+        st AS (SELECT job, run, rank, node, ts, {_STEP_SUMS} FROM steps{where}),
         per_rank AS (
             SELECT job, run, rank, any_value(node) AS node, sum(steps) AS steps, sum(examples) AS examples,
                    sum(span) AS span, sum(step_time) AS step_time, sum(wait_time) AS wait_time,
                    min(ts) AS t0, max(ts) AS t1
-            FROM (SELECT job, run, rank, node, ts, {_STEP_SUMS} FROM steps{where}) GROUP BY job, run, rank),
+            FROM st GROUP BY job, run, rank),
         -- the time the job stepped: the union of its intervals over all runs and ranks
         -- (ranks side by side count once, a restart's runs one after the other add up)
-        iv AS (
-            SELECT job, ts - to_microseconds(CAST(span * 1e6 AS BIGINT)) AS a, ts AS b
-            FROM (SELECT job, ts, {_STEP_SUMS} FROM steps{where}) WHERE span > 0),
+        iv AS (SELECT job, ts - to_microseconds(CAST(span * 1e6 AS BIGINT)) AS a, ts AS b FROM st WHERE span > 0),
         isl AS (
             SELECT job, a, b, sum(CASE WHEN a > prev_b THEN 1 ELSE 0 END)
                        OVER (PARTITION BY job ORDER BY a, b ROWS UNBOUNDED PRECEDING) AS k
