@@ -574,7 +574,11 @@ ON CONFLICT (node) DO UPDATE SET
     first_seen = least(nodes.first_seen, excluded.first_seen),
     last_seen = greatest(nodes.last_seen, excluded.last_seen)
 """
-_NODES_EV = "SELECT node, role, job, labels, ts, NOT starts_with(type, 'train_') AS agent FROM _ev WHERE reason IS NULL"
+TRAIN_PREFIX = "train_"  # types whose envelope job is a training job's, not the agent's
+_NODES_EV = (
+    f"SELECT node, role, job, labels, ts, NOT starts_with(type, '{TRAIN_PREFIX}') AS agent "
+    "FROM _ev WHERE reason IS NULL"
+)
 # a fast-path block's envelope, once at its first and once at its last ts
 _NODES_BN = """SELECT b.node, b.role, b.job, _lab.labels::JSON AS labels,
     make_timestamp(TRY_CAST(round(b.ts * 1e6) AS BIGINT)) AS ts, b.agent
@@ -923,7 +927,7 @@ def _block_nodes(blocks: list[columns.Block]) -> pa.Table:
     cols: list[list[Any]] = [[], [], [], [], [], []]
     for b in blocks:
         ts = b.arrays["ts"].to_numpy()
-        agent = not b.type.startswith("train_")
+        agent = not b.type.startswith(TRAIN_PREFIX)
         for t in (float(ts.min()), float(ts.max())):
             for c, v in zip(cols, (b.node, b.role, b.job, b.labels, t, agent), strict=True):
                 c.append(v)
