@@ -49,7 +49,7 @@ def dump(con) -> dict[str, list]:
         sel = ", ".join(f'"{c}"' for c in keep)
         rows = con.execute(f"SELECT {sel} FROM {t}").fetchall()
         out[t] = {"columns": keep, "rows": sorted(
-            (json.dumps(_value(list(r)), sort_keys=True) for r in rows))}
+            json.dumps(_value(list(r)), sort_keys=True) for r in rows)}
     return out
 
 
