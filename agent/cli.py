@@ -134,7 +134,8 @@ def check(cfg: AgentConfig) -> int:
 
 
 def once(cfg: AgentConfig) -> int:
-    from .events import EventFactory
+    from cmdare.wire.events import EventFactory
+
     from .runtime import Agent
 
     agent = Agent(cfg)

@@ -11,108 +11,26 @@ line naming the key (``ConfigError``).
 from __future__ import annotations
 
 import os
-import re
 import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .events import ROLES
+from cmdare.wire.kafka import KafkaURL, parse_kafka_url
+from cmdare.wire.registry import ROLES
+from cmdare.wire.units import ConfigError, parse_duration, parse_size
+
+__all__ = ["ConfigError", "KafkaURL", "parse_duration", "parse_kafka_url", "parse_size"]  # and the configs below
 
 DEFAULT_PATH = "/etc/cmdare/agent.toml"
 ENV_PREFIX = "CMDARE_AGENT_"
-
-
-class ConfigError(ValueError):
-    """A configuration problem; str() is a one-line message naming the key."""
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|kib|mb|mib|gb|gib|tb|tib)?\s*$", re.I)
-_SIZE_MULT = {
-    None: 1,
-    "b": 1,
-    "kb": 10**3,
-    "kib": 2**10,
-    "mb": 10**6,
-    "mib": 2**20,
-    "gb": 10**9,
-    "gib": 2**30,
-    "tb": 10**12,
-    "tib": 2**40,
-}
-_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_DUR_MULT = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_size(key: str, v: Any) -> int:
-    if isinstance(v, bool):
-        raise ConfigError(f"{key}: expected a size like 512MiB, got {v!r}")
-    if isinstance(v, int):
-        if v < 0:
-            raise ConfigError(f"{key}: size must not be negative, got {v}")
-        return v
-    m = _SIZE.match(str(v))
-    if not m:
-        raise ConfigError(f"{key}: expected a size like 512MiB or 1GB, got {v!r}")
-    return int(float(m.group(1)) * _SIZE_MULT[(m.group(2) or "").lower() or None])
-
-
-def parse_duration(key: str, v: Any) -> float:
-    if isinstance(v, bool):
-        raise ConfigError(f"{key}: expected a duration like 10s, got {v!r}")
-    if isinstance(v, (int, float)):
-        if v < 0:
-            raise ConfigError(f"{key}: duration must not be negative, got {v}")
-        return float(v)
-    m = _DUR.match(str(v))
-    if not m:
-        raise ConfigError(f"{key}: expected a duration like 500ms, 10s, 5m or 24h, got {v!r}")
-    return float(m.group(1)) * _DUR_MULT[m.group(2)]
-
-
-@dataclass
-class KafkaURL:
-    bootstrap: list[str]
-    topic: str
-
-    @property
-    def text(self) -> str:
-        return f"kafka://{','.join(self.bootstrap)}/{self.topic}"
-
-
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-
-
-def parse_kafka_url(key: str, url: str) -> KafkaURL:
-    """``kafka://host:port[,host:port]/topic``."""
-    parts = urlsplit(url)
-    if parts.scheme != "kafka":
-        raise ConfigError(
-            f"{key}: {url!r} is not a kafka:// URL (expected kafka://host:port[,host:port]/topic)"
-        )
-    hosts = [h for h in parts.netloc.split(",")]
-    if not parts.netloc or any(not h for h in hosts):
-        raise ConfigError(f"{key}: {url!r} names no broker (expected kafka://host:port[,host:port]/topic)")
-    for h in hosts:
-        host, _, port = h.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{key}: broker {h!r} in {url!r} must be host:port with a port 1-65535")
-    topic = parts.path.lstrip("/")
-    if not _TOPIC.match(topic):
-        raise ConfigError(
-            f"{key}: {url!r} needs a topic name of letters, digits, '.', '_' or '-' after the '/'"
-        )
-    if parts.query or parts.fragment:
-        raise ConfigError(f"{key}: {url!r} must not have a query or fragment")
-    return KafkaURL(hosts, topic)
 
 
 @dataclass

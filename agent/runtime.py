@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cmdare.wire.events import Encoded, EventFactory, jstr
+
 from . import __version__, cloud
 from .config import AgentConfig
-from .events import Encoded, EventFactory, jstr
 from .sdnotify import Notifier
 from .sinks.kafka import KafkaSink
 from .sinks.shipper import Shipper

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from cmdare.agent.events import ROLES
-from cmdare.agent.tbevents import EXAMPLES_TAG, STEPS_TAG
+from cmdare.wire.events import ROLES
+from cmdare.wire.tbevents import EXAMPLES_TAG, STEPS_TAG
 
 from . import queries
 from .db import AnalyticsError, default_db, open_ro, since_cutoff

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 from pathlib import Path
 
 import duckdb
+
+from cmdare.wire.units import duration_seconds
 
 DEFAULT_DB = "cmdare.duckdb"
 
@@ -36,16 +37,15 @@ def open_ro(path: str | Path) -> duckdb.DuckDBPyConnection:
         raise AnalyticsError(f"{p}: cannot open as a DuckDB database: {first}") from None
 
 
-_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
-_MULT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+SINCE_UNITS = ("s", "m", "h", "d", "w")
 
 
 def since_cutoff(since: str | None, now: dt.datetime | None = None) -> dt.datetime | None:
     """``10m`` / ``2h`` / ``7d`` -> naive UTC datetime; None -> no cutoff."""
     if since is None:
         return None
-    m = _DUR.match(since)
-    if not m:
+    seconds = duration_seconds(since, SINCE_UNITS, bare=False)
+    if seconds is None:
         raise AnalyticsError(f"--since: expected a duration like 30s, 10m, 2h or 7d, got {since!r}")
     now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-    return now - dt.timedelta(seconds=float(m.group(1)) * _MULT[m.group(2)])
+    return now - dt.timedelta(seconds=seconds)

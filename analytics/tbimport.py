@@ -20,8 +20,9 @@ from typing import Any
 
 import duckdb
 
-from cmdare.agent.events import DATA_FIELDS, ROLES, EventFactory, InvalidEvent, encode, validate
-from cmdare.agent.tbevents import (
+from cmdare.collector.writer import Writer
+from cmdare.wire.events import DATA_FIELDS, ROLES, EventFactory, InvalidEvent, encode, validate
+from cmdare.wire.tbevents import (
     EXAMPLES_TAG,
     STEPS_TAG,
     Point,
@@ -33,7 +34,6 @@ from cmdare.agent.tbevents import (
     read_csv,
     read_event_file,
 )
-from cmdare.collector.writer import Writer
 
 from .db import AnalyticsError
 

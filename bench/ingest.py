@@ -32,13 +32,13 @@ from typing import Any
 
 from common import Broker
 
-from cmdare.agent.config import KafkaURL
-from cmdare.agent.events import EventFactory
 from cmdare.agent.sinks.shipper import pack
-from cmdare.agent.sinks.spool import Position
 from cmdare.agent.sources.gpu import GpuSource
 from cmdare.collector.consumer import KafkaIngest
 from cmdare.collector.db import connect
+from cmdare.wire.events import EventFactory
+from cmdare.wire.kafka import KafkaURL
+from cmdare.wire.spool import Position
 from tests.fakes.nvml import FakeNvml
 
 
@@ -159,16 +159,16 @@ def storage_floor(values: list[bytes], db: Path) -> tuple[float, int, float] | N
     best ratio any collector writing this table could reach on this machine."""
     import pyarrow as pa
 
-    from cmdare.agent.events import DATA_FIELDS
-    from cmdare.collector import columns
-    from cmdare.collector.writer import _KNOWN, _block_batch
+    from cmdare.collector.ingest.batch import KNOWN, block_batch
+    from cmdare.wire import columns
+    from cmdare.wire.events import DATA_FIELDS
 
     batches = []
     for v in values:
         if not columns.is_block(v):
             return None  # lines: nothing decoded ahead to compare with
-        text, blocks = columns.decode(v, _KNOWN)
-        batches += [_block_batch("k", 1, b) for b in blocks if b.type == "gpu"]
+        text, blocks = columns.read_blocks(v, KNOWN)
+        batches += [block_batch("k", 1, b) for b in blocks if b.type == "gpu"]
     table = pa.Table.from_batches(batches)
     cols = ", ".join(f'"{n}"' for n in DATA_FIELDS["gpu"])
     con = connect(db)

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 from common import ROOT
 
-from cmdare.agent.events import encode_many
 from cmdare.analytics import catalog, fits, lifemodel, perfmodel
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
+from cmdare.wire.events import encode_many
 from tests.fakes.fleet import MODELS, Fleet, Truth
 
 

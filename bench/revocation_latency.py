@@ -27,9 +27,9 @@ from pathlib import Path
 
 from common import ROOT, Broker
 
-from cmdare.agent.config import KafkaURL
 from cmdare.collector.consumer import KafkaIngest
 from cmdare.collector.db import connect
+from cmdare.wire.kafka import KafkaURL
 from tests.fakes.metadata import FakeMetadata
 
 BIN = Path(sys.executable).parent

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 import duckdb
 
-from cmdare.agent.config import ConfigError, parse_duration, parse_kafka_url, parse_size
+from cmdare.wire.kafka import parse_kafka_url
+from cmdare.wire.units import ConfigError, parse_duration, parse_size
 
 from .consumer import KafkaIngest, SpoolIngest, Totals
 from .db import DatabaseError, connect

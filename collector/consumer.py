@@ -22,8 +22,8 @@ from typing import Any
 
 import duckdb
 
-from cmdare.agent.config import KafkaURL
-from cmdare.agent.sinks.spool import Position, read_lines, write_cursor
+from cmdare.wire.kafka import KafkaURL
+from cmdare.wire.spool import Position, read_lines, write_cursor
 
 from .writer import Batch, Writer, WriteResult
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cmdare.agent.events import DATA_FIELDS
 from cmdare.agent.sources import REGISTRY
+from cmdare.wire.events import DATA_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 DATA = {
-    "cmdare/agent/schema/event-v1.schema.json",
+    "cmdare/wire/schema/event-v1.schema.json",
     "cmdare/agent/packaging/cmdare-agent.service",
     "cmdare/agent/packaging/cmdare-agent.sysusers",
     "cmdare/agent/packaging/agent.sample.toml",

@@ -14,9 +14,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ..columns import encode as encode_columns
+from cmdare.wire.columns import encode as encode_columns
+from cmdare.wire.spool import Position, read_lines
+
 from .kafka import KafkaSink, SinkError
-from .spool import Position, Spool, read_lines
+from .spool import Spool
 
 log = logging.getLogger("cmdare.agent.shipper")
 

@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cmdare.wire.events import Encoded, jstr, row_str
+
 from ..config import ConfigError
-from ..events import Encoded, jstr, row_str
 from .base import Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.gpu")

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from operator import itemgetter, sub
 from typing import Any
 
-from ..events import Encoded, jstr
+from cmdare.wire.events import Encoded, jstr
+
 from .base import Emit, Source
 
 _IDLE_FIELDS = ("idle", "iowait")

@@ -21,7 +21,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..tbevents import EXAMPLES_TAG, STEPS_TAG, Point, StepConverter, parse_event, point_id, read_records
+from cmdare.wire.tbevents import (
+    EXAMPLES_TAG,
+    STEPS_TAG,
+    Point,
+    StepConverter,
+    parse_event,
+    point_id,
+    read_records,
+)
+
 from .base import Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.tensorboard")

@@ -20,8 +20,9 @@ import struct
 import time
 from typing import Any
 
+from cmdare.wire.protowire import encode_bytes_field, fields, signed64
+
 from ..config import ConfigError
-from ..protowire import encode_bytes_field, fields, signed64
 from .base import Emit, Source, SourceUnavailable
 
 SERVICE = "/tpu.monitoring.runtime.RuntimeMetricService/"

@@ -30,8 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cmdare.wire.registry import DATA_FIELDS
+from cmdare.wire.validation import kind_ok
+
 from ..config import ConfigError
-from ..events import DATA_FIELDS, _kind_ok
 from .base import Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.train")
@@ -279,7 +281,7 @@ def _typed(type_: str, m: dict[str, Any], keys: tuple[str, ...]) -> dict[str, An
         v = m.get(k)
         if v is None:
             continue
-        if _kind_ok(spec[k][0], v):
+        if kind_ok(spec[k][0], v):
             out[k] = v
         else:
             log.warning("train: %s.%s must be %s, got %r: left out", type_, k, spec[k][0], v)

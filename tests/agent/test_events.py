@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cmdare.agent import events
-from cmdare.agent.events import EventFactory, InvalidEvent, decode_line, encode, validate
+from cmdare.wire import events
+from cmdare.wire.events import EventFactory, InvalidEvent, decode_line, encode, validate
 
-SCHEMA_FILE = Path(__file__).resolve().parents[2] / "agent" / "schema" / "event-v1.schema.json"
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "wire" / "schema" / "event-v1.schema.json"
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -169,7 +169,7 @@ def test_not_json() -> None:
 
 
 def test_published_schema_file_is_current() -> None:
-    """docs reference agent/schema/event-v1.schema.json: it must equal what the code generates."""
+    """docs reference wire/schema/event-v1.schema.json: it must equal what the code generates."""
     assert json.loads(SCHEMA_FILE.read_text()) == events.json_schema()
 
 

@@ -149,7 +149,7 @@ def test_fast_path_row_is_the_encoding_of_its_dict(
     line must decode to the same event as its JSON form."""
     from types import SimpleNamespace
 
-    from cmdare.agent.events import Encoded, EventFactory, decode_line, encode, encode_row_data
+    from cmdare.wire.events import Encoded, EventFactory, decode_line, encode, encode_row_data
 
     nvml = FakeNvml(gpus=1)
     nvml.nvmlDeviceGetName = lambda h: name

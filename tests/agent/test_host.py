@@ -158,8 +158,9 @@ names = st.text(min_size=1, max_size=12)
 def test_net_and_disk_templates_are_the_encoders_json(nics, disks) -> None:
     """The host line's NIC and disk lists are written from templates: byte for byte what the
     event encoder writes for the same rows, and the row line is the one without them."""
-    from cmdare.agent.events import Encoded, _encoder, encode_row_data
     from cmdare.agent.sources.host import disk_json, net_json
+    from cmdare.wire.events import Encoded, encode_row_data
+    from cmdare.wire.registry import JSON_ENCODER as _encoder
 
     none = re.compile("^$")
     net = net_rows({k: NIC(*v) for k, v in nics.items()}, none)

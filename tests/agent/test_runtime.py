@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from cmdare.agent.config import load
-from cmdare.agent.events import decode_line
 from cmdare.agent.runtime import Agent
 from cmdare.agent.sdnotify import Notifier
-from cmdare.agent.sinks.spool import Position, read_lines
+from cmdare.wire.events import decode_line
+from cmdare.wire.spool import Position, read_lines
 from tests.conftest import BIN, ROOT, agent_env, wait_for
 from tests.fakes.nvml import FakeNvml
 

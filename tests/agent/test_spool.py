@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cmdare.agent.sinks.shipper import pack
-from cmdare.agent.sinks.spool import Position, Spool, list_segments, read_lines, seg_name
+from cmdare.agent.sinks.spool import Spool
+from cmdare.wire.spool import Position, list_segments, read_lines, seg_name
 
 
 def lines(n: int, start: int = 0, width: int = 100) -> bytes:

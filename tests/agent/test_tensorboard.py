@@ -16,7 +16,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa
 
 from cmdare.agent.runtime import SourceRunner  # noqa: E402
 from cmdare.agent.sources.tensorboard import TensorBoardSource  # noqa: E402
-from cmdare.agent.tbevents import (  # noqa: E402
+from cmdare.wire.tbevents import (  # noqa: E402
     Point,
     StepConverter,
     TensorBoardError,

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cmdare.agent.events import encode_many
 from cmdare.analytics.cli import cli
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
+from cmdare.wire.events import encode_many
 
 T0 = 1_790_000_000.0  # 2026-09-21 14:13:20 UTC
 BOOT = T0 - 300

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cmdare.agent.events import encode_many
 from cmdare.analytics import catalog, perfmodel
 from cmdare.analytics.cli import cli
 from cmdare.analytics.db import AnalyticsError
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
+from cmdare.wire.events import encode_many
 from tests.fakes.fleet import MODELS, Fleet, Truth
 
 TRUTH = Truth()

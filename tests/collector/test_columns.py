@@ -14,19 +14,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cmdare.agent import columns
-from cmdare.agent.columns import _HEAD, MAGIC, encode
-from cmdare.agent.events import EventFactory, decode_line
 from cmdare.agent.sinks.shipper import pack
-from cmdare.agent.sinks.spool import Position
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
+from cmdare.wire import columns
+from cmdare.wire.columns import HEAD, MAGIC, encode
+from cmdare.wire.events import EventFactory, decode_line
+from cmdare.wire.spool import Position
 from tests.collector.test_writer import ODD, ROW_SAMPLES, _table_rows
 
 
 def _header(msg: bytes) -> dict:
     assert msg.startswith(MAGIC)
-    (n,) = _HEAD.unpack_from(msg, len(MAGIC))
+    (n,) = HEAD.unpack_from(msg, len(MAGIC))
     return json.loads(msg[len(MAGIC) + 4 : len(MAGIC) + 4 + n])
 
 
@@ -142,7 +142,7 @@ def test_rows_the_encoder_cannot_carry_stay_text_with_the_same_verdict(tmp_path:
 
 @pytest.mark.parametrize("line, reason", CARRIED_BAD, ids=[r[:30] for _, r in CARRIED_BAD])
 def test_bad_values_in_a_block_are_dead_lettered_row_by_row(db, line: str, reason: str) -> None:
-    from cmdare.agent.events import InvalidEvent
+    from cmdare.wire.events import InvalidEvent
 
     good = GOOD.line("gpu", {"index": 1}, 1.75e9)
     msg = encode(line.encode() + b"\n" + good)
@@ -277,13 +277,13 @@ def _sample() -> bytes:
 
 
 def _with_header(msg: bytes, edit) -> bytes:
-    (n,) = _HEAD.unpack_from(msg, len(MAGIC))
+    (n,) = HEAD.unpack_from(msg, len(MAGIC))
     start = len(MAGIC) + 4
     head = json.loads(msg[start : start + n])
     edit(head["blocks"][0])
     h = json.dumps(head).encode()
     h += b" " * (-(start + len(h)) % 8)
-    return MAGIC + _HEAD.pack(len(h)) + h + msg[start + n :]
+    return MAGIC + HEAD.pack(len(h)) + h + msg[start + n :]
 
 
 def _replace(msg: bytes, old: bytes, new: bytes) -> bytes:
@@ -298,7 +298,7 @@ def _set(key, value):
 DAMAGED = [
     ("truncated", lambda m: m[:-8], "runs past the message"),
     ("trailing bytes", lambda m: m + b"\0" * 8, "8 bytes after its last block"),
-    ("header length", lambda m: m[: len(MAGIC)] + _HEAD.pack(1 << 30) + m[len(MAGIC) + 4 :], "header of"),
+    ("header length", lambda m: m[: len(MAGIC)] + HEAD.pack(1 << 30) + m[len(MAGIC) + 4 :], "header of"),
     ("header not JSON", lambda m: _replace(m, b'"blocks"', b'"blocks"}'), "header is not valid JSON"),
     (
         "unknown type",

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cmdare.agent.events import EventFactory, encode_many
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
+from cmdare.wire.events import EventFactory, encode_many
 
 A, B = EventFactory("node-a", "worker", None, {}), EventFactory("node-b", "worker", None, {})
 T = 1_700_000_000.0

@@ -12,10 +12,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cmdare.agent import columns
-from cmdare.agent.events import EventFactory, encode, encode_many
 from cmdare.collector.db import ROW_GROUP_SIZE, DatabaseError, connect, migrations
 from cmdare.collector.writer import RAW_CAP, Writer
+from cmdare.wire import columns
+from cmdare.wire.events import EventFactory, encode, encode_many
 
 
 @pytest.fixture()
@@ -440,7 +440,7 @@ def test_row_form_lands_exactly_as_the_json_form(tmp_path: Path) -> None:
     ],
 )
 def test_malformed_rows_are_dead_lettered_with_the_reason_the_agent_library_gives(db, line, reason) -> None:
-    from cmdare.agent.events import InvalidEvent, decode_line
+    from cmdare.wire.events import InvalidEvent, decode_line
 
     good = R.line("gpu", {"index": 1}, 1.75e9)
     r = Writer(db).write([("t:1", line.encode() + b"\n" + good)])

@@ -17,8 +17,8 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from cmdare.agent import columns
 from cmdare.analytics.cli import cli
+from cmdare.wire import columns
 from tests.conftest import BIN, KafkaBroker, agent_env, wait_for
 from tests.fakes.metadata import FakeMetadata
 
@@ -155,10 +155,10 @@ def test_an_urgent_event_overtakes_the_spool_backlog(kafka_broker: KafkaBroker, 
     from kafka import KafkaConsumer
 
     from cmdare.agent.config import parse_kafka_url
-    from cmdare.agent.events import EventFactory
     from cmdare.agent.sinks.kafka import KafkaSink
     from cmdare.agent.sinks.shipper import Shipper
     from cmdare.agent.sinks.spool import Spool
+    from cmdare.wire.events import EventFactory
 
     topic = f"it-urgent-{uuid.uuid4().hex[:6]}"
     url = parse_kafka_url("sink.url", kafka_broker.url(topic))

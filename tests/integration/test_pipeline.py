@@ -175,7 +175,7 @@ def test_malformed_messages_are_dead_lettered_and_good_ones_after_them_land(
 
     from kafka import KafkaProducer
 
-    from cmdare.agent.events import EventFactory, encode
+    from cmdare.wire.events import EventFactory, encode
 
     topic = f"it-bad-{uuid.uuid4().hex[:6]}"
     f = EventFactory("good-node", "worker", "j")
@@ -229,7 +229,7 @@ def test_collector_resumes_after_a_broker_restart_while_idle(
     stall check (end offsets past its position) can notice a wedged consumer."""
     from kafka import KafkaProducer
 
-    from cmdare.agent.events import EventFactory, encode_many
+    from cmdare.wire.events import EventFactory, encode_many
 
     topic = f"it-idle-{uuid.uuid4().hex[:6]}"
     f = EventFactory("idle-node", "worker", "j")
@@ -267,9 +267,9 @@ def test_a_second_collector_without_partitions_stays_in_the_group(
     from kafka.admin import KafkaAdminClient, NewTopic
 
     from cmdare.agent.config import parse_kafka_url
-    from cmdare.agent.events import EventFactory, encode_many
     from cmdare.collector.consumer import KafkaIngest
     from cmdare.collector.db import connect
+    from cmdare.wire.events import EventFactory, encode_many
 
     topic = f"it-two-{uuid.uuid4().hex[:6]}"
     admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
@@ -312,9 +312,9 @@ def test_kafka_batches_stay_within_batch_bytes(kafka_broker: KafkaBroker, tmp_pa
     from kafka import KafkaProducer
 
     from cmdare.agent.config import parse_kafka_url
-    from cmdare.agent.events import EventFactory, encode_many
     from cmdare.collector.consumer import KafkaIngest
     from cmdare.collector.db import connect
+    from cmdare.wire.events import EventFactory, encode_many
 
     topic = f"it-batches-{uuid.uuid4().hex[:6]}"
     prod = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all", max_request_size=4 << 20)

@@ -1,4 +1,5 @@
-"""Column blocks: how the shipper packs row-form samples into a Kafka message.
+"""Column blocks: how the shipper packs row-form samples into a Kafka message, and how a
+consumer reads them back (encoder and decoder side by side).
 
 The spool holds lines (the wire format's JSON and row forms).  When it ships to Kafka, the
 agent can turn the row lines of one message (host / gpu / tpu samples) into binary columns:
@@ -22,7 +23,10 @@ A row line the encoder cannot carry exactly (a value not in the form the agent w
 a text line in the same message, for the collector to judge: the encoder never changes what
 the collector would have stored from the text.
 
-Standard library only (the agent's dependency rule).
+``encode`` (the agent) and ``decode`` (events as dicts, for any consumer) use the standard
+library only (the agent's dependency rule).  ``read_blocks`` (the collector) gives the
+blocks as Arrow arrays over the message's own bytes, and imports numpy and pyarrow (the
+server extra) when first called.
 """
 
 from __future__ import annotations
@@ -32,14 +36,15 @@ import math
 import re
 import struct
 from array import array
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from .events import BOOL, DATA_FIELDS, FLOAT, INT, ROW_PREFIX, ROW_TYPES, STR
+from .registry import BOOL, DATA_FIELDS, FLOAT, INT, ROW_PREFIX, ROW_TYPES, STR
 
 MAGIC = b"\x00cmdare-columns-1\n"
-_HEAD = struct.Struct("<I")
-_ROW_HEAD = ROW_PREFIX.encode() + b"\t"
+HEAD = struct.Struct("<I")
+_ROWHEAD = ROW_PREFIX.encode() + b"\t"
 _NENV = 8  # prefix, type, id, ts, node, role, job, labels
 _TYPES = {t.encode(): t for t in ROW_TYPES}
 
@@ -160,7 +165,7 @@ def _block(type_: str, env: tuple[bytes, ...], rows: list[list[bytes]]) -> tuple
 def encode(data: bytes) -> bytes:
     """One message's worth of spooled lines (newline-terminated) as a column-block message;
     ``data`` unchanged when none of its lines is a row the agent sends as columns."""
-    if _ROW_HEAD not in data[:3] and b"\n" + _ROW_HEAD not in data:
+    if _ROWHEAD not in data[:3] and b"\n" + _ROWHEAD not in data:
         return data
     try:
         data.decode("utf-8")
@@ -172,7 +177,7 @@ def encode(data: bytes) -> bytes:
     if lines[-1] == b"":
         lines.pop()
     for line in lines:
-        if line[:3] == _ROW_HEAD:
+        if line[:3] == _ROWHEAD:
             parts = line.split(b"\t")
             if len(parts) >= _NENV and parts[1] in _TYPES:
                 groups.setdefault((parts[1], *parts[4:8]), []).append(parts)
@@ -198,22 +203,24 @@ def encode(data: bytes) -> bytes:
         return data
     tpart = b"".join(x + b"\n" for x in text)
     header = json.dumps({"text": len(tpart), "blocks": heads}, separators=(",", ":")).encode()
-    header += b" " * (-(len(MAGIC) + _HEAD.size + len(header)) % 8)
+    header += b" " * (-(len(MAGIC) + HEAD.size + len(header)) % 8)
     tpart += b"\0" * (-len(tpart) % 8)
-    return b"".join([MAGIC, _HEAD.pack(len(header)), header, tpart, *bodies])
+    return b"".join([MAGIC, HEAD.pack(len(header)), header, tpart, *bodies])
 
 
 def decode(value: bytes) -> list[dict[str, Any]]:
     """The events of one Kafka message value, column blocks or lines, as validated event
     dicts (``events.InvalidEvent`` on the first problem).  For consumers of the topic other
     than the collector (which reads blocks through Arrow, without making dicts)."""
-    from .events import VERSION, InvalidEvent, decode_line, validate
+    from .events import decode_line
+    from .registry import VERSION
+    from .validation import InvalidEvent, validate
 
     if value[: len(MAGIC)] != MAGIC:
         return [decode_line(x) for x in value.split(b"\n") if x]
     try:
-        start = len(MAGIC) + _HEAD.size
-        (hlen,) = _HEAD.unpack_from(value, len(MAGIC))
+        start = len(MAGIC) + HEAD.size
+        (hlen,) = HEAD.unpack_from(value, len(MAGIC))
         head = json.loads(value[start : start + hlen])
         pos = start + hlen
         text = value[pos : pos + head["text"]]
@@ -255,3 +262,180 @@ def decode(value: bytes) -> list[dict[str, Any]]:
         raise
     except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:
         raise InvalidEvent(f"not a readable column block message: {e}"[:200]) from None
+
+
+# -- reading blocks into Arrow (the collector) -------------------------------------------
+MAX_ROWS = 1 << 20
+_WIDTH = {FLOAT: 8, INT: 8, BOOL: 1}
+
+
+class BlockError(ValueError):
+    pass
+
+
+@dataclass
+class Block:
+    type: str
+    rows: int
+    node: str
+    role: str
+    job: str
+    labels: str
+    arrays: dict[str, Any]  # pyarrow arrays: id, ts, then the data fields it carries
+    nbytes: Any  # numpy int64 array: bytes each row takes in the message (dead letters' size)
+
+
+def _arrow() -> tuple[Any, Any]:
+    import numpy as np
+    import pyarrow as pa
+
+    return np, pa
+
+
+def _arrow_types() -> dict[str, Any]:
+    _, pa = _arrow()
+    return {FLOAT: pa.float64(), INT: pa.int64(), BOOL: pa.bool_()}  # every other kind: its text
+
+
+def arrow_type(kind: str) -> Any:
+    """The Arrow type a column of ``kind`` is read as (numbers and bools typed, the rest text)."""
+    _, pa = _arrow()
+    return _arrow_types().get(kind, pa.string())
+
+
+def is_block(raw: bytes) -> bool:
+    return raw[: len(MAGIC)] == MAGIC
+
+
+def _str(h: dict[str, Any], key: str, where: str) -> str:
+    v = h.get(key)
+    if type(v) is not str:
+        raise BlockError(f"{where}: '{key}' must be a string")
+    return v
+
+
+def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
+    """(text lines, blocks) of a column-block message, each block's columns as Arrow arrays
+    over ``raw``'s bytes (no value is parsed or copied); ``known``: the types the reader
+    loads.  The message's structure is checked (sizes, offsets, UTF-8, which fields a type
+    has); what cannot be read raises ``BlockError`` with a one-line reason.  The values
+    themselves (a NaN, an id too long, a role unknown) are left to the reader's checks."""
+    np, pa = _arrow()
+    ARROW = _arrow_types()
+    start = len(MAGIC) + HEAD.size
+    if len(raw) < start:
+        raise BlockError(f"column block message of {len(raw)} bytes is truncated (no header)")
+    (hlen,) = HEAD.unpack_from(raw, len(MAGIC))
+    if start + hlen > len(raw):
+        raise BlockError(f"column block header of {hlen} bytes runs past the message ({len(raw)} bytes)")
+    try:
+        head = json.loads(raw[start : start + hlen])
+    except (ValueError, UnicodeDecodeError):
+        raise BlockError("column block header is not valid JSON") from None
+    if type(head) is not dict or type(head.get("text")) is not int or type(head.get("blocks")) is not list:
+        raise BlockError("column block header must be an object with 'text' (int) and 'blocks' (list)")
+    buf = pa.py_buffer(raw)
+    pos = start + hlen
+    tlen = head["text"]
+    if tlen < 0 or pos + tlen > len(raw):
+        raise BlockError(f"column block text part of {tlen} bytes runs past the message")
+    text = raw[pos : pos + tlen]
+    pos += tlen + (-tlen % 8)
+    blocks = []
+    for bi, h in enumerate(head["blocks"]):
+        where = f"column block {bi}"
+        if type(h) is not dict:
+            raise BlockError(f"{where}: must be an object")
+        type_ = _str(h, "type", where)
+        if type_ not in known:
+            raise BlockError(f"{where}: type {type_[:60]!r}, which this collector does not know")
+        where = f"{type_} column block {bi}"
+        n = h.get("rows")
+        if type(n) is not int or not 1 <= n <= MAX_ROWS:
+            raise BlockError(f"{where}: 'rows' must be an integer from 1 to {MAX_ROWS}")
+        cols = h.get("columns")
+        if type(cols) is not list or len(cols) < 2 or [c[:1] for c in cols[:2]] != [["id"], ["ts"]]:
+            raise BlockError(f"{where}: 'columns' must be a list starting with id and ts")
+        spec = DATA_FIELDS[type_]
+        arrays: dict[str, pa.Array] = {}
+        nbytes = np.zeros(n, np.int64)
+        for c in cols:
+            if type(c) is not list or len(c) != 2 or type(c[0]) is not str or c[1] not in (0, 1):
+                raise BlockError(f"{where}: a column must be [name, 0 or 1], got {str(c)[:60]}")
+            name, masked = c
+            if name in arrays:
+                raise BlockError(f"{where}: column {name[:60]!r} appears twice")
+            if name == "id":
+                kind = "str"
+            elif name == "ts":
+                kind = FLOAT
+            elif name in spec:
+                kind = spec[name][0]
+            else:
+                raise BlockError(
+                    f"{where}: {name[:60]!r} is not a {type_} field this collector knows (a newer agent?)"
+                )
+            if masked and name in ("id", "ts"):
+                raise BlockError(f"{where}: column {name} cannot have absent values")
+            bitmap = None
+            if masked:
+                if pos + n > len(raw):
+                    raise BlockError(f"{where}: column {name} runs past the message")
+                present = np.frombuffer(raw, np.uint8, n, pos)
+                if present.max() > 1:
+                    raise BlockError(f"{where}: column {name}: presence mask bytes must be 0 or 1")
+                bitmap = pa.py_buffer(np.packbits(present, bitorder="little"))
+                pos += n + (-n % 8)
+            width = _WIDTH.get(kind)
+            if width is not None:
+                size = n * width
+                if pos + size > len(raw):
+                    raise BlockError(f"{where}: column {name} runs past the message")
+                if kind == BOOL and np.frombuffer(raw, np.uint8, n, pos).max() > 1:
+                    raise BlockError(f"{where}: column {name}: bool values must be 0 or 1")
+                values = buf.slice(pos, size)
+                if kind == BOOL:  # Arrow's booleans are bits
+                    values = pa.py_buffer(
+                        np.packbits(np.frombuffer(raw, np.uint8, n, pos), bitorder="little")
+                    )
+                arr = pa.Array.from_buffers(ARROW[kind], n, [bitmap, values])
+                nbytes += width
+            else:
+                if pos + 4 * (n + 1) > len(raw):
+                    raise BlockError(f"{where}: column {name} runs past the message")
+                offsets = np.frombuffer(raw, "<u4", n + 1, pos)
+                end = int(offsets[-1])
+                lens = np.diff(offsets.astype(np.int64))
+                if offsets[0] != 0 or (lens < 0).any() or end >= 1 << 31:
+                    raise BlockError(
+                        f"{where}: column {name}: string offsets must start at 0 and not decrease"
+                    )
+                data_at = pos + 4 * (n + 1)
+                if data_at + end > len(raw):
+                    raise BlockError(f"{where}: column {name} runs past the message")
+                arr = pa.Array.from_buffers(
+                    pa.string(), n, [bitmap, buf.slice(pos, 4 * (n + 1)), buf.slice(data_at, end)]
+                )
+                try:
+                    arr.validate(full=True)
+                except pa.ArrowInvalid:
+                    raise BlockError(f"{where}: column {name} is not UTF-8 text") from None
+                nbytes += lens + 4
+                size = 4 * (n + 1) + end
+            pos += size + (-size % 8)
+            arrays[name] = arr
+        blocks.append(
+            Block(
+                type_,
+                n,
+                _str(h, "node", where),
+                _str(h, "role", where),
+                _str(h, "job", where),
+                _str(h, "labels", where),
+                arrays,
+                nbytes,
+            )
+        )
+    if pos < len(raw):
+        raise BlockError(f"column block message has {len(raw) - pos} bytes after its last block")
+    return text, blocks

@@ -1,0 +1,87 @@
+"""Where code may import from: the agent and the wire package stay installable with the
+agent's own small dependencies, and nothing outside the agent reaches into it (shared
+things live in cmdare.wire)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"wire": "cmdare.wire", "agent": "cmdare.agent", "collector": "cmdare.collector", "analytics": "cmdare.analytics"}
+# the server extra: what the agent must never need
+SERVER = ("duckdb", "pyarrow", "numpy", "click", "statsmodels", "scipy", "pandas")
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(module imported, at the top level of the file) for every import in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = set(map(id, tree.body))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.module, id(node) in top))
+    return out
+
+
+def _files(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("folder", ["wire", "collector", "analytics"])
+def test_nothing_outside_the_agent_imports_the_agent(folder: str) -> None:
+    bad = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in _files(folder)
+        for m, _ in _imports(p)
+        if m == "cmdare.agent" or m.startswith("cmdare.agent.")
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize("folder", ["wire", "agent"])
+def test_the_agent_and_the_wire_package_never_import_the_server_side(folder: str) -> None:
+    bad = []
+    for p in _files(folder):
+        for m, top in _imports(p):
+            if m.startswith(("cmdare.collector", "cmdare.analytics")):
+                bad.append(f"{p.relative_to(ROOT)}: {m}")
+            if m.split(".")[0] in SERVER and top:  # a lazy import inside a function is allowed
+                bad.append(f"{p.relative_to(ROOT)}: {m} at module level")
+    assert bad == []
+
+
+def test_the_agent_runs_without_the_server_extra(tmp_path: Path) -> None:
+    """Every agent and wire module imports, and the agent samples and spools one round,
+    with the server extra's packages made unimportable."""
+    modules = sorted(
+        {
+            PACKAGES[p.relative_to(ROOT).parts[0]] + "".join(f".{x}" for x in p.relative_to(ROOT).with_suffix("").parts[1:])
+            for folder in ("wire", "agent")
+            for p in _files(folder)
+            if p.name != "__init__.py" and "adapters" not in p.parts  # adapters import their framework
+        }
+    )
+    code = f"""
+import importlib, importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {SERVER!r}:
+            raise ImportError('server package ' + name + ' imported by the agent')
+sys.meta_path.insert(0, Block())
+for m in {modules!r}:
+    importlib.import_module(m)
+from cmdare.agent.cli import main
+sys.argv = ['cmdare-agent', '--spool-dir', {str(tmp_path)!r}, '--duration', '0.3', '--interval', '0.1s',
+            '--set', 'sources.gpu.enabled=false']
+sys.exit(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert any(tmp_path.glob("*.ndjson"))
