@@ -1,7 +1,9 @@
 """Opening the DuckDB database file and applying schema migrations in order.
 
-Migrations are ``schema/NNN_name.sql`` files; each is applied once, in its own
-transaction, and recorded in ``schema_migrations`` (version, name, applied_at).
+Migrations are ``schema/NNN_name.sql`` files that create and change tables; each is
+applied once, in its own transaction, and recorded in ``schema_migrations`` (version, name,
+applied_at).  Views and table macros are not migrations: after migrating, every writable
+open re-creates them from their files (cmdare.analytics.views).
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
         ) from None
     if not read_only:
         migrate(con)
+        from cmdare.analytics import views  # the server side is installed as one
+
+        views.apply(con)
     return con
 
 

@@ -18,7 +18,9 @@ DATA = {
     "cmdare/agent/packaging/cmdare-agent.sysusers",
     "cmdare/agent/packaging/agent.sample.toml",
     "cmdare/analytics/data/accelerators.csv",
-} | {f"cmdare/collector/schema/{p.name}" for p in (ROOT / "collector" / "schema").glob("*.sql")}
+} | {f"cmdare/collector/schema/{p.name}" for p in (ROOT / "collector" / "schema").glob("*.sql")} | {
+    f"cmdare/analytics/sql/{p.name}" for p in (ROOT / "analytics" / "sql").glob("*.sql")
+}
 
 
 def test_wheel_ships_the_data_files(tmp_path):

@@ -33,18 +33,5 @@ CREATE TABLE checkpoints (
     path VARCHAR, ok BOOLEAN, error VARCHAR
 );
 
--- Each step aggregate next to the same node's hardware over the same interval
--- (ts - steps' span .. ts): mean GPU and GPU-memory utilisation across its GPUs, and
--- mean host CPU utilisation.  NULL where the node sent no such samples then.
-CREATE VIEW step_hardware AS
-SELECT s.*,
-    (SELECT avg(g.util_gpu_ratio) FROM gpu_samples g
-       WHERE g.node = s.node AND g.ts > s.ts - to_microseconds(CAST(s.interval_seconds * 1e6 AS BIGINT))
-         AND g.ts <= s.ts) AS gpu_util_ratio,
-    (SELECT avg(g.util_mem_ratio) FROM gpu_samples g
-       WHERE g.node = s.node AND g.ts > s.ts - to_microseconds(CAST(s.interval_seconds * 1e6 AS BIGINT))
-         AND g.ts <= s.ts) AS gpu_mem_util_ratio,
-    (SELECT avg(h.cpu_util_ratio) FROM host_samples h
-       WHERE h.node = s.node AND h.ts > s.ts - to_microseconds(CAST(s.interval_seconds * 1e6 AS BIGINT))
-         AND h.ts <= s.ts) AS host_cpu_util_ratio
-FROM steps s;
+-- step_hardware (steps next to their node's GPU and CPU use) is a view:
+-- analytics/sql/step_hardware.sql, re-created on every writable open.
