@@ -22,12 +22,14 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from cmdare.wire.events import Encoded, jstr, row_str
+from cmdare.wire.registry import DATA_FIELDS
 
 from ..config import ConfigError
 from .base import Emit, Source, SourceUnavailable
@@ -97,6 +99,89 @@ def _missing(*_: Any) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class Field:
+    """One field of a ``gpu`` sample (its kind and unit: ``DATA_FIELDS["gpu"]`` in
+    cmdare.wire.registry) and how NVML gives it.  Fields that share ``fn`` and ``args`` share
+    one call per tick."""
+
+    name: str
+    fn: str  # NVML function, called with the device handle, then ``args``
+    args: tuple[str, ...] = ()  # names of NVML constants passed after the handle
+    value: str = "v"  # Python expression of the field's value from NVML's answer ``v``
+    fallback: str = ""  # an older NVML function that answers the same, where ``fn`` is absent
+    row: str = ""  # Python expression of its row-form text, where not the value's repr
+
+
+# The one table both sample paths and the row template are made from.  A new GPU field:
+# append it to DATA_FIELDS["gpu"] (wire), add it here, and add its column in a migration.
+# index, uuid and name come from the device handle at start; processes are a list (below).
+_CLOCKS_EVENTS, _THROTTLE_REASONS = "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"
+_ECC = "nvmlDeviceGetTotalEccErrors"
+FIELDS = (
+    Field("util_gpu_ratio", "nvmlDeviceGetUtilizationRates", value="v.gpu / 100.0"),
+    Field("util_mem_ratio", "nvmlDeviceGetUtilizationRates", value="v.memory / 100.0"),
+    Field("mem_used_bytes", "nvmlDeviceGetMemoryInfo", value="int(v.used)"),
+    Field("mem_total_bytes", "nvmlDeviceGetMemoryInfo", value="int(v.total)"),
+    Field("power_watts", "nvmlDeviceGetPowerUsage", value="float(v) * 1e-3"),
+    Field("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", value="float(v) * 1e-3"),
+    Field("temp_celsius", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",), "float(v)"),
+    Field("sm_clock_hz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), "float(v) * 1e6"),
+    Field("mem_clock_hz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), "float(v) * 1e6"),
+    Field("pcie_tx_bytes_per_second", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_TX_BYTES",), "float(v) * 1e3"),
+    Field("pcie_rx_bytes_per_second", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_RX_BYTES",), "float(v) * 1e3"),
+    Field("throttle_mask", _CLOCKS_EVENTS, value="int(v)", fallback=_THROTTLE_REASONS),
+    Field(
+        "throttle_reasons",
+        _CLOCKS_EVENTS,
+        value="throttle_names(int(v))",
+        fallback=_THROTTLE_REASONS,
+        row="_reasons_json(throttle_mask, x)",
+    ),
+    Field("ecc_corrected_total", _ECC, ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"), "int(v)"),
+    Field("ecc_uncorrected_total", _ECC, ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"), "int(v)"),
+)
+_FROM_HANDLE = ("index", "uuid", "name")
+_LISTS = ("processes",)
+if _FROM_HANDLE + tuple(f.name for f in FIELDS) + _LISTS != tuple(DATA_FIELDS["gpu"]):
+    raise AssertionError("agent/sources/gpu.py FIELDS must follow DATA_FIELDS['gpu'] (the row form is positional)")
+
+
+def _calls() -> list[tuple[str, tuple[str, ...], str, list[Field]]]:
+    """FIELDS grouped by the NVML call that answers them: (fn, args, fallback, fields)."""
+    out: list[tuple[str, tuple[str, ...], str, list[Field]]] = []
+    for f in FIELDS:
+        if out and (out[-1][0], out[-1][1]) == (f.fn, f.args):
+            out[-1][3].append(f)
+        else:
+            out.append((f.fn, f.args, f.fallback, [f]))
+    return out
+
+
+CALLS = _calls()
+
+
+def _expr(e: str, v: str) -> str:
+    return re.sub(r"\bv\b", v, e)
+
+
+def _straight_source() -> str:
+    """Source of ``_straight(n, h, g)``: every call of CALLS in a row, no error mapping,
+    returning (the sample dict, its row-form data fields but processes)."""
+    body, names = [], []
+    for i, (fn, args, _, fields) in enumerate(CALLS):
+        call_args = "".join(f", n.{a}" for a in args)
+        body.append(f"    v{i} = n.{fn}(h{call_args})")
+        for f in fields:
+            body.append(f"    {f.name} = {_expr(f.value, f'v{i}')}")
+            names.append(f)
+    d = ", ".join([f'"{k}": g.{k}' for k in _FROM_HANDLE] + [f'"{f.name}": {f.name}' for f in names])
+    texts = ["{g.index}", "{g.uuid_row}", "{g.name_row}"]
+    texts += ["{" + (re.sub(r"\bx\b", f.name, f.row) if f.row else f.name + "!r") + "}" for f in names]
+    row = "\\t".join(texts)
+    return "def _straight(n, h, g):\n" + "\n".join(body) + f"\n    return {{{d}}}, f\"{row}\"\n"
+
+
 class GpuLost(Exception):
     pass
 
@@ -113,6 +198,16 @@ class _Gpu:
 
     def __post_init__(self) -> None:
         self.uuid_row, self.name_row = row_str(self.uuid), row_str(self.name)
+
+
+_ns: dict[str, Any] = {"throttle_names": throttle_names, "_reasons_json": _reasons_json}
+exec(compile(_straight_source(), "<cmdare.agent.sources.gpu FIELDS>", "exec"), _ns)
+_straight: Callable[[Any, Any, _Gpu], tuple[dict[str, Any], str]] = _ns["_straight"]
+# the checked path's conversions: (fields, each field's value from NVML's answer)
+_CONVERT = [
+    (fn, args, fallback, [(f.name, eval(f"lambda v: {f.value}", dict(_ns))) for f in fields])
+    for fn, args, fallback, fields in CALLS
+]
 
 
 def _handle_key(h: Any) -> int:
@@ -310,50 +405,12 @@ class GpuSource(Source):
 
     def _sample_fast(self, g: _Gpu) -> dict[str, Any]:
         """The same dict as ``sample`` for a GPU that answers every call, without the
-        per-call error mapping (most of the agent's own cost per GPU).  The first NVML
-        error sends this GPU down ``sample`` for good, where each error gets its meaning."""
+        per-call error mapping (most of the agent's own cost per GPU): FIELDS' calls in a
+        row (``_straight``), the row form from the same table.  The first NVML error sends
+        this GPU down ``sample`` for good, where each error gets its meaning."""
         n, h = self.nvml, g.handle
         try:
-            u = n.nvmlDeviceGetUtilizationRates(h)
-            m = n.nvmlDeviceGetMemoryInfo(h)
-            mask = int(n.nvmlDeviceGetCurrentClocksEventReasons(h))
-            ugpu, umem = u.gpu / 100.0, u.memory / 100.0
-            used, total = int(m.used), int(m.total)
-            pw = float(n.nvmlDeviceGetPowerUsage(h)) * 1e-3
-            pl = float(n.nvmlDeviceGetEnforcedPowerLimit(h)) * 1e-3
-            temp = float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
-            sm = float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)) * 1e6
-            mc = float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)) * 1e6
-            tx = float(n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES)) * 1e3
-            rx = float(n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES)) * 1e3
-            reasons = throttle_names(mask) if mask else []
-            ecc_c = int(
-                n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC)
-            )
-            ecc_u = int(
-                n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)
-            )
-            d: dict[str, Any] = {
-                "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "util_gpu_ratio": ugpu,
-                "util_mem_ratio": umem,
-                "mem_used_bytes": used,
-                "mem_total_bytes": total,
-                "power_watts": pw,
-                "power_limit_watts": pl,
-                "temp_celsius": temp,
-                "sm_clock_hz": sm,
-                "mem_clock_hz": mc,
-                "pcie_tx_bytes_per_second": tx,
-                "pcie_rx_bytes_per_second": rx,
-                "throttle_mask": mask,
-                "throttle_reasons": reasons,
-                "ecc_corrected_total": ecc_c,
-                "ecc_uncorrected_total": ecc_u,
-            }
-            procs_text = None
+            d, row = _straight(n, h, g)
             if self.config["processes"]:
                 procs, texts = [], []
                 for p in n.nvmlDeviceGetComputeRunningProcesses(h):
@@ -366,19 +423,10 @@ class GpuSource(Source):
                         procs.append({"pid": pid, "used_bytes": mem})
                         texts.append(f'{{"pid":{pid},"used_bytes":{mem}}}')
                 d["processes"] = procs
-                procs_text = "[" + ",".join(texts) + "]"
+                row += "\t[" + ",".join(texts) + "]"
         except (n.NVMLError, AttributeError, *_MISMATCH):  # an error, a binding without the function,
             g.fast = False  # or a driver older than the binding (its versioned call is missing)
             return self.sample(g)
-        # the row form from a template (the generic encoders are most of the cost per GPU;
-        # fields in DATA_FIELDS order, see events.encode_row_data); NVML's integers make
-        # every float finite, so repr() is what the encoders write
-        row = (
-            f"{g.index}\t{g.uuid_row}\t{g.name_row}\t{ugpu!r}\t{umem!r}\t{used}\t{total}\t{pw!r}\t{pl!r}"
-            f"\t{temp!r}\t{sm!r}\t{mc!r}\t{tx!r}\t{rx!r}\t{mask}\t{_reasons_json(mask, reasons)}\t{ecc_c}\t{ecc_u}"
-        )
-        if procs_text is not None:
-            row += "\t" + procs_text
         return Encoded(d, row=row)
 
     def sample(self, g: _Gpu) -> dict[str, Any]:
@@ -403,36 +451,14 @@ class GpuSource(Source):
                 fns[fn] = _missing
                 return None
 
-        u = get("nvmlDeviceGetUtilizationRates")
-        if u is not None:
-            d["util_gpu_ratio"], d["util_mem_ratio"] = u.gpu / 100.0, u.memory / 100.0
-        m = get("nvmlDeviceGetMemoryInfo")
-        if m is not None:
-            d["mem_used_bytes"], d["mem_total_bytes"] = int(m.used), int(m.total)
-        for key, fn, scale, args in (
-            ("power_watts", "nvmlDeviceGetPowerUsage", 1e-3, ()),
-            ("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", 1e-3, ()),
-            ("temp_celsius", "nvmlDeviceGetTemperature", 1.0, (n.NVML_TEMPERATURE_GPU,)),
-            ("sm_clock_hz", "nvmlDeviceGetClockInfo", 1e6, (n.NVML_CLOCK_SM,)),
-            ("mem_clock_hz", "nvmlDeviceGetClockInfo", 1e6, (n.NVML_CLOCK_MEM,)),
-            ("pcie_tx_bytes_per_second", "nvmlDeviceGetPcieThroughput", 1e3, (n.NVML_PCIE_UTIL_TX_BYTES,)),
-            ("pcie_rx_bytes_per_second", "nvmlDeviceGetPcieThroughput", 1e3, (n.NVML_PCIE_UTIL_RX_BYTES,)),
-        ):
-            v = get(fn, *args)
+        for fn, args, fallback, convert in _CONVERT:
+            consts = [getattr(n, a) for a in args]
+            v = get(fn, *consts)
+            if v is None and fallback:
+                v = get(fallback, *consts)
             if v is not None:
-                d[key] = float(v) * scale
-        mask = get("nvmlDeviceGetCurrentClocksEventReasons")
-        if mask is None:
-            mask = get("nvmlDeviceGetCurrentClocksThrottleReasons")
-        if mask is not None:
-            d["throttle_mask"], d["throttle_reasons"] = int(mask), throttle_names(int(mask))
-        for key, etype in (
-            ("ecc_corrected_total", n.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-            ("ecc_uncorrected_total", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-        ):
-            v = get("nvmlDeviceGetTotalEccErrors", etype, n.NVML_VOLATILE_ECC)
-            if v is not None:
-                d[key] = int(v)
+                for name, value in convert:
+                    d[name] = value(v)
         if self.config["processes"]:
             procs = get("nvmlDeviceGetComputeRunningProcesses")
             if procs is None and fns["nvmlDeviceGetComputeRunningProcesses"] is _missing:
