@@ -24,6 +24,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from cmdare.wire.kafka import KafkaURL, parse_kafka_url
+from cmdare.wire.plugin import parse_bool as _bool
+from cmdare.wire.plugin import parse_int as _int
+from cmdare.wire.plugin import parse_str as _str
 from cmdare.wire.registry import ROLES
 from cmdare.wire.units import ConfigError, parse_duration, parse_size
 
@@ -113,32 +116,6 @@ def _table(key: str, v: Any) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise ConfigError(f"{key}: expected a table, got {type(v).__name__}")
     return v
-
-
-def _str(key: str, v: Any) -> str:
-    if not isinstance(v, str):
-        raise ConfigError(f"{key}: expected a string, got {v!r}")
-    return v
-
-
-def _bool(key: str, v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no"):
-        return v.lower() in ("true", "1", "yes")
-    raise ConfigError(f"{key}: expected true or false, got {v!r}")
-
-
-def _int(key: str, v: Any, lo: int, hi: int) -> int:
-    try:
-        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
-            raise ValueError
-        i = int(v)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: expected an integer, got {v!r}") from None
-    if not lo <= i <= hi:
-        raise ConfigError(f"{key}: must be between {lo} and {hi}, got {i}")
-    return i
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

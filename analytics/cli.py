@@ -424,7 +424,7 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
     """
     from cmdare.collector.db import DatabaseError, connect
 
-    from . import fits, lifemodel, perfmodel
+    from . import models
 
     try:
         con = connect(db) if Path(db).exists() else None
@@ -434,28 +434,28 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
         raise click.ClickException(f"{db}: no such database (load one with cmdare-collector, or pass --db)")
     try:
         if kind in ("speed", "cluster"):
-            jobs, skipped = perfmodel.job_speeds(con)
+            jobs, skipped = models.job_speeds(con)
             if kind == "speed":
-                f = perfmodel.fit_speed(jobs)
+                f = models.fit_speed(jobs)
             else:
                 try:
-                    sfit = fits.latest(con, "speed")
+                    sfit = models.latest(con, "speed")
                 except AnalyticsError:
                     sfit = None
-                f = perfmodel.fit_cluster(jobs, sfit)
+                f = models.fit_cluster(jobs, sfit)
             f.notes += skipped
         elif kind == "overhead":
-            f = lifemodel.fit_overhead(con)
+            f = models.fit_overhead(con)
         else:
-            f = lifemodel.fit_lifetime(con, lost_after)
-        fits.save(con, f)
+            f = models.fit_lifetime(con, lost_after)
+        models.save(con, f)
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
     finally:
         con.close()
     out = f.summary()
     if as_json_:
-        click.echo(json.dumps(fits._clean(out), indent=1))
+        click.echo(json.dumps(models.store.clean(out), indent=1))
         return
     mape = "n/a" if out["cv_mape"] is None else f"{out['cv_mape'] * 100:.1f}%"
     r2 = "n/a" if out["cv_r2"] is None else f"{out['cv_r2']:.3f}"
@@ -500,9 +500,9 @@ def predict() -> None:
 
 def _emit_prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
     if as_json_:
-        from .fits import _clean
+        from .models.store import clean
 
-        click.echo(json.dumps(_clean(out)))
+        click.echo(json.dumps(clean(out)))
         return
     lo, hi = out["interval"]
     click.echo(f"{out['prediction']:.4g} {unit} (95% interval {lo:.4g} .. {hi:.4g}; fit {out['fit_id']})")
@@ -563,12 +563,12 @@ def predict_speed(
     Example:
       analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6 --json
     """
-    from . import catalog, fits, perfmodel
+    from . import catalog, models
 
     def run(con: Any) -> dict[str, Any]:
         acc = catalog.lookup(gpu_type)
-        f = fits.latest(con, "speed")
-        v, lo, hi = perfmodel.predict_speed(
+        f = models.latest(con, "speed")
+        v, lo, hi = models.predict_speed(
             f, acc, flops_per_step, params, tensors or max(1, round(params / 1e5))
         )
         out = {
@@ -625,7 +625,7 @@ def predict_cluster(
     Example:
       analyze predict cluster --gpus k80:2,p100:2 --ps 1 --flops-per-step 3.1e12 --params 25.6e6
     """
-    from . import catalog, fits, perfmodel
+    from . import catalog, models
 
     if gpus and (gpu_type or workers):
         raise click.UsageError("give either --gpus, or --gpu-type with --workers")
@@ -634,14 +634,14 @@ def predict_cluster(
     spec = _parse_gpus(gpus) if gpus else [(gpu_type or "", workers or 1)]
 
     def run(con: Any) -> dict[str, Any]:
-        sfit, cfit = fits.latest(con, "speed"), fits.latest(con, "cluster")
+        sfit, cfit = models.latest(con, "speed"), models.latest(con, "cluster")
         t = tensors or max(1, round(params / 1e5))
         ws = []
         for name, n in spec:
             acc = catalog.lookup(name)
-            v1 = perfmodel.predict_speed(sfit, acc, flops_per_step, params, t)[0]
+            v1 = models.predict_speed(sfit, acc, flops_per_step, params, t)[0]
             ws += [1.0 / v1] * n
-        r = perfmodel.predict_cluster(cfit, ws, ps, params)
+        r = models.predict_cluster(cfit, ws, ps, params)
         out = {
             "prediction": r.pop("steps_per_second"),
             "interval": [r.pop("lower"), r.pop("upper")],
@@ -671,11 +671,11 @@ def predict_revocation(region: str, gpu_type: str, hours: float, db: str, as_jso
     Example:
       analyze predict revocation --region us-central1 --gpu-type v100 --hours 6
     """
-    from . import fits, lifemodel
+    from . import models
 
     def run(con: Any) -> dict[str, Any]:
-        f = fits.latest(con, "lifetime")
-        r = lifemodel.predict_revocation(f, region, gpu_type, hours)
+        f = models.latest(con, "lifetime")
+        r = models.predict_revocation(f, region, gpu_type, hours)
         return {
             "prediction": r.pop("probability"),
             "interval": [r.pop("lower"), r.pop("upper")],

@@ -8,6 +8,7 @@ from typing import Any
 import duckdb
 
 from .db import AnalyticsError
+from .verdicts import input_bound_sql, throttled_sql
 
 Result = tuple[list[str], list[tuple[Any, ...]]]
 
@@ -186,7 +187,7 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
                round(avg(util_gpu_ratio) * 100, 1) AS util_pct, round(max(util_gpu_ratio) * 100, 1) AS util_max_pct,
                round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib, round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
                round(avg(power_watts), 1) AS power_w, round(max(temp_celsius), 1) AS temp_max_c,
-               round(avg(CASE WHEN throttle_mask & ~1 <> 0 THEN 1 ELSE 0 END) * 100, 1) AS throttled_pct,
+               round(avg(CASE WHEN {throttled_sql("throttle_mask")} THEN 1 ELSE 0 END) * 100, 1) AS throttled_pct,
                coalesce(any_value(ev.ecc), 0) AS ecc_errors, coalesce(any_value(ev.xid), 0) AS xid_events,
                coalesce(any_value(ev.lost), false) AS lost,
                strftime(max(s.ts), '%Y-%m-%d %H:%M:%S') AS last_sample
@@ -234,27 +235,6 @@ def host(
                strftime(b.t1, '%Y-%m-%d %H:%M:%S') AS last_sample
         FROM base b LEFT JOIN net USING (node) LEFT JOIN disk USING (node) ORDER BY b.node""",
         params,
-    )
-
-
-# The TensorFlow profiler's input-pipeline verdict, by the share of step time spent
-# waiting for input: under 5 % not input-bound, 5-20 % moderately, 20 % or more highly.
-INPUT_BOUND_SQL = """CASE WHEN {share} IS NULL THEN NULL
-    WHEN {share} < 0.05 THEN 'not input-bound'
-    WHEN {share} < 0.20 THEN 'moderately input-bound'
-    ELSE 'highly input-bound' END"""
-
-
-def input_bound_class(share: float | None) -> str | None:
-    """The same verdict in Python (tests and recommendations use it)."""
-    if share is None:
-        return None
-    return (
-        "not input-bound"
-        if share < 0.05
-        else "moderately input-bound"
-        if share < 0.20
-        else "highly input-bound"
     )
 
 
@@ -306,7 +286,7 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
                d.accelerator, coalesce(a.runs, 0) AS runs, coalesce(a.ranks, 0) AS ranks,
                coalesce(a.nodes, 0) AS nodes, coalesce(a.steps, 0) AS steps,
                round(a.steps_per_s, 3) AS steps_per_s, round(a.examples_per_s, 1) AS examples_per_s,
-               round(a.share * 100, 1) AS input_wait_pct, {INPUT_BOUND_SQL.format(share="a.share")} AS input_bound,
+               round(a.share * 100, 1) AS input_wait_pct, {input_bound_sql("a.share")} AS input_bound,
                strftime(a.t1, '%Y-%m-%d %H:%M:%S') AS last_step
         FROM agg a FULL OUTER JOIN decl d ON a.job = d.job
         ORDER BY 1""",
@@ -341,7 +321,7 @@ def steps(
                round(sum(s.steps) / nullif(sum(s.span), 0), 3) AS steps_per_s,
                round(sum(s.examples) / nullif(sum(s.span), 0), 1) AS examples_per_s,
                round(sum(s.step_time) / nullif(sum(s.steps), 0) * 1e3, 2) AS step_ms,
-               round({share} * 100, 1) AS input_wait_pct, {INPUT_BOUND_SQL.format(share=share)} AS input_bound,
+               round({share} * 100, 1) AS input_wait_pct, {input_bound_sql(share)} AS input_bound,
                coalesce(any_value(slow.slow), 0) AS slow_steps,
                round(avg(s.gpu_util_ratio) * 100, 1) AS gpu_util_pct,
                round(avg(s.host_cpu_util_ratio) * 100, 1) AS cpu_pct,

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from common import ROOT
 
-from cmdare.analytics import catalog, fits, lifemodel, perfmodel
+from cmdare.analytics import catalog, models
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many
@@ -51,12 +51,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         con = connect(Path(tmp) / "fleet.duckdb")
         Writer(con).write([("sim", encode_many(f.events))])
-        jobs, skipped = perfmodel.job_speeds(con)
-        sp = perfmodel.fit_speed(jobs)
-        fits.save(con, sp)
-        cl = perfmodel.fit_cluster(jobs, fits.latest(con, "speed"))
-        ov = lifemodel.fit_overhead(con)
-        lt = lifemodel.fit_lifetime(con)
+        jobs, skipped = models.job_speeds(con)
+        sp = models.fit_speed(jobs)
+        models.save(con, sp)
+        cl = models.fit_cluster(jobs, models.latest(con, "speed"))
+        ov = models.fit_overhead(con)
+        lt = models.fit_lifetime(con)
         con.close()
     took = time.perf_counter() - t0
     print(
@@ -99,7 +99,7 @@ def main() -> None:
     for (region, acc), rate in hz.items():
         key = f"{region}/{catalog.load()[acc].name}"
         for h in (2, 8):
-            p = lifemodel.predict_revocation({"fit_id": "bench", "model": lt.model}, region, acc, h)
+            p = models.predict_revocation({"fit_id": "bench", "model": lt.model}, region, acc, h)
             print(
                 f"  P(revoked within {h} h) {key:22s} {p['probability']:.3f} "
                 f"[{p['lower']:.3f}, {p['upper']:.3f}]  true {1 - math.exp(-rate * h):.3f}"
@@ -136,7 +136,7 @@ def plots(out: Path, truth: Truth, jobs: list, sp, cl, lt) -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    lin = perfmodel.Linear(**cl.model["linear"])
+    lin = models.Linear(**cl.model["linear"])
     for name in ("resnet50", "vgg16"):
         for acc, ps in (("v100", 1), ("v100", 2)):
             pts = sorted(
@@ -149,7 +149,7 @@ def plots(out: Path, truth: Truth, jobs: list, sp, cl, lt) -> None:
             )
             params = next(j.params for j in jobs if j.model == name)
             ws = np.arange(1, 17)
-            curve = [w / lin.point(perfmodel.cluster_features(t1, params, w, ps)) for w in ws]
+            curve = [w / lin.point(models.cluster_features(t1, params, w, ps)) for w in ws]
             line = ax.plot(ws, curve, lw=1, label=f"{name} {acc} {ps} PS (fit)")[0]
             ax.scatter(*zip(*pts, strict=False), color=line.get_color(), s=14)
     ax.set(xlabel="workers", ylabel="cluster steps/s", title="cluster speed: measured (dots) and fitted")

@@ -1,12 +1,19 @@
-"""Docs that must stay true: every wire-format field documented, every source documented,
-every console command in the README."""
+"""Docs that must stay true: every wire-format field and dead-letter reason documented,
+every pluggable unit (source, detector, recommender) with its docs heading, its options and
+a test file of its own, every console command in the README."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
+
 from cmdare.agent.sources import REGISTRY
+from cmdare.analytics.detectors import DETECTORS
+from cmdare.analytics.recommend import RECOMMENDERS
 from cmdare.wire.events import DATA_FIELDS
+from cmdare.wire.validation import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +33,30 @@ def test_every_source_and_option_is_documented() -> None:
         assert f"## {name}" in doc and f"[sources.{name}]" in sample
         for opt in cls.OPTIONS:
             assert f"`{opt}`" in doc and f"{opt} =" in sample, f"sources.{name}.{opt} undocumented"
+
+
+# registry, its docs page, the folder of its units' test files (test_<name>.py)
+UNITS = [
+    (REGISTRY, "docs/sources.md", "tests/agent"),
+    (DETECTORS, "docs/detectors.md", "tests/analytics/detectors"),
+    (RECOMMENDERS, "docs/recommendations.md", "tests/analytics/recommend"),
+]
+
+
+@pytest.mark.parametrize("registry, doc, tests", UNITS, ids=[u[0].kind for u in UNITS])
+def test_every_unit_has_a_docs_heading_its_options_and_a_test_file(registry, doc, tests) -> None:
+    text = (ROOT / doc).read_text()
+    for name, cls in registry.items():
+        assert re.search(rf"^## {name}( |$)", text, re.M), f"{registry.kind} {name}: no '## {name}' heading in {doc}"
+        for opt in cls.OPTIONS:
+            assert f"`{opt}`" in text, f"{registry.kind} {name}: option {opt} not in {doc}"
+        assert (ROOT / tests / f"test_{name}.py").is_file(), f"{registry.kind} {name}: no {tests}/test_{name}.py"
+
+
+def test_every_dead_letter_reason_is_documented() -> None:
+    doc = (ROOT / "docs" / "wire-format.md").read_text()
+    for name in RULES:
+        assert f"| `{name}` |" in doc, f"dead-letter rule {name} missing from docs/wire-format.md"
 
 
 def test_readme_has_the_two_commands_and_ci_runs_the_second() -> None:

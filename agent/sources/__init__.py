@@ -1,25 +1,12 @@
-"""Agent sources, registered by name.  The name is also the module name and the
-``[sources.<name>]`` config table."""
+"""Agent sources, registered by name (``@SOURCES.register``).  The name is also the module
+name and the ``[sources.<name>]`` config table; the contract is cmdare.wire.plugin's."""
 
 from __future__ import annotations
 
-from .base import Source, SourceUnavailable
-from .cloud import CloudSource
-from .gpu import GpuSource
-from .heartbeat import HeartbeatSource
-from .host import HostSource
-from .tensorboard import TensorBoardSource
-from .tpu import TpuSource
-from .train import TrainSource
+from . import cloud, gpu, heartbeat, host, tensorboard, tpu, train  # noqa: F401  (they register)
+from .base import SOURCES, Source, SourceUnavailable
 
-REGISTRY: dict[str, type[Source]] = {
-    HostSource.name: HostSource,
-    GpuSource.name: GpuSource,
-    HeartbeatSource.name: HeartbeatSource,
-    TpuSource.name: TpuSource,
-    TrainSource.name: TrainSource,
-    TensorBoardSource.name: TensorBoardSource,
-    CloudSource.name: CloudSource,
-}
+SOURCES.order(("host", "gpu", "heartbeat", "tpu", "train", "tensorboard", "cloud"))  # the runtime starts them so
+REGISTRY = SOURCES
 
-__all__ = ["REGISTRY", "Source", "SourceUnavailable"]
+__all__ = ["REGISTRY", "SOURCES", "Source", "SourceUnavailable"]

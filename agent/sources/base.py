@@ -7,6 +7,10 @@ passed in by the runtime (a seam tests replace); the conversion to event data is
 A source that cannot work on this machine (no NVML, no GPU) raises ``SourceUnavailable``
 from ``start()`` or ``collect()``: that is a normal state, reported once, retried later.
 Any other exception is a failure of that tick only; the other sources carry on.
+
+A source is a pluggable unit (cmdare.wire.plugin): registered by name with
+``@SOURCES.register``, typed ``OPTIONS``, a ``## name`` heading in docs/sources.md, a
+``[sources.name]`` table in agent.sample.toml and tests/agent/test_<name>.py.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from ..config import ConfigError, _bool, _int, _str, parse_duration
+from cmdare.wire.plugin import Option, Registry, Unit
 
 Emit = Callable[..., None]  # emit(type, data, ts=None)
 
@@ -23,42 +27,26 @@ class SourceUnavailable(Exception):
     """This source cannot run here (yet); the message says why."""
 
 
-class Source:
+SOURCES: Registry[type[Source]] = Registry("source")  # filled by @SOURCES.register in each module
+
+
+class Source(Unit):
+    """Base of agent sources: a ``Unit`` (cmdare.wire.plugin) with an ``enabled`` option."""
+
     name: ClassVar[str]
-    # key -> (kind, default, help); kinds: bool, int, str, duration, list
-    OPTIONS: ClassVar[dict[str, tuple[str, Any, str]]] = {}
     DEFAULT_ENABLED: ClassVar[bool] = True  # off for sources that need configuring first
 
     def __init__(self, config: Mapping[str, Any], **adapters: Any) -> None:
         self.config = dict(config)
 
     @classmethod
+    def options(cls) -> dict[str, Option]:
+        return {"enabled": Option("bool", cls.DEFAULT_ENABLED, "turn the source on or off"), **cls.OPTIONS}
+
+    @classmethod
     def parse_config(cls, where: str, raw: Mapping[str, Any]) -> dict[str, Any]:
-        options = {"enabled": ("bool", cls.DEFAULT_ENABLED, "turn the source on or off"), **cls.OPTIONS}
-        unknown = sorted(set(raw) - set(options))
-        if unknown:
-            raise ConfigError(f"unknown key '{where}.{unknown[0]}' (known: {', '.join(sorted(options))})")
-        out: dict[str, Any] = {}
-        for key, (kind, default, _help) in options.items():
-            if key not in raw:
-                out[key] = default
-                continue
-            v, k = raw[key], f"{where}.{key}"
-            if kind == "bool":
-                out[key] = _bool(k, v)
-            elif kind == "int":
-                out[key] = _int(k, v, 0, 1 << 31)
-            elif kind == "str":
-                out[key] = _str(k, v)
-            elif kind == "duration":
-                out[key] = parse_duration(k, v)
-            elif kind == "list":
-                if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                    raise ConfigError(f"{k}: expected a list of strings, got {v!r}")
-                out[key] = list(v)
-            else:  # pragma: no cover
-                raise AssertionError(kind)
-        return out
+        """``parse_options``, then what a source checks beyond one option at a time."""
+        return cls.parse_options(where, raw)
 
     def start(self) -> None:
         """Open devices / take a first reading.  Raise SourceUnavailable if it cannot run here."""

@@ -24,41 +24,40 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from cmdare.wire.plugin import Option
+
 from .. import cloud
 from ..config import ConfigError
 from ..state import AgentState
-from .base import Emit, Source
+from .base import SOURCES, Emit, Source
 
 log = logging.getLogger("cmdare.agent.cloud")
 PROVIDERS = ("auto", "none", *cloud.CLOUDS)
 
 
+@SOURCES.register
 class CloudSource(Source):
     name = "cloud"
     OPTIONS = {
-        "provider": ("str", "auto", "auto (detect) | gce | aws | azure | none"),
-        "metadata_url": ("str", cloud.DEFAULT_BASE, "base URL of the metadata service"),
-        "timeout": ("duration", 2.0, "timeout of one metadata request"),
-        "detect_timeout": ("duration", 1.0, "how long detection waits for a metadata service"),
-        "poll_interval": ("duration", 1.0, "AWS / Azure notice polling interval"),
-        "long_poll": ("duration", 60.0, "GCE wait_for_change timeout of one long poll"),
-        "backoff_max": ("duration", 5.0, "longest wait between retries after metadata errors"),
-        "aws_token_ttl": ("duration", 21600.0, "lifetime asked for an IMDSv2 token"),
-        "azure_approve": (
+        "provider": Option("str", "auto", "auto (detect) | gce | aws | azure | none", choices=PROVIDERS),
+        "metadata_url": Option("str", cloud.DEFAULT_BASE, "base URL of the metadata service"),
+        "timeout": Option("duration", 2.0, "timeout of one metadata request"),
+        "detect_timeout": Option("duration", 1.0, "how long detection waits for a metadata service"),
+        "poll_interval": Option("duration", 1.0, "AWS / Azure notice polling interval"),
+        "long_poll": Option("duration", 60.0, "GCE wait_for_change timeout of one long poll"),
+        "backoff_max": Option("duration", 5.0, "longest wait between retries after metadata errors"),
+        "aws_token_ttl": Option("duration", 21600.0, "lifetime asked for an IMDSv2 token"),
+        "azure_approve": Option(
             "list",
             [],
             'Azure event types to approve early (StartRequests) once the notice is spooled, e.g. ["Preempt"]',
         ),
-        "gpu_dir": ("str", "/proc/driver/nvidia/gpus", "where the NVIDIA driver lists GPUs"),
+        "gpu_dir": Option("str", "/proc/driver/nvidia/gpus", "where the NVIDIA driver lists GPUs"),
     }
 
     @classmethod
     def parse_config(cls, where: str, raw: Any) -> dict[str, Any]:
         cfg = super().parse_config(where, raw)
-        if cfg["provider"] not in PROVIDERS:
-            raise ConfigError(
-                f"{where}.provider: must be one of {', '.join(PROVIDERS)}, got {cfg['provider']!r}"
-            )
         u = urlsplit(cfg["metadata_url"])
         if u.scheme != "http" or not u.netloc:
             raise ConfigError(

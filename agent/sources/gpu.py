@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cmdare.wire.events import Encoded, jstr, row_str
+from cmdare.wire.plugin import Option
 from cmdare.wire.registry import DATA_FIELDS
 
 from ..config import ConfigError
-from .base import Emit, Source, SourceUnavailable
+from .base import SOURCES, Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.gpu")
 
@@ -231,13 +232,14 @@ def load_backend(spec: str) -> Any:
     raise ValueError(f"sources.gpu.backend: unknown backend {spec!r} (use 'pynvml' or 'python:module')")
 
 
+@SOURCES.register
 class GpuSource(Source):
     name = "gpu"
     OPTIONS = {
-        "backend": ("str", "pynvml", "NVML binding: 'pynvml' or 'python:module' (tests)"),
-        "retry_interval": ("duration", 60.0, "how often to retry when NVML or GPUs are missing"),
-        "processes": ("bool", True, "send per-process GPU memory"),
-        "xid_events": ("bool", True, "watch NVML Xid critical-error events"),
+        "backend": Option("str", "pynvml", "NVML binding: 'pynvml' or 'python:module' (tests)"),
+        "retry_interval": Option("duration", 60.0, "how often to retry when NVML or GPUs are missing"),
+        "processes": Option("bool", True, "send per-process GPU memory"),
+        "xid_events": Option("bool", True, "watch NVML Xid critical-error events"),
     }
 
     @classmethod

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .base import Emit, Source
+from .base import SOURCES, Emit, Source
 
 
+@SOURCES.register
 class HeartbeatSource(Source):
     name = "heartbeat"
 

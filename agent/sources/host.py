@@ -16,8 +16,9 @@ from operator import itemgetter, sub
 from typing import Any
 
 from cmdare.wire.events import Encoded, jstr
+from cmdare.wire.plugin import Option
 
-from .base import Emit, Source
+from .base import SOURCES, Emit, Source
 
 _IDLE_FIELDS = ("idle", "iowait")
 
@@ -135,12 +136,13 @@ def disk_rows(counters: dict[str, Any], exclude: re.Pattern[str]) -> list[dict[s
     return rows
 
 
+@SOURCES.register
 class HostSource(Source):
     name = "host"
     OPTIONS = {
-        "nic_exclude": ("str", r"^lo$", "regex of NIC names to leave out"),
-        "disk_exclude": ("str", r"^(loop|ram|sr|zram)\d*$", "regex of disk names to leave out"),
-        "per_core": ("bool", True, "send per-core CPU shares"),
+        "nic_exclude": Option("str", r"^lo$", "regex of NIC names to leave out"),
+        "disk_exclude": Option("str", r"^(loop|ram|sr|zram)\d*$", "regex of disk names to leave out"),
+        "per_core": Option("bool", True, "send per-core CPU shares"),
     }
 
     def __init__(self, config: dict[str, Any], psutil: Any = None, **_: Any) -> None:

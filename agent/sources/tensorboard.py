@@ -21,6 +21,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from cmdare.wire.plugin import Option
 from cmdare.wire.tbevents import (
     EXAMPLES_TAG,
     STEPS_TAG,
@@ -31,7 +32,7 @@ from cmdare.wire.tbevents import (
     read_records,
 )
 
-from .base import Emit, Source, SourceUnavailable
+from .base import SOURCES, Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.tensorboard")
 MAX_READ = 64 << 20  # bytes read from one file per tick; the rest waits for the next
@@ -44,16 +45,17 @@ class _File:
         self.bad: str | None = None
 
 
+@SOURCES.register
 class TensorBoardSource(Source):
     name = "tensorboard"
     DEFAULT_ENABLED = False  # nothing to do until log dirs are configured
     OPTIONS = {
-        "logdirs": ("list", [], "TensorBoard log dirs to watch (event files anywhere below them)"),
-        "job": ("str", "", "job id for their runs (default: each log dir's name)"),
-        "rank": ("int", 0, "rank recorded with their step telemetry"),
-        "steps_tag": ("str", STEPS_TAG, "scalar holding the step rate"),
-        "examples_tag": ("str", EXAMPLES_TAG, "scalar holding examples per second"),
-        "scalars": ("list", [], "other scalar tags to forward as train_scalar events, e.g. loss"),
+        "logdirs": Option("list", [], "TensorBoard log dirs to watch (event files anywhere below them)"),
+        "job": Option("str", "", "job id for their runs (default: each log dir's name)"),
+        "rank": Option("int", 0, "rank recorded with their step telemetry"),
+        "steps_tag": Option("str", STEPS_TAG, "scalar holding the step rate"),
+        "examples_tag": Option("str", EXAMPLES_TAG, "scalar holding examples per second"),
+        "scalars": Option("list", [], "other scalar tags to forward as train_scalar events, e.g. loss"),
     }
 
     def __init__(self, config: dict[str, Any], **_: Any) -> None:

@@ -20,10 +20,11 @@ import struct
 import time
 from typing import Any
 
+from cmdare.wire.plugin import Option
 from cmdare.wire.protowire import encode_bytes_field, fields, signed64
 
 from ..config import ConfigError
-from .base import Emit, Source, SourceUnavailable
+from .base import SOURCES, Emit, Source, SourceUnavailable
 
 SERVICE = "/tpu.monitoring.runtime.RuntimeMetricService/"
 TOTAL = "tpu.runtime.hbm.memory.total.bytes"
@@ -108,17 +109,18 @@ def decode_supported(buf: bytes) -> list[str]:
     return names
 
 
+@SOURCES.register
 class TpuSource(Source):
     name = "tpu"
     OPTIONS = {
-        "address": ("str", "localhost:8431", "libtpu runtime metrics server (TPU_RUNTIME_METRICS_PORTS)"),
-        "timeout": ("duration", 2.0, "deadline of each call"),
-        "bandwidth_metric": (
+        "address": Option("str", "localhost:8431", "libtpu runtime metrics server (TPU_RUNTIME_METRICS_PORTS)"),
+        "timeout": Option("duration", 2.0, "deadline of each call"),
+        "bandwidth_metric": Option(
             "str",
             r"hbm.*bandwidth|memory_bandwidth",
             "pattern picking the HBM bandwidth utilisation metric from the ones libtpu lists",
         ),
-        "retry_interval": ("duration", 60.0, "how often to look again while no TPU program serves metrics"),
+        "retry_interval": Option("duration", 60.0, "how often to look again while no TPU program serves metrics"),
     }
 
     @classmethod

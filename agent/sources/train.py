@@ -30,11 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cmdare.wire.plugin import Option
 from cmdare.wire.registry import DATA_FIELDS
 from cmdare.wire.validation import kind_ok
 
-from ..config import ConfigError
-from .base import Emit, Source, SourceUnavailable
+from .base import SOURCES, Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.train")
 
@@ -58,25 +58,16 @@ class _Rank:
         self.since = self.last = time.time()
 
 
+@SOURCES.register
 class TrainSource(Source):
     name = "train"
     OPTIONS = {
-        "socket": ("str", "/run/cmdare/train.sock", "Unix datagram socket the tracking library sends to"),
-        "slow_factor": ("str", "3", "a step is slow above this many times the rank's recent median"),
-        "max_slow_per_tick": ("int", 20, "slow steps kept per rank per tick (the rest are counted)"),
+        "socket": Option("str", "/run/cmdare/train.sock", "Unix datagram socket the tracking library sends to"),
+        "slow_factor": Option(
+            "float", 3.0, "a step is slow above this many times the rank's recent median", lo=1.0, lo_open=True
+        ),
+        "max_slow_per_tick": Option("int", 20, "slow steps kept per rank per tick (the rest are counted)"),
     }
-
-    @classmethod
-    def parse_config(cls, where: str, raw: Any) -> dict[str, Any]:
-        cfg = super().parse_config(where, raw)
-        try:
-            f = float(cfg["slow_factor"])
-        except ValueError:
-            f = 0.0
-        if not f > 1.0:
-            raise ConfigError(f"{where}.slow_factor: must be a number above 1, got {cfg['slow_factor']!r}")
-        cfg["slow_factor"] = f
-        return cfg
 
     def __init__(self, config: dict[str, Any], wake: Callable[[], None] | None = None, **_: Any) -> None:
         super().__init__(config)

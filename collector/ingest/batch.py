@@ -89,7 +89,7 @@ class Batch:
             try:
                 text, message_blocks = columns.read_blocks(raw, KNOWN)
             except columns.BlockError as e:
-                self.py_dead.append((origin, 0, str(e), bytes(raw[:RAW_CAP]), len(raw)))
+                self.py_dead.append((origin, 0, reason("block", detail=str(e)), bytes(raw[:RAW_CAP]), len(raw)))
                 return
         else:
             text = raw

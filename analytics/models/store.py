@@ -10,19 +10,19 @@ from typing import Any
 
 import duckdb
 
-from .db import AnalyticsError
-from .perfmodel import Fit
-from .queries import needs_schema
+from ..db import AnalyticsError
+from ..queries import needs_schema
+from .regression import Fit
 
 
-def _clean(x: Any) -> Any:
+def clean(x: Any) -> Any:
     """JSON without NaN / infinity (DuckDB's JSON and other tools reject them)."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
+        return {k: clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [clean(v) for v in x]
     return x
 
 
@@ -35,15 +35,15 @@ def save(con: duckdb.DuckDBPyConnection, fit: Fit) -> str:
             fit.kind,
             fit.family,
             json.dumps(fit.features),
-            json.dumps(_clean(fit.model.get("coefficients", {}))),
-            json.dumps(_clean(fit.model)),
+            json.dumps(clean(fit.model.get("coefficients", {}))),
+            json.dumps(clean(fit.model)),
             fit.data_from,
             fit.data_to,
             fit.rows,
             fit.groups,
-            _clean(fit.cv.get("mape")),
-            _clean(fit.cv.get("r2")),
-            json.dumps(_clean({k: v for k, v in fit.cv.items() if k != "predictions"})),
+            clean(fit.cv.get("mape")),
+            clean(fit.cv.get("r2")),
+            json.dumps(clean({k: v for k, v in fit.cv.items() if k != "predictions"})),
             json.dumps(fit.notes),
         ],
     )

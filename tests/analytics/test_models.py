@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cmdare.analytics import catalog, perfmodel
+from cmdare.analytics import catalog, models
 from cmdare.analytics.cli import cli
 from cmdare.analytics.db import AnalyticsError
 from cmdare.collector.db import connect
@@ -61,7 +61,7 @@ def test_steady_state_skips_the_ramp_the_tail_and_outliers(tmp_path: Path) -> No
                     "VALUES (?, make_timestamp(?::BIGINT), 'n', ?, 'r', 0, ?, ?)",
                     [f"{job}{i}", int((1.7e9 + 10 * (i + 1)) * 1e6), job, n, n / 10.0],
                 )
-        rates = perfmodel.steady_rates(con)
+        rates = models.steady_rates(con)
     finally:
         con.close()
     assert rates["long"][0] == pytest.approx(10.0)  # ramp, a slow interval and the tail ignored
@@ -106,10 +106,10 @@ def test_speed_fit_recovers_the_roofline_and_predicts_held_out_models(fleet_db: 
 def test_cv_folds_never_share_a_model_architecture(fleet_db: Path) -> None:
     con = connect(fleet_db)
     try:
-        jobs, _ = perfmodel.job_speeds(con)
+        jobs, _ = models.job_speeds(con)
     finally:
         con.close()
-    fit = perfmodel.fit_speed(jobs)
+    fit = models.fit_speed(jobs)
     folds = fit.cv["folds"]
     assert sorted(f["test_group"] for f in folds) == sorted(m[0] for m in MODELS)
     for f in folds:

@@ -1,0 +1,83 @@
+"""The cluster model: per-worker step time as workers and parameter servers grow, from the
+single-worker time (measured, or the speed model's) and the weights each PS serves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .regression import Fit, Linear, logo_cv, need_data
+from .speed import predict_speed
+from .steady import JobSpeed
+
+# -- cluster: per-worker step time as workers and parameter servers grow -----------------
+CLUSTER_COLS = ["t1_s", "weights_gb", "weights_gb_x_workers_per_ps", "const"]
+
+
+def cluster_features(t1: float, params: float, workers: float, ps: float) -> np.ndarray:
+    s = 4.0 * params / 1e9  # parameter bytes pushed and pulled per step, GB
+    return np.array([t1, s, s * workers / max(ps, 1.0), 1.0])
+
+
+def fit_cluster(jobs: list[JobSpeed], speed_fit: dict[str, Any] | None) -> Fit:
+    """Per-worker step time t_w = a*T1 + b*S + c*S*W/P + d (spotDNN's communication term
+    with PS-bandwidth contention: each step moves the parameters S to and from the
+    parameter servers, whose bandwidth W workers share).  T1: the measured single-worker
+    step time of the same model on the same accelerator, else the speed fit's."""
+    ps_jobs = [j for j in jobs if j.ps >= 1]
+    single = {(j.model, j.accelerator): 1.0 / j.speed for j in jobs if j.workers == 1}
+    rows, notes = [], []
+    for j in ps_jobs:
+        t1 = single.get((j.model, j.accelerator))
+        if t1 is None and speed_fit is not None:
+            t1 = 1.0 / predict_speed(speed_fit, j.acc, j.flops_per_step, j.params, j.tensors)[0]
+        if t1 is None:
+            notes.append(f"{j.job}: no single-worker time for {j.model} on {j.accelerator} (fit speed first)")
+            continue
+        rows.append((j, t1))
+    groups = sorted({j.model for j, _ in rows})
+    need_data(
+        len(rows), len(groups), 6, 3, "the cluster fit", "parameter-server jobs (ps >= 1) with declarations"
+    )
+    X = np.array([cluster_features(t1, j.params, j.workers, j.ps) for j, t1 in rows])
+    y = np.array([j.workers / j.speed for j, _ in rows])  # seconds per step of one worker
+    cv = logo_cv(X, y, [j.model for j, _ in rows], CLUSTER_COLS, False)
+    # report held-out error on the quantity users get: cluster steps/s
+    lin = Linear.fit(X, y, CLUSTER_COLS)
+    return Fit(
+        "cluster",
+        "ps-contention",
+        {"linear": lin.__dict__, "coefficients": dict(zip(CLUSTER_COLS, lin.params, strict=False))},
+        len(rows),
+        len(groups),
+        cv,
+        min(j.t0 for j, _ in rows),
+        max(j.t1 for j, _ in rows),
+        CLUSTER_COLS,
+        notes=notes,
+    )
+
+
+def predict_cluster(fit: dict[str, Any], workers: list[float], ps: int, params: float) -> dict[str, float]:
+    """Cluster steps/s for workers given by their single-worker step times T1_i
+    (heterogeneous allowed: T_exp = 1 / sum(1/t_i), spotDNN), with an interval from each
+    worker's prediction interval, the speed the PS caps a homogeneous cluster at, and the
+    workers that reach 90 % of that cap."""
+    lin = Linear(**fit["model"]["linear"])
+    w = len(workers)
+    v = lo = hi = 0.0
+    for t1 in workers:
+        t, tl, th = lin.predict(cluster_features(t1, params, w, ps))
+        v += 1.0 / max(t, 1e-9)
+        lo += 1.0 / max(th, 1e-9)
+        hi += 1.0 / max(tl, 1e-9) if tl > 0 else float("inf")
+    a, b, c, d = lin.params
+    s = 4.0 * params / 1e9
+    k = c * s / max(ps, 1)
+    out = {"steps_per_second": v, "lower": lo, "upper": hi, "expected_step_seconds": 1.0 / v}
+    if k > 0:
+        base = sum(a * t1 for t1 in workers) / w + b * s + d
+        out["ps_limit_steps_per_second"] = 1.0 / k  # the asymptote as workers grow
+        out["workers_at_90pct_of_limit"] = 9.0 * base / k
+    return out

@@ -1,0 +1,82 @@
+"""The speed model: single-worker step time from model complexity (FLOPs per step,
+parameters, parameter tensors) over accelerator capability (the catalogue's peak FLOPs and
+memory bandwidth); the family with the lower held-out error wins."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import catalog
+from .regression import Fit, Linear, logo_cv, need_data
+from .steady import JobSpeed
+
+# -- speed: single-worker step time from model complexity over accelerator capability -----
+SPEED_FAMILIES = {
+    # step time = a*compute + b*weights + c*tensors + d: compute-bound, memory-bound and
+    # per-tensor (kernel launch, optimizer) terms, each in seconds on that accelerator
+    "roofline": (["compute_s", "weights_s", "tensors", "const"], False),
+    # log step time linear in the logs of the same quantities: power laws
+    "loglinear": (["log_compute_s", "log_weights_s", "log_tensors", "const"], True),
+}
+
+
+def speed_features(
+    flops: float, params: float, tensors: float, acc: catalog.Accelerator, family: str
+) -> np.ndarray:
+    compute = flops / acc.peak_flops
+    weights = 4.0 * params / acc.bandwidth if acc.bandwidth else 0.0
+    if family == "roofline":
+        return np.array([compute, weights, tensors, 1.0])
+    return np.array([math.log(compute), math.log(max(weights, 1e-9)), math.log(max(tensors, 1.0)), 1.0])
+
+
+
+def fit_speed(jobs: list[JobSpeed]) -> Fit:
+    single = [j for j in jobs if j.workers == 1]
+    groups = sorted({j.model for j in single})
+    need_data(
+        len(single),
+        len(groups),
+        5,
+        3,
+        "the speed fit",
+        "single-worker jobs with accelerator, FLOPs per step and parameters declared",
+    )
+    y = np.array([1.0 / j.speed for j in single])
+    best: tuple[float, str, Any, dict[str, Any]] | None = None
+    tried = {}
+    for fam, (cols, log_t) in SPEED_FAMILIES.items():
+        X = np.array([speed_features(j.flops_per_step, j.params, j.tensors, j.acc, fam) for j in single])
+        cv = logo_cv(X, y, [j.model for j in single], cols, log_t)
+        tried[fam] = {"cv_mape": cv["mape"], "cv_r2": cv["r2"]}
+        if best is None or cv["mape"] < best[0]:
+            best = (cv["mape"], fam, X, cv)
+    assert best is not None
+    _, fam, X, cv = best
+    cols, log_t = SPEED_FAMILIES[fam]
+    lin = Linear.fit(X, y, cols, log_t)
+    cv["families"] = tried
+    return Fit(
+        "speed",
+        fam,
+        {"linear": lin.__dict__, "coefficients": dict(zip(cols, lin.params, strict=False))},
+        len(single),
+        len(groups),
+        cv,
+        min(j.t0 for j in single),
+        max(j.t1 for j in single),
+        cols,
+    )
+
+
+def predict_speed(
+    fit: dict[str, Any], acc: catalog.Accelerator, flops: float, params: float, tensors: float
+) -> tuple[float, float, float]:
+    """Single-worker steps/s (and its interval) from a stored speed fit."""
+    lin = Linear(**fit["model"]["linear"])
+    t, lo, hi = lin.predict(speed_features(flops, params, tensors, acc, fit["family"]))
+    lo = max(lo, 1e-9)
+    return 1.0 / max(t, 1e-9), 1.0 / hi, 1.0 / lo

@@ -1,0 +1,128 @@
+"""Steady-state speed from step telemetry: the input of the speed and cluster models.
+
+Per job, run and rank, the step intervals in time order: drop the ramp (every interval that
+starts in the first 10 % of the rank's stepping time, and at least the first two) and the
+tail (the last interval); from at least three that remain, the median of the per-interval
+steps/s.  The job's cluster speed: parameter-server jobs (``ps`` > 0) sum their worker
+ranks' speeds (each worker steps on its own); other jobs take the lowest rank's speed (in
+synchronous training every rank steps together).  Several runs of a job pool their kept
+intervals.  A job is used when its declaration gives the accelerator (found in the
+catalogue), FLOPs per step and parameter count.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import duckdb
+
+from .. import catalog
+from ..db import AnalyticsError
+
+RAMP_SHARE = 0.10
+MIN_RAMP_INTERVALS = 2
+MIN_KEPT = 3
+
+
+# Computed in DuckDB (a fleet's step intervals need not fit in memory): per job, run and
+# rank, number the intervals in time order, keep those after the ramp and before the tail,
+# then per job and rank the median over the kept intervals of all its runs.
+STEADY_SQL = f"""
+WITH s AS (
+    SELECT job, run, rank, ts, steps,
+           coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps) AS span
+    FROM steps),
+w AS (
+    SELECT job, rank, ts, steps / span AS rate, epoch(ts) - span AS begins,
+           row_number() OVER p AS i, count(*) OVER p AS n,
+           min(epoch(ts) - span) OVER p AS t_start, max(epoch(ts)) OVER p AS t_end
+    FROM s WHERE span > 0 AND steps > 0
+    WINDOW p AS (PARTITION BY job, run, rank ORDER BY ts
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING))
+SELECT job, coalesce(rank, 0) AS rank, median(rate) AS rate, count(*) AS kept
+FROM w
+WHERE i > {MIN_RAMP_INTERVALS} AND i < n AND begins >= t_start + {RAMP_SHARE} * (t_end - t_start)
+GROUP BY ALL HAVING count(*) >= {MIN_KEPT}
+"""
+
+
+def steady_rates(con: duckdb.DuckDBPyConnection) -> dict[str, dict[int, float]]:
+    """job -> rank -> steady steps/s (see the module doc); ranks with too few intervals
+    are absent."""
+    out: dict[str, dict[int, float]] = {}
+    for job, rank, rate, _ in con.execute(STEADY_SQL).fetchall():
+        out.setdefault(job, {})[int(rank)] = float(rate)
+    return out
+
+
+@dataclass
+class JobSpeed:
+    job: str
+    model: str
+    accelerator: str
+    workers: int
+    ps: int
+    flops_per_step: float
+    params: float
+    tensors: float
+    batch_size: float | None
+    speed: float  # cluster steps/s, steady state
+    t0: dt.datetime
+    t1: dt.datetime
+    acc: catalog.Accelerator | None = None
+
+
+def job_speeds(con: duckdb.DuckDBPyConnection) -> tuple[list[JobSpeed], list[str]]:
+    """Steady-state speed of every job with a usable declaration; and why others were
+    left out."""
+    decl = con.execute(
+        """SELECT job, arg_max(model, ts), arg_max(accelerator, ts), arg_max(world_size, ts), arg_max(ps, ts),
+                  arg_max(flops_per_step, ts), arg_max(params, ts), arg_max(tensors, ts), arg_max(batch_size, ts)
+           FROM jobs GROUP BY job"""
+    ).fetchall()
+    span = {
+        job: (t0, t1)
+        for job, t0, t1 in con.execute("SELECT job, min(ts), max(ts) FROM steps GROUP BY job").fetchall()
+    }
+    rates = steady_rates(con)
+    cat = catalog.load()
+    out, skipped = [], []
+    for job, model, accel, world, ps, flops, params, tensors, batch in decl:
+        if job not in span:
+            continue
+        missing = [
+            k for k, v in (("accelerator", accel), ("flops_per_step", flops), ("params", params)) if not v
+        ]
+        if missing:
+            skipped.append(f"{job}: no {', '.join(missing)} declared")
+            continue
+        try:
+            acc = catalog.lookup(accel, cat)
+        except AnalyticsError:
+            skipped.append(f"{job}: accelerator {accel!r} not in the catalogue")
+            continue
+        good = rates.get(job)
+        if not good:
+            skipped.append(f"{job}: too few step intervals for a steady state")
+            continue
+        ps_n = int(ps or 0)
+        speed = sum(good.values()) if ps_n > 0 else good[min(good)]
+        out.append(
+            JobSpeed(
+                job,
+                model or job,
+                acc.name,
+                int(world or 1),
+                ps_n,
+                float(flops),
+                float(params),
+                float(tensors or 1),
+                float(batch) if batch else None,
+                speed,
+                span[job][0],
+                span[job][1],
+                acc,
+            )
+        )
+    return out, skipped
