@@ -3,8 +3,10 @@ library functions in cmdare.analytics.queries)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -537,10 +539,29 @@ model_options = [
 ]
 
 
+@dataclass(frozen=True)
+class _Model:
+    """The model a prediction is for, from the --flops-per-step ... options."""
+
+    flops_per_step: float
+    params: float
+    tensors: int
+    batch_size: int | None
+
+
 def _model_opts(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The model options, handed to the command as one ``model`` argument."""
+
+    @functools.wraps(f)
+    def command(
+        *args: Any, flops_per_step: float, params: float, tensors: int | None, batch_size: int | None, **kw: Any
+    ) -> Any:
+        t = tensors or max(1, round(params / 1e5))
+        return f(*args, model=_Model(flops_per_step, params, t, batch_size), **kw)
+
     for o in reversed(model_options):
-        f = o(f)
-    return f
+        command = o(command)
+    return command
 
 
 @predict.command(name="speed")
@@ -548,15 +569,7 @@ def _model_opts(f: Callable[..., Any]) -> Callable[..., Any]:
 @_model_opts
 @db_option
 @json_option
-def predict_speed(
-    gpu_type: str,
-    flops_per_step: float,
-    params: float,
-    tensors: int | None,
-    batch_size: int | None,
-    db: str,
-    as_json_: bool,
-) -> None:
+def predict_speed(gpu_type: str, model: _Model, db: str, as_json_: bool) -> None:
     """Single-worker steps/s of a model on an accelerator, with a 95% interval.
 
     \b
@@ -568,9 +581,7 @@ def predict_speed(
     def run(con: Any) -> dict[str, Any]:
         acc = catalog.lookup(gpu_type)
         f = models.latest(con, "speed")
-        v, lo, hi = models.predict_speed(
-            f, acc, flops_per_step, params, tensors or max(1, round(params / 1e5))
-        )
+        v, lo, hi = models.predict_speed(f, acc, model.flops_per_step, model.params, model.tensors)
         out = {
             "prediction": v,
             "interval": [lo, hi],
@@ -578,8 +589,8 @@ def predict_speed(
             "accelerator": acc.name,
             "step_seconds": 1 / v,
         }
-        if batch_size:
-            out["examples_per_second"] = v * batch_size
+        if model.batch_size:
+            out["examples_per_second"] = v * model.batch_size
         return out
 
     _emit_prediction(_with_ro(db, run), as_json_, "steps/s")
@@ -606,16 +617,7 @@ def _parse_gpus(spec: str) -> list[tuple[str, int]]:
 @db_option
 @json_option
 def predict_cluster(
-    gpu_type: str | None,
-    workers: int | None,
-    gpus: str | None,
-    ps: int,
-    flops_per_step: float,
-    params: float,
-    tensors: int | None,
-    batch_size: int | None,
-    db: str,
-    as_json_: bool,
+    gpu_type: str | None, workers: int | None, gpus: str | None, ps: int, model: _Model, db: str, as_json_: bool
 ) -> None:
     """Cluster steps/s of a parameter-server job, homogeneous (--gpu-type and --workers) or
     heterogeneous (--gpus k80:2,p100:2: T_exp = 1 / sum(1/T_i), spotDNN), with a 95%
@@ -635,13 +637,12 @@ def predict_cluster(
 
     def run(con: Any) -> dict[str, Any]:
         sfit, cfit = models.latest(con, "speed"), models.latest(con, "cluster")
-        t = tensors or max(1, round(params / 1e5))
         ws = []
         for name, n in spec:
             acc = catalog.lookup(name)
-            v1 = models.predict_speed(sfit, acc, flops_per_step, params, t)[0]
+            v1 = models.predict_speed(sfit, acc, model.flops_per_step, model.params, model.tensors)[0]
             ws += [1.0 / v1] * n
-        r = models.predict_cluster(cfit, ws, ps, params)
+        r = models.predict_cluster(cfit, ws, ps, model.params)
         out = {
             "prediction": r.pop("steps_per_second"),
             "interval": [r.pop("lower"), r.pop("upper")],
@@ -650,8 +651,8 @@ def predict_cluster(
             "workers": len(ws),
             **r,
         }
-        if batch_size:
-            out["examples_per_second"] = out["prediction"] * batch_size
+        if model.batch_size:
+            out["examples_per_second"] = out["prediction"] * model.batch_size
         return out
 
     _emit_prediction(_with_ro(db, run), as_json_, "steps/s")

@@ -65,10 +65,16 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Result:
     )
 
 
-def _life_filters(region: str | None, gpu_type: str | None, alias: str) -> tuple[str, list[Any]]:
+def _life_filters(
+    region: str | None, gpu_type: str | None, alias: str, since: tuple[str, dt.datetime | None]
+) -> tuple[str, list[Any]]:
     """SQL conditions on a life's region and accelerator (the cloud's, else the GPU model
-    the node's samples name): case-insensitive substrings, e.g. ``v100``."""
+    the node's samples name): case-insensitive substrings, e.g. ``v100``; and ``since``:
+    (column, cutoff) for the window."""
     clauses, params = [], []
+    if since[1] is not None:
+        clauses.append(f"{since[0]} >= ?")
+        params.append(since[1])
     if region:
         clauses.append(f"lower({alias}.region) LIKE '%' || lower(?) || '%'")
         params.append(region)
@@ -91,10 +97,7 @@ def instances(
     """Every life of every VM: identity, boot, first/last seen, state and how it ended,
     lifetime, notices seen."""
     needs_schema(con, 4, "analyze instances")
-    cond, params = _life_filters(region, gpu_type, "l")
-    if cutoff is not None:
-        cond = " AND ".join(c for c in (cond, "l.last_seen >= ?") if c)
-        params.append(cutoff)
+    cond, params = _life_filters(region, gpu_type, "l", ("l.last_seen", cutoff))
     return _run(
         con,
         f"""
@@ -122,10 +125,7 @@ def revocations(
     training job on the node, the progress lost since its last checkpoint (steps and
     seconds of work from the last successful save to the last step the node reported)."""
     needs_schema(con, 4, "analyze revocations")
-    cond, params = _life_filters(region, gpu_type, "r")
-    if cutoff is not None:
-        cond = " AND ".join(c for c in (cond, "r.ts >= ?") if c)
-        params.append(cutoff)
+    cond, params = _life_filters(region, gpu_type, "r", ("r.ts", cutoff))
     return _run(
         con,
         f"""

@@ -17,7 +17,10 @@ connection and a ``Scope`` and return typed results carrying their evidence numb
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import math
+import pkgutil
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -167,3 +170,37 @@ def run_unit(
         if not isinstance(r, cls.RESULT) or r.kind != name:
             raise AssertionError(f"{registry.kind} {name} returned {r!r}, not a {cls.RESULT.__name__} of its kind")
     return out
+
+
+def load_units(package: str, path: Iterable[str]) -> None:
+    """Import every module of a unit package: each registers its unit (one new file is one
+    new unit, nothing else to edit)."""
+    for m in pkgutil.iter_modules(path):
+        importlib.import_module(f"{package}.{m.name}")
+
+
+class Detector(AnalyticsUnit):
+    """Base of detectors (``analytics/detectors/<name>.py``): ``run`` returns ``Finding``s."""
+
+    RESULT: ClassVar[type] = Finding
+
+
+class Recommender(AnalyticsUnit):
+    """Base of recommenders (``analytics/recommend/<name>.py``): ``run`` returns
+    ``Recommendation``s."""
+
+    RESULT: ClassVar[type] = Recommendation
+
+
+DETECTORS: Registry[type[Detector]] = Registry("detector")
+RECOMMENDERS: Registry[type[Recommender]] = Registry("recommender")
+
+
+def detect(name: str, con: duckdb.DuckDBPyConnection, scope: Scope, **options: Any) -> list[Finding]:
+    """The findings of detector ``name`` in ``scope`` (options as user input)."""
+    return run_unit(DETECTORS, name, con, scope, options)
+
+
+def recommend(name: str, con: duckdb.DuckDBPyConnection, scope: Scope, **options: Any) -> list[Recommendation]:
+    """The recommendations of recommender ``name`` in ``scope`` (options as user input)."""
+    return run_unit(RECOMMENDERS, name, con, scope, options)

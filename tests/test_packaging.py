@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 DATA = {
     "cmdare/wire/schema/event-v1.schema.json",
+    "cmdare/wire/schema/dead-letters.tsv",
     "cmdare/agent/packaging/cmdare-agent.service",
     "cmdare/agent/packaging/cmdare-agent.sysusers",
     "cmdare/agent/packaging/agent.sample.toml",

@@ -174,13 +174,9 @@ class EventFactory:
         return m
 
     def make(
-        self,
-        type_: str,
-        data: Mapping[str, Any],
-        ts: float | None = None,
-        job: str | None = None,
-        id: str | None = None,
+        self, type_: str, data: Mapping[str, Any], ts: float | None = None, job: str | None = None, id: str | None = None
     ) -> dict[str, Any]:
+        """The event as a dict (what ``line`` encodes)."""
         return {
             "v": VERSION,
             "id": id or self.ids.next(),

@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .kinds import BOOL, FLOAT, FLOATS, INT, LIST_KINDS, OBJS, STR, STRS
+
+__all__ = ["BOOL", "FLOAT", "FLOATS", "INT", "LIST_KINDS", "OBJS", "STR", "STRS"]  # and the registry below
+
 VERSION = 1
 ROLES = ("worker", "ps", "chief", "data", "client")
 
-# Field kinds used by the per-type data specs below.
-FLOAT, INT, STR, BOOL, FLOATS, STRS, OBJS = "float", "int", "str", "bool", "float[]", "str[]", "object[]"
 
 # type -> {field: (kind, unit/description)}.  Every data field is optional (a source
 # omits what the hardware cannot report); a present field must have the declared kind.
@@ -36,10 +38,7 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "mem_available_bytes": (INT, "memory available to new work"),
         "swap_total_bytes": (INT, "swap size"),
         "swap_used_bytes": (INT, "swap in use"),
-        "net": (
-            OBJS,
-            "per NIC: nic, rx/tx _bytes_total, _packets_total, _errors_total, _drops_total (counters)",
-        ),
+        "net": (OBJS, "per NIC: nic, rx/tx _bytes_total, _packets_total, _errors_total, _drops_total (counters)"),
         "disk": (OBJS, "per disk: disk, read/write _bytes_total, _ops_total, busy_seconds_total (counters)"),
         "procs": (INT, "number of processes"),
     },
@@ -115,15 +114,9 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     },
     "revocation": {
         "cloud": (STR, "gce | aws | azure"),
-        "kind": (
-            STR,
-            "preemption | spot-interruption | maintenance | rebalance | termination | reboot | redeploy | freeze",
-        ),
+        "kind": (STR, "preemption | spot-interruption | maintenance | rebalance | termination | reboot | redeploy | freeze"),
         "action": (STR, "what the cloud will do (AWS action, GCE maintenance value, Azure event type)"),
-        "deadline": (
-            FLOAT,
-            "when the cloud acts, unix seconds (the cloud's time, or GCE's documented notice)",
-        ),
+        "deadline": (FLOAT, "when the cloud acts, unix seconds (the cloud's time, or GCE's documented notice)"),
         "lead_seconds": (FLOAT, "deadline minus the time the agent saw the notice"),
         "notice_id": (STR, "the notice's identity: the same notice is published once"),
         "revokes": (BOOL, "the VM is being taken away (preemption, spot interruption)"),
@@ -204,7 +197,6 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 
-LIST_KINDS = (FLOATS, STRS, OBJS)
 ENVELOPE_KEYS = ("v", "id", "ts", "node", "role", "job", "labels", "type", "data")
 MAX_ID_LEN = 64
 MAX_NAME_LEN = 256

@@ -9,14 +9,8 @@ Layout of ``spool.dir``::
     cursor.shipped            "<segment> <offset>": what Kafka acknowledged (Kafka mode)
     cursor.collected          "<segment> <offset>": what a collector loaded (embedded mode)
 
-Sources append whole ticks; a consumer (the Kafka shipper, or a collector reading the
-directory) reads complete lines from a position and moves its cursor only after the
-data is safe downstream.  Segments wholly behind the governing cursor are deleted.
-
-Bounds: when the spool exceeds ``max_bytes``, or a segment is older than ``max_age``,
-the oldest segments are deleted even though not consumed; the events in them that had
-not been consumed are counted in ``dropped_total``.  A torn last line from a crash is cut
-off when the spool is opened.
+A consumer reads complete lines from a position (``read_lines``) and moves its cursor
+(``write_cursor``, atomically) only after the data is safe downstream.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What makes an event valid, and the one-line reason a collector gives when it is not.
 
-``RULES`` is the list of every reason an event (or a message) is refused: the dead-letter
-reasons users see in ``dead_letters.reason``, documented in docs/wire-format.md
-("Dead letters").  Each check renders its reason from here: ``reason()`` for the Python
+``RULES`` is every reason an event (or a message) is refused: the dead-letter reasons
+users see in ``dead_letters.reason``, kept as data in wire/schema/dead-letters.tsv and
+listed in docs/wire-format.md ("What a collector rejects").  Each check renders its reason from here: ``reason()`` for the Python
 validator below, ``sql_reason()`` for the collector's SQL (JSON lines, row lines and column
 blocks are checked in DuckDB, see cmdare.collector.ingest).  A value in ``{got}`` is the
 offending value as each form can show it (Python: its repr; SQL: its text).
@@ -13,25 +13,13 @@ Standard library only (the agent's dependency rule).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
-from .registry import (
-    BOOL,
-    DATA_FIELDS,
-    FLOAT,
-    FLOATS,
-    INT,
-    MAX_ID_LEN,
-    MAX_NAME_LEN,
-    OBJS,
-    ROLES,
-    ROW_ENVELOPE,
-    ROW_PREFIX,
-    STR,
-    STRS,
-    VERSION,
-)
+from .kinds import BOOL, FLOAT, FLOATS, INT, OBJS, STR, STRS
+from .registry import DATA_FIELDS, MAX_ID_LEN, MAX_NAME_LEN, ROLES, ROW_ENVELOPE, ROW_PREFIX, VERSION
 
 MAX_EVENT_BYTES = 1 << 20  # one event (a line, or a block's row) at most
 TS_MAX = 1e11  # ts must be unix seconds in (0, TS_MAX)
@@ -51,56 +39,27 @@ class Rule:
 _ROLE_LIST = ", ".join(ROLES)
 _ENV_FIELDS = 1 + len(ROW_ENVELOPE)
 
-RULES: dict[str, Rule] = {
-    r.name: r
-    for r in (
-        Rule("utf8", "not UTF-8 text (byte {got}): not a cmdare event message", "a message that is not UTF-8"),
-        Rule("no_value", "message has no value", "a Kafka message without a value"),
-        Rule("size", f"event of {{got}} bytes exceeds the {MAX_EVENT_BYTES} byte limit", "a line over 1 MiB"),
-        Rule("json", "not valid JSON", "a line that is neither JSON nor a row"),
-        Rule("object", "event is a JSON {got}, expected an object", "JSON that is not an object"),
-        Rule(
-            "version",
-            f"unsupported wire format version {{got}} (this collector reads v{VERSION})",
-            "a 'v' other than 1",
-        ),
-        Rule("id", f"field 'id' must be a non-empty string of at most {MAX_ID_LEN} characters", "bad id"),
-        Rule("ts", "field 'ts' must be unix seconds, got {got}", "ts not a number in (0, 1e11)"),
-        Rule(
-            "node",
-            f"field 'node' must be a non-empty string of at most {MAX_NAME_LEN} characters",
-            "bad node",
-        ),
-        Rule(
-            "type",
-            f"field 'type' must be a non-empty string of at most {MAX_NAME_LEN} characters",
-            "bad type",
-        ),
-        Rule("role", f"field 'role' must be one of {_ROLE_LIST}, got {{got}}", "a role not in the list"),
-        Rule("job", "field 'job' must be a string", "job not a string"),
-        Rule("labels", "field 'labels' must be an object of string values", "labels not string to string"),
-        Rule("data", "field 'data' must be an object", "data not an object"),
-        Rule("field", "{type}.{field} must be {kind}, got {got}", "a data field not of its kind"),
-        Rule(
-            "row_format",
-            f"unsupported row format {{got}} (this collector reads {ROW_PREFIX})",
-            "a row line of another row format",
-        ),
-        Rule(
-            "row_short",
-            f"row has {{got}} fields, fewer than the {_ENV_FIELDS} of the envelope",
-            "a row line cut short",
-        ),
-        Rule("row", "not a valid row", "a row line no other rule explains"),
-        Rule("row_type", "row of type {got}, which this collector does not know", "a row of an unknown type"),
-        Rule(
-            "row_long",
-            "{type} row has {got} data fields; this collector knows {known} (a newer agent?)",
-            "a row with more fields than its type has",
-        ),
-        Rule("block", "{detail}", "a column block message that cannot be read (the message whole)"),
-    )
-}
+def _load_rules() -> dict[str, Rule]:
+    """RULES from wire/schema/dead-letters.tsv, the limits filled in."""
+    limits = {
+        "MAX_EVENT_BYTES": MAX_EVENT_BYTES,
+        "VERSION": VERSION,
+        "MAX_ID_LEN": MAX_ID_LEN,
+        "MAX_NAME_LEN": MAX_NAME_LEN,
+        "ROLES": _ROLE_LIST,
+        "ROW_PREFIX": ROW_PREFIX,
+        "ENVELOPE_FIELDS": _ENV_FIELDS,
+    }
+    rules = {}
+    text = resources.files("cmdare.wire").joinpath("schema", "dead-letters.tsv").read_text()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, what, reason_ = line.split("\t")
+            rules[name] = Rule(name, re.sub(r"<([A-Z_]+)>", lambda m: str(limits[m.group(1)]), reason_), what)
+    return rules
+
+
+RULES: dict[str, Rule] = _load_rules()
 
 
 def reason(name: str, **values: Any) -> str:

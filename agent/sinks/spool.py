@@ -1,21 +1,12 @@
-"""The local disk spool: the agent's write-ahead log (the Fluent Bit filesystem-buffer
-model).
+"""The spool's writer: the agent's write-ahead log (the Fluent Bit filesystem-buffer model).
 
-Layout of ``spool.dir``::
-
-    0000000000000001.ndjson   segments, append-only, one event per line (wire format v1)
-    0000000000000002.ndjson   ... the highest-numbered one is being written
-    cursor.shipped            "<segment> <offset>": what Kafka acknowledged (Kafka mode)
-    cursor.collected          "<segment> <offset>": what a collector loaded (embedded mode)
-
-Sources append whole ticks; a consumer (the Kafka shipper, or a collector reading the
-directory) reads complete lines from a position and moves its cursor only after the
-data is safe downstream.  Segments wholly behind the governing cursor are deleted.
-
-Bounds: when the spool exceeds ``max_bytes``, or a segment is older than ``max_age``,
-the oldest segments are deleted even though not consumed; the events in them that had
-not been consumed are counted in ``dropped_total``.  A torn last line from a crash is cut
-off when the spool is opened.
+The on-disk format (segments, cursors) and the reader that consumers use are in
+cmdare.wire.spool.  ``Spool`` appends whole ticks to the newest segment, moves the
+governing cursor when a consumer (the Kafka shipper, or a collector reading the directory)
+reports what is safe downstream, and deletes segments wholly behind it.  It enforces the
+bounds: past ``max_bytes``, or for a segment older than ``max_age``, the oldest segments
+are deleted even though not consumed, and their unconsumed events are counted in
+``dropped_total``.  A torn last line from a crash is cut off when the spool is opened.
 """
 
 from __future__ import annotations

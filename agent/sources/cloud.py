@@ -37,6 +37,8 @@ PROVIDERS = ("auto", "none", *cloud.CLOUDS)
 
 @SOURCES.register
 class CloudSource(Source):
+    """The VM's identity from the cloud's metadata service, and its revocation notices."""
+
     name = "cloud"
     OPTIONS = {
         "provider": Option("str", "auto", "auto (detect) | gce | aws | azure | none", choices=PROVIDERS),

@@ -234,6 +234,9 @@ def load_backend(spec: str) -> Any:
 
 @SOURCES.register
 class GpuSource(Source):
+    """Per-GPU samples from NVML each tick; Xid and ECC increases as ``gpu_event``s.
+    Failure handling and the NVML seam: see the module docstring."""
+
     name = "gpu"
     OPTIONS = {
         "backend": Option("str", "pynvml", "NVML binding: 'pynvml' or 'python:module' (tests)"),

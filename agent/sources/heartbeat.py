@@ -15,6 +15,8 @@ from .base import SOURCES, Emit, Source
 
 @SOURCES.register
 class HeartbeatSource(Source):
+    """One heartbeat per tick: a contiguous sequence and the agent's own counters."""
+
     name = "heartbeat"
 
     def __init__(

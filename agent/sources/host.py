@@ -138,6 +138,8 @@ def disk_rows(counters: dict[str, Any], exclude: re.Pattern[str]) -> list[dict[s
 
 @SOURCES.register
 class HostSource(Source):
+    """CPU, load, memory, swap, NIC and disk counters of the machine, through psutil."""
+
     name = "host"
     OPTIONS = {
         "nic_exclude": Option("str", r"^lo$", "regex of NIC names to leave out"),

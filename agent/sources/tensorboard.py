@@ -47,6 +47,9 @@ class _File:
 
 @SOURCES.register
 class TensorBoardSource(Source):
+    """Step telemetry and chosen scalars from the TensorBoard event files of jobs that
+    cannot be changed."""
+
     name = "tensorboard"
     DEFAULT_ENABLED = False  # nothing to do until log dirs are configured
     OPTIONS = {

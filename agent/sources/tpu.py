@@ -111,6 +111,9 @@ def decode_supported(buf: bytes) -> list[str]:
 
 @SOURCES.register
 class TpuSource(Source):
+    """libtpu's runtime metrics per TPU device (HBM, duty cycle, HBM bandwidth), over the
+    gRPC service that ``tpu-info`` reads, with grpcio only."""
+
     name = "tpu"
     OPTIONS = {
         "address": Option("str", "localhost:8431", "libtpu runtime metrics server (TPU_RUNTIME_METRICS_PORTS)"),

@@ -60,6 +60,9 @@ class _Rank:
 
 @SOURCES.register
 class TrainSource(Source):
+    """Step times, input wait, checkpoints and job declarations that training processes
+    send with cmdare.agent.track, aggregated per interval, job, run and rank."""
+
     name = "train"
     OPTIONS = {
         "socket": Option("str", "/run/cmdare/train.sock", "Unix datagram socket the tracking library sends to"),

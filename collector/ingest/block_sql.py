@@ -8,21 +8,8 @@ with the same checks and reasons as the row lines'.
 from __future__ import annotations
 
 from cmdare.wire import columns
-from cmdare.wire.registry import (
-    BOOL,
-    DATA_FIELDS,
-    FLOAT,
-    FLOATS,
-    INT,
-    MAX_ID_LEN,
-    MAX_NAME_LEN,
-    OBJS,
-    ROLES,
-    ROW_PREFIX,
-    STR,
-    STRS,
-    TABLES,
-)
+from cmdare.wire.kinds import BOOL, FLOAT, FLOATS, INT, OBJS, STR, STRS
+from cmdare.wire.registry import DATA_FIELDS, MAX_ID_LEN, MAX_NAME_LEN, ROLES, ROW_PREFIX, TABLES
 from cmdare.wire.validation import TS_MAX
 from cmdare.wire.validation import sql_reason as R
 

@@ -8,21 +8,8 @@ reasons come from ``cmdare.wire.validation.RULES``.
 
 from __future__ import annotations
 
-from cmdare.wire.registry import (
-    BOOL,
-    DATA_FIELDS,
-    FLOAT,
-    FLOATS,
-    HOT_TYPES,
-    INT,
-    MAX_ID_LEN,
-    MAX_NAME_LEN,
-    OBJS,
-    ROLES,
-    STR,
-    STRS,
-    VERSION,
-)
+from cmdare.wire.kinds import BOOL, FLOAT, FLOATS, INT, OBJS, STR, STRS
+from cmdare.wire.registry import DATA_FIELDS, HOT_TYPES, MAX_ID_LEN, MAX_NAME_LEN, ROLES, VERSION
 from cmdare.wire.validation import MAX_EVENT_BYTES, TS_MAX
 from cmdare.wire.validation import sql_reason as R
 

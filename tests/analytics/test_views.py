@@ -27,18 +27,20 @@ def test_each_view_compiles_and_answers_on_a_fresh_database(tmp_path: Path, name
     con.close()
 
 
+def _columns(con: duckdb.DuckDBPyConnection, view: str) -> list[str]:
+    return [d[0] for d in con.execute(f"SELECT * FROM {view} LIMIT 0").description]
+
+
 def test_a_writable_open_replaces_an_older_view(tmp_path: Path) -> None:
+    """A database last written by an older release keeps its older view until a writable
+    open, which brings the view of this release."""
     path = tmp_path / "old.duckdb"
-    con = connect(path)
-    con.execute("CREATE OR REPLACE VIEW step_hardware AS SELECT 1 AS stale")
-    con.close()
-    ro = duckdb.connect(str(path), read_only=True)
-    assert [d[0] for d in ro.execute("SELECT * FROM step_hardware").description] == ["stale"]
-    ro.close()
-    con = connect(path)
-    cols = [d[0] for d in con.execute("SELECT * FROM step_hardware").description]
-    assert cols[-3:] == ["gpu_util_ratio", "gpu_mem_util_ratio", "host_cpu_util_ratio"]
-    con.close()
+    with connect(path) as con:
+        con.execute("CREATE OR REPLACE VIEW step_hardware AS SELECT 1 AS stale")
+    with duckdb.connect(str(path), read_only=True) as ro:
+        assert _columns(ro, "step_hardware") == ["stale"]
+    with connect(path) as con:
+        assert _columns(con, "step_hardware")[-3:] == ["gpu_util_ratio", "gpu_mem_util_ratio", "host_cpu_util_ratio"]
 
 
 def test_migrations_hold_tables_only() -> None:
