@@ -28,7 +28,7 @@ from pathlib import Path
 from common import ROOT, Broker
 
 from cmdare.collector.consumer import KafkaIngest
-from cmdare.collector.db import connect
+from cmdare.collector.db import connect, cursor
 from cmdare.wire.kafka import KafkaURL
 from tests.fakes.metadata import FakeMetadata
 
@@ -85,7 +85,7 @@ def main() -> None:
         ing.open()
         collector = threading.Thread(target=ing.run, daemon=True)
         collector.start()
-        reader = con.cursor()
+        reader = cursor(con)
         seen: dict[tuple[str, str], float] = {}  # (node, notice_id) -> when first visible in DuckDB
         stop = threading.Event()
 

@@ -101,7 +101,7 @@ def main() -> None:
         con = connect(db)
         new = measure(con)
         for k, (s, _) in new.items():
-            print(f"  current (006)  {k:<24} {s:8.3f} s", flush=True)
+            print(f"  current        {k:<24} {s:8.3f} s", flush=True)
         if a.skip_old:
             return
         con.execute("BEGIN")
@@ -111,10 +111,10 @@ def main() -> None:
         con.execute("ROLLBACK")
         con.close()
         for k, (s, _) in old.items():
-            print(f"  002 form       {k:<24} {s:8.3f} s   old/new {s / new[k][0]:6.1f}x")
+            print(f"  first form     {k:<24} {s:8.3f} s   old/new {s / new[k][0]:6.1f}x")
         no, nn = old["whole view"][1][1], new["whole view"][1][1]
         same = old["analyze steps (1 job)"][1] == new["analyze steps (1 job)"][1]
-        print(f"  rows with GPU utilisation: 002 form {no:,}, current {nn:,}")
+        print(f"  rows with GPU utilisation: first form {no:,}, current {nn:,}")
         print(f"  analyze steps' GPU and CPU % per rank the same in both: {same}")
 
 

@@ -75,6 +75,15 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     return con
 
 
+def cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A cursor (another thread's connection) on ``con``'s database.  A writable connection
+    attaches the file under the name ``cmdare`` (for its row group size); a plain
+    ``con.cursor()`` starts in DuckDB's in-memory catalog and does not see the tables."""
+    cur = con.cursor()
+    cur.execute(f"USE {_q(con.execute('SELECT current_database()').fetchall()[0][0])}")
+    return cur
+
+
 def _q(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 

@@ -450,3 +450,13 @@ def test_malformed_rows_are_dead_lettered_with_the_reason_the_agent_library_give
     with pytest.raises(InvalidEvent) as e:
         decode_line(line)
     assert str(e.value).startswith(reason)
+
+
+def test_a_cursor_of_a_writable_connection_sees_the_tables(tmp_path: Path) -> None:
+    """Another thread's cursor on the collector's connection (a reader beside the writer)."""
+    from cmdare.collector.db import cursor
+
+    con = connect(tmp_path / "c.duckdb")
+    Writer(con).write([("t:1", encode(F.make("heartbeat", {"seq": 1})))])
+    assert cursor(con).execute("SELECT count(*) FROM heartbeats").fetchall() == [(1,)]
+    con.close()
