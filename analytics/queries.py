@@ -71,7 +71,8 @@ def _life_filters(
     """SQL conditions on a life's region and accelerator (the cloud's, else the GPU model
     the node's samples name): case-insensitive substrings, e.g. ``v100``; and ``since``:
     (column, cutoff) for the window."""
-    clauses, params = [], []
+    clauses: list[str] = []
+    params: list[Any] = []
     if since[1] is not None:
         clauses.append(f"{since[0]} >= ?")
         params.append(since[1])

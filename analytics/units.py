@@ -46,7 +46,8 @@ class Scope:
 
     def where(self, ts: str = "ts", job: str = "job") -> tuple[str, list[Any]]:
         """A SQL condition (never empty) and its parameters for this scope."""
-        clauses, params = ["true"], []
+        clauses: list[str] = ["true"]
+        params: list[Any] = []
         if self.job is not None:
             clauses.append(f"{job} = ?")
             params.append(self.job)

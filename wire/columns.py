@@ -357,7 +357,7 @@ def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
         if type(cols) is not list or len(cols) < 2 or [c[:1] for c in cols[:2]] != [["id"], ["ts"]]:
             raise BlockError(f"{where}: 'columns' must be a list starting with id and ts")
         spec = DATA_FIELDS[type_]
-        arrays: dict[str, pa.Array] = {}
+        arrays: dict[str, Any] = {}
         nbytes = np.zeros(n, np.int64)
         for c in cols:
             if type(c) is not list or len(c) != 2 or type(c[0]) is not str or c[1] not in (0, 1):
