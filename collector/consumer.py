@@ -36,6 +36,8 @@ class Totals:
     events: int = 0
     duplicates: int = 0
     dead: int = 0
+    not_utf8: int = 0  # of dead: damaged lines (bytes that are not UTF-8)
+    empty: int = 0  # messages with an empty value
     batches: int = 0
     messages: int = 0
     started: float = 0.0
@@ -45,6 +47,8 @@ class Totals:
         self.events += r.inserted
         self.duplicates += r.duplicates
         self.dead += r.dead
+        self.not_utf8 += r.not_utf8
+        self.empty += r.empty
         self.batches += 1
         self.messages += messages
         self.last_stored = time.monotonic()
@@ -53,7 +57,8 @@ class Totals:
         dt = max(1e-9, time.monotonic() - self.started)
         return (
             f"{self.events} events stored ({self.events / dt:,.0f}/s), {self.duplicates} duplicates "
-            f"skipped, {self.dead} dead-lettered, {self.messages} messages in {self.batches} batches"
+            f"skipped, {self.dead} dead-lettered{f' ({self.not_utf8} damaged lines)' if self.not_utf8 else ''}, "
+            f"{self.messages} messages in {self.batches} batches{f' ({self.empty} empty)' if self.empty else ''}"
         )
 
 

@@ -89,7 +89,7 @@ class Writer:
 
     def write_batch(self, batch: Batch, position: tuple[str, int, int] | None = None) -> WriteResult:
         """``write`` of messages already read into a ``Batch`` (on any thread)."""
-        con, res, now = self.con, WriteResult(), _ts(time.time())
+        con, res, now = self.con, WriteResult(empty=batch.empty, not_utf8=batch.not_utf8), _ts(time.time())
         s = _Scratch()
         con.execute("BEGIN")
         try:

@@ -7,7 +7,7 @@ the collector then loads them without parsing a number from text, which is most 
 sample costs it.  It is a transport encoding, like compression: the same events, the same
 validation, the same tables (docs/wire-format.md, "Column blocks").
 
-    message := MAGIC  u32 header_length  header (JSON, padded with spaces)  body
+    message := MAGIC  u32 header_length  header (JSON, padded with spaces)  body  u32 crc
     header  := {"text": T, "blocks": [{"type", "rows", "node", "role", "job", "labels",
                                        "columns": [[name, has_mask], ...]}, ...]}
     body    := T bytes of text lines (events in the line forms, newline-terminated), zero
@@ -35,6 +35,7 @@ import json
 import math
 import re
 import struct
+import zlib
 from array import array
 from dataclasses import dataclass
 from itertools import accumulate
@@ -42,7 +43,9 @@ from typing import Any
 
 from .registry import BOOL, DATA_FIELDS, FLOAT, INT, ROW_PREFIX, ROW_TYPES, STR
 
-MAGIC = b"\x00cmdare-columns-1\n"
+MAGIC = b"\x00cmdare-columns-2\n"  # what the agent writes: ends with a CRC-32 of all before it
+MAGIC_V1 = b"\x00cmdare-columns-1\n"  # agents before 0.1 (no checksum): still read
+CRC = struct.Struct("<I")  # zlib.crc32 of every byte of the message before it
 HEAD = struct.Struct("<I")
 _ROWHEAD = ROW_PREFIX.encode() + b"\t"
 _NENV = 8  # prefix, type, id, ts, node, role, job, labels
@@ -205,7 +208,23 @@ def encode(data: bytes) -> bytes:
     header = json.dumps({"text": len(tpart), "blocks": heads}, separators=(",", ":")).encode()
     header += b" " * (-(len(MAGIC) + HEAD.size + len(header)) % 8)
     tpart += b"\0" * (-len(tpart) % 8)
-    return b"".join([MAGIC, HEAD.pack(len(header)), header, tpart, *bodies])
+    msg = b"".join([MAGIC, HEAD.pack(len(header)), header, tpart, *bodies])
+    return msg + CRC.pack(zlib.crc32(msg))
+
+
+def checked_size(raw: bytes) -> int:
+    """The length of a column-block message without its checksum, once the checksum is
+    right (a version 1 message has none); BlockError when it is not."""
+    if raw[: len(MAGIC)] == MAGIC_V1:
+        return len(raw)
+    if len(raw) < len(MAGIC) + HEAD.size + CRC.size:
+        raise BlockError(f"column block message of {len(raw)} bytes is truncated (no header)")
+    n = len(raw) - CRC.size
+    if zlib.crc32(memoryview(raw)[:n]) != CRC.unpack_from(raw, n)[0]:
+        raise BlockError(
+            f"column block message of {len(raw)} bytes fails its checksum (damaged in transit or on disk)"
+        )
+    return n
 
 
 def decode(value: bytes) -> list[dict[str, Any]]:
@@ -216,9 +235,10 @@ def decode(value: bytes) -> list[dict[str, Any]]:
     from .registry import VERSION
     from .validation import InvalidEvent, validate
 
-    if value[: len(MAGIC)] != MAGIC:
+    if not is_block(value):
         return [decode_line(x) for x in value.split(b"\n") if x]
     try:
+        value = value[: checked_size(value)]
         start = len(MAGIC) + HEAD.size
         (hlen,) = HEAD.unpack_from(value, len(MAGIC))
         head = json.loads(value[start : start + hlen])
@@ -260,7 +280,7 @@ def decode(value: bytes) -> list[dict[str, Any]]:
         return out
     except InvalidEvent:
         raise
-    except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:
+    except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:  # BlockError included
         raise InvalidEvent(f"not a readable column block message: {e}"[:200]) from None
 
 
@@ -304,7 +324,7 @@ def arrow_type(kind: str) -> Any:
 
 
 def is_block(raw: bytes) -> bool:
-    return raw[: len(MAGIC)] == MAGIC
+    return raw[: len(MAGIC)] in (MAGIC, MAGIC_V1)
 
 
 def _str(h: dict[str, Any], key: str, where: str) -> str:
@@ -322,12 +342,13 @@ def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
     themselves (a NaN, an id too long, a role unknown) are left to the reader's checks."""
     np, pa = _arrow()
     ARROW = _arrow_types()
+    msg_end = checked_size(raw)  # the message's bytes without its checksum
     start = len(MAGIC) + HEAD.size
-    if len(raw) < start:
-        raise BlockError(f"column block message of {len(raw)} bytes is truncated (no header)")
+    if msg_end < start:
+        raise BlockError(f"column block message of {msg_end} bytes is truncated (no header)")
     (hlen,) = HEAD.unpack_from(raw, len(MAGIC))
-    if start + hlen > len(raw):
-        raise BlockError(f"column block header of {hlen} bytes runs past the message ({len(raw)} bytes)")
+    if start + hlen > msg_end:
+        raise BlockError(f"column block header of {hlen} bytes runs past the message ({msg_end} bytes)")
     try:
         head = json.loads(raw[start : start + hlen])
     except (ValueError, UnicodeDecodeError):
@@ -337,7 +358,7 @@ def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
     buf = pa.py_buffer(raw)
     pos = start + hlen
     tlen = head["text"]
-    if tlen < 0 or pos + tlen > len(raw):
+    if tlen < 0 or pos + tlen > msg_end:
         raise BlockError(f"column block text part of {tlen} bytes runs past the message")
     text = raw[pos : pos + tlen]
     pos += tlen + (-tlen % 8)
@@ -379,7 +400,7 @@ def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
                 raise BlockError(f"{where}: column {name} cannot have absent values")
             bitmap = None
             if masked:
-                if pos + n > len(raw):
+                if pos + n > msg_end:
                     raise BlockError(f"{where}: column {name} runs past the message")
                 present = np.frombuffer(raw, np.uint8, n, pos)
                 if present.max() > 1:
@@ -389,7 +410,7 @@ def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
             width = _WIDTH.get(kind)
             if width is not None:
                 size = n * width
-                if pos + size > len(raw):
+                if pos + size > msg_end:
                     raise BlockError(f"{where}: column {name} runs past the message")
                 if kind == BOOL and np.frombuffer(raw, np.uint8, n, pos).max() > 1:
                     raise BlockError(f"{where}: column {name}: bool values must be 0 or 1")
@@ -401,7 +422,7 @@ def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
                 arr = pa.Array.from_buffers(ARROW[kind], n, [bitmap, values])
                 nbytes += width
             else:
-                if pos + 4 * (n + 1) > len(raw):
+                if pos + 4 * (n + 1) > msg_end:
                     raise BlockError(f"{where}: column {name} runs past the message")
                 offsets = np.frombuffer(raw, "<u4", n + 1, pos)
                 end = int(offsets[-1])
@@ -411,7 +432,7 @@ def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
                         f"{where}: column {name}: string offsets must start at 0 and not decrease"
                     )
                 data_at = pos + 4 * (n + 1)
-                if data_at + end > len(raw):
+                if data_at + end > msg_end:
                     raise BlockError(f"{where}: column {name} runs past the message")
                 arr = pa.Array.from_buffers(
                     pa.string(), n, [bitmap, buf.slice(pos, 4 * (n + 1)), buf.slice(data_at, end)]
@@ -436,6 +457,6 @@ def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
                 nbytes,
             )
         )
-    if pos < len(raw):
-        raise BlockError(f"column block message has {len(raw) - pos} bytes after its last block")
+    if pos < msg_end:
+        raise BlockError(f"column block message has {msg_end - pos} bytes after its last block")
     return text, blocks

@@ -30,11 +30,12 @@ class WriteResult:
     duplicates: int = 0
     dead: int = 0
     lines: int = 0
+    empty: int = 0  # messages with an empty value (nothing stored, nothing dead-lettered)
+    not_utf8: int = 0  # of ``dead``: lines whose bytes are not UTF-8 (damage), each on its own
 
     @property
     def inserted(self) -> int:
         return sum(self.rows.values())
-
 
 
 _warm = False
@@ -74,6 +75,8 @@ class Batch:
         self.lean: dict[str, list[pa.RecordBatch]] = {}  # per type, for the fast path
         self.messages = 0
         self.bytes = 0  # message values read, the bound --batch-bytes sets
+        self.empty = 0  # messages with an empty value
+        self.not_utf8 = 0  # lines dead-lettered for bytes that are not UTF-8
 
     def __len__(self) -> int:
         return self.messages
@@ -84,6 +87,9 @@ class Batch:
             self.py_dead.append((origin, 0, reason("no_value"), b"", 0))
             return
         self.bytes += len(raw)
+        if not raw:
+            self.empty += 1  # counted, nothing to dead-letter
+            return
         message_blocks: list[columns.Block] = []
         if columns.is_block(raw):
             try:
@@ -95,9 +101,8 @@ class Batch:
             text = raw
         try:
             parts = text.decode("utf-8").split("\n")
-        except UnicodeDecodeError as e:
-            self.py_dead.append((origin, 0, reason("utf8", got=e.start), bytes(raw[:RAW_CAP]), len(raw)))
-            return
+        except UnicodeDecodeError:
+            parts = self._lines_one_by_one(origin, text)
         if parts[-1] == "":
             parts.pop()
         if not self.has_rows and (text[:1] == b"r" or b"\nr" in text):
@@ -112,6 +117,22 @@ class Batch:
             self.lean.setdefault(b.type, []).append(lean_batch(b))
             self.block_labels.add((b.type, b.labels))
             first += b.rows
+
+
+    def _lines_one_by_one(self, origin: str, text: bytes) -> list[str]:
+        """The lines of a message that is not UTF-8 throughout, decoded one by one: a line
+        with bad bytes (a bad sector, a stray write) is dead-lettered on its own, with the
+        offset of its first bad byte, and left empty here so that the lines after it keep
+        their numbers; every other line loads."""
+        parts = []
+        for i, line in enumerate(text.split(b"\n"), 1):
+            try:
+                parts.append(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                self.py_dead.append((origin, i, reason("utf8", got=e.start), bytes(line[:RAW_CAP]), len(line)))
+                self.not_utf8 += 1
+                parts.append("")
+        return parts
 
 
 _LINES = pa.schema([("origin", pa.string()), ("line_no", pa.int64()), ("line", pa.large_string())])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import zlib
 from array import array
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from cmdare.agent.sinks.shipper import pack
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire import columns
-from cmdare.wire.columns import HEAD, MAGIC, encode
+from cmdare.wire.columns import CRC, HEAD, MAGIC, MAGIC_V1, encode
 from cmdare.wire.events import EventFactory, decode_line
 from cmdare.wire.spool import Position
 from tests.collector.test_writer import ODD, ROW_SAMPLES, _table_rows
@@ -286,6 +287,17 @@ def _with_header(msg: bytes, edit) -> bytes:
     return MAGIC + HEAD.pack(len(h)) + h + msg[start + n :]
 
 
+def _sealed(msg: bytes) -> bytes:
+    """``msg`` with its checksum made right again: a message an agent with a bug could
+    send, as opposed to one damaged on the way (which its checksum catches)."""
+    return msg[:-4] + CRC.pack(zlib.crc32(msg[:-4]))
+
+
+def _v1(msg: bytes) -> bytes:
+    """The same message as an agent before checksums sent it."""
+    return MAGIC_V1 + msg[len(MAGIC) : -4]
+
+
 def _replace(msg: bytes, old: bytes, new: bytes) -> bytes:
     assert msg.count(old) == 1, old
     return msg.replace(old, new)
@@ -336,7 +348,7 @@ DAMAGED = [
 @pytest.mark.parametrize("name, damage, reason", DAMAGED, ids=[d[0] for d in DAMAGED])
 def test_a_damaged_block_message_is_dead_lettered_and_the_next_lands(db, name, damage, reason) -> None:
     msg = _sample()
-    bad = damage(msg)
+    bad = _sealed(damage(msg))
     r = Writer(db).write([("t:1", bad), ("t:2", msg)])
     assert r.dead == 1 and r.rows["gpu_samples"] == 4
     got, raw, size = db.execute("SELECT reason, raw, raw_bytes FROM dead_letters").fetchone()
@@ -344,9 +356,38 @@ def test_a_damaged_block_message_is_dead_lettered_and_the_next_lands(db, name, d
     assert bytes(raw) == bad[: len(raw)] and size == len(bad)
 
 
+@settings(max_examples=200, deadline=None)
+@given(at=st.integers(min_value=0), xor=st.integers(min_value=1, max_value=255))
+def test_any_byte_changed_on_the_way_fails_the_checksum(tmp_path_factory, at: int, xor: int) -> None:
+    """A flipped byte anywhere (header, text, values, the checksum itself): the message is
+    dead-lettered whole with its reason, never stored with a mutated value; the next
+    message lands."""
+    msg = _sample()
+    bad = bytearray(msg)
+    bad[at % len(bad)] ^= xor
+    con = connect(tmp_path_factory.mktemp("flip") / "c.duckdb")
+    r = Writer(con).write([("t:1", bytes(bad)), ("t:2", msg)])
+    assert r.rows["gpu_samples"] == 4  # the good message's rows, nothing from the bad one
+    got = con.execute("SELECT origin, line, reason FROM dead_letters").fetchall()
+    if at % len(bad) >= len(MAGIC):
+        assert got == [("t:1", 0, f"column block message of {len(bad)} bytes fails its checksum "
+                                  "(damaged in transit or on disk)")]
+    else:  # a damaged magic: not a block at all, so its lines are judged as lines
+        assert r.dead >= 1 and {o for o, _, _ in got} == {"t:1"}
+    con.close()
+
+
+def test_a_message_from_an_agent_before_checksums_is_read(db) -> None:
+    msg = _v1(_sample())
+    assert columns.is_block(msg)
+    r = Writer(db).write([("t:1", msg)])
+    assert r.dead == 0 and r.rows["gpu_samples"] == 4
+    assert len(columns.decode(msg)) == 4 == len(columns.decode(_sample()))
+
+
 def test_a_nan_in_a_float_column_is_refused_for_its_row_only(db) -> None:
     msg = _sample()
-    nan = _replace(msg, struct.pack("<d", 1.75e9 + 1), struct.pack("<d", float("nan")))
+    nan = _sealed(_replace(msg, struct.pack("<d", 1.75e9 + 1), struct.pack("<d", float("nan"))))
     r = Writer(db).write([("t:1", nan)])
     assert r.dead == 1 and r.rows["gpu_samples"] == 3
     assert (

@@ -4,7 +4,6 @@ with reasons, unknown types, migrations, and that bad input never damages what i
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from cmdare.collector.db import ROW_GROUP_SIZE, DatabaseError, connect, migrations
 from cmdare.collector.writer import RAW_CAP, Writer
 from cmdare.wire import columns
-from cmdare.wire.events import EventFactory, encode, encode_many
+from cmdare.wire.events import EventFactory, decode_line, encode, encode_many
 
 
 @pytest.fixture()
@@ -182,13 +181,47 @@ def test_malformed_lines_are_dead_lettered_with_a_reason(db, line: bytes, reason
 
 def test_binary_garbage_and_huge_blobs(db) -> None:
     blob = b"A" * (5 << 20)  # a 5 MB message that is not an event
-    r = Writer(db).write([("k:1", os.urandom(4096) + b"\xff"), ("k:2", blob), ("k:3", encode(gpu()))])
-    assert r.rows["gpu_samples"] == 1 and r.dead == 2
+    garbage = b"\x00\xff\xfe binary\n\x80\x81\n" + b"\xff" * 100  # three lines, none UTF-8
+    r = Writer(db).write([("k:1", garbage), ("k:2", blob), ("k:3", encode(gpu()))])
+    assert r.rows["gpu_samples"] == 1 and r.dead == 4 and r.not_utf8 == 3
     rows = db.execute(
-        "SELECT origin, reason, octet_length(raw), raw_bytes FROM dead_letters ORDER BY origin"
+        "SELECT origin, line, reason, octet_length(raw), raw_bytes FROM dead_letters ORDER BY origin, line"
     ).fetchall()
-    assert rows[0][0] == "k:1" and rows[0][1].startswith("not UTF-8 text")
-    assert rows[1] == ("k:2", "event of 5242880 bytes exceeds the 1048576 byte limit", RAW_CAP, 5 << 20)
+    assert rows[:3] == [
+        ("k:1", 1, "not UTF-8 text (byte 1 of the line)", 10, 10),
+        ("k:1", 2, "not UTF-8 text (byte 0 of the line)", 2, 2),
+        ("k:1", 3, "not UTF-8 text (byte 0 of the line)", 100, 100),
+    ]
+    assert rows[3] == ("k:2", 1, "event of 5242880 bytes exceeds the 1048576 byte limit", RAW_CAP, 5 << 20)
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["json", "rows"])
+def test_damage_costs_only_the_lines_it_touches(db, rows: bool) -> None:
+    """Two runs of random bytes (not UTF-8) in the middle of a spool segment's worth of
+    events: the lines they touch are dead-lettered one by one, with their bytes and the
+    offset of the first bad one; every other line is stored."""
+    f = EventFactory("node-d", "worker", "j", rows=rows)
+    lines = [f.line("gpu", {"index": i % 8, "util_gpu_ratio": 0.5}, 1.7e9 + i) for i in range(210)]
+    text = bytearray(b"".join(lines))
+    starts = [sum(map(len, lines[:i])) for i in range(len(lines) + 1)]
+    hit, bad_lines = set(), []
+    for at in (len(text) // 3, 2 * len(text) // 3):
+        text[at : at + 200] = bytes(range(128, 256)) + bytes(range(128, 200))  # no newline in it
+        hit |= {i for i in range(210) if starts[i] < at + 200 and starts[i + 1] > at}  # lines it overlaps
+        bad_lines.append(text.count(b"\n", 0, at) + 1)  # they are one line now: its number
+    r = Writer(db).write([("spool:d/1@0", bytes(text))])
+    assert r.rows["gpu_samples"] == 210 - len(hit) and r.dead == r.not_utf8 == 2
+    got = db.execute("SELECT line, reason, raw_bytes FROM dead_letters ORDER BY line").fetchall()
+    assert [x[0] for x in got] == bad_lines
+    assert all(x[1].startswith("not UTF-8 text (byte ") and x[2] > 200 for x in got)
+    stored = {x[0] for x in db.execute("SELECT id FROM gpu_samples").fetchall()}
+    ids = [decode_line(x)["id"] for x in lines]
+    assert stored == {ids[i] for i in range(210) if i not in hit}
+
+
+def test_empty_messages_are_counted(db) -> None:
+    r = Writer(db).write([("k:1", b""), ("k:2", b""), ("k:3", encode(gpu()))])
+    assert (r.empty, r.dead, r.rows["gpu_samples"]) == (2, 0, 1)
 
 
 def test_dead_letters_are_not_duplicated_by_a_replay(db) -> None:
