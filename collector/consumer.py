@@ -64,6 +64,56 @@ class Totals:
 
 Progress = Callable[[Totals], None]
 
+# what a database file on a full, read-only or over-quota filesystem says: it can pass
+_STORAGE = ("no space left on device", "read-only file system", "disk quota exceeded", "could not write file")
+
+
+def storage_problem(e: BaseException) -> str | None:
+    """The cause in one line when ``e`` is the database's storage failing in a way that can
+    pass (full, read-only, over quota); None for any other error."""
+    if not isinstance(e, duckdb.Error | OSError):
+        return None
+    text = str(e)
+    if not any(k in text.lower() for k in _STORAGE):
+        return None
+    first = text.strip().splitlines()[0]
+    return first.split("Failed to commit: ", 1)[-1]  # DuckDB's wrapper says less than the cause
+
+
+class StorageRetry:
+    """Stores a batch, and while the database's storage fails in a way that can pass, tries
+    the same batch again with backoff: nothing is acknowledged (Kafka offset, spool cursor)
+    until it is stored, and it is stored once.  Says so in one line when it starts failing
+    and once when it works again, not per try."""
+
+    def __init__(self, stop: threading.Event, first: float = 1.0, most: float = 30.0) -> None:
+        self.stop, self.first, self.most = stop, first, most
+        self.failures = 0  # tries that failed since the last success
+
+    def __call__(self, store: Callable[[], WriteResult]) -> WriteResult:
+        delay, since = self.first, time.monotonic()
+        while True:
+            try:
+                result = store()
+            except Exception as e:
+                why = storage_problem(e)
+                if why is None or self.stop.is_set():
+                    raise
+                if not self.failures:
+                    log.error("cannot store a batch: %s; nothing is acknowledged, retrying with backoff", why)
+                self.failures += 1
+                self.stop.wait(delay)
+                delay = min(delay * 2, self.most)
+                continue
+            if self.failures:
+                log.warning(
+                    "storing works again after %.0fs and %d failed tries: the batch is stored",
+                    time.monotonic() - since,
+                    self.failures,
+                )
+                self.failures = 0
+            return result
+
 
 class KafkaIngest:
     def __init__(
@@ -129,7 +179,7 @@ class KafkaIngest:
         if self.consumer is None:
             self.open()
         assert self.consumer is not None
-        self._pipe = _WriterThread(self.writer)
+        self._pipe = _WriterThread(self.writer, self.stop_event)
         try:
             self._run(idle_exit)
             self._settle()
@@ -309,10 +359,11 @@ class _WriterThread:
     """Runs Writer.write for submitted batches in order on one thread (the DuckDB
     connection's).  At most one batch waits while one is written, bounding memory."""
 
-    def __init__(self, writer: Writer) -> None:
+    def __init__(self, writer: Writer, stop: threading.Event | None = None) -> None:
         import queue
 
         self.writer = writer
+        self.retry = StorageRetry(stop or threading.Event())
         self.todo: queue.Queue[Any] = queue.Queue(maxsize=1)
         self.finished: queue.Queue[Any] = queue.Queue()
         self.error: BaseException | None = None
@@ -328,7 +379,7 @@ class _WriterThread:
                 return
             batch, offsets = item
             try:
-                result = self.writer.write_batch(batch)
+                result = self.retry(lambda: self.writer.write_batch(batch))  # noqa: B023 (called at once)
             except BaseException as e:  # surfaced on the consumer thread
                 self.error = e
                 self.finished.put(None)
@@ -393,6 +444,7 @@ class SpoolIngest:
         self.progress, self.progress_every = progress, progress_every
         self.totals = Totals(started=time.monotonic())
         self.stop_event = threading.Event()
+        self.retry = StorageRetry(self.stop_event)
 
     def position(self) -> Position:
         row = self.con.execute(
@@ -418,7 +470,7 @@ class SpoolIngest:
             for data, end in chunks:
                 start = end.offset - len(data)
                 msgs.append((f"spool:{self.dir}/{end.segment:016d}@{start}", data))
-            r = self.writer.write(msgs, position=(self.source, nxt.segment, nxt.offset))
+            r = self.retry(lambda: self.writer.write(msgs, position=(self.source, nxt.segment, nxt.offset)))  # noqa: B023
             self.totals.add(r, len(msgs))
             stored += r.inserted
             pos = nxt

@@ -106,7 +106,10 @@ class Writer:
                 )
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass  # a failed COMMIT ends the transaction itself: its error is the one to report
             raise
         finally:
             s.drop(con)
