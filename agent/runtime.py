@@ -93,6 +93,7 @@ class Agent:
         )
         self.shipper: Shipper | None = None
         self._sink_status: list[tuple[bool, str]] = []
+        self._spool_problem: str | None = None  # the spool's trouble at the last tick
         adapters = dict(adapters or {})
         self.state = AgentState(cfg.spool.dir)
         self.boot_time = adapters.pop("boot_time", None) or cloud.boot_time()
@@ -167,6 +168,11 @@ class Agent:
         while self._sink_status:
             ok, msg = self._sink_status.pop(0)
             self._status("sink.kafka", "ok" if ok else "error", 0.0, msg)
+        if self.spool.problem:  # every tick while the disk refuses (the oldest may be dropped)
+            self._status("spool", "error", 0.0, self.spool.problem)
+        elif self._spool_problem:
+            self._status("spool", "ok", 0.0, "writing again")
+        self._spool_problem = self.spool.problem
         self.samples_total += 1
         self.flush()
 
@@ -177,12 +183,7 @@ class Agent:
             return
         data, n = b"".join(self._pending), self._pending_n
         self._pending, self._pending_n = [], 0
-        try:
-            self.spool.append(data, n)
-        except OSError as e:
-            self.spool.dropped_total += n
-            log.error("spool write failed, %d events dropped: %s", n, e)
-        else:
+        if self.spool.append(data, n):  # else dropped, counted, said once by the spool
             self.events_total += n
             if self.shipper:
                 if urgent:

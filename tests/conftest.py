@@ -78,3 +78,36 @@ def wait_for(pred, timeout: float, interval: float = 0.2, what: str = "condition
             return v
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture()
+def tmpfs(tmp_path: Path):
+    """``tmpfs(size)``: a small filesystem of its own (a tmpfs mounted for the test, and
+    unmounted after), for full and read-only disks.  Skipped, saying why, where it cannot
+    be mounted (not root, or a sandbox that does not allow it)."""
+    mounted: list[Path] = []
+
+    def mount(size: str = "1m") -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        mnt = tmp_path / f"fs{len(mounted)}"
+        mnt.mkdir()
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True
+        )
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(mnt: Path, leave: int) -> Path:
+    """A ballast file that leaves about ``leave`` bytes free on ``mnt``; remove it to free them."""
+    st = os.statvfs(mnt)
+    ballast = mnt / "ballast"
+    ballast.write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+    return ballast

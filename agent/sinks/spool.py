@@ -7,16 +7,37 @@ reports what is safe downstream, and deletes segments wholly behind it.  It enfo
 bounds: past ``max_bytes``, or for a segment older than ``max_age``, the oldest segments
 are deleted even though not consumed, and their unconsumed events are counted in
 ``dropped_total``.  A torn last line from a crash is cut off when the spool is opened.
+
+A disk that refuses to grow (full, over quota) is treated as the size bound: the oldest
+segments are dropped (and their unconsumed events counted) until the write fits, the
+active one last; the newest events are kept.  Urgent events (revocation notices, the
+agent's lifecycle) in a dropped segment are carried into the next write: a full disk
+never drops them while anything else can go.  Any other
+write error (a read-only remount, the directory removed) drops that write, counted.  A
+write either lands whole or is dropped and counted, never both: a partial write is cut
+back.  Disk trouble is logged once when it starts and once when it ends; ``problem`` says
+what it is meanwhile (for the agent's status events).
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import threading
 import time
 from pathlib import Path
 
 from cmdare.wire.spool import START, Position, list_segments, read_cursor, seg_name, write_cursor
+
+log = logging.getLogger("cmdare.agent.spool")
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+# events a full disk never drops: what lives and revocation verdicts stand on
+_URGENT = (b'"type":"revocation"', b'"type":"lifecycle"')
+
+
+class SpoolFull(OSError):
+    """Nothing could be written: no room, and nothing older left to drop."""
 
 
 class Spool:
@@ -47,6 +68,10 @@ class Spool:
         self.pending = 0  # events spooled and not yet consumed
         self._seen_cursor: Position | None = None
         self._bounds_checked = 0.0
+        self.problem: str | None = None  # the disk trouble now, in one line; None when writes land
+        self._no_room = False  # the trouble is a full disk (not a read-only one, say)
+        self._carry: list[bytes] = []  # urgent lines of a dropped segment, for the next write
+        self._dropped_at_problem = 0
 
     def open(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -88,33 +113,122 @@ class Spool:
             self._sizes[s] = keep
 
     def _rotate(self, n: int) -> None:
+        """Seal the active segment and start segment ``n``; on an error nothing changes."""
+        if self._f is not None and self.fsync:
+            os.fsync(self._f.fileno())  # a sealed segment is whole on disk
+        f = open(self.dir / seg_name(n), "ab", buffering=0)  # raw: a write lands or fails now
         if self._f is not None:
-            if self.fsync:
-                os.fsync(self._f.fileno())  # a closed segment is whole on disk
             self._f.close()
-        self._active = n
-        self._f = open(self.dir / seg_name(n), "ab")
-        self._active_size = self._f.tell()
+        self._f, self._active = f, n
+        self._active_size = f.tell()
         self._sizes[n] = self._active_size
 
-    def append(self, data: bytes, count: int) -> None:
-        """Append whole NDJSON lines (``count`` events).  Raises OSError if the disk refuses."""
+    def append(self, data: bytes, count: int) -> bool:
+        """Append whole NDJSON lines (``count`` events): True when they landed; False when they
+        were dropped and counted (see the module docstring for a disk that refuses)."""
         with self.lock:
-            assert self._f is not None, "spool not open"
-            if self._active_size and self._active_size + len(data) > self.segment_bytes:
-                self._rotate(self._active + 1)
-            self._f.write(data)
-            self._f.flush()
+            if self._f is None:
+                raise RuntimeError("spool not open")
+            made_room = False
+            while True:
+                payload = b"".join(self._carry) + data if self._carry else data
+                try:
+                    self._write(payload)
+                except OSError as e:
+                    if e.errno in _NO_ROOM and self._make_room():
+                        made_room = True
+                        continue  # an older segment was dropped: try again
+                    self.dropped_total += count + len(self._carry)  # carried lines are lost too
+                    self.pending = max(0, self.pending - len(self._carry))
+                    self._carry = []
+                    self._trouble(e)
+                    return False
+                break
+            self._carry = []
+            self.spooled_total += count
+            self.pending += count
+            if self.problem is not None and not made_room and self._has_room():
+                self._recovered()
+            self._enforce_bounds()
+            return True
+
+    def _has_room(self) -> bool:
+        """Whether the disk has room again: two segments' worth free (asked only while in
+        trouble; the room one dropped segment makes does not end it)."""
+        if not self._no_room:
+            return True
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize >= 2 * self.segment_bytes
+
+    def _write(self, data: bytes) -> None:
+        """All of ``data`` at the end of the active segment, or none of it (OSError)."""
+        assert self._f is not None
+        if self._active_size and self._active_size + len(data) > self.segment_bytes:
+            self._rotate(self._active + 1)
+        f, start = self._f, self._active_size
+        try:
+            done = 0
+            while done < len(data):
+                n = f.write(memoryview(data)[done:])
+                if not n:
+                    raise OSError(errno.EIO, "the disk took no bytes")
+                done += n
             if self.fsync:
                 now = time.monotonic()
                 if now - self._synced_at >= self.fsync_interval:
-                    os.fsync(self._f.fileno())
+                    os.fsync(f.fileno())
                     self._synced_at = now
-            self._active_size += len(data)
-            self._sizes[self._active] = self._active_size
-            self.spooled_total += count
-            self.pending += count
-            self._enforce_bounds()
+        except OSError:
+            try:
+                os.ftruncate(f.fileno(), start)  # no partial line stays behind
+            except OSError:
+                pass
+            raise
+        self._active_size += len(data)
+        self._sizes[self._active] = self._active_size
+
+    def _make_room(self) -> bool:
+        """Drop the oldest segment, the active one last (sealed first): its unconsumed events
+        are counted as dropped, except urgent ones (revocation notices, lifecycle), which are
+        carried into the next write.  False: nothing older left to drop."""
+        sealed = [s for s in sorted(self._sizes) if s != self._active]
+        if not sealed:
+            if not self._active_size:
+                return False
+            self._rotate(self._active + 1)  # the older events in it make way for newer ones
+            sealed = [self._active - 1]
+        if self.problem is None:
+            self._trouble(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+        s, cur = sealed[0], self.cursor()
+        lines = self._unconsumed(s, cur)
+        keep = [x for x in lines if any(m in x for m in _URGENT)]
+        self._carry += keep
+        self.dropped_total += len(lines) - len(keep)
+        self.pending = max(0, self.pending - (len(lines) - len(keep)))
+        self._delete(s)
+        return True
+
+    def _trouble(self, e: OSError) -> None:
+        why = f"{e.strerror or e} ({self.dir})"
+        self._no_room = e.errno in _NO_ROOM
+        if self.problem is None:
+            self._dropped_at_problem = self.dropped_total
+            if e.errno in _NO_ROOM:
+                log.warning("spool: %s: dropping the oldest events to make room, counted in dropped_total", why)
+            else:
+                log.error("spool: %s: events are dropped and counted until it can write again", why)
+        self.problem = why
+
+    def _recovered(self) -> None:
+        log.warning(
+            "spool: writing again after %s; %d events dropped meanwhile",
+            self.problem,
+            self.dropped_total - self._dropped_at_problem,
+        )
+        self.problem = None
 
     def commit(self, pos: Position, count: int) -> None:
         """The consumer (Kafka shipper) got ``count`` more events safely out, up to ``pos``."""
@@ -130,6 +244,18 @@ class Spool:
 
     def cursor(self) -> Position:
         return read_cursor(self.dir, self.consumer) or START
+
+    def _unconsumed(self, s: int, cur: Position) -> list[bytes]:
+        """The whole lines of segment ``s`` after ``cur`` (each with its newline)."""
+        if cur.segment > s:
+            return []
+        try:
+            with open(self.dir / seg_name(s), "rb") as f:
+                if cur.segment == s:
+                    f.seek(cur.offset)
+                return f.read().splitlines(keepends=True)
+        except FileNotFoundError:
+            return []
 
     def _unconsumed_lines(self, s: int, cur: Position) -> int:
         if cur.segment > s:
@@ -193,12 +319,22 @@ class Spool:
             self._enforce_bounds()
 
     def close(self) -> None:
+        """Flush and release; whatever the disk does, this returns (and says what it could
+        not flush)."""
         with self.lock:
             if self._f is not None:
-                self._f.flush()
-                if self.fsync:
-                    os.fsync(self._f.fileno())
-                self._f.close()
+                try:
+                    if self.fsync:
+                        os.fsync(self._f.fileno())
+                except OSError as e:
+                    log.warning("spool: the last writes may not be on disk: %s", e)
+                try:
+                    self._f.close()
+                except OSError as e:
+                    log.warning("spool: closing the active segment: %s", e)
                 self._f = None
             if getattr(self, "_lockf", None):
-                self._lockf.close()
+                try:
+                    self._lockf.close()
+                except OSError:
+                    pass

@@ -8,8 +8,6 @@ skipped, saying why, where it cannot mount.  Run alone with ``pytest -m fault``.
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -20,36 +18,15 @@ from cmdare.collector.consumer import SpoolIngest
 from cmdare.collector.db import connect, cursor
 from cmdare.wire.events import EventFactory
 from cmdare.wire.spool import seg_name
+from tests.conftest import fill
 
 pytestmark = pytest.mark.fault
 
 
-@pytest.fixture()
-def small_fs(tmp_path: Path):
-    """A 16 MiB tmpfs, nearly filled by a ballast file the test can remove."""
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def _fill(mnt: Path, leave: int) -> Path:
-    st = os.statvfs(mnt)
-    ballast = mnt / "ballast"
-    ballast.write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
-    return ballast
-
-
 def test_a_full_disk_stops_the_batch_says_why_once_and_everything_arrives_once_later(
-    small_fs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmpfs, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    small_fs = tmpfs("16m")
     spool = tmp_path / "spool"
     spool.mkdir()
     f = EventFactory("node-x", "worker", "j")
@@ -63,7 +40,7 @@ def test_a_full_disk_stops_the_batch_says_why_once_and_everything_arrives_once_l
         (spool / seg_name(s + 1)).write_bytes(b"".join(lines))
     db = small_fs / "c.duckdb"
     con = connect(db)
-    ballast = _fill(small_fs, leave=1 << 20)
+    ballast = fill(small_fs, leave=1 << 20)
     ing = SpoolIngest(con, spool, batch_bytes=512 << 10)
     ing.retry.first = 0.2
     reader = cursor(con)
