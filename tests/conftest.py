@@ -42,8 +42,23 @@ class KafkaBroker:
     def stop(self) -> None:
         self._run("stop")
 
+    def kill(self) -> None:
+        """SIGKILL the broker (no clean shutdown: as a crash or an OOM kill leaves it)."""
+        import signal
+
+        pid = int(self._run("status").split("pid=")[1].split()[0])
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid), 10, what="broker gone")
+
     def url(self, topic: str) -> str:
         return f"kafka://{self.bootstrap}/{topic}"
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "Z"
 
 
 @pytest.fixture(scope="session")
