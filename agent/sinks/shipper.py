@@ -66,6 +66,8 @@ class Shipper(threading.Thread):
         self.columns = columns
         self.shipped_total = 0
         self.skipped_total = 0
+        self.damaged_total = 0  # chunks read from the spool with bytes the agent did not write
+        self._damaged: set[int] = set()  # segments already said to hold them
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.deadline: float | None = None
@@ -96,6 +98,24 @@ class Shipper(threading.Thread):
             self.on_status(ok, msg)
         self._ok = ok
 
+    def _check(self, chunks: list[tuple[bytes, Position]]) -> None:
+        """Say (once per segment) when the spool holds bytes this agent did not write: a bad
+        sector, a stray write.  They are shipped as they are: the collector dead-letters
+        the lines they touch, keeps their bytes, and stores every other line."""
+        for data, end in chunks:
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                self.damaged_total += 1
+                if end.segment not in self._damaged:
+                    self._damaged.add(end.segment)
+                    log.warning(
+                        "spool segment %d holds bytes this agent did not write (not UTF-8 at offset %d): "
+                        "shipped as they are; the collector dead-letters only the lines they touch",
+                        end.segment,
+                        end.offset - len(data) + e.start,
+                    )
+
     def ship_once(self) -> int:
         """Ship up to ``batch_bytes`` from the cursor; return events shipped (0: nothing
         to do).  Raises SinkError when the broker took nothing."""
@@ -106,6 +126,7 @@ class Shipper(threading.Thread):
             if nxt != cur:  # skipped over deleted / torn segments
                 self.spool.commit(nxt, 0)
             return 0
+        self._check(chunks)
         msgs = pack(chunks, self.sink.message_bytes, self.columns)
         acked = self.sink.write([m for m, _, _ in msgs])
         if acked == 0:
