@@ -53,11 +53,15 @@ class Totals:
         self.messages += messages
         self.last_stored = time.monotonic()
 
+    def _of_them(self) -> str:
+        n = self.not_utf8
+        return f" ({n} damaged line{'' if n == 1 else 's'})" if n else ""
+
     def line(self) -> str:
         dt = max(1e-9, time.monotonic() - self.started)
         return (
             f"{self.events} events stored ({self.events / dt:,.0f}/s), {self.duplicates} duplicates "
-            f"skipped, {self.dead} dead-lettered{f' ({self.not_utf8} damaged lines)' if self.not_utf8 else ''}, "
+            f"skipped, {self.dead} dead-lettered{self._of_them()}, "
             f"{self.messages} messages in {self.batches} batches{f' ({self.empty} empty)' if self.empty else ''}"
         )
 

@@ -135,7 +135,7 @@ class Spool:
                 try:
                     self._write(payload)
                 except OSError as e:
-                    if e.errno in _NO_ROOM and self._make_room():
+                    if e.errno in _NO_ROOM and self._try_make_room():
                         made_room = True
                         continue  # an older segment was dropped: try again
                     self.dropped_total += count + len(self._carry)  # carried lines are lost too
@@ -190,6 +190,13 @@ class Spool:
         self._active_size += len(data)
         self._sizes[self._active] = self._active_size
 
+    def _try_make_room(self) -> bool:
+        try:
+            return self._make_room()
+        except OSError as e:  # sealing the active segment failed too
+            log.debug("spool: cannot make room: %s", e)
+            return False
+
     def _make_room(self) -> bool:
         """Drop the oldest segment, the active one last (sealed first): its unconsumed events
         are counted as dropped, except urgent ones (revocation notices, lifecycle), which are
@@ -204,11 +211,12 @@ class Spool:
             self._trouble(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
         s, cur = sealed[0], self.cursor()
         lines = self._unconsumed(s, cur)
+        if not self._delete(s):
+            return False
         keep = [x for x in lines if any(m in x for m in _URGENT)]
         self._carry += keep
         self.dropped_total += len(lines) - len(keep)
         self.pending = max(0, self.pending - (len(lines) - len(keep)))
-        self._delete(s)
         return True
 
     def _trouble(self, e: OSError) -> None:
@@ -268,12 +276,17 @@ class Spool:
         except FileNotFoundError:
             return 0
 
-    def _delete(self, s: int) -> None:
+    def _delete(self, s: int) -> bool:
+        """Remove segment ``s``; False when the disk refuses (it stays, and is counted)."""
         try:
             os.unlink(self.dir / seg_name(s))
         except FileNotFoundError:
             pass
+        except OSError as e:  # a read-only remount: it stays until it can go
+            log.debug("spool: cannot delete segment %d: %s", s, e)
+            return False
         self._sizes.pop(s, None)
+        return True
 
     def _enforce_bounds(self) -> None:
         now = time.monotonic()
@@ -303,12 +316,14 @@ class Spool:
                 except FileNotFoundError:
                     too_old = True
             if consumed:
-                self._delete(s)
+                if not self._delete(s):
+                    break
             elif too_big or too_old:
                 lost = self._unconsumed_lines(s, cur)
+                if not self._delete(s):
+                    break
                 self.dropped_total += lost
                 self.pending = max(0, self.pending - lost)
-                self._delete(s)
             else:
                 break
 

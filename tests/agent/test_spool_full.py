@@ -21,7 +21,7 @@ from cmdare.analytics import queries
 from cmdare.collector.consumer import SpoolIngest
 from cmdare.collector.db import connect
 from cmdare.wire.events import decode_line
-from cmdare.wire.spool import list_segments, seg_name
+from cmdare.wire.spool import Position, list_segments, seg_name
 from tests.conftest import BIN, fill
 
 pytestmark = pytest.mark.fault
@@ -124,6 +124,18 @@ def test_read_only_and_removed_spools_drop_and_count_and_close_cleanly(tmpfs, ca
     assert "Read-only file system" in caplog.records[0].getMessage()
     sp.close()  # no exception
     subprocess.run(["umount", str(mnt / "spool")], check=True)
+
+    consumed = Spool(mnt / "consumed", segment_bytes=4096, fsync=False)  # segments it may delete
+    consumed.open()
+    for i in range(5):
+        consumed.append(_lines(i * 40, 40), 40)
+    segs = list_segments(mnt / "consumed")
+    (mnt / "consumed" / "cursor.shipped").write_text(f"{Position(segs[-1], 0)}\n")  # all but the last shipped
+    _read_only(mnt / "consumed")
+    consumed.gc()  # cannot delete the shipped ones: they stay, nothing raises
+    assert list_segments(mnt / "consumed") == segs
+    consumed.close()
+    subprocess.run(["umount", str(mnt / "consumed")], check=True)
 
     other = Spool(mnt / "other", segment_bytes=4096, fsync=True)
     other.open()

@@ -124,7 +124,7 @@ def test_a_damaged_spool_segment_is_shipped_and_only_its_damaged_lines_are_lost(
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "1 damaged lines" in r.stderr
+    assert "dead-lettered (1 damaged line)," in r.stderr
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*), count(DISTINCT id) FROM host_samples").fetchone() == (1999, 1999)
     ((reason, raw_len),) = con.execute("SELECT reason, raw_bytes FROM dead_letters").fetchall()
