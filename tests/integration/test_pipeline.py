@@ -171,8 +171,6 @@ def test_collector_sigkilled_mid_stream(kafka_broker: KafkaBroker, tmp_path: Pat
 def test_malformed_messages_are_dead_lettered_and_good_ones_after_them_land(
     kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
-    import os
-
     from kafka import KafkaProducer
 
     from cmdare.wire.events import EventFactory, encode
@@ -185,7 +183,7 @@ def test_malformed_messages_are_dead_lettered_and_good_ones_after_them_land(
         b'{"v":1,"id":"y","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{"util_gpu_ratio":"full"}}',
         b'{"v":9,"id":"z","ts":1.7e9,"node":"n","role":"worker","type":"gpu","data":{}}',
         b"B" * (5 << 20),
-        os.urandom(2048) + b"\xff",
+        bytes(range(128, 256)) * 16 + b"\xff",  # binary, one line: not UTF-8 (line by line now)
     ]
     prod = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, max_request_size=8 << 20, acks="all")
     prod.send(topic, encode(good[0]), key=b"k")
