@@ -126,25 +126,33 @@ def check_database(db: Path, agents: list[AgentRun]) -> None:
         con.close()
 
 
-def test_three_agents_through_a_15s_broker_outage(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
-    url = kafka_broker.url(f"it-outage-{uuid.uuid4().hex[:6]}")
-    db = tmp_path / "fleet.duckdb"
-    agents = start_agents(tmp_path, url, n=3, duration=30)
-    collector = start_collector(url, db, idle_exit="45s", log=tmp_path / "collector.log")
+def broker_outage(
+    broker: KafkaBroker, tmp: Path, down: float, duration: float, interval: str, kill: bool = False
+) -> None:
+    """Three agents and a collector through ``down`` seconds without the broker (stopped,
+    or SIGKILLed with ``kill``): every event each agent spooled is stored exactly once."""
+    url = broker.url(f"it-outage-{uuid.uuid4().hex[:6]}")
+    db = tmp / "fleet.duckdb"
+    agents = start_agents(tmp, url, n=3, duration=duration, interval=interval)
+    collector = start_collector(url, db, idle_exit=f"{down + 30:.0f}s", log=tmp / "collector.log")
     try:
-        time.sleep(7)
-        kafka_broker.stop()
-        time.sleep(15)
-        kafka_broker.start()
+        time.sleep(6)
+        broker.kill() if kill else broker.stop()
+        time.sleep(down)
+        broker.start()
         for a in agents:
-            assert a.proc.wait(timeout=60) == 0, a.log.read_text()[-2000:]
-        assert collector.wait(timeout=90) == 0, (tmp_path / "collector.log").read_text()[-3000:]
+            assert a.proc.wait(timeout=90) == 0, a.log.read_text()[-2000:]
+        assert collector.wait(timeout=120) == 0, (tmp / "collector.log").read_text()[-3000:]
     finally:
         for p in [collector] + [a.proc for a in agents]:
             p.kill()
     check_database(db, agents)
     # the outage really happened and was seen by the agents
     assert any("kafka sink failing" in a.log.read_text() for a in agents)
+
+
+def test_three_agents_through_a_15s_broker_outage(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    broker_outage(kafka_broker, tmp_path, down=15, duration=30, interval="0.5s")
 
 
 def test_collector_sigkilled_mid_stream(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
