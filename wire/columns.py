@@ -31,6 +31,7 @@ server extra) when first called.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -312,6 +313,7 @@ def _arrow() -> tuple[Any, Any]:
     return np, pa
 
 
+@functools.cache
 def _arrow_types() -> dict[str, Any]:
     _, pa = _arrow()
     return {FLOAT: pa.float64(), INT: pa.int64(), BOOL: pa.bool_()}  # every other kind: its text

@@ -103,6 +103,8 @@ class Shipper(threading.Thread):
         sector, a stray write.  They are shipped as they are: the collector dead-letters
         the lines they touch, keeps their bytes, and stores every other line."""
         for data, end in chunks:
+            if data.isascii():  # what the agent writes (JSON with ensure_ascii, rows of numbers)
+                continue
             try:
                 data.decode("utf-8")
             except UnicodeDecodeError as e:

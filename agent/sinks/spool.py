@@ -210,7 +210,7 @@ class Spool:
         if self.problem is None:
             self._trouble(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
         s, cur = sealed[0], self.cursor()
-        lines = self._unconsumed(s, cur)
+        lines = self._unconsumed(s, cur).splitlines(keepends=True)
         if not self._delete(s):
             return False
         keep = [x for x in lines if any(m in x for m in _URGENT)]
@@ -253,28 +253,20 @@ class Spool:
     def cursor(self) -> Position:
         return read_cursor(self.dir, self.consumer) or START
 
-    def _unconsumed(self, s: int, cur: Position) -> list[bytes]:
-        """The whole lines of segment ``s`` after ``cur`` (each with its newline)."""
+    def _unconsumed(self, s: int, cur: Position) -> bytes:
+        """The bytes of segment ``s`` after ``cur`` (whole lines)."""
         if cur.segment > s:
-            return []
+            return b""
         try:
             with open(self.dir / seg_name(s), "rb") as f:
                 if cur.segment == s:
                     f.seek(cur.offset)
-                return f.read().splitlines(keepends=True)
+                return f.read()
         except FileNotFoundError:
-            return []
+            return b""
 
     def _unconsumed_lines(self, s: int, cur: Position) -> int:
-        if cur.segment > s:
-            return 0
-        try:
-            with open(self.dir / seg_name(s), "rb") as f:
-                if cur.segment == s:
-                    f.seek(cur.offset)
-                return f.read().count(b"\n")
-        except FileNotFoundError:
-            return 0
+        return self._unconsumed(s, cur).count(b"\n")
 
     def _delete(self, s: int) -> bool:
         """Remove segment ``s``; False when the disk refuses (it stays, and is counted)."""

@@ -8,8 +8,8 @@ with the same checks and reasons as the row lines'.
 from __future__ import annotations
 
 from cmdare.wire import columns
-from cmdare.wire.kinds import BOOL, FLOAT, FLOATS, INT, OBJS, STR, STRS
-from cmdare.wire.registry import DATA_FIELDS, MAX_ID_LEN, MAX_NAME_LEN, ROLES, ROW_PREFIX, TABLES
+from cmdare.wire.kinds import BOOL, FLOAT, INT, STR
+from cmdare.wire.registry import DATA_FIELDS, MAX_ID_LEN, MAX_NAME_LEN, ROLES, ROW_PREFIX, TABLES, TYPES
 from cmdare.wire.validation import TS_MAX
 from cmdare.wire.validation import sql_reason as R
 
@@ -110,7 +110,7 @@ BLOCK_TYPE_SQL = {t: _block_type_sql(t) for t in TABLES}
 def _fast_sql(type_: str) -> tuple[list[str], str, str]:
     """(lookup tables to create, the check query, the insert) for ``_cf_<type>``."""
     fields = DATA_FIELDS[type_]
-    distinct = [n for n in _BY_DISTINCT.get(type_, ()) if fields[n][0] in (FLOATS, STRS, OBJS)]
+    distinct = [n for n in _BY_DISTINCT.get(type_, ()) if n in TYPES[type_].repeated]
     lookups, joins, values = [], "", []
     oks = [f"strlen(c.id) BETWEEN 1 AND {MAX_ID_LEN}", "isfinite(c.ts)", "c.ts > 0", f"c.ts < {TS_MAX:g}"]
     for n, (kind, _) in fields.items():
