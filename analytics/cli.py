@@ -121,8 +121,10 @@ def nodes(lost_after: float, db: str, as_json_: bool) -> None:
     """Every node seen: role, job, cloud zone and instance type, spot, the state of its
     latest life (alive, or how it ended: revoked, stopped, lost), lives seen, first/last
     seen, agent version, heartbeats, GPUs, spool backlog and dropped events (as its last
-    heartbeat reported them: events loaded since are not subtracted) and sources that are
-    not ok.
+    heartbeat reported them: events loaded since are not subtracted), sources that are
+    not ok, and clock skew: events stamped further from the collector's clock than its
+    --max-clock-skew (count, and the latest skew in seconds, + ahead / - behind); they are
+    left out of states and lifetimes (state "clock skew": a node seen only through them).
 
     \b
     Example:

@@ -33,8 +33,9 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Result:
     """Every node seen: role, job, cloud identity and state of its latest life (alive, or
     how it ended: revoked / stopped / lost after ``lost_after`` silent heartbeat
     intervals), first/last seen, agent version and counters from its latest heartbeat,
-    GPUs seen, and sources currently not ok."""
-    needs_schema(con, 4, "analyze nodes")
+    GPUs seen, sources currently not ok, and events stamped far from the collector's clock
+    (count, latest skew in seconds; ``clock skew``: a node seen only through those)."""
+    needs_schema(con, 7, "analyze nodes")
     return _run(
         con,
         """
@@ -47,19 +48,22 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Result:
             SELECT node, string_agg(source || '=' || state, ', ' ORDER BY source) AS problems FROM (
                 SELECT node, source, arg_max(state, ts) AS state FROM agent_status GROUP BY node, source)
             WHERE state <> 'ok' GROUP BY node),
+        sk AS (
+            SELECT node, count(*) AS skewed_events, round(arg_max(skew_seconds, received_at)) AS clock_skew_s
+            FROM clock_skew GROUP BY node),
         life AS (
             SELECT node, arg_max(cloud, boot_time) AS cloud, arg_max(zone, boot_time) AS zone,
                    arg_max(instance_type, boot_time) AS instance_type, arg_max(spot, boot_time) AS spot,
                    arg_max(coalesce(end_reason, state), boot_time) AS state, count(*) AS lives
             FROM instance_lives(lost_after := ?) GROUP BY node)
         SELECT n.node, n.role, n.job, life.cloud, life.zone, life.instance_type, life.spot,
-               coalesce(life.state, 'unknown') AS state, coalesce(life.lives, 0) AS lives,
+               coalesce(life.state, CASE WHEN sk.node IS NULL THEN 'unknown' ELSE 'clock skew' END) AS state, coalesce(life.lives, 0) AS lives,
                strftime(n.first_seen, '%Y-%m-%d %H:%M:%S') AS first_seen,
                strftime(n.last_seen, '%Y-%m-%d %H:%M:%S') AS last_seen, hb.agent_version,
                hb.last_seq AS heartbeats, coalesce(g.gpus, 0) AS gpus, hb.spool_pending, hb.dropped,
-               coalesce(st.problems, '') AS not_ok
+               coalesce(st.problems, '') AS not_ok, sk.clock_skew_s, coalesce(sk.skewed_events, 0) AS skewed_events
         FROM nodes n LEFT JOIN hb USING (node) LEFT JOIN g USING (node) LEFT JOIN st USING (node)
-        LEFT JOIN life USING (node)
+        LEFT JOIN life USING (node) LEFT JOIN sk USING (node)
         ORDER BY n.node""",
         [lost_after],
     )

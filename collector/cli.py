@@ -17,6 +17,24 @@ from .consumer import KafkaIngest, SpoolIngest, Totals
 from .db import DatabaseError, connect
 
 DB_HELP = "DuckDB database file (default: $CMDARE_DB, else ./cmdare.duckdb)"
+SKEW_HELP = (
+    "an event stamped further than this from the time it is stored is stored all the same, listed in the "
+    "clock_skew table and left out of liveness and lifetime verdicts (analyze nodes shows it); off: no check"
+)
+
+
+def _skew_option(f):
+    return click.option("--max-clock-skew", default="1d", show_default=True, help=SKEW_HELP)(f)
+
+
+def _max_skew(text: str) -> float | None:
+    """--max-clock-skew: seconds, or None for ``off``."""
+    if text.strip().lower() == "off":
+        return None
+    v = parse_duration("--max-clock-skew", text)
+    if v <= 0:
+        raise ConfigError(f"--max-clock-skew: {text!r} must be more than 0 (or off)")
+    return v
 
 
 def _progress(t: Totals) -> None:
@@ -65,8 +83,16 @@ def cli() -> None:
     help="exit once no message came for this long with partitions assigned (e.g. 30s); default: run until stopped",
 )
 @click.option("--progress-every", default="10s", show_default=True, help="how often to print progress")
+@_skew_option
 def kafka(
-    url: str, db: str, group: str, batch_bytes: str, max_wait: str, idle_exit: str | None, progress_every: str
+    url: str,
+    db: str,
+    group: str,
+    batch_bytes: str,
+    max_wait: str,
+    idle_exit: str | None,
+    progress_every: str,
+    max_clock_skew: str,
 ) -> None:
     """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
 
@@ -83,10 +109,11 @@ def kafka(
         mw = parse_duration("--max-wait", max_wait)
         ie = parse_duration("--idle-exit", idle_exit) if idle_exit else None
         pe = parse_duration("--progress-every", progress_every)
+        skew = _max_skew(max_clock_skew)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     con = _open(db)
-    ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe)
+    ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe, max_skew=skew)
     try:
         ing.open()
     except ConnectionError as e:
@@ -112,7 +139,8 @@ def kafka(
 @click.option("--db", envvar="CMDARE_DB", default="cmdare.duckdb", show_default=True, help=DB_HELP)
 @click.option("--follow", is_flag=True, help="keep loading new events until stopped")
 @click.option("--interval", default="1s", show_default=True, help="with --follow: how often to look")
-def spool(directory: Path, db: str, follow: bool, interval: str) -> None:
+@_skew_option
+def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str) -> None:
     """Load an agent's spool DIRECTORY (the embedded default: no Kafka) into --db.
 
     The position reached is stored in the database, so running it again loads only what
@@ -124,12 +152,13 @@ def spool(directory: Path, db: str, follow: bool, interval: str) -> None:
     """
     try:
         iv = parse_duration("--interval", interval)
+        skew = _max_skew(max_clock_skew)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     if not directory.is_dir():
         raise click.ClickException(f"{directory}: no such spool directory")
     con = _open(db)
-    ing = SpoolIngest(con, directory, progress=_progress)
+    ing = SpoolIngest(con, directory, progress=_progress, max_skew=skew)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ing.stop())
     try:

@@ -29,6 +29,8 @@ from .writer import Batch, Writer, WriteResult
 
 log = logging.getLogger("cmdare.collector")
 _MAX_POLL = 256  # records per poll at most
+# events stamped further than this from the collector's clock are listed in clock_skew
+DEFAULT_MAX_SKEW = 86400.0
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Totals:
     dead: int = 0
     not_utf8: int = 0  # of dead: damaged lines (bytes that are not UTF-8)
     empty: int = 0  # messages with an empty value
+    skewed: int = 0  # of events: stamped beyond --max-clock-skew (listed in clock_skew)
     batches: int = 0
     messages: int = 0
     started: float = 0.0
@@ -49,6 +52,7 @@ class Totals:
         self.dead += r.dead
         self.not_utf8 += r.not_utf8
         self.empty += r.empty
+        self.skewed += r.skewed
         self.batches += 1
         self.messages += messages
         self.last_stored = time.monotonic()
@@ -57,10 +61,13 @@ class Totals:
         n = self.not_utf8
         return f" ({n} damaged line{'' if n == 1 else 's'})" if n else ""
 
+    def _skew(self) -> str:
+        return f" ({self.skewed} with clock skew)" if self.skewed else ""
+
     def line(self) -> str:
         dt = max(1e-9, time.monotonic() - self.started)
         return (
-            f"{self.events} events stored ({self.events / dt:,.0f}/s), {self.duplicates} duplicates "
+            f"{self.events} events stored ({self.events / dt:,.0f}/s){self._skew()}, {self.duplicates} duplicates "
             f"skipped, {self.dead} dead-lettered{self._of_them()}, "
             f"{self.messages} messages in {self.batches} batches{f' ({self.empty} empty)' if self.empty else ''}"
         )
@@ -133,8 +140,9 @@ class KafkaIngest:
         progress: Progress | None = None,
         progress_every: float = 10.0,
         consumer_options: dict[str, Any] | None = None,
+        max_skew: float | None = DEFAULT_MAX_SKEW,
     ) -> None:
-        self.writer = Writer(con)
+        self.writer = Writer(con, max_skew)
         self.url, self.group = url, group
         self.batch_bytes, self.max_wait = batch_bytes, max_wait
         self.progress, self.progress_every = progress, progress_every
@@ -440,8 +448,9 @@ class SpoolIngest:
         batch_bytes: int = 64 << 20,
         progress: Progress | None = None,
         progress_every: float = 10.0,
+        max_skew: float | None = DEFAULT_MAX_SKEW,
     ) -> None:
-        self.con, self.writer = con, Writer(con)
+        self.con, self.writer = con, Writer(con, max_skew)
         self.dir = Path(directory).resolve()
         self.source = f"spool:{self.dir}"
         self.batch_bytes = batch_bytes

@@ -70,8 +70,15 @@ class _Scratch:
 
 
 class Writer:
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    """``max_skew``: seconds an event's ts may be from the time its batch is stored before
+    the event is listed in ``clock_skew`` (stored all the same); None: no check (imports of
+    past runs, where old timestamps are the point)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, max_skew: float | None = None) -> None:
         self.con = con
+        self.max_skew = max_skew
+        self._window: tuple[dt.datetime, dt.datetime] | None = None
+        self._now: dt.datetime | None = None
         # DuckDB appends from all threads at once (a plain Arrow insert runs 2x faster);
         # nothing reads rows in stored order: queries order, the in-batch de-dup included
         con.execute("SET preserve_insertion_order = false")
@@ -91,6 +98,10 @@ class Writer:
         """``write`` of messages already read into a ``Batch`` (on any thread)."""
         con, res, now = self.con, WriteResult(empty=batch.empty, not_utf8=batch.not_utf8), _ts(time.time())
         s = _Scratch()
+        self._now = now
+        if self.max_skew is not None:
+            skew = dt.timedelta(seconds=self.max_skew)
+            self._window = (now - skew, now + skew)
         con.execute("BEGIN")
         try:
             if batch.lines or batch.blocks:
@@ -169,8 +180,8 @@ class Writer:
         for sql in lookups:
             con.execute(sql)
         clean, repeats, lo, hi, n = con.execute(check).fetchall()[0]
-        if not clean or repeats:
-            return None
+        if not clean or repeats or self._skewed(lo, hi):
+            return None  # the checked path finds each row's reason (or skew)
         return con.execute(insert, [lo, hi]).fetchone()[0], n
 
     # -- 3. store -----------------------------------------------------------------------------
@@ -215,20 +226,24 @@ class Writer:
             if bad:
                 field_dead += bad
                 res.dead += dead_letters.from_rows(con, src, now)
-            res.rows[table] = self._insert_dedup(table, cols, src)
-        res.rows["unknown_events"] = self._unknown_types() if set(forms) - set(TABLES) else 0
+            res.rows[table] = self._insert_dedup(table, cols, src, res)
+        res.rows["unknown_events"] = self._unknown_types(res) if set(forms) - set(TABLES) else 0
         nodes.upsert(
-            con, ([nodes.FROM_EVENTS] if forms else []) + ([nodes.FROM_FAST_BLOCKS] if s.fast else [])
+            con,
+            ([nodes.FROM_EVENTS] if forms else []) + ([nodes.FROM_FAST_BLOCKS] if s.fast else []),
+            self._window if self.max_skew is not None else None,
         )
         valid += sum(b.rows for bl in s.fast.values() for b in bl)
         res.duplicates = max(0, valid - res.inserted - field_dead)
 
-    def _insert_dedup(self, table: str, cols: list[str], src: str) -> int:
+    def _insert_dedup(self, table: str, cols: list[str], src: str, res: WriteResult) -> int:
         lo, hi, n = self.con.execute(
             f"SELECT min(ts), max(ts), count(*) FROM {src} WHERE reason IS NULL"
         ).fetchone()
         if not n:
             return 0
+        if self._skewed(lo, hi):
+            res.skewed += self._note_skew(table, src, lo, hi)
         collist = ", ".join(f'"{c}"' for c in cols)
         inserted = self.con.execute(
             f"""
@@ -240,7 +255,25 @@ class Writer:
         ).fetchone()[0]
         return inserted
 
-    def _unknown_types(self) -> int:
+    def _skewed(self, lo: dt.datetime | None, hi: dt.datetime | None) -> bool:
+        """Whether any ts in [lo, hi] is outside the batch's clock window."""
+        w = self._window
+        return w is not None and lo is not None and (lo < w[0] or hi > w[1])
+
+    def _note_skew(self, table: str, src: str, lo: dt.datetime, hi: dt.datetime) -> int:
+        """List the new events of ``src`` outside the clock window in ``clock_skew``."""
+        assert self._window is not None
+        return self.con.execute(
+            f"""
+            INSERT INTO clock_skew
+            SELECT id, ts, node, '{table}', $now, epoch(ts) - epoch($now::TIMESTAMP) FROM {src} s
+            WHERE reason IS NULL AND (ts < $w0 OR ts > $w1)
+              AND NOT EXISTS (SELECT 1 FROM {table} x WHERE x.ts BETWEEN $lo AND $hi AND x.id = s.id)
+              AND NOT EXISTS (SELECT 1 FROM clock_skew c WHERE c.id = s.id)""",
+            {"now": self._now, "w0": self._window[0], "w1": self._window[1], "lo": lo, "hi": hi},
+        ).fetchone()[0]
+
+    def _unknown_types(self, res: WriteResult) -> int:
         """Events of types this collector does not know: kept whole (data as JSON)."""
         known = ", ".join(q(t) for t in TABLES)
         self.con.execute(f"""CREATE OR REPLACE TEMP TABLE _t AS
@@ -249,7 +282,7 @@ class Writer:
             FROM (SELECT * FROM _evj WHERE reason IS NULL AND type NOT IN ({known})) e
             JOIN _batch b ON b.origin = e.origin AND b.line_no = e.line_no
             QUALIFY row_number() OVER (PARTITION BY e.id ORDER BY e.origin, e.line_no) = 1""")
-        return self._insert_dedup("unknown_events", ["type", "data"], "_t")
+        return self._insert_dedup("unknown_events", ["type", "data"], "_t", res)
 
 
 def _ts(epoch: float) -> dt.datetime:

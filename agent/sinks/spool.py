@@ -6,7 +6,8 @@ governing cursor when a consumer (the Kafka shipper, or a collector reading the 
 reports what is safe downstream, and deletes segments wholly behind it.  It enforces the
 bounds: past ``max_bytes``, or for a segment older than ``max_age``, the oldest segments
 are deleted even though not consumed, and their unconsumed events are counted in
-``dropped_total``.  A torn last line from a crash is cut off when the spool is opened.
+``dropped_total``, except urgent ones (below) dropped for size, which are written again
+at the end of the spool.  A torn last line from a crash is cut off when the spool is opened.
 
 A disk that refuses to grow (full, over quota) is treated as the size bound: the oldest
 segments are dropped (and their unconsumed events counted) until the write fits, the
@@ -209,15 +210,30 @@ class Spool:
             sealed = [self._active - 1]
         if self.problem is None:
             self._trouble(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
-        s, cur = sealed[0], self.cursor()
+        return self._drop_segment(sealed[0], self.cursor(), carry=True)
+
+    def _drop_segment(self, s: int, cur: Position, carry: bool) -> bool:
+        """Delete segment ``s`` before it was consumed: its unconsumed events are counted as
+        dropped, except (``carry``) urgent ones, kept in ``_carry`` for the next write.  False
+        when the disk will not let it go (nothing changes)."""
         lines = self._unconsumed(s, cur).splitlines(keepends=True)
         if not self._delete(s):
             return False
-        keep = [x for x in lines if any(m in x for m in _URGENT)]
+        keep = [x for x in lines if any(m in x for m in _URGENT)] if carry else []
         self._carry += keep
         self.dropped_total += len(lines) - len(keep)
         self.pending = max(0, self.pending - (len(lines) - len(keep)))
         return True
+
+    def _write_carry(self) -> None:
+        """Write the urgent lines of segments dropped for size at the end of the spool now
+        (on failure they wait for the next append, which tries them first)."""
+        try:
+            self._write(b"".join(self._carry))
+        except OSError as e:
+            log.debug("spool: urgent lines wait for the next write: %s", e)
+            return
+        self._carry = []
 
     def _trouble(self, e: OSError) -> None:
         why = f"{e.strerror or e} ({self.dir})"
@@ -311,13 +327,14 @@ class Spool:
                 if not self._delete(s):
                     break
             elif too_big or too_old:
-                lost = self._unconsumed_lines(s, cur)
-                if not self._delete(s):
+                # past the size bound urgent events are written again at the end; past the
+                # age bound they are as stale as the rest
+                if not self._drop_segment(s, cur, carry=too_big):
                     break
-                self.dropped_total += lost
-                self.pending = max(0, self.pending - lost)
             else:
                 break
+        if self._carry and self.problem is None:
+            self._write_carry()
 
     def gc(self) -> None:
         """Delete consumed segments and apply the bounds now."""
@@ -329,6 +346,16 @@ class Spool:
         """Flush and release; whatever the disk does, this returns (and says what it could
         not flush)."""
         with self.lock:
+            if self._f is not None and self._carry:
+                self._write_carry()
+                if self._carry:
+                    n = len(self._carry)
+                    log.warning(
+                        "spool: %d urgent events (notices, lifecycle) could not be written: dropped", n
+                    )
+                    self.dropped_total += n
+                    self.pending = max(0, self.pending - n)
+                    self._carry = []
             if self._f is not None:
                 try:
                     if self.fsync:

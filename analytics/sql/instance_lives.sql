@@ -7,11 +7,18 @@
 -- than lost_after sampling intervals (as of asof_ts, default now).  end_reason: revoked (a
 -- notice that takes the VM away was seen in that life), stopped (a clean stop), lost
 -- (neither: a crash, a kill, a power cut).  A life without an end is alive.
+--
+-- Events listed in clock_skew (stamped far from the collector's clock) are left out: a
+-- clock years off would date a stop before its boot, or stretch a life over years.
 CREATE OR REPLACE MACRO instance_lives(lost_after := 3, asof_ts := NULL) AS TABLE
-WITH starts AS (
+WITH lifecycle_ok AS (SELECT * FROM lifecycle_events ANTI JOIN clock_skew ON clock_skew.id = lifecycle_events.id),
+heartbeats_ok AS (SELECT * FROM heartbeats ANTI JOIN clock_skew ON clock_skew.id = heartbeats.id),
+revocations_ok AS (SELECT * FROM revocations ANTI JOIN clock_skew ON clock_skew.id = revocations.id),
+identity_ok AS (SELECT * FROM instance_identity ANTI JOIN clock_skew ON clock_skew.id = instance_identity.id),
+starts AS (
     SELECT node, round(boot_time) AS boot, min(ts) AS first_start,
            arg_max(interval_seconds, ts) AS interval_seconds
-    FROM lifecycle_events WHERE event = 'agent_start' AND boot_time IS NOT NULL
+    FROM lifecycle_ok WHERE event = 'agent_start' AND boot_time IS NOT NULL
     GROUP BY node, round(boot_time)),
 lives AS (
     SELECT node, boot, make_timestamp(CAST(boot * 1e6 AS BIGINT)) AS booted, first_start,
@@ -20,25 +27,25 @@ lives AS (
     FROM starts),
 hb AS (
     SELECT l.node, l.boot, max(h.ts) AS last_hb
-    FROM heartbeats h ASOF JOIN lives l ON h.node = l.node AND h.ts >= l.booted
+    FROM heartbeats_ok h ASOF JOIN lives l ON h.node = l.node AND h.ts >= l.booted
     GROUP BY ALL),
 lc AS (
     SELECT l.node, l.boot, arg_max(e.event, e.ts) AS last_event, max(e.ts) AS last_lc,
            max(e.ts) FILTER (WHERE e.event IN ('agent_stop', 'shutdown')) AS stopped_at
-    FROM lifecycle_events e ASOF JOIN lives l ON e.node = l.node AND e.ts >= l.booted
+    FROM lifecycle_ok e ASOF JOIN lives l ON e.node = l.node AND e.ts >= l.booted
     WHERE e.event <> 'boot'
     GROUP BY ALL),
 rv AS (
     SELECT l.node, l.boot, count(*) AS notices, coalesce(bool_or(r.revokes), false) AS revoked,
            min(r.ts) FILTER (WHERE r.revokes) AS revoked_notice_at
-    FROM revocations r ASOF JOIN lives l ON r.node = l.node AND r.ts >= l.booted
+    FROM revocations_ok r ASOF JOIN lives l ON r.node = l.node AND r.ts >= l.booted
     GROUP BY ALL),
 id AS (
     SELECT l.node, l.boot, arg_max(i.cloud, i.ts) AS cloud, arg_max(i.region, i.ts) AS region,
            arg_max(i.zone, i.ts) AS zone, arg_max(i.instance_id, i.ts) AS instance_id,
            arg_max(i.instance_type, i.ts) AS instance_type, arg_max(i.spot, i.ts) AS spot,
            arg_max(i.accelerator, i.ts) AS accelerator, arg_max(i.accelerator_count, i.ts) AS accelerator_count
-    FROM instance_identity i ASOF JOIN lives l ON i.node = l.node AND i.ts >= l.booted
+    FROM identity_ok i ASOF JOIN lives l ON i.node = l.node AND i.ts >= l.booted
     GROUP BY ALL),
 j AS (
     SELECT l.*, id.cloud, id.region, id.zone, id.instance_id, id.instance_type, id.spot, id.accelerator,

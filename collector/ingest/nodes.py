@@ -11,6 +11,9 @@ import pyarrow as pa
 from cmdare.wire import columns
 from cmdare.wire.registry import TRAIN_PREFIX
 
+# First and last seen count only events inside the batch's clock window (a node whose clock
+# is years off would otherwise never look silent): a node seen only through skewed events
+# has none (clock_skew lists them).
 # A node's role, job and labels are those of its latest event, and only a batch with events
 # as new as the node's latest stored one replaces them (a spool of older events loaded later
 # leaves them alone).  The job is the agent's (its config): train_* events carry the
@@ -18,7 +21,7 @@ from cmdare.wire.registry import TRAIN_PREFIX
 _UPSERT_SQL = """
 INSERT INTO nodes
 SELECT node, arg_max(role, ts), arg_max(job, ts) FILTER (WHERE agent), arg_max(labels, ts)::JSON,
-    min(ts), max(ts)
+    min(ts) FILTER (WHERE {in_window}), max(ts) FILTER (WHERE {in_window})
 FROM ({src}) GROUP BY node
 ON CONFLICT (node) DO UPDATE SET
     role = CASE WHEN excluded.last_seen >= nodes.last_seen THEN excluded.role ELSE nodes.role END,
@@ -39,10 +42,12 @@ FROM_FAST_BLOCKS = """SELECT b.node, b.role, b.job, _lab.labels::JSON AS labels,
     FROM _bn b JOIN _lab ON _lab.lraw = b.lraw"""
 
 
-def upsert(con: duckdb.DuckDBPyConnection, sources: list[str]) -> None:
-    """Upsert the nodes seen in ``sources`` (``FROM_EVENTS``, ``FROM_FAST_BLOCKS``)."""
+def upsert(con: duckdb.DuckDBPyConnection, sources: list[str], window: tuple[Any, Any] | None = None) -> None:
+    """Upsert the nodes seen in ``sources`` (``FROM_EVENTS``, ``FROM_FAST_BLOCKS``); first
+    and last seen from the events with ts in ``window`` (all when None)."""
     if sources:
-        con.execute(_UPSERT_SQL.format(src=" UNION ALL ".join(sources)))
+        cond = "true" if window is None else "ts BETWEEN $1 AND $2"
+        con.execute(_UPSERT_SQL.format(src=" UNION ALL ".join(sources), in_window=cond), list(window or ()))
 
 
 _BN = pa.schema(

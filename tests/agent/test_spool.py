@@ -98,6 +98,34 @@ def test_size_bound_drops_oldest_and_counts_the_unshipped(tmp_path: Path) -> Non
     assert sp.pending == len(kept)
 
 
+def test_size_bound_never_drops_notices_or_lifecycle(tmp_path: Path) -> None:
+    """Past the size bound the oldest samples go, but a revocation notice and the agent's
+    lifecycle events in a dropped segment are written again at the end: however much comes
+    after, each is on disk exactly once, and every other event is on disk or counted."""
+    sp = Spool(tmp_path, max_bytes=3 * 4096, segment_bytes=4096, fsync=False)
+    sp.open()
+    start = b'{"id":"s-1","type":"lifecycle","event":"agent_start"}\n'
+    notice = b'{"id":"n-1","type":"revocation","pad":"%s"}\n' % (b"x" * 200)
+    sp.append(start, 1)
+    sp.append(lines(10), 10)
+    sp.append(notice, 1)
+    for i in range(1, 100):  # ~10,000 events of 101 bytes through a 12 KB bound
+        sp.append(lines(10, i * 10), 10)
+    kept = all_read(tmp_path)
+    assert kept.count(start.rstrip()) == 1 and kept.count(notice.rstrip()) == 1
+    assert sp.dropped_total + len(kept) == sp.spooled_total == 1002
+    assert sp.pending == len(kept)
+    assert sp.size_bytes() <= 3 * 4096 + 4096
+    # past the age bound they are as stale as the rest: dropped and counted
+    old = Spool(tmp_path / "old", max_age=60, segment_bytes=4096, fsync=False)
+    old.open()
+    old.append(notice + lines(30), 31)
+    old.append(lines(20, 30), 20)  # rotates
+    os.utime(tmp_path / "old" / seg_name(list_segments(tmp_path / "old")[0]), (1, 1))
+    old.gc()
+    assert old.dropped_total == 31 and notice.rstrip() not in all_read(tmp_path / "old")
+
+
 def test_age_bound(tmp_path: Path) -> None:
     sp = Spool(tmp_path, max_age=60, segment_bytes=4096, fsync=False)
     sp.open()

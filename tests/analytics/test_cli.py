@@ -111,10 +111,10 @@ def test_nodes_table(db: Path) -> None:
     code, out = run("nodes", "--db", str(db))
     assert code == 0
     assert out.splitlines() == [  # no lifecycle events (agents before 0.1's cloud source): state unknown
-        "node   role    job     cloud  zone  instance_type  spot  state    lives  first_seen           last_seen            agent_version  heartbeats  gpus  spool_pending  dropped  not_ok",
-        "-----  ------  ------  -----  ----  -------------  ----  -------  -----  -------------------  -------------------  -------------  ----------  ----  -------------  -------  ---------------",
-        "gpu-1  worker  resnet                                    unknown      0  2026-09-21 14:13:20  2026-09-21 14:13:40  0.1.0                   3     2              0        0",
-        "ps-0   ps      resnet                                    unknown      0  2026-09-21 14:13:20  2026-09-21 14:13:20                                0                          gpu=unavailable",
+        "node   role    job     cloud  zone  instance_type  spot  state    lives  first_seen           last_seen            agent_version  heartbeats  gpus  spool_pending  dropped  not_ok           clock_skew_s  skewed_events",
+        "-----  ------  ------  -----  ----  -------------  ----  -------  -----  -------------------  -------------------  -------------  ----------  ----  -------------  -------  ---------------  ------------  -------------",
+        "gpu-1  worker  resnet                                    unknown      0  2026-09-21 14:13:20  2026-09-21 14:13:40  0.1.0                   3     2              0        0                                             0",
+        "ps-0   ps      resnet                                    unknown      0  2026-09-21 14:13:20  2026-09-21 14:13:20                                0                          gpu=unavailable                            0",
     ]
 
 
