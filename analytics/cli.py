@@ -411,8 +411,8 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
 
     \b
     speed     single-worker step time from FLOPs per step / accelerator peak, parameter
-              bytes / memory bandwidth and tensor count (roofline-like and log-linear
-              families; the one with the lower held-out error is kept)
+              bytes / memory bandwidth and tensor count (roofline, log-linear, power and
+              compute+tensors families; the one with the lowest held-out error is kept)
     cluster   per-worker step time as workers and parameter servers grow (spotDNN's
               PS-bandwidth contention term)
     overhead  checkpoint save / restore time against size; resume after a revocation;
@@ -467,6 +467,17 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
         f"fit {out['fit_id']}: {kind} ({out['family']}) from {out['rows']} rows, {out['groups']} groups"
     )
     click.echo(f"held-out error (leave one group out): MAPE {mape}, R^2 {r2}")
+    fams = f.cv.get("families")
+    if fams:
+        click.echo(
+            "families tried (held-out MAPE): "
+            + ", ".join(f"{k} {v['cv_mape'] * 100:.1f}%" for k, v in sorted(fams.items(), key=lambda x: x[1]["cv_mape"]))
+        )
+    if f.cv.get("worst"):
+        click.echo(
+            "predicted worst (held out): "
+            + ", ".join(f"{w['group']} {w['ape'] * 100:.1f}%" for w in f.cv["worst"])
+        )
     for k, v in out["coefficients"].items():
         click.echo(f"  {k} = {v:.6g}")
     if kind == "overhead":
@@ -527,10 +538,12 @@ def _with_ro(db: str, fn: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
 
 
 model_options = [
-    click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), required=True),
     click.option(
-        "--params", type=click.FloatRange(min=0, min_open=True), required=True, help="parameter count"
+        "--from-job",
+        help="a job in the database: its model, accelerator and measured steady-state speed (instead of the options below)",
     ),
+    click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), help="FLOPs per training step"),
+    click.option("--params", type=click.FloatRange(min=0, min_open=True), help="parameter count"),
     click.option(
         "--tensors",
         type=click.IntRange(1),
@@ -556,10 +569,24 @@ def _model_opts(f: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(f)
     def command(
-        *args: Any, flops_per_step: float, params: float, tensors: int | None, batch_size: int | None, **kw: Any
+        *args: Any,
+        from_job: str | None,
+        flops_per_step: float | None,
+        params: float | None,
+        tensors: int | None,
+        batch_size: int | None,
+        **kw: Any,
     ) -> Any:
+        if from_job is not None:
+            if flops_per_step or params or tensors:
+                raise click.UsageError("give either --from-job, or the model's --flops-per-step and --params")
+            if not from_job.strip():
+                raise click.UsageError("--from-job must name a job")
+            return f(*args, model=None, from_job=from_job, batch_size=batch_size, **kw)
+        if flops_per_step is None or params is None:
+            raise click.UsageError("give --flops-per-step and --params, or --from-job JOB")
         t = tensors or max(1, round(params / 1e5))
-        return f(*args, model=_Model(flops_per_step, params, t, batch_size), **kw)
+        return f(*args, model=_Model(flops_per_step, params, t, batch_size), from_job=None, batch_size=batch_size, **kw)
 
     for o in reversed(model_options):
         command = o(command)
@@ -571,31 +598,67 @@ def _model_opts(f: Callable[..., Any]) -> Callable[..., Any]:
 @_model_opts
 @db_option
 @json_option
-def predict_speed(gpu_type: str, model: _Model, db: str, as_json_: bool) -> None:
+def predict_speed(
+    gpu_type: str, model: _Model | None, from_job: str | None, batch_size: int | None, db: str, as_json_: bool
+) -> None:
     """Single-worker steps/s of a model on an accelerator, with a 95% interval.
 
+    With --from-job J: the model of job J, from J's measured steady-state speed and the
+    speed fit's ratio between J's accelerator and --gpu-type (J ran several workers: its
+    single-worker time through the cluster fit).
+
     \b
-    Example:
+    Examples:
       analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6 --json
+      analyze predict speed --from-job resnet-k80 --gpu-type p100
     """
     from . import catalog, models
 
     def run(con: Any) -> dict[str, Any]:
         acc = catalog.lookup(gpu_type)
         f = models.latest(con, "speed")
-        v, lo, hi = models.predict_speed(f, acc, model.flops_per_step, model.params, model.tensors)
-        out = {
-            "prediction": v,
-            "interval": [lo, hi],
-            "fit_id": f["fit_id"],
-            "accelerator": acc.name,
-            "step_seconds": 1 / v,
-        }
-        if model.batch_size:
-            out["examples_per_second"] = v * model.batch_size
+        if model is None:
+            assert from_job is not None
+            a = models.anchor(con, from_job, _latest_or_none(con, "cluster"))
+            j = a.job
+            v_fit, lo, hi = models.predict_speed(f, acc, j.flops_per_step, j.params, j.tensors)
+            v = 1.0 / a.t1_on(acc, f)
+            k = v / v_fit  # the fit's interval, carried to the measured level
+            out = {"prediction": v, "interval": [lo * k, hi * k], "fit_id": f["fit_id"], **_measured(a)}
+            bs = batch_size or j.batch_size
+        else:
+            v, lo, hi = models.predict_speed(f, acc, model.flops_per_step, model.params, model.tensors)
+            out = {"prediction": v, "interval": [lo, hi], "fit_id": f["fit_id"]}
+            bs = model.batch_size
+        out |= {"accelerator": acc.name, "step_seconds": 1 / v}
+        if bs:
+            out["examples_per_second"] = v * bs
         return out
 
     _emit_prediction(_with_ro(db, run), as_json_, "steps/s")
+
+
+def _latest_or_none(con: Any, kind: str) -> dict[str, Any] | None:
+    from . import models
+
+    try:
+        return models.latest(con, kind)
+    except AnalyticsError:
+        return None
+
+
+def _measured(a: Any) -> dict[str, Any]:
+    """What --from-job's job supplied (the JSON keys every --from-job prediction adds)."""
+    j = a.job
+    return {
+        "from_job": j.job,
+        "measured_steps_per_second": j.speed,
+        "measured_accelerator": j.accelerator,
+        "measured_workers": j.workers,
+        "measured_ps": j.ps,
+        "single_worker_step_seconds": a.t1,
+        "single_worker_from": "cluster fit" if a.derived else "measured",
+    }
 
 
 def _parse_gpus(spec: str) -> list[tuple[str, int]]:
@@ -619,32 +682,59 @@ def _parse_gpus(spec: str) -> list[tuple[str, int]]:
 @db_option
 @json_option
 def predict_cluster(
-    gpu_type: str | None, workers: int | None, gpus: str | None, ps: int, model: _Model, db: str, as_json_: bool
+    gpu_type: str | None,
+    workers: int | None,
+    gpus: str | None,
+    ps: int,
+    model: _Model | None,
+    from_job: str | None,
+    batch_size: int | None,
+    db: str,
+    as_json_: bool,
 ) -> None:
     """Cluster steps/s of a parameter-server job, homogeneous (--gpu-type and --workers) or
     heterogeneous (--gpus k80:2,p100:2: T_exp = 1 / sum(1/T_i), spotDNN), with a 95%
     interval, the speed the parameter servers cap it at, and the workers that reach 90% of it.
 
+    With --from-job J: the model and (without --gpu-type or --gpus) the accelerator of job
+    J, whose measured steady-state speed replaces the speed fit's single-worker time (J ran
+    several workers: derived through the cluster fit; another accelerator: scaled by the
+    speed fit's ratio between the two).
+
     \b
-    Example:
+    Examples:
       analyze predict cluster --gpus k80:2,p100:2 --ps 1 --flops-per-step 3.1e12 --params 25.6e6
+      analyze predict cluster --from-job resnet-1gpu --workers 8 --ps 2 --json
     """
     from . import catalog, models
 
     if gpus and (gpu_type or workers):
         raise click.UsageError("give either --gpus, or --gpu-type with --workers")
-    if not gpus and not (gpu_type and workers):
+    if not gpus and not workers:
+        raise click.UsageError("give --workers (and --gpu-type), or --gpus TYPE:COUNT,...")
+    if not gpus and not gpu_type and from_job is None:
         raise click.UsageError("give --gpu-type and --workers, or --gpus TYPE:COUNT,...")
     spec = _parse_gpus(gpus) if gpus else [(gpu_type or "", workers or 1)]
 
     def run(con: Any) -> dict[str, Any]:
         sfit, cfit = models.latest(con, "speed"), models.latest(con, "cluster")
+        extra: dict[str, Any] = {}
         ws = []
-        for name, n in spec:
-            acc = catalog.lookup(name)
-            v1 = models.predict_speed(sfit, acc, model.flops_per_step, model.params, model.tensors)[0]
-            ws += [1.0 / v1] * n
-        r = models.predict_cluster(cfit, ws, ps, model.params)
+        if model is None:
+            assert from_job is not None
+            a = models.anchor(con, from_job, cfit)
+            params, bs = a.job.params, batch_size or a.job.batch_size
+            for name, n in spec:
+                acc = catalog.lookup(name) if name else a.job.acc
+                ws += [a.t1_on(acc, sfit)] * n
+            extra = _measured(a)
+        else:
+            params, bs = model.params, model.batch_size
+            for name, n in spec:
+                acc = catalog.lookup(name)
+                v1 = models.predict_speed(sfit, acc, model.flops_per_step, model.params, model.tensors)[0]
+                ws += [1.0 / v1] * n
+        r = models.predict_cluster(cfit, ws, ps, params)
         out = {
             "prediction": r.pop("steps_per_second"),
             "interval": [r.pop("lower"), r.pop("upper")],
@@ -652,9 +742,10 @@ def predict_cluster(
             "speed_fit_id": sfit["fit_id"],
             "workers": len(ws),
             **r,
+            **extra,
         }
-        if model.batch_size:
-            out["examples_per_second"] = out["prediction"] * model.batch_size
+        if bs:
+            out["examples_per_second"] = out["prediction"] * bs
         return out
 
     _emit_prediction(_with_ro(db, run), as_json_, "steps/s")

@@ -4,6 +4,7 @@ with held-out error, stored in ``model_fits`` and used for predictions with inte
 - ``steady``: steady-state speed per job from step telemetry (the speed and cluster input)
 - ``speed``: single-worker step time from model complexity over accelerator capability
 - ``cluster``: per-worker step time as workers and parameter servers grow
+- ``fromjob``: predictions anchored on a job's measured speed (``--from-job``)
 - ``overhead``: checkpoint save / restore, resume after a revocation, VM start-up
 - ``lifetime``: spot VM survival (Kaplan-Meier, Cox) and P(revoked within H hours)
 - ``regression``: what they share (OLS, leave-one-group-out cross-validation, ``Fit``)
@@ -14,7 +15,8 @@ Documented in docs/models.md.
 
 from __future__ import annotations
 
-from .cluster import cluster_features, fit_cluster, predict_cluster
+from .cluster import cluster_features, fit_cluster, predict_cluster, single_worker_seconds
+from .fromjob import Anchor, anchor, measured
 from .lifetime import fit_lifetime, predict_revocation
 from .overhead import fit_overhead, predict_checkpoint
 from .regression import ALPHA, Fit, Linear, logo_cv
@@ -23,7 +25,7 @@ from .steady import JobSpeed, job_speeds, steady_rates
 from .store import latest, save
 
 __all__ = [
-    "ALPHA", "SPEED_FAMILIES", "Fit", "JobSpeed", "Linear", "cluster_features", "fit_cluster", "fit_lifetime",
+    "ALPHA", "SPEED_FAMILIES", "Anchor", "anchor", "measured", "single_worker_seconds", "Fit", "JobSpeed", "Linear", "cluster_features", "fit_cluster", "fit_lifetime",
     "fit_overhead", "fit_speed", "job_speeds", "latest", "logo_cv", "predict_checkpoint", "predict_cluster",
     "predict_revocation", "predict_speed", "save", "speed_features", "steady_rates",
 ]

@@ -81,3 +81,12 @@ def predict_cluster(fit: dict[str, Any], workers: list[float], ps: int, params: 
         out["ps_limit_steps_per_second"] = 1.0 / k  # the asymptote as workers grow
         out["workers_at_90pct_of_limit"] = 9.0 * base / k
     return out
+
+
+def single_worker_seconds(fit: dict[str, Any], speed: float, workers: int, ps: int, params: float) -> float | None:
+    """The single-worker step time T1 that gives cluster ``speed`` (steps/s) with ``workers``
+    homogeneous workers and ``ps`` PS: the fit solved for T1; None when no positive T1 does."""
+    a, b, c, d = Linear(**fit["model"]["linear"]).params
+    s = 4.0 * params / 1e9
+    t1 = (workers / speed - b * s - c * s * workers / max(ps, 1) - d) / a if a > 0 else -1.0
+    return t1 if t1 > 0 else None

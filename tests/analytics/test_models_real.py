@@ -1,0 +1,192 @@
+"""The speed and cluster fits on real measurements: CM-DARE's TensorBoard exports in the
+checkout's sibling ``../shared/data/cmdare`` (``$CMDARE_REAL_DATA`` elsewhere), imported
+with ``analyze import tensorboard`` as a user would, held out one model architecture at a
+time."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics import models
+from cmdare.analytics.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("CMDARE_REAL_DATA", ROOT.parent / "shared" / "data" / "cmdare"))
+
+pytestmark = pytest.mark.skipif(
+    not (DATA / "jobs.csv").is_file(), reason=f"CM-DARE's measurements are not at {DATA} (set CMDARE_REAL_DATA)"
+)
+
+
+@pytest.fixture(scope="module")
+def real_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every run of the data, imported through the CLI with the flags its README gives."""
+    db = tmp_path_factory.mktemp("real") / "real.duckdb"
+    for r in csv.DictReader(open(DATA / "jobs.csv")):
+        args = ["import", "tensorboard", str(DATA / r["file"]), "--db", str(db), "--job", r["job"]]
+        args += ["--gpu-type", r["gpu_type"], "--workers", r["workers"], "--ps", r["ps"], "--model", r["model"]]
+        args += ["--flops-per-step", r["flops_per_step"], "--params", r["params"], "--tensors", r["tensors"]]
+        args += ["--batch-size", r["batch_size"]]
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, res.output
+    return db
+
+
+@pytest.fixture()
+def real(real_db: Path) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect(str(real_db), read_only=True)
+    yield con
+    con.close()
+
+
+def test_every_run_has_a_steady_state(real) -> None:
+    """14 points per single-GPU run (the first a warm-up), late worker-join ramps in the
+    cluster runs: the steady-state rule keeps every run."""
+    jobs, skipped = models.job_speeds(real)
+    assert skipped == []
+    assert len(jobs) == sum(1 for _ in csv.DictReader(open(DATA / "jobs.csv")))
+
+
+def test_single_gpu_step_time_holds_out_across_architectures(real) -> None:
+    jobs, _ = models.job_speeds(real)
+    fit = models.fit_speed(jobs)
+    fams = {k: v["cv_mape"] for k, v in fit.cv["families"].items()}
+    assert fit.cv["mape"] == min(fams.values())  # held-out error chose the family
+    assert fit.cv["mape"] <= 0.10, fams
+    # folds are architecture-disjoint
+    for f in fit.cv["folds"]:
+        assert f["test_group"] not in f["train_groups"]
+    assert {f["test_group"] for f in fit.cv["folds"]} == {j.model for j in jobs if j.workers == 1}
+    assert len(fit.cv["worst"]) == 3 and fit.cv["worst"][0]["ape"] >= fit.cv["worst"][-1]["ape"]
+
+
+def _cluster_mape(jobs: list[models.JobSpeed], from_job: bool) -> float:
+    """Cluster steps/s of every 2-8 worker run, its architecture held out of both fits;
+    the single-worker time from the same series' 1-worker run (``from_job``) or from the
+    speed fit (the declaration alone)."""
+    series: dict[tuple[str, str, int], dict[int, models.JobSpeed]] = {}
+    for j in jobs:
+        if j.job.startswith("cmdare-cluster_size"):
+            series.setdefault((j.model, j.accelerator, j.ps), {})[j.workers] = j
+    apes = []
+    for arch in sorted({k[0] for k in series}):
+        train = [j for j in jobs if j.model != arch]
+        cl = {"model": models.fit_cluster(train, None).model}
+        sp = models.fit_speed(train)
+        speed_fit = {"model": sp.model, "family": sp.family}
+        for (m, _, ps), runs in series.items():
+            if m != arch:
+                continue
+            one = runs[1]
+            t1 = 1 / (one.speed if from_job else models.predict_speed(speed_fit, one.acc, one.flops_per_step, one.params, one.tensors)[0])
+            for w, j in runs.items():
+                if w >= 2:
+                    v = models.predict_cluster(cl, [t1] * w, ps, j.params)["steps_per_second"]
+                    apes.append(abs(v - j.speed) / j.speed)
+    assert len(apes) == 42
+    return float(np.mean(apes))
+
+
+def test_cluster_speed_from_a_measured_run_and_from_the_declaration(real) -> None:
+    jobs, _ = models.job_speeds(real)
+    assert _cluster_mape(jobs, from_job=True) <= 0.12
+    assert _cluster_mape(jobs, from_job=False) <= 0.15
+
+
+def test_analyze_fit_says_where_the_fit_is_weak(real_db: Path, tmp_path: Path) -> None:
+    db = tmp_path / "copy.duckdb"
+    shutil.copy(real_db, db)
+    res = CliRunner().invoke(cli, ["fit", "speed", "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].startswith("fit ") and "(compute+tensors)" in lines[0]
+    fams = next(x for x in lines if x.startswith("families tried (held-out MAPE): "))
+    assert fams.split(": ")[1].split(", ")[0].startswith("compute+tensors ")  # the best first
+    worst = next(x for x in lines if x.startswith("predicted worst (held out): "))
+    assert len(worst.split(": ")[1].split(", ")) == 3
+
+
+@pytest.fixture(scope="module")
+def fitted(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the real data with a speed and a cluster fit stored (through the CLI)."""
+    db = tmp_path_factory.mktemp("fitted") / "fitted.duckdb"
+    shutil.copy(real_db, db)
+    for kind in ("speed", "cluster"):
+        res = CliRunner().invoke(cli, ["fit", kind, "--db", str(db)])
+        assert res.exit_code == 0, res.output
+    return db
+
+
+def _predict(db: Path, *args: str) -> dict:
+    res = CliRunner().invoke(cli, ["predict", *args, "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+K80_1 = "cmdare-single_gpu_0latency-k80-ps1-w1-resnet15"
+P100_1 = "cmdare-cluster_size-p100-ps1-w1-resnet15"
+P100_4 = "cmdare-cluster_size-p100-ps1-w4-resnet15"
+
+
+def test_predict_speed_from_a_job(fitted: Path, real) -> None:
+    speeds = {j.job: j.speed for j in models.job_speeds(real)[0]}
+    same = _predict(fitted, "speed", "--from-job", K80_1, "--gpu-type", "k80")
+    assert same["prediction"] == pytest.approx(speeds[K80_1])  # measured, not the fit's
+    assert same["from_job"] == K80_1 and same["single_worker_from"] == "measured"
+    other = _predict(fitted, "speed", "--from-job", K80_1, "--gpu-type", "p100")
+    fit_k80 = _predict(fitted, "speed", "--gpu-type", "k80", "--flops-per-step", "630989589", "--params", "693818", "--tensors", "50")
+    fit_p100 = _predict(fitted, "speed", "--gpu-type", "p100", "--flops-per-step", "630989589", "--params", "693818", "--tensors", "50")
+    # the measured speed times the fit's ratio between the two accelerators
+    assert other["prediction"] == pytest.approx(speeds[K80_1] * fit_p100["prediction"] / fit_k80["prediction"])
+    lo, hi = other["interval"]
+    assert lo < other["prediction"] < hi
+    assert set(other) >= {"prediction", "interval", "fit_id", "from_job", "measured_steps_per_second"}
+    assert other["examples_per_second"] == pytest.approx(other["prediction"] * 128)  # the job's batch size
+
+
+def test_predict_cluster_from_single_and_multi_worker_jobs(fitted: Path, real) -> None:
+    speeds = {j.job: j.speed for j in models.job_speeds(real)[0]}
+    # a 4-worker job asked about its own shape gives back what it measured
+    back = _predict(fitted, "cluster", "--from-job", P100_4, "--workers", "4", "--ps", "1")
+    assert back["prediction"] == pytest.approx(speeds[P100_4], rel=1e-6)
+    assert back["single_worker_from"] == "cluster fit" and back["measured_workers"] == 4
+    eight = _predict(fitted, "cluster", "--from-job", P100_1, "--workers", "8", "--ps", "2")
+    assert eight["workers"] == 8 and eight["from_job"] == P100_1 and eight["single_worker_from"] == "measured"
+    assert eight["single_worker_step_seconds"] == pytest.approx(1 / speeds[P100_1])
+    # heterogeneous: the job's own accelerator at its measured time, the other scaled
+    homo = _predict(fitted, "cluster", "--from-job", P100_1, "--gpus", "p100:4", "--ps", "1")
+    same = _predict(fitted, "cluster", "--from-job", P100_1, "--workers", "4", "--ps", "1")
+    assert homo["prediction"] == pytest.approx(same["prediction"])
+    mixed = _predict(fitted, "cluster", "--from-job", P100_1, "--gpus", "k80:2,p100:2", "--ps", "1")
+    assert mixed["workers"] == 4 and mixed["prediction"] < same["prediction"]
+
+
+def test_from_job_bad_input(fitted: Path, tmp_path: Path) -> None:
+    def err(*args: str) -> str:
+        res = CliRunner().invoke(cli, ["predict", *args])
+        assert res.exit_code != 0 and "Traceback" not in res.output
+        return res.output.strip().splitlines()[-1]
+
+    db = str(fitted)
+    assert "no such job" in err("speed", "--from-job", "nope", "--gpu-type", "k80", "--db", db)
+    assert "either --from-job" in err("speed", "--from-job", K80_1, "--params", "5", "--gpu-type", "k80", "--db", db)
+    assert "--from-job JOB" in err("cluster", "--workers", "2", "--ps", "1", "--db", db)
+    # a job without a declaration, and one too short for a steady state
+    short = tmp_path / "short.csv"
+    short.write_text("Wall time,Step,Value\n1600000000,100,5\n1600000020,200,5\n1600000040,300,5\n")
+    copy = tmp_path / "c.duckdb"
+    shutil.copy(fitted, copy)
+    for job, flags in (("bare", []), ("short", ["--gpu-type", "k80", "--flops-per-step", "1e9", "--params", "1000000"])):
+        res = CliRunner().invoke(cli, ["import", "tensorboard", str(short if job == "short" else DATA / "runs" / "cluster_size-k80-ps1-w1-resnet15.csv"), "--job", job, "--db", str(copy), *flags])
+        assert res.exit_code == 0, res.output
+    assert "bare: no accelerator, flops_per_step, params declared" in err("speed", "--from-job", "bare", "--gpu-type", "k80", "--db", str(copy))
+    assert "short: too few step intervals" in err("cluster", "--from-job", "short", "--workers", "2", "--ps", "1", "--db", str(copy))
