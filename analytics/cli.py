@@ -442,11 +442,7 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
             if kind == "speed":
                 f = models.fit_speed(jobs)
             else:
-                try:
-                    sfit = models.latest(con, "speed")
-                except AnalyticsError:
-                    sfit = None
-                f = models.fit_cluster(jobs, sfit)
+                f = models.fit_cluster(jobs, _latest_or_none(con, "speed"))
             f.notes += skipped
         elif kind == "overhead":
             f = models.fit_overhead(con)

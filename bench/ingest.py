@@ -63,6 +63,9 @@ def produce(
         batch_size=512 << 10,
     )
     ticks = samples // (nodes * gpus)
+    # stamped as live agents stamp them: the last hour, one tick a second (samples older than
+    # the collector's --max-clock-skew would each be checked and listed in clock_skew)
+    start = float(int(time.time())) - ticks
     sent = messages = 0
     for n in range(nodes):
         src = GpuSource(GpuSource.parse_config("g", {}), nvml=FakeNvml(gpus=gpus))
@@ -70,7 +73,7 @@ def produce(
         f = EventFactory(f"node-{n:03d}", "worker", "bench", rows=rows)
         lines: list[bytes] = []
         for t in range(ticks):  # the agent's own line path (runtime.emit -> EventFactory.line)
-            src.collect(lambda ty, d, ts=None, lines=lines, f=f, t=t: lines.append(f.line(ty, d, 1.75e9 + t)))
+            src.collect(lambda ty, d, ts=None, lines=lines, f=f, t=t: lines.append(f.line(ty, d, start + t)))
         data = b"".join(lines)
         for msg, cnt, _ in pack([(data, Position(1, len(data)))], 256 << 10, columns and rows):
             prod.send(topic, value=msg, key=f.node.encode())

@@ -231,7 +231,7 @@ class Writer:
         nodes.upsert(
             con,
             ([nodes.FROM_EVENTS] if forms else []) + ([nodes.FROM_FAST_BLOCKS] if s.fast else []),
-            self._window if self.max_skew is not None else None,
+            self._window,
         )
         valid += sum(b.rows for bl in s.fast.values() for b in bl)
         res.duplicates = max(0, valid - res.inserted - field_dead)

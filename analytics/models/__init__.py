@@ -25,7 +25,8 @@ from .steady import JobSpeed, job_speeds, steady_rates
 from .store import latest, save
 
 __all__ = [
-    "ALPHA", "SPEED_FAMILIES", "Anchor", "anchor", "measured", "single_worker_seconds", "Fit", "JobSpeed", "Linear", "cluster_features", "fit_cluster", "fit_lifetime",
-    "fit_overhead", "fit_speed", "job_speeds", "latest", "logo_cv", "predict_checkpoint", "predict_cluster",
-    "predict_revocation", "predict_speed", "save", "speed_features", "steady_rates",
+    "ALPHA", "Anchor", "Fit", "JobSpeed", "Linear", "SPEED_FAMILIES", "anchor", "cluster_features", "fit_cluster",
+    "fit_lifetime", "fit_overhead", "fit_speed", "job_speeds", "latest", "logo_cv", "measured",
+    "predict_checkpoint", "predict_cluster", "predict_revocation", "predict_speed", "save",
+    "single_worker_seconds", "speed_features", "steady_rates"
 ]

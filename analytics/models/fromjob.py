@@ -39,7 +39,7 @@ class Anchor:
 def measured(con: duckdb.DuckDBPyConnection, job: str) -> JobSpeed:
     """Job ``job``'s steady-state speed and declaration; a one-line AnalyticsError naming the
     job and what is missing otherwise."""
-    jobs, skipped = job_speeds(con)
+    jobs, skipped = job_speeds(con, job)
     for j in jobs:
         if j.job == job:
             return j

@@ -32,7 +32,7 @@ STEADY_SQL = f"""
 WITH s AS (
     SELECT job, run, rank, ts, steps,
            coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps) AS span
-    FROM steps),
+    FROM steps WHERE $job IS NULL OR job = $job),
 w AS (
     SELECT job, rank, ts, steps / span AS rate, epoch(ts) - span AS begins,
            row_number() OVER p AS i, count(*) OVER p AS n,
@@ -47,12 +47,12 @@ GROUP BY ALL HAVING count(*) >= {MIN_KEPT}
 """
 
 
-def steady_rates(con: duckdb.DuckDBPyConnection) -> dict[str, dict[int, float]]:
-    """job -> rank -> steady steps/s (see the module doc); ranks with too few intervals
-    are absent."""
+def steady_rates(con: duckdb.DuckDBPyConnection, job: str | None = None) -> dict[str, dict[int, float]]:
+    """job -> rank -> steady steps/s (see the module doc), of every job or of ``job``;
+    ranks with too few intervals are absent."""
     out: dict[str, dict[int, float]] = {}
-    for job, rank, rate, _ in con.execute(STEADY_SQL).fetchall():
-        out.setdefault(job, {})[int(rank)] = float(rate)
+    for j, rank, rate, _ in con.execute(STEADY_SQL, {"job": job}).fetchall():
+        out.setdefault(j, {})[int(rank)] = float(rate)
     return out
 
 
@@ -73,45 +73,49 @@ class JobSpeed:
     acc: catalog.Accelerator | None = None
 
 
-def job_speeds(con: duckdb.DuckDBPyConnection) -> tuple[list[JobSpeed], list[str]]:
-    """Steady-state speed of every job with a usable declaration; and why others were
-    left out."""
+def job_speeds(con: duckdb.DuckDBPyConnection, job: str | None = None) -> tuple[list[JobSpeed], list[str]]:
+    """Steady-state speed of every job (or of ``job``) with a usable declaration; and why
+    others were left out."""
+    only = {"job": job}
     decl = con.execute(
         """SELECT job, arg_max(model, ts), arg_max(accelerator, ts), arg_max(world_size, ts), arg_max(ps, ts),
                   arg_max(flops_per_step, ts), arg_max(params, ts), arg_max(tensors, ts), arg_max(batch_size, ts)
-           FROM jobs GROUP BY job"""
+           FROM jobs WHERE $job IS NULL OR job = $job GROUP BY job""",
+        only,
     ).fetchall()
     span = {
-        job: (t0, t1)
-        for job, t0, t1 in con.execute("SELECT job, min(ts), max(ts) FROM steps GROUP BY job").fetchall()
+        j: (t0, t1)
+        for j, t0, t1 in con.execute(
+            "SELECT job, min(ts), max(ts) FROM steps WHERE $job IS NULL OR job = $job GROUP BY job", only
+        ).fetchall()
     }
-    rates = steady_rates(con)
+    rates = steady_rates(con, job)
     cat = catalog.load()
     out, skipped = [], []
-    for job, model, accel, world, ps, flops, params, tensors, batch in decl:
-        if job not in span:
+    for name, model, accel, world, ps, flops, params, tensors, batch in decl:
+        if name not in span:
             continue
         missing = [
             k for k, v in (("accelerator", accel), ("flops_per_step", flops), ("params", params)) if not v
         ]
         if missing:
-            skipped.append(f"{job}: no {', '.join(missing)} declared")
+            skipped.append(f"{name}: no {', '.join(missing)} declared")
             continue
         try:
             acc = catalog.lookup(accel, cat)
         except AnalyticsError:
-            skipped.append(f"{job}: accelerator {accel!r} not in the catalogue")
+            skipped.append(f"{name}: accelerator {accel!r} not in the catalogue")
             continue
-        good = rates.get(job)
+        good = rates.get(name)
         if not good:
-            skipped.append(f"{job}: too few step intervals for a steady state")
+            skipped.append(f"{name}: too few step intervals for a steady state")
             continue
         ps_n = int(ps or 0)
         speed = sum(good.values()) if ps_n > 0 else good[min(good)]
         out.append(
             JobSpeed(
-                job,
-                model or job,
+                name,
+                model or name,
                 acc.name,
                 int(world or 1),
                 ps_n,
@@ -120,8 +124,8 @@ def job_speeds(con: duckdb.DuckDBPyConnection) -> tuple[list[JobSpeed], list[str
                 float(tensors or 1),
                 float(batch) if batch else None,
                 speed,
-                span[job][0],
-                span[job][1],
+                span[name][0],
+                span[name][1],
                 acc,
             )
         )
