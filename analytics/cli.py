@@ -90,6 +90,7 @@ def cli(ctx: click.Context, group_db: str | None) -> None:
       analyze instances --region us-central1 --gpu-type v100
       analyze revocations --since 7d --gpu-type v100
       analyze goodput --job resnet50-a
+      analyze bottlenecks --since 1d
       analyze fit speed
       analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6
       analyze sql "SELECT node, count(*) FROM gpu_samples GROUP BY node"
@@ -238,6 +239,126 @@ def jobs(since: str | None, db: str, as_json_: bool) -> None:
       analyze jobs --since 1d
     """
     _show(queries.jobs, db, as_json_, _cutoff(since))
+
+
+def _detector_names() -> list[str]:
+    from .detectors import DETECTORS
+
+    return list(DETECTORS)
+
+
+@cli.command()
+@click.option("--job", help="only this job (default: every job)")
+@since_option
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    type=click.Choice(_detector_names()),
+    help="only this detector (repeatable; default: all)",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    envvar="CMDARE_ANALYZE_CONFIG",
+    help="TOML file of detector thresholds, [detectors.<name>] tables ($CMDARE_ANALYZE_CONFIG)",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="DETECTOR.OPTION=VALUE",
+    help="override one threshold for this run (repeatable), e.g. ps_bound.min_efficiency=0.7",
+)
+@click.option("--no-store", is_flag=True, help="compute only: do not write the findings table")
+@db_option
+@json_option
+def bottlenecks(
+    job: str | None,
+    since: str | None,
+    kinds: tuple[str, ...],
+    config_path: str | None,
+    sets: tuple[str, ...],
+    no_store: bool,
+    db: str,
+    as_json_: bool,
+) -> None:
+    """What is wrong with which job, how sure, and the numbers: PS-bound and input-bound
+    jobs, stragglers, idle, throttled and failing GPUs, checkpoint overhead. Sorted by
+    severity (critical, warning, info), then confidence.
+
+    Findings are stored in the findings table (replacing those of the same detectors and
+    scope: running it again stores nothing twice); a read-only database is analysed
+    without storing, and says so. A detector without the data it needs says what it
+    needed, once, on stderr; the others still run. Thresholds: docs/detectors.md.
+
+    \b
+    Examples:
+      analyze bottlenecks
+      analyze bottlenecks --job resnet50-a --since 6h --json
+      analyze bottlenecks --kind ps_bound --set ps_bound.min_efficiency=0.7
+      analyze bottlenecks --config thresholds.toml
+    """
+    import datetime as dt
+
+    from . import findings
+    from .units import Scope
+
+    cutoff = _cutoff(since)
+    try:
+        config = findings.load_config(config_path) if config_path else {}
+        options = findings.merged(config, findings.parse_set(list(sets)))
+        findings.check_options(list(kinds), options)
+        con, stored_note = _open_for_findings(db, not no_store)
+        try:
+            scope = Scope(job, cutoff, None)
+            out = findings.run(con, scope, list(kinds) or None, options)
+            if stored_note is None:
+                n = findings.store(con, out, scope)
+                stored_note = f"stored {n} finding{'s' if n != 1 else ''} in {db} (table findings)"
+        finally:
+            con.close()
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    for line in out.skipped:
+        click.echo(f"note: {line}", err=True)
+    if as_json_:
+        click.echo(json.dumps([f.to_json() for f in out.findings], indent=1))
+    elif not out.findings:
+        click.echo(f"no findings ({len(out.ran)} detector{'s' if len(out.ran) != 1 else ''} ran: {', '.join(out.ran) or 'none'})")
+    else:
+        def when(t: dt.datetime | None) -> str:
+            return "" if t is None else t.strftime("%m-%d %H:%M")
+
+        cols = ["severity", "kind", "job", "node", "rank", "conf", "from", "to", "summary"]
+        rows = [
+            (f.severity, f.kind, f.job or "", f.node or "", "" if f.rank is None else f.rank, f"{f.confidence:.2f}",
+             when(f.window_start), when(f.window_end), f.summary)
+            for f in out.findings
+        ]
+        click.echo(table(cols, rows))
+    click.echo(stored_note, err=True)
+
+
+def _open_for_findings(db: str, store: bool) -> tuple[Any, str | None]:
+    """A connection for analyze bottlenecks, and None when findings will be stored, else the
+    note saying why not (--no-store, a read-only file)."""
+    import os
+
+    from cmdare.collector.db import DatabaseError, connect
+
+    p = Path(db)
+    if not store:
+        return open_ro(db), "not stored (--no-store)"
+    if p.exists() and os.access(p, os.W_OK) and os.access(p.parent if str(p.parent) else Path("."), os.W_OK):
+        try:
+            return connect(db), None
+        except DatabaseError as e:
+            if "lock" in str(e):
+                raise AnalyticsError(str(e)) from None
+    con = open_ro(db)
+    return con, f"{db} is read-only: findings computed, not stored"
 
 
 @cli.command()

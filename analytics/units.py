@@ -43,6 +43,9 @@ class Scope:
     job: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
+    # what the detectors of one run share (cmdare.analytics.evidence: job spans, per-GPU
+    # and per-host time buckets), computed once per run; not part of the scope's identity
+    cache: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def where(self, ts: str = "ts", job: str = "job") -> tuple[str, list[Any]]:
         """A SQL condition (never empty) and its parameters for this scope."""
@@ -76,9 +79,13 @@ class Finding:
     severity: str = "warning"
     confidence: float = 1.0  # 0..1: how sure, from the evidence that was available
     node: str | None = None
-    subject: str | None = None  # a rank, a GPU uuid... within the job or node
+    subject: str | None = None  # a GPU (index or uuid), a PS node... within the job or node
     evidence: dict[str, Number] = field(default_factory=dict)
     suggests: tuple[str, ...] = ()  # recommendation kinds that answer it
+    rank: int | None = None  # the training rank it is about, where one applies
+    window_start: dt.datetime | None = None  # the telemetry it stands on
+    window_end: dt.datetime | None = None
+    fit_ids: tuple[str, ...] = ()  # stored model fits it used
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -88,7 +95,23 @@ class Finding:
         _check_evidence(f"finding {self.kind}", self.evidence)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "suggests": list(self.suggests)}
+        """The documented JSON object (times as ISO 8601 UTC strings)."""
+        d = asdict(self)
+        return {
+            "kind": self.kind,
+            "job": self.job,
+            "node": self.node,
+            "rank": self.rank,
+            "subject": self.subject,
+            "severity": self.severity,
+            "confidence": round(self.confidence, 3),
+            "window_start": None if self.window_start is None else self.window_start.isoformat(),
+            "window_end": None if self.window_end is None else self.window_end.isoformat(),
+            "summary": self.summary,
+            "evidence": d["evidence"],
+            "fit_ids": list(self.fit_ids),
+            "suggests": list(self.suggests),
+        }
 
 
 @dataclass(frozen=True)

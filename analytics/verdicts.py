@@ -19,7 +19,7 @@ INPUT_BOUND_CLASSES: tuple[tuple[float | None, str], ...] = (
     (0.20, "moderately input-bound"),
     (None, "highly input-bound"),
 )
-GPU_IDLE_BIT = 0x1  # NVML clocksEventReasonGpuIdle (the agent's THROTTLE_BITS)
+GPU_IDLE_BIT = 0x1  # NVML clocksEventReasonGpuIdle (cmdare.wire.events.THROTTLE_BITS)
 
 
 def input_bound_class(share: float | None) -> str | None:

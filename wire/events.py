@@ -265,3 +265,17 @@ def json_schema() -> dict[str, Any]:
         },
         "allOf": variants,
     }
+
+
+# NVML clocks-event (throttle) reason bits -> the names gpu samples carry in throttle_reasons
+THROTTLE_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}

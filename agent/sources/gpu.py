@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cmdare.wire.events import Encoded, jstr, row_str
+from cmdare.wire.events import THROTTLE_BITS, Encoded, jstr, row_str
 from cmdare.wire.plugin import Option
 from cmdare.wire.registry import DATA_FIELDS
 
@@ -42,20 +42,7 @@ NOT_SUPPORTED, NO_PERMISSION, DRIVER_NOT_LOADED, TIMEOUT = 3, 4, 9, 10
 LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST, UNINITIALIZED = 12, 13, 15, 1
 _UNAVAILABLE_AT_INIT = {DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, NO_PERMISSION, 999}
 
-# NVML clocks-event (throttle) reason bits, as in nvml.h
-THROTTLE_BITS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-
-
+# NVML clocks-event (throttle) reason bits, as in nvml.h: cmdare.wire.events.THROTTLE_BITS
 _THROTTLE_NAMES: dict[int, tuple[str, ...]] = {}
 
 

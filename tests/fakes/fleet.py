@@ -83,7 +83,7 @@ class Fleet:
         self._n = 0
         self.t = T0
 
-    def _ev(self, ts: float, node: str, type_: str, data: dict[str, Any], job: str = "") -> None:
+    def _ev(self, ts: float, node: str, type_: str, data: dict[str, Any], job: str = "", role: str = "worker") -> None:
         self._n += 1
         self.events.append(
             {
@@ -91,7 +91,7 @@ class Fleet:
                 "id": f"sim-{self._n}",
                 "ts": round(ts, 6),
                 "node": node,
-                "role": "worker",
+                "role": role,
                 "job": job,
                 "labels": {},
                 "type": type_,
@@ -255,3 +255,301 @@ class Fleet:
                             "boot_time": boot,
                         },
                     )
+
+
+# ---------------------------------------------------------------------------------------
+# Labelled scenarios for the detectors (analyze bottlenecks): jobs with and without each
+# problem, with GPU, host, step, error and checkpoint telemetry at realistic noise, and the
+# ground truth of what is wrong with each.
+
+KINDS = ("ps_bound", "input_bound", "straggler", "gpu_idle", "gpu_throttled", "gpu_errors", "checkpoint_overhead")
+TICK = 10.0  # the agent's sampling interval and the tracking library's step interval
+GIB = 1 << 30
+
+
+class Scenarios(Fleet):
+    """``job(...)`` simulates one job from its behaviour; ``suite()`` builds the labelled
+    set; ``labels``: job -> {kind: detail (a rank or node the finding must name) or None}."""
+
+    def __init__(self, seed: int = 0, t0: float = T0, prefix: str = "sim") -> None:
+        super().__init__(seed=seed)
+        self.t0 = t0
+        self.prefix = prefix
+        self.labels: dict[str, dict[str, Any]] = {}
+        self._jobs = 0
+
+    def sim_job(
+        self,
+        labels: dict[str, Any] | None = None,
+        *,
+        kind: str = "job",
+        nodes: int = 2,
+        gpus: int = 2,
+        minutes: float = 30.0,
+        rank_speed: float = 5.0,
+        wait: float = 0.02,
+        wait_known: bool = True,
+        util: float = 0.9,
+        cpu: float = 0.35,
+        idle: tuple[tuple[int, int], ...] = (),
+        held_after: float | None = None,
+        throttled_node: int | None = None,
+        throttle_share: float = 0.0,
+        slow_rank: int | None = None,
+        slow: float = 1.0,
+        slow_window: tuple[float, float] = (0.0, 1.0),
+        slow_cpu: bool = False,
+        xids: tuple[tuple[float, int], ...] = (),
+        ecc_corrected: int = 0,
+        ckpt_every: float | None = None,
+        ckpt_seconds: float = 0.0,
+        ps: int = 0,
+        ps_load: float = 0.0,
+        ps_agent: bool = False,
+        model: str | None = None,
+        accelerator: str = "v100",
+        start: float | None = None,
+        rank_spread: float = 0.0,
+        warmup: float = 0.0,
+    ) -> str:
+        rng = self.rng
+        self._jobs += 1
+        job = f"{self.prefix}-{kind}-{self._jobs}"
+        self.labels[job] = dict(labels or {})
+        start = self.t0 + rng.uniform(0, 600) if start is None else start
+        ticks = int(minutes * 60 / TICK)
+        blocks = max(1, ticks // 30)  # 5-minute blocks for throttling
+        order = list(range(blocks))
+        rng.shuffle(order)
+        hot = set(order[: round(throttle_share * blocks)])
+        node_names = [f"{job}-n{r}" for r in range(nodes)]
+        for r, node in enumerate(node_names):
+            self._ev(
+                start,
+                node,
+                "train_job",
+                {
+                    "run": "r1",
+                    "rank": r,
+                    "world_size": nodes,
+                    "ps": ps,
+                    "model": model or job,
+                    "params": 25_000_000,
+                    "tensors": 160,
+                    "flops_per_step": 3e12,
+                    "batch_size": 64,
+                    "accelerator": accelerator,
+                },
+                job,
+            )
+        step = [0] * nodes
+        base = [math.exp(rng.gauss(0, rank_spread)) for _ in range(nodes)]  # ranks differ a little
+        mid = sorted(base)[nodes // 2]
+        for r, b in enumerate(base):  # the truth: a rank 20 % slower than the others is a straggler
+            if nodes >= 3 and b >= 1.2 * mid and "straggler" not in self.labels[job]:
+                self.labels[job]["straggler"] = r
+        ecc_left = ecc_corrected
+        for i in range(ticks):
+            t = start + (i + 1) * TICK
+            frac = i / ticks
+            stepping = held_after is None or frac < held_after
+            warming = i * TICK < warmup * 60  # loading data, compiling: GPUs held, no steps yet
+            for r, node in enumerate(node_names):
+                throttled = r == throttled_node and (i // 30) in hot
+                f = (1.25 if throttled else 1.0) * base[r]
+                if r == slow_rank and slow_window[0] <= frac < slow_window[1]:
+                    f *= slow
+                if stepping and not warming:
+                    st = f / rank_speed * math.exp(rng.gauss(0, 0.03))
+                    if rng.random() < 0.03:
+                        st /= 0.3  # the odd slow interval
+                    n = max(1, round(TICK / st))
+                    mean = TICK / n
+                    d: dict[str, Any] = {
+                        "run": "r1",
+                        "rank": r,
+                        "interval_seconds": TICK,
+                        "steps": n,
+                        "first_step": step[r] + 1,
+                        "last_step": step[r] + n,
+                        "examples": float(n * 64),
+                        "step_mean_seconds": mean,
+                        "steps_per_second": n / TICK,
+                        "examples_per_second": n * 64 / TICK,
+                    }
+                    if wait_known:
+                        w = min(0.95, max(0.0, wait * math.exp(rng.gauss(0, 0.1))))
+                        d["wait_mean_seconds"] = w * mean
+                        d["wait_share_ratio"] = w
+                    step[r] += n
+                    self._ev(t, node, "train_steps", d, job)
+                c = 0.97 if (slow_cpu and r == slow_rank) else cpu
+                self._ev(
+                    t,
+                    node,
+                    "host",
+                    {"cpu_util_ratio": min(1.0, max(0.0, c + rng.gauss(0, 0.03))), "mem_total_bytes": 64 * GIB},
+                    job,
+                )
+                for g in range(gpus):
+                    if not stepping:
+                        u, mem = rng.uniform(0, 0.01), 12 * GIB  # the job stopped; its process holds the memory
+                    elif warming:
+                        u, mem = rng.uniform(0, 0.03), 6 * GIB
+                    elif (r, g) in idle:
+                        u, mem = rng.uniform(0, 0.02), 300 << 20
+                    else:
+                        u, mem = min(1.0, max(0.0, util / f * (1 + rng.gauss(0, 0.05)))), 14 * GIB
+                    mask = 0x40 | 0x4 if throttled else (0x4 if rng.random() < 0.03 else 0)
+                    self._ev(
+                        t,
+                        node,
+                        "gpu",
+                        {
+                            "index": g,
+                            "uuid": f"GPU-{node}-{g}",
+                            "name": "Tesla V100-SXM2-16GB",
+                            "util_gpu_ratio": round(u, 4),
+                            "mem_used_bytes": mem,
+                            "mem_total_bytes": 16 * GIB,
+                            "sm_clock_hz": 1.38e9 * (0.7 if throttled else 1.0),
+                            "throttle_mask": mask,
+                        },
+                        job,
+                    )
+            for at, code in xids:
+                if i == int(at * ticks):
+                    self._ev(t, node_names[0], "gpu_event", {"index": 0, "uuid": f"GPU-{node_names[0]}-0", "kind": "xid", "count": 1, "xid": code}, job)
+            if ecc_left and i >= ticks // 2:
+                k = min(ecc_left, ecc_corrected // 3 + 1)
+                ecc_left -= k
+                self._ev(t, node_names[0], "gpu_event", {"index": 0, "uuid": f"GPU-{node_names[0]}-0", "kind": "ecc_corrected", "count": k}, job)
+            if ckpt_every and stepping and i > 0 and (i * TICK) % ckpt_every < TICK:
+                self._ev(t, node_names[0], "train_checkpoint", {"run": "r1", "rank": 0, "action": "save", "seconds": ckpt_seconds * rng.uniform(0.9, 1.1), "bytes": 400_000_000, "step": step[0], "ok": True}, job)
+        if ps_agent:
+            for p in range(ps):
+                node = f"{job}-ps{p}"
+                sent = 0
+                for i in range(ticks):
+                    t = start + (i + 1) * TICK
+                    sent += int(ps_load * 0.9e9 * TICK)
+                    self._ev(
+                        t,
+                        node,
+                        "host",
+                        {
+                            "cpu_util_ratio": min(1.0, max(0.0, min(0.98, ps_load) + rng.gauss(0, 0.02))),
+                            "mem_total_bytes": 64 * GIB,
+                            "net": [{"nic": "eth0", "rx_bytes_total": sent, "tx_bytes_total": sent}],
+                        },
+                        job,
+                        role="ps",
+                    )
+        return job
+
+    def ps_family(self, saturating: bool, ps_agent: bool) -> None:
+        """A model on one accelerator at 1, 2, 4, 6, 8 workers with one PS; the PS serves
+        ``k`` single-worker speeds (2.5: saturating, 12: not).  The cluster speed is a soft
+        minimum of the workers' demand and the PS capacity; labelled PS-bound where the
+        demand is at least 1.3x the capacity."""
+        rng = self.rng
+        s1 = rng.uniform(2.0, 8.0)
+        cap = s1 * (2.5 if saturating else 12.0)
+        model = f"model{self._jobs}"
+        acc = rng.choice(["v100", "k80", "p100", "t4"])
+        self.sim_job({}, kind="ps", nodes=1, rank_speed=s1, model=model, accelerator=acc, gpus=1)
+        for w in (2, 4, 6, 8):
+            v = ((w * s1) ** -4 + cap**-4) ** -0.25
+            label = {"ps_bound": None} if w * s1 >= 1.3 * cap else {}
+            self.sim_job(
+                label, kind="ps", nodes=w, gpus=1, rank_speed=v / w, ps=1, ps_load=v / cap, ps_agent=ps_agent,
+                model=model, accelerator=acc, util=0.9 * v / (w * s1),
+            )
+
+    def suite(self, per_kind: int = 20, healthy: int = 30) -> None:
+        rng = self.rng
+        for _ in range(healthy):
+            self.sim_job(
+                {}, kind="ok", nodes=rng.randint(1, 4), gpus=rng.randint(1, 4), util=rng.uniform(0.75, 0.97),
+                wait=rng.uniform(0.0, 0.04), cpu=rng.uniform(0.2, 0.6), rank_speed=rng.uniform(2, 10),
+                ckpt_every=rng.choice([None, 1200.0, 1800.0]), ckpt_seconds=rng.uniform(5, 15),
+                xids=((0.5, 43),) if rng.random() < 0.2 else (),
+                rank_spread=0.05, warmup=rng.uniform(0, 3),
+            )
+        for i in range(per_kind):
+            known = i % 2 == 0
+            self.sim_job(
+                {"input_bound": None}, kind="input", nodes=rng.randint(1, 3), gpus=rng.randint(1, 4),
+                wait=rng.uniform(0.25, 0.6), wait_known=known, util=rng.uniform(0.15, 0.45), cpu=rng.uniform(0.9, 0.98),
+            )
+        for i in range(per_kind):
+            n = rng.randint(4, 6)
+            r = rng.randrange(n)
+            persistent = i % 2 == 0
+            self.sim_job(
+                {"straggler": r}, kind="straggler", nodes=n, gpus=1, slow_rank=r, slow=rng.uniform(1.4, 2.0),
+                slow_window=(0.0, 1.0) if persistent else (0.3, 0.3 + rng.uniform(0.4, 0.45)),
+                slow_cpu=rng.random() < 0.5, rank_spread=0.05,
+            )
+        for i in range(per_kind):
+            if i % 2 == 0:
+                n = rng.randint(1, 3)
+                self.sim_job({"gpu_idle": 0}, kind="idle", nodes=n, gpus=4, idle=tuple((0, g) for g in range(rng.randint(1, 2))))
+            else:
+                self.sim_job({"gpu_idle": None}, kind="held", nodes=rng.randint(1, 2), gpus=2, held_after=0.5)
+        for _ in range(per_kind):
+            self.sim_job(
+                {"gpu_throttled": 0}, kind="throttled", nodes=rng.randint(1, 2), gpus=rng.randint(1, 4),
+                throttled_node=0, throttle_share=rng.uniform(0.3, 0.8),
+            )
+        for i in range(per_kind):
+            if i % 3 == 2:
+                self.sim_job({"gpu_errors": None}, kind="ecc", ecc_corrected=rng.randint(150, 500))
+            else:
+                code = rng.choice([79, 48, 13, 31, 94, 63])
+                self.sim_job(
+                    {"gpu_errors": None}, kind="xid",
+                    xids=tuple((rng.uniform(0.2, 0.8), code) for _ in range(rng.randint(1, 4))),
+                )
+        for _ in range(per_kind):
+            self.sim_job(
+                {"checkpoint_overhead": None}, kind="ckpt", ckpt_every=rng.uniform(60, 150), ckpt_seconds=rng.uniform(12, 20)
+            )
+        for i in range(10):
+            self.ps_family(saturating=i % 2 == 0, ps_agent=i % 4 < 2)
+
+
+def evaluate(findings: list[dict[str, Any]], labels: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per kind: true positives, false positives, false negatives, precision and recall over
+    (job, kind) pairs; a finding for a labelled job counts only when it names the labelled
+    rank (straggler) or node (``<job>-n<k>``, GPU kinds) where the label gives one."""
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for f in findings:
+        if f["job"] in labels:
+            found.setdefault((f["job"], f["kind"]), []).append(f)
+    out = {}
+    for kind in KINDS:
+        tp = fp = fn = 0
+        for job, lab in labels.items():
+            fs = found.get((job, kind), [])
+            if kind in lab:
+                detail = lab[kind]
+                ok = [
+                    f for f in fs
+                    if detail is None
+                    or (kind == "straggler" and f["rank"] == detail)
+                    or (kind != "straggler" and f["node"] == f"{job}-n{detail}")
+                ]
+                tp += bool(ok)
+                fn += not ok
+                fp += len(fs) - len(ok) > 0 and not ok
+            else:
+                fp += bool(fs)
+        out[kind] = {
+            "tp": tp,
+            "fp": fp,
+            "fn": fn,
+            "precision": tp / (tp + fp) if tp + fp else 1.0,
+            "recall": tp / (tp + fn) if tp + fn else 1.0,
+        }
+    return out

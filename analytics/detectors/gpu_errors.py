@@ -1,0 +1,98 @@
+"""gpu_errors: Xid and ECC error bursts per GPU, with the job they hit."""
+
+from __future__ import annotations
+
+import duckdb
+
+from cmdare.wire.plugin import Option, Requirement
+
+from .. import evidence
+from ..units import DETECTORS, Detector, Finding, Scope
+
+
+@DETECTORS.register
+class GpuErrors(Detector):
+    name = "gpu_errors"
+    OPTIONS = {
+        "critical_xids": Option(
+            "list",
+            ["48", "61", "62", "63", "64", "74", "79", "92", "94", "95", "119", "120"],
+            "Xid codes that make a finding critical (double-bit ECC, row remapping, NVLink, fallen off the bus, GSP)",
+        ),
+        "ignore_xids": Option("list", ["43"], "Xid codes left out (43: a user application's fault, not the GPU)"),
+        "min_corrected": Option("int", 100, "corrected ECC errors on a GPU in scope that make a finding", lo=1),
+        "burst_gap": Option("duration", 600.0, "errors closer than this belong to one burst"),
+    }
+    REQUIRES = (Requirement("table", "gpu_events"),)
+
+    def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
+        o = self.options
+        where, params = Scope(None, scope.since, scope.until).where(ts="e.ts")
+        ignore = [int(x) for x in o["ignore_xids"] if x.strip().isdigit()]
+        critical = {int(x) for x in o["critical_xids"] if x.strip().isdigit()}
+        join, job = "", "nullif(e.job, '')"
+        if evidence.has_rows(con, "steps"):
+            s = evidence.spans(con, Scope(None, scope.since, scope.until, scope.cache))
+            join = f"LEFT JOIN {s} s ON s.node = e.node AND e.ts BETWEEN s.t0 AND s.t1"
+            job = "coalesce(s.job, nullif(e.job, ''))"
+        rows = con.execute(
+            f"""WITH ev AS (
+                    SELECT e.ts, e.node, e."index", any_value(e.uuid) AS uuid, any_value({job}) AS job,
+                           any_value(e.kind) AS kind, any_value(e.count) AS count, any_value(e.xid) AS xid
+                    FROM gpu_events e {join}
+                    WHERE {where} AND NOT (e.kind = 'xid' AND coalesce(e.xid, -1) IN (SELECT unnest(?)))
+                    GROUP BY e.id, e.ts, e.node, e."index"),
+                b AS (
+                    SELECT *, CASE WHEN lag(ts) OVER p IS NULL OR ts - lag(ts) OVER p > INTERVAL {float(o['burst_gap'])} SECOND
+                                   THEN 1 ELSE 0 END AS new_burst
+                    FROM ev WINDOW p AS (PARTITION BY node, "index" ORDER BY ts))
+                SELECT node, "index", any_value(uuid), coalesce(job, ''),
+                       sum(count) FILTER (kind = 'xid'), list(DISTINCT xid) FILTER (kind = 'xid'),
+                       coalesce(sum(count) FILTER (kind = 'ecc_corrected'), 0),
+                       coalesce(sum(count) FILTER (kind = 'ecc_uncorrected'), 0),
+                       count(*) FILTER (kind = 'lost'), sum(new_burst), min(ts), max(ts)
+                FROM b GROUP BY node, "index", coalesce(job, '') ORDER BY node, "index" """,
+            [ignore, *params],
+        ).fetchall()
+        out = []
+        for node, index, uuid, job, xids, codes, corr, unc, lost, bursts, t0, t1 in rows:
+            job = job or None
+            if scope.job is not None and job != scope.job:
+                continue
+            xids = int(xids or 0)
+            codes = sorted(c for c in (codes or []) if c is not None)
+            if not (xids or unc or lost or corr >= o["min_corrected"]):
+                continue
+            crit = bool(unc or lost or critical.intersection(codes))
+            parts = []
+            if xids:
+                parts.append(f"{xids} Xid {','.join(map(str, codes))}")
+            if unc:
+                parts.append(f"{unc} uncorrected ECC")
+            if corr:
+                parts.append(f"{corr} corrected ECC")
+            if lost:
+                parts.append("fell off the bus")
+            hit = f", hitting job {job}" if job else " (no job stepping on it)"
+            out.append(
+                Finding(
+                    self.name,
+                    job,
+                    f"GPU {index} on {node}: {', '.join(parts)} in {bursts} burst{'s' if bursts != 1 else ''}{hit}",
+                    severity="critical" if crit else "warning",
+                    confidence=1.0,
+                    node=node,
+                    subject=f"{index}:{uuid}" if uuid else str(index),
+                    evidence={
+                        "xid_events": xids,
+                        "xid_codes": ",".join(map(str, codes)),
+                        "ecc_corrected": int(corr),
+                        "ecc_uncorrected": int(unc),
+                        "lost": int(lost),
+                        "bursts": int(bursts),
+                    },
+                    window_start=t0,
+                    window_end=t1,
+                )
+            )
+        return out

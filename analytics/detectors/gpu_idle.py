@@ -1,0 +1,132 @@
+"""gpu_idle: accelerators a running job holds but does not use, and GPUs with memory
+allocated and no work."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import duckdb
+
+from cmdare.wire.plugin import Option, Requirement
+
+from .. import evidence
+from ..evidence import BUCKET_SECONDS
+from ..units import DETECTORS, Detector, Finding, Scope
+
+
+def _gpus(rows: list[tuple]) -> str:
+    return ",".join(str(r) for r in sorted(rows))
+
+
+@DETECTORS.register
+class GpuIdle(Detector):
+    name = "gpu_idle"
+    OPTIONS = {
+        "idle_util": Option("float", 0.05, "mean utilisation over 5 minutes below which a GPU is idle", lo=0, hi=1),
+        "min_idle": Option("duration", 600.0, "idle time a GPU needs before it is reported"),
+        "min_share": Option("float", 0.5, "share of the job's time its GPU must be idle", lo=0, hi=1),
+        "min_mem": Option("size", 1 << 30, "memory in use that counts as allocated (GPUs outside any job)"),
+    }
+    REQUIRES = (Requirement("table", "gpu_samples"),)
+
+    def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
+        o = self.options
+        out: list[Finding] = []
+        idle = f"util < {float(o['idle_util'])}"
+        if evidence.has_rows(con, "steps"):
+            g = evidence.job_gpus(con, scope)
+            per_gpu = con.execute(
+                f"""SELECT job, node, "index", count(*) AS buckets, count(*) FILTER ({idle}) AS idle,
+                           sum(util * n) / nullif(sum(n), 0), avg(mem), min(b), max(b)
+                    FROM {g} GROUP BY job, node, "index" ORDER BY job, node, "index" """
+            ).fetchall()
+            jobs: dict[str, list[tuple]] = {}
+            for r in per_gpu:
+                jobs.setdefault(r[0], []).append(r)
+            for job, gpus in jobs.items():
+                flagged = [
+                    r for r in gpus if r[4] * BUCKET_SECONDS >= o["min_idle"] and r[4] / r[3] >= o["min_share"]
+                ]
+                if not flagged:
+                    continue
+                stalled = len(flagged) == len(gpus)
+                by_node: dict[str, list[tuple]] = {}
+                for r in flagged:
+                    by_node.setdefault(r[1], []).append(r)
+                for node, rs in by_node.items():
+                    on_node = [r for r in gpus if r[1] == node]
+                    hours = sum(r[4] for r in rs) * BUCKET_SECONDS / 3600
+                    util = sum((r[5] or 0) for r in rs) / len(rs)
+                    out.append(
+                        Finding(
+                            self.name,
+                            job,
+                            f"{len(rs)} of {len(on_node)} GPUs on {node} idle while the job ran "
+                            f"(mean {util:.0%} busy; {hours:.1f} GPU-hours wasted)"
+                            + ("; every GPU of the job is idle: stalled?" if stalled else ""),
+                            severity="critical" if stalled else "warning",
+                            confidence=0.9,
+                            node=node,
+                            subject=_gpus([r[2] for r in rs]),
+                            evidence={
+                                "idle_gpus": len(rs),
+                                "gpus": len(on_node),
+                                "gpu_hours_wasted": round(hours, 3),
+                                "mean_util_ratio": round(util, 4),
+                                "idle_share": round(sum(r[4] for r in rs) / sum(r[3] for r in rs), 3),
+                                "mem_used_bytes": round(sum((r[6] or 0) for r in rs) / len(rs)),
+                                "job_stalled": stalled,
+                            },
+                            suggests=("cluster",),
+                            window_start=min(r[7] for r in rs),
+                            window_end=max(r[8] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
+                        )
+                    )
+        out += self._allocated_no_work(con, scope, idle)
+        return out
+
+    def _allocated_no_work(self, con: duckdb.DuckDBPyConnection, scope: Scope, idle: str) -> list[Finding]:
+        """GPUs outside every job's span with memory held and no work (a leftover process)."""
+        o = self.options
+        b = evidence.gpu_buckets(con, scope)
+        anti = ""
+        if evidence.has_rows(con, "steps"):
+            g = evidence.job_gpus(con, scope)
+            anti = f'AND NOT EXISTS (SELECT 1 FROM {g} j WHERE j.node = g.node AND j."index" = g."index" AND j.b = g.b)'
+        scoped = "" if scope.job is None else "AND g.job = $job"
+        rows = con.execute(
+            f"""SELECT node, "index", count(*) AS buckets, avg(mem), arg_max(job, b), min(b), max(b)
+                FROM {b} g WHERE {idle} AND mem >= {int(o['min_mem'])} {anti} {scoped}
+                GROUP BY node, "index" HAVING count(*) * {BUCKET_SECONDS} >= {float(o['min_idle'])}
+                ORDER BY node, "index" """,
+            {"job": scope.job} if scope.job is not None else {},
+        ).fetchall()
+        by_node: dict[str, list[tuple]] = {}
+        for r in rows:
+            by_node.setdefault(r[0], []).append(r)
+        out = []
+        for node, rs in by_node.items():
+            hours = sum(r[2] for r in rs) * BUCKET_SECONDS / 3600
+            mem = sum(r[3] for r in rs) / len(rs)
+            job = rs[0][4] or None
+            out.append(
+                Finding(
+                    self.name,
+                    job,
+                    f"{len(rs)} GPUs on {node} hold {mem / 2**30:.1f} GiB each with no work and no job stepping "
+                    f"({hours:.1f} GPU-hours)",
+                    severity="warning",
+                    confidence=0.8,
+                    node=node,
+                    subject=_gpus([r[1] for r in rs]),
+                    evidence={
+                        "idle_gpus": len(rs),
+                        "gpu_hours_wasted": round(hours, 3),
+                        "mem_used_bytes": round(mem),
+                        "in_job": False,
+                    },
+                    window_start=min(r[5] for r in rs),
+                    window_end=max(r[6] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
+                )
+            )
+        return out

@@ -1,0 +1,114 @@
+"""gpu_throttled: GPUs that spend a share of their time throttled, and what it costs the job."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import duckdb
+
+from cmdare.wire.events import THROTTLE_BITS
+from cmdare.wire.plugin import Option, Requirement
+
+from .. import evidence
+from ..evidence import BUCKET_SECONDS
+from ..units import DETECTORS, Detector, Finding, Scope
+from ..verdicts import GPU_IDLE_BIT
+
+
+def reasons(mask: int | None) -> str:
+    """The NVML reason names in a clocks-event mask (the idle bit left out)."""
+    if not mask:
+        return ""
+    return ",".join(name for bit, name in THROTTLE_BITS.items() if mask & bit and bit != GPU_IDLE_BIT)
+
+
+@DETECTORS.register
+class GpuThrottled(Detector):
+    name = "gpu_throttled"
+    OPTIONS = {
+        "min_share": Option("float", 0.2, "share of a GPU's samples throttled at which it is reported", lo=0, hi=1),
+        "min_samples": Option("int", 30, "samples with a throttle mask a GPU needs before it is judged", lo=1),
+        "critical_slowdown": Option("float", 1.3, "step-time slowdown while throttled that makes it critical", lo=1),
+    }
+    REQUIRES = (Requirement("table", "gpu_samples"), Requirement("table", "steps"))
+
+    def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
+        o = self.options
+        g = evidence.job_gpus(con, scope)
+        rows = con.execute(
+            f"""SELECT job, node, "index", sum(thr_n) / sum(mask_n) AS share, sum(mask_n),
+                       bit_or(thr_mask), sum(sm_thr * thr_n) / nullif(sum(thr_n), 0),
+                       sum(sm_ok * (n - thr_n)) / nullif(sum(n - thr_n), 0),
+                       min(b) FILTER (thr_n > 0), max(b) FILTER (thr_n > 0)
+                FROM {g} GROUP BY job, node, "index"
+                HAVING sum(mask_n) >= {int(o['min_samples'])} AND sum(thr_n) / sum(mask_n) >= {float(o['min_share'])}
+                ORDER BY job, node, "index" """
+        ).fetchall()
+        if not rows:
+            return []
+        by_node: dict[tuple[str, str], list[tuple]] = {}
+        for r in rows:
+            by_node.setdefault((r[0], r[1]), []).append(r)
+        out = []
+        for (job, node), rs in by_node.items():
+            slow, slow_from = self._slowdown(con, scope, g, job, node)
+            share = sum(r[3] * r[4] for r in rs) / sum(r[4] for r in rs)
+            mask = 0
+            for r in rs:
+                mask |= r[5] or 0
+            clk = [(r[6], r[7]) for r in rs if r[6] and r[7]]
+            clock_ratio = sum(a / b for a, b in clk) / len(clk) if clk else None
+            why = reasons(mask) or "unknown reason"
+            effect = f"; steps {slow:.2f}x slower than {slow_from}" if slow is not None else ""
+            out.append(
+                Finding(
+                    self.name,
+                    job,
+                    f"{len(rs)} GPUs on {node} throttled {share:.0%} of the time ({why})"
+                    + (f", SM clock at {clock_ratio:.0%}" if clock_ratio else "")
+                    + effect,
+                    severity="critical" if slow is not None and slow >= o["critical_slowdown"] else "warning",
+                    confidence=0.9 if slow is not None else 0.75,
+                    node=node,
+                    subject=",".join(str(r[2]) for r in rs),
+                    evidence={
+                        "throttled_share": round(share, 3),
+                        "gpus": len(rs),
+                        "reasons": why,
+                        "sm_clock_ratio": None if clock_ratio is None else round(clock_ratio, 3),
+                        "step_slowdown": None if slow is None else round(slow, 3),
+                        "slowdown_against": slow_from,
+                    },
+                    window_start=min(r[8] for r in rs),
+                    window_end=max(r[9] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
+                )
+            )
+        return out
+
+    def _slowdown(
+        self, con: duckdb.DuckDBPyConnection, scope: Scope, g: str, job: str, node: str
+    ) -> tuple[float | None, str | None]:
+        """The node's step time while mostly throttled over its time while not; without
+        unthrottled time, over the job's other nodes' step time."""
+        where, params = scope.where()
+        rows = con.execute(
+            f"""WITH st AS (
+                    SELECT node, time_bucket(INTERVAL {BUCKET_SECONDS} SECOND, ts) AS b,
+                           sum(coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps)) AS span,
+                           sum(steps) AS steps
+                    FROM steps WHERE job = ? AND steps > 0 AND {where} GROUP BY ALL),
+                th AS (SELECT b, sum(thr_n) / nullif(sum(mask_n), 0) AS share FROM {g}
+                       WHERE job = ? AND node = ? GROUP BY b)
+                SELECT sum(span) FILTER (st.node = ? AND th.share >= 0.5) / sum(steps) FILTER (st.node = ? AND th.share >= 0.5),
+                       sum(span) FILTER (st.node = ? AND th.share < 0.1) / sum(steps) FILTER (st.node = ? AND th.share < 0.1),
+                       sum(span) FILTER (st.node <> ?) / sum(steps) FILTER (st.node <> ?),
+                       sum(span) FILTER (st.node = ?) / sum(steps) FILTER (st.node = ?)
+                FROM st LEFT JOIN th USING (b)""",
+            [job, *params, job, node, node, node, node, node, node, node, node, node],
+        ).fetchall()[0]
+        thr, ok, peers, mine = rows
+        if thr and ok:
+            return thr / ok, "while unthrottled"
+        if mine and peers:
+            return mine / peers, "the job's other nodes"
+        return None, None
