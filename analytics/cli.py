@@ -312,6 +312,8 @@ def bottlenecks(
         findings.check_options(list(kinds), options)
         con, stored_note = _open_for_findings(db, not no_store)
         try:
+            if job is not None:
+                _known_job(con, job)
             scope = Scope(job, cutoff, None)
             out = findings.run(con, scope, list(kinds) or None, options)
             if stored_note is None:
@@ -341,6 +343,14 @@ def bottlenecks(
     click.echo(stored_note, err=True)
 
 
+def _known_job(con: Any, job: str) -> None:
+    known = con.execute(
+        "SELECT (SELECT count(*) FROM jobs WHERE job = $j) + (SELECT count(*) FROM steps WHERE job = $j)", {"j": job}
+    ).fetchall()[0][0]
+    if not known:
+        raise AnalyticsError(f"--job {job}: no such job in the database (analyze jobs lists them)")
+
+
 def _open_for_findings(db: str, store: bool) -> tuple[Any, str | None]:
     """A connection for analyze bottlenecks, and None when findings will be stored, else the
     note saying why not (--no-store, a read-only file)."""
@@ -351,7 +361,8 @@ def _open_for_findings(db: str, store: bool) -> tuple[Any, str | None]:
     p = Path(db)
     if not store:
         return open_ro(db), "not stored (--no-store)"
-    if p.exists() and os.access(p, os.W_OK) and os.access(p.parent if str(p.parent) else Path("."), os.W_OK):
+    # a file without write permission is a read-only copy, even to root (who could write it)
+    if p.exists() and os.access(p, os.W_OK) and p.stat().st_mode & 0o222 and os.access(p.parent, os.W_OK):
         try:
             return connect(db), None
         except DatabaseError as e:

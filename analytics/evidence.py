@@ -73,7 +73,7 @@ def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
         scope,
         "gpu_buckets",
         f"""SELECT node, "index", any_value(uuid) AS uuid, time_bucket(INTERVAL {BUCKET_SECONDS} SECOND, ts) AS b,
-                  count(*) AS n, avg(util_gpu_ratio) AS util, avg(mem_used_bytes) AS mem,
+                  count(*) AS n, min(ts) AS t_first, max(ts) AS t_last, avg(util_gpu_ratio) AS util, avg(mem_used_bytes) AS mem,
                   max(mem_total_bytes) AS mem_total, count(throttle_mask) AS mask_n,
                   count(*) FILTER ({thr}) AS thr_n, bit_or(throttle_mask) FILTER ({thr}) AS thr_mask,
                   avg(sm_clock_hz) FILTER ({thr}) AS sm_thr, avg(sm_clock_hz) FILTER (NOT {thr}) AS sm_ok,

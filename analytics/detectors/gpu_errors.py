@@ -52,7 +52,7 @@ class GpuErrors(Detector):
                        coalesce(sum(count) FILTER (kind = 'ecc_uncorrected'), 0),
                        count(*) FILTER (kind = 'lost'), sum(new_burst), min(ts), max(ts)
                 FROM b GROUP BY node, "index", coalesce(job, '') ORDER BY node, "index" """,
-            [ignore, *params],
+            [*params, ignore],
         ).fetchall()
         out = []
         for node, index, uuid, job, xids, codes, corr, unc, lost, bursts, t0, t1 in rows:

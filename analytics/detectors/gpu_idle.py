@@ -36,16 +36,17 @@ class GpuIdle(Detector):
         if evidence.has_rows(con, "steps"):
             g = evidence.job_gpus(con, scope)
             per_gpu = con.execute(
-                f"""SELECT job, node, "index", count(*) AS buckets, count(*) FILTER ({idle}) AS idle,
-                           sum(util * n) / nullif(sum(n), 0), avg(mem), min(b), max(b)
+                f"""SELECT job, node, "index", sum(n) AS samples, sum(n) FILTER ({idle}) AS idle,
+                           sum(util * n) / nullif(sum(n), 0), avg(mem), min(b), max(b),
+                           (epoch(max(t_last)) - epoch(min(t_first))) / greatest(sum(n) - 1, 1) AS every
                     FROM {g} GROUP BY job, node, "index" ORDER BY job, node, "index" """
             ).fetchall()
             jobs: dict[str, list[tuple]] = {}
             for r in per_gpu:
                 jobs.setdefault(r[0], []).append(r)
             for job, gpus in jobs.items():
-                flagged = [
-                    r for r in gpus if r[4] * BUCKET_SECONDS >= o["min_idle"] and r[4] / r[3] >= o["min_share"]
+                flagged = [  # idle samples x the GPU's sampling interval: its idle time
+                    r for r in gpus if r[4] and r[4] * r[9] >= o["min_idle"] and r[4] / r[3] >= o["min_share"]
                 ]
                 if not flagged:
                     continue
@@ -55,7 +56,7 @@ class GpuIdle(Detector):
                     by_node.setdefault(r[1], []).append(r)
                 for node, rs in by_node.items():
                     on_node = [r for r in gpus if r[1] == node]
-                    hours = sum(r[4] for r in rs) * BUCKET_SECONDS / 3600
+                    hours = sum(r[4] * r[9] for r in rs) / 3600
                     util = sum((r[5] or 0) for r in rs) / len(rs)
                     out.append(
                         Finding(
@@ -95,9 +96,13 @@ class GpuIdle(Detector):
             anti = f'AND NOT EXISTS (SELECT 1 FROM {g} j WHERE j.node = g.node AND j."index" = g."index" AND j.b = g.b)'
         scoped = "" if scope.job is None else "AND g.job = $job"
         rows = con.execute(
-            f"""SELECT node, "index", count(*) AS buckets, avg(mem), arg_max(job, b), min(b), max(b)
-                FROM {b} g WHERE {idle} AND mem >= {int(o['min_mem'])} {anti} {scoped}
-                GROUP BY node, "index" HAVING count(*) * {BUCKET_SECONDS} >= {float(o['min_idle'])}
+            f"""WITH every AS (
+                    SELECT node, "index", (epoch(max(t_last)) - epoch(min(t_first))) / greatest(sum(n) - 1, 1) AS every
+                    FROM {b} GROUP BY node, "index")
+                SELECT node, "index", sum(n) * any_value(every) AS seconds, avg(mem), arg_max(job, b), min(b), max(b)
+                FROM {b} g JOIN every USING (node, "index")
+                WHERE {idle} AND mem >= {int(o['min_mem'])} {anti} {scoped}
+                GROUP BY node, "index" HAVING sum(n) * any_value(every) >= {float(o['min_idle'])}
                 ORDER BY node, "index" """,
             {"job": scope.job} if scope.job is not None else {},
         ).fetchall()
@@ -106,7 +111,7 @@ class GpuIdle(Detector):
             by_node.setdefault(r[0], []).append(r)
         out = []
         for node, rs in by_node.items():
-            hours = sum(r[2] for r in rs) * BUCKET_SECONDS / 3600
+            hours = sum(r[2] for r in rs) / 3600
             mem = sum(r[3] for r in rs) / len(rs)
             job = rs[0][4] or None
             out.append(

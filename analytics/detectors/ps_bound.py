@@ -65,7 +65,9 @@ class PsBound(Detector):
 
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
         decl = evidence.declarations(con, scope)
-        targets = [d.job for d in decl.values() if d.ps > 0 and d.workers >= 2]
+        s = evidence.spans(con, scope)
+        stepping = {j for (j,) in con.execute(f"SELECT DISTINCT job FROM {s}").fetchall()}  # in the window
+        targets = [d.job for d in decl.values() if d.ps > 0 and d.workers >= 2 and d.job in stepping]
         if not targets:
             return []
         speeds, _ = job_speeds(con)  # every job: references measured in other jobs count

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -18,27 +17,11 @@ from click.testing import CliRunner
 
 from cmdare.analytics import models
 from cmdare.analytics.cli import cli
-
-ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("CMDARE_REAL_DATA", ROOT.parent / "shared" / "data" / "cmdare"))
+from tests.analytics.conftest import DATA
 
 pytestmark = pytest.mark.skipif(
     not (DATA / "jobs.csv").is_file(), reason=f"CM-DARE's measurements are not at {DATA} (set CMDARE_REAL_DATA)"
 )
-
-
-@pytest.fixture(scope="module")
-def real_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every run of the data, imported through the CLI with the flags its README gives."""
-    db = tmp_path_factory.mktemp("real") / "real.duckdb"
-    for r in csv.DictReader(open(DATA / "jobs.csv")):
-        args = ["import", "tensorboard", str(DATA / r["file"]), "--db", str(db), "--job", r["job"]]
-        args += ["--gpu-type", r["gpu_type"], "--workers", r["workers"], "--ps", r["ps"], "--model", r["model"]]
-        args += ["--flops-per-step", r["flops_per_step"], "--params", r["params"], "--tensors", r["tensors"]]
-        args += ["--batch-size", r["batch_size"]]
-        res = CliRunner().invoke(cli, args)
-        assert res.exit_code == 0, res.output
-    return db
 
 
 @pytest.fixture()

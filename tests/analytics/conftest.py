@@ -1,0 +1,31 @@
+"""Fixtures of the analytics tests: CM-DARE's real measurements imported as a user would."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("CMDARE_REAL_DATA", ROOT.parent / "shared" / "data" / "cmdare"))
+
+
+@pytest.fixture(scope="session")
+def real_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every run of the data, imported through the CLI with the flags its README gives."""
+    db = tmp_path_factory.mktemp("real") / "real.duckdb"
+    for r in csv.DictReader(open(DATA / "jobs.csv")):
+        args = ["import", "tensorboard", str(DATA / r["file"]), "--db", str(db), "--job", r["job"]]
+        args += ["--gpu-type", r["gpu_type"], "--workers", r["workers"], "--ps", r["ps"], "--model", r["model"]]
+        args += ["--flops-per-step", r["flops_per_step"], "--params", r["params"], "--tensors", r["tensors"]]
+        args += ["--batch-size", r["batch_size"]]
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, res.output
+    return db
+
+
