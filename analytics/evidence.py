@@ -6,8 +6,10 @@ once (bench/findings.py):
   start to the last step), its lowest rank and its step count.  A GPU or host sample
   belongs to a job when it was taken on one of the job's nodes during that span;
 - ``gpu_buckets``: per GPU (node, index) and 5-minute bucket: samples, mean utilisation,
-  mean memory used, throttled samples (``verdicts.throttled_sql``), mean SM clock with and
-  without throttling;
+  mean memory used, samples with a throttle mask, throttled samples
+  (``verdicts.throttled_sql``) and their reasons (the masks or-ed); as few columns as the
+  detectors need, because this one pass over ``gpu_samples`` is most of a fleet-wide run's
+  time (bench/findings.py);
 - ``host_buckets``: per node and bucket: mean CPU utilisation;
 - ``job_gpus`` / ``job_hosts``: those buckets joined to the job spans they fall in.
 
@@ -72,13 +74,13 @@ def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
         con,
         scope,
         "gpu_buckets",
-        f"""SELECT node, "index", any_value(uuid) AS uuid, time_bucket(INTERVAL {BUCKET_SECONDS} SECOND, ts) AS b,
-                  count(*) AS n, min(ts) AS t_first, max(ts) AS t_last, avg(util_gpu_ratio) AS util, avg(mem_used_bytes) AS mem,
-                  max(mem_total_bytes) AS mem_total, count(throttle_mask) AS mask_n,
-                  count(*) FILTER ({thr}) AS thr_n, bit_or(throttle_mask) FILTER ({thr}) AS thr_mask,
-                  avg(sm_clock_hz) FILTER ({thr}) AS sm_thr, avg(sm_clock_hz) FILTER (NOT {thr}) AS sm_ok,
-                  any_value(job) AS job
-           FROM gpu_samples WHERE {where} GROUP BY ALL""",
+        f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem, mask_n,
+                  thr_n, thr_mask, job
+           FROM (SELECT node, "index", epoch_us(ts) // {BUCKET_SECONDS * 1_000_000} AS bi, count(*) AS n,
+                        avg(util_gpu_ratio) AS util, avg(mem_used_bytes) AS mem, count(throttle_mask) AS mask_n,
+                        count(*) FILTER ({thr}) AS thr_n, bit_or(throttle_mask) FILTER ({thr}) AS thr_mask,
+                        any_value(job) AS job
+                 FROM gpu_samples WHERE {where} GROUP BY node, "index", bi)""",
         params,
     )
 

@@ -38,7 +38,7 @@ class GpuIdle(Detector):
             per_gpu = con.execute(
                 f"""SELECT job, node, "index", sum(n) AS samples, sum(n) FILTER ({idle}) AS idle,
                            sum(util * n) / nullif(sum(n), 0), avg(mem), min(b), max(b),
-                           (epoch(max(t_last)) - epoch(min(t_first))) / greatest(sum(n) - 1, 1) AS every
+                           {BUCKET_SECONDS} / max(n) AS every  -- a full bucket's samples: the sampling interval
                     FROM {g} GROUP BY job, node, "index" ORDER BY job, node, "index" """
             ).fetchall()
             jobs: dict[str, list[tuple]] = {}
@@ -97,7 +97,7 @@ class GpuIdle(Detector):
         scoped = "" if scope.job is None else "AND g.job = $job"
         rows = con.execute(
             f"""WITH every AS (
-                    SELECT node, "index", (epoch(max(t_last)) - epoch(min(t_first))) / greatest(sum(n) - 1, 1) AS every
+                    SELECT node, "index", {BUCKET_SECONDS} / max(n) AS every
                     FROM {b} GROUP BY node, "index")
                 SELECT node, "index", sum(n) * any_value(every) AS seconds, avg(mem), arg_max(job, b), min(b), max(b)
                 FROM {b} g JOIN every USING (node, "index")

@@ -12,7 +12,7 @@ from cmdare.wire.plugin import Option, Requirement
 from .. import evidence
 from ..evidence import BUCKET_SECONDS
 from ..units import DETECTORS, Detector, Finding, Scope
-from ..verdicts import GPU_IDLE_BIT
+from ..verdicts import GPU_IDLE_BIT, throttled_sql
 
 
 def reasons(mask: int | None) -> str:
@@ -37,15 +37,14 @@ class GpuThrottled(Detector):
         g = evidence.job_gpus(con, scope)
         rows = con.execute(
             f"""SELECT job, node, "index", sum(thr_n) / sum(mask_n) AS share, sum(mask_n),
-                       bit_or(thr_mask), sum(sm_thr * thr_n) / nullif(sum(thr_n), 0),
-                       sum(sm_ok * (n - thr_n)) / nullif(sum(n - thr_n), 0),
-                       min(b) FILTER (thr_n > 0), max(b) FILTER (thr_n > 0)
+                       bit_or(thr_mask), min(b) FILTER (thr_n > 0), max(b) FILTER (thr_n > 0)
                 FROM {g} GROUP BY job, node, "index"
                 HAVING sum(mask_n) >= {int(o['min_samples'])} AND sum(thr_n) / sum(mask_n) >= {float(o['min_share'])}
                 ORDER BY job, node, "index" """
         ).fetchall()
         if not rows:
             return []
+        clocks = self._clocks(con, scope, sorted({r[1] for r in rows}))
         by_node: dict[tuple[str, str], list[tuple]] = {}
         for r in rows:
             by_node.setdefault((r[0], r[1]), []).append(r)
@@ -56,7 +55,7 @@ class GpuThrottled(Detector):
             mask = 0
             for r in rs:
                 mask |= r[5] or 0
-            clk = [(r[6], r[7]) for r in rs if r[6] and r[7]]
+            clk = [clocks[(node, r[2])] for r in rs if all(clocks.get((node, r[2]), (None, None)))]
             clock_ratio = sum(a / b for a, b in clk) / len(clk) if clk else None
             why = reasons(mask) or "unknown reason"
             effect = f"; steps {slow:.2f}x slower than {slow_from}" if slow is not None else ""
@@ -79,16 +78,32 @@ class GpuThrottled(Detector):
                         "step_slowdown": None if slow is None else round(slow, 3),
                         "slowdown_against": slow_from,
                     },
-                    window_start=min(r[8] for r in rs),
-                    window_end=max(r[9] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
+                    window_start=min(r[6] for r in rs),
+                    window_end=max(r[7] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
                 )
             )
         return out
 
+    def _clocks(
+        self, con: duckdb.DuckDBPyConnection, scope: Scope, nodes: list[str]
+    ) -> dict[tuple[str, int], tuple[float | None, float | None]]:
+        """(node, GPU) -> mean SM clock while throttled and while not, for the flagged nodes
+        only (a second, filtered read of gpu_samples: the shared buckets stay narrow)."""
+        where, params = Scope(None, scope.since, scope.until).where()
+        thr = throttled_sql("throttle_mask")
+        return {
+            (n, i): (a, b)
+            for n, i, a, b in con.execute(
+                f"""SELECT node, "index", avg(sm_clock_hz) FILTER ({thr}), avg(sm_clock_hz) FILTER (NOT {thr})
+                    FROM gpu_samples WHERE node IN (SELECT unnest(?)) AND {where} GROUP BY ALL""",
+                [nodes, *params],
+            ).fetchall()
+        }
+
     def _slowdown(
         self, con: duckdb.DuckDBPyConnection, scope: Scope, g: str, job: str, node: str
     ) -> tuple[float | None, str | None]:
-        """The node's step time while mostly throttled over its time while not; without
+        """The node's step time in buckets mostly throttled over those mostly not; without
         unthrottled time, over the job's other nodes' step time."""
         where, params = scope.where()
         rows = con.execute(
@@ -100,7 +115,7 @@ class GpuThrottled(Detector):
                 th AS (SELECT b, sum(thr_n) / nullif(sum(mask_n), 0) AS share FROM {g}
                        WHERE job = ? AND node = ? GROUP BY b)
                 SELECT sum(span) FILTER (st.node = ? AND th.share >= 0.5) / sum(steps) FILTER (st.node = ? AND th.share >= 0.5),
-                       sum(span) FILTER (st.node = ? AND th.share < 0.1) / sum(steps) FILTER (st.node = ? AND th.share < 0.1),
+                       sum(span) FILTER (st.node = ? AND th.share < 0.5) / sum(steps) FILTER (st.node = ? AND th.share < 0.5),
                        sum(span) FILTER (st.node <> ?) / sum(steps) FILTER (st.node <> ?),
                        sum(span) FILTER (st.node = ?) / sum(steps) FILTER (st.node = ?)
                 FROM st LEFT JOIN th USING (b)""",

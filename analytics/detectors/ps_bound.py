@@ -70,7 +70,17 @@ class PsBound(Detector):
         targets = [d.job for d in decl.values() if d.ps > 0 and d.workers >= 2 and d.job in stepping]
         if not targets:
             return []
-        speeds, _ = job_speeds(con)  # every job: references measured in other jobs count
+        # the targets and every job of the same model and accelerator (references measured
+        # in other jobs count, whatever the scope): only those jobs' steady states are computed
+        pairs = {(decl[j].model, decl[j].accelerator) for j in targets}
+        refs = [
+            j
+            for j, m, a in con.execute(
+                "SELECT job, arg_max(model, ts), arg_max(accelerator, ts) FROM jobs GROUP BY job"
+            ).fetchall()
+            if (m, a) in pairs
+        ]
+        speeds, _ = job_speeds(con, jobs=sorted(set(refs) | set(targets)))
         by_job = {j.job: j for j in speeds}
         speed_fit = evidence.latest_fit(con, "speed")
         cluster_fit = evidence.latest_fit(con, "cluster")

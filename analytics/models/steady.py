@@ -32,7 +32,7 @@ STEADY_SQL = f"""
 WITH s AS (
     SELECT job, run, rank, ts, steps,
            coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps) AS span
-    FROM steps WHERE $job IS NULL OR job = $job),
+    FROM steps WHERE ($job IS NULL OR job = $job) AND ($jobs IS NULL OR list_contains($jobs, job))),
 w AS (
     SELECT job, rank, ts, steps / span AS rate, epoch(ts) - span AS begins,
            row_number() OVER p AS i, count(*) OVER p AS n,
@@ -47,11 +47,13 @@ GROUP BY ALL HAVING count(*) >= {MIN_KEPT}
 """
 
 
-def steady_rates(con: duckdb.DuckDBPyConnection, job: str | None = None) -> dict[str, dict[int, float]]:
-    """job -> rank -> steady steps/s (see the module doc), of every job or of ``job``;
-    ranks with too few intervals are absent."""
+def steady_rates(
+    con: duckdb.DuckDBPyConnection, job: str | None = None, jobs: list[str] | None = None
+) -> dict[str, dict[int, float]]:
+    """job -> rank -> steady steps/s (see the module doc), of every job, of ``job``, or of
+    the ``jobs`` listed; ranks with too few intervals are absent."""
     out: dict[str, dict[int, float]] = {}
-    for j, rank, rate, _ in con.execute(STEADY_SQL, {"job": job}).fetchall():
+    for j, rank, rate, _ in con.execute(STEADY_SQL, {"job": job, "jobs": jobs}).fetchall():
         out.setdefault(j, {})[int(rank)] = float(rate)
     return out
 
@@ -73,23 +75,27 @@ class JobSpeed:
     acc: catalog.Accelerator | None = None
 
 
-def job_speeds(con: duckdb.DuckDBPyConnection, job: str | None = None) -> tuple[list[JobSpeed], list[str]]:
-    """Steady-state speed of every job (or of ``job``) with a usable declaration; and why
-    others were left out."""
-    only = {"job": job}
+def job_speeds(
+    con: duckdb.DuckDBPyConnection, job: str | None = None, jobs: list[str] | None = None
+) -> tuple[list[JobSpeed], list[str]]:
+    """Steady-state speed of every job (or of ``job``, or of the ``jobs`` listed) with a
+    usable declaration; and why others were left out."""
+    only = {"job": job, "jobs": jobs}
     decl = con.execute(
         """SELECT job, arg_max(model, ts), arg_max(accelerator, ts), arg_max(world_size, ts), arg_max(ps, ts),
                   arg_max(flops_per_step, ts), arg_max(params, ts), arg_max(tensors, ts), arg_max(batch_size, ts)
-           FROM jobs WHERE $job IS NULL OR job = $job GROUP BY job""",
+           FROM jobs WHERE ($job IS NULL OR job = $job) AND ($jobs IS NULL OR list_contains($jobs, job)) GROUP BY job""",
         only,
     ).fetchall()
     span = {
         j: (t0, t1)
         for j, t0, t1 in con.execute(
-            "SELECT job, min(ts), max(ts) FROM steps WHERE $job IS NULL OR job = $job GROUP BY job", only
+            "SELECT job, min(ts), max(ts) FROM steps WHERE ($job IS NULL OR job = $job) "
+            "AND ($jobs IS NULL OR list_contains($jobs, job)) GROUP BY job",
+            only,
         ).fetchall()
     }
-    rates = steady_rates(con, job)
+    rates = steady_rates(con, job, jobs)
     cat = catalog.load()
     out, skipped = [], []
     for name, model, accel, world, ps, flops, params, tensors, batch in decl:

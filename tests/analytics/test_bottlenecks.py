@@ -165,3 +165,25 @@ def test_the_since_window_applies(suite) -> None:
     # the suite's telemetry is from 2026-05; nothing of it is in the last day
     code, out, _ = run("--db", str(suite[0]), "--no-store", "--since", "1d")
     assert code == 0 and out.startswith("no findings (7 detectors ran")
+
+
+def test_the_demo_fleet_shows_every_kind_of_finding(tmp_path: Path) -> None:
+    """scripts/demo adds this simulated fleet: analyze bottlenecks then shows each kind."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    db = tmp_path / "demo.duckdb"
+    r = subprocess.run([sys.executable, "-m", "tests.fakes.fleet", "demo", "--db", str(db)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "simulated fleet (nodes sim-*, label simulated=true)" in r.stdout
+    code, found, err = run("--db", str(db), "--json")
+    assert code == 0, err
+    assert {f["kind"] for f in found} == set(KINDS)
+    assert all(f["job"].startswith("sim-") for f in found)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM instances WHERE end_reason = 'revoked'").fetchall()[0][0] == 1
+    assert con.execute("SELECT count(*) FROM nodes WHERE labels->>'simulated' = 'true'").fetchall()[0][0] == con.execute("SELECT count(*) FROM nodes").fetchall()[0][0]
+    con.close()

@@ -553,3 +553,73 @@ def evaluate(findings: list[dict[str, Any]], labels: dict[str, dict[str, Any]]) 
             "recall": tp / (tp + fn) if tp + fn else 1.0,
         }
     return out
+
+
+class DemoFleet(Scenarios):
+    """The simulated fleet of scripts/demo: one job with each kind of problem, a healthy
+    one and a revoked spot VM, over the last 40 minutes; every node is ``sim-...`` and every
+    event carries the label ``simulated=true``."""
+
+    def _ev(self, ts: float, node: str, type_: str, data: dict[str, Any], job: str = "", role: str = "worker") -> None:
+        super()._ev(ts, node, type_, data, job, role)
+        self.events[-1]["labels"] = {"simulated": "true"}
+
+    def build(self) -> None:
+        start = self.t0
+        self.sim_job({}, kind="healthy", nodes=2, gpus=4, start=start, rank_spread=0.02)
+        model = "sim-resnet50"
+        self.sim_job({}, kind="ps", nodes=1, gpus=1, rank_speed=6.0, model=model, start=start)
+        for w in (2, 4, 8):
+            v = ((w * 6.0) ** -4 + 15.0**-4) ** -0.25
+            self.sim_job({}, kind="ps", nodes=w, gpus=1, rank_speed=v / w, ps=1, ps_load=v / 15.0, ps_agent=True,
+                         model=model, util=0.9 * v / (w * 6.0), start=start)
+        self.sim_job({}, kind="input", nodes=1, gpus=4, wait=0.45, util=0.3, cpu=0.96, start=start)
+        self.sim_job({}, kind="straggler", nodes=4, gpus=1, slow_rank=2, slow=1.7, slow_cpu=True, start=start)
+        self.sim_job({}, kind="idle", nodes=1, gpus=4, idle=((0, 2), (0, 3)), start=start)
+        self.sim_job({}, kind="throttled", nodes=1, gpus=2, throttled_node=0, throttle_share=0.6, start=start)
+        self.sim_job({}, kind="xid", xids=((0.4, 79), (0.41, 79)), start=start)
+        self.sim_job({}, kind="ckpt", ckpt_every=120.0, ckpt_seconds=15.0, start=start)
+        self.revoked_vm(start)
+
+    def revoked_vm(self, start: float) -> None:
+        """A spot VM running a job's rank, revoked 25 minutes in (a notice 30 s ahead)."""
+        node = f"{self.prefix}-spot-vm-1"
+        boot = start - 60
+        self._ev(start, node, "lifecycle", {"event": "agent_start", "boot_time": boot, "interval_seconds": TICK})
+        self._ev(start + 1, node, "instance", {"cloud": "gce", "region": "us-central1", "zone": "us-central1-a",
+                                               "instance_type": "n1-standard-8", "spot": True, "accelerator": "nvidia-tesla-v100",
+                                               "accelerator_count": 1, "boot_time": boot})
+        end = start + 25 * 60
+        t = start
+        seq = 0
+        while t < end:
+            seq += 1
+            self._ev(t, node, "heartbeat", {"seq": seq, "interval_seconds": TICK})
+            t += TICK
+        self._ev(end - 30, node, "revocation", {"cloud": "gce", "kind": "preemption", "notice_id": "gce:preempted",
+                                                "revokes": True, "deadline": end, "lead_seconds": 30.0, "boot_time": boot})
+
+
+def _main() -> None:
+    """``python -m tests.fakes.fleet demo --db FILE``: write the demo's simulated fleet."""
+    import argparse
+    import time
+
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import encode_many
+
+    ap = argparse.ArgumentParser(prog="python -m tests.fakes.fleet")
+    ap.add_argument("what", choices=("demo",))
+    ap.add_argument("--db", required=True)
+    a = ap.parse_args()
+    f = DemoFleet(seed=1, t0=time.time() - 40 * 60)
+    f.build()
+    con = connect(a.db)
+    r = Writer(con).write([("sim", encode_many(f.events))])
+    con.close()
+    print(f"simulated fleet (nodes sim-*, label simulated=true): {len(f.labels)} jobs and a revoked spot VM, {r.inserted:,} events into {a.db}")
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,173 @@
+"""Scale of analyze bottlenecks: a simulated day of a large fleet, every detector over all of
+it, against one plain DuckDB ``GROUP BY node, gpu`` scan of ``gpu_samples`` in the same run.
+
+    python bench/findings.py [--nodes 1000] [--gpus 8] [--hours 24] [--every 10] [--db PATH] [--runs 3]
+
+The fleet: ``nodes`` nodes with ``gpus`` GPUs each, sampled every ``every`` seconds for
+``hours`` (1,000 x 8 x 24 h / 10 s = 69 million GPU samples), one host sample and one step
+aggregate per node and interval (one rank per node, 8 nodes per job), job declarations,
+and a few problems (idle GPUs, a throttled node, a straggler rank, Xid errors, an
+input-bound job, frequent checkpoints) so every detector has work.  The rows are written
+with SQL straight into the collector's tables (the ingest path has its own benchmark).
+
+Each measurement runs in a fresh child process (cold process, warm OS page cache),
+alternating scan and detectors, ``runs`` times each; prints the medians, the ratio and each
+child's peak RSS.  Target: the detectors at most 2x the scan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT
+
+SCAN = 'SELECT node, "index", avg(util_gpu_ratio), count(*) FROM gpu_samples GROUP BY node, "index"'
+
+
+def build(db: Path, nodes: int, gpus: int, hours: float, every: int) -> int:
+    from cmdare.collector.db import connect
+
+    con = connect(db)
+    ticks = int(hours * 3600 / every)
+    per = max(1, int(3600 / every))  # one hour per statement
+    start = "now()::TIMESTAMP - INTERVAL 1 DAY"
+    con.execute(f"CREATE TEMP TABLE t0 AS SELECT {start} AS t")
+    # jobs: 8 nodes each; job 3's GPUs 6-7 idle; node 17 throttled half the time; job 5's
+    # rank 2 a straggler; node 40 Xid 79s; job 9 input-bound; job 7 checkpoints every 2 min
+    con.execute(
+        f"""INSERT INTO jobs (id, ts, node, job, run, rank, world_size, ps, model, params, tensors,
+                             flops_per_step, batch_size, accelerator)
+            SELECT 'j' || n, (SELECT t FROM t0), 'node-' || n, 'job-' || (n // 8), 'r1', n % 8, 8,
+                   CASE WHEN n // 8 < 10 THEN 1 ELSE 0 END, 'model-' || (n // 80), 25000000, 160, 3e12, 64, 'a100'
+            FROM range({nodes}) r(n)"""
+    )
+    for h in range(0, ticks, per):
+        hi = min(ticks, h + per)
+        print(f"  building: hour {h // per + 1} of {-(-ticks // per)}", file=sys.stderr, flush=True)
+        con.execute(
+            f"""INSERT INTO gpu_samples (id, ts, node, job, "index", uuid, name, util_gpu_ratio, util_mem_ratio,
+                                         mem_used_bytes, mem_total_bytes, power_watts, temp_celsius, sm_clock_hz,
+                                         throttle_mask)
+                SELECT 'g' || k || '-' || n || '-' || g, (SELECT t FROM t0) + to_seconds(k * {every}), 'node-' || n,
+                       '', g, 'GPU-' || n || '-' || g, 'A100',
+                       CASE WHEN n // 8 = 3 AND g >= 6 THEN 0.01
+                            WHEN n // 8 = 9 THEN 0.35
+                            ELSE 0.8 + (hash(k, n, g) % 150) / 1000.0 END,
+                       0.4, 60000000000, 80000000000, 300.0, 65.0,
+                       CASE WHEN n = 17 AND k % 2 = 0 THEN 1.0e9 ELSE 1.4e9 END,
+                       CASE WHEN n = 17 AND k % 2 = 0 THEN 68 WHEN hash(k, n, g) % 50 = 0 THEN 4 ELSE 0 END
+                FROM range({h}, {hi}) a(k), range({nodes}) b(n), range({gpus}) c(g)"""
+        )
+        con.execute(
+            f"""INSERT INTO host_samples (id, ts, node, job, cpu_util_ratio)
+                SELECT 'h' || k || '-' || n, (SELECT t FROM t0) + to_seconds(k * {every}), 'node-' || n, '',
+                       CASE WHEN n // 8 = 9 THEN 0.95 ELSE 0.3 + (hash(k, n) % 200) / 1000.0 END
+                FROM range({h}, {hi}) a(k), range({nodes}) b(n)"""
+        )
+        con.execute(
+            f"""INSERT INTO steps (id, ts, node, job, run, rank, interval_seconds, steps, step_mean_seconds,
+                                   wait_mean_seconds, wait_share_ratio, steps_per_second)
+                SELECT 's' || k || '-' || n, (SELECT t FROM t0) + to_seconds(k * {every} + 1), 'node-' || n,
+                       'job-' || (n // 8), 'r1', n % 8, {every}, s, {every} / s,
+                       w * {every} / s, w, s / {every}
+                FROM (SELECT k, n,
+                             CAST(CASE WHEN n = 42 THEN 25 ELSE 40 END * (0.95 + (hash(k, n) % 100) / 1000.0) AS BIGINT) AS s,
+                             CASE WHEN n // 8 = 9 THEN 0.4 ELSE 0.02 END AS w
+                      FROM range({h}, {hi}) a(k), range({nodes}) b(n))"""
+        )
+    con.execute(
+        f"""INSERT INTO gpu_events (id, ts, node, job, "index", uuid, kind, count, xid)
+            SELECT 'x' || k, (SELECT t FROM t0) + to_seconds(k * 600), 'node-40', '', 1, 'GPU-40-1', 'xid', 1, 79
+            FROM range(3) r(k)"""
+    )
+    con.execute(
+        f"""INSERT INTO checkpoints (id, ts, node, job, run, rank, action, seconds, bytes, step, ok)
+            SELECT 'c' || k, (SELECT t FROM t0) + to_seconds(k * 120), 'node-56', 'job-7', 'r1', 0, 'save', 15.0,
+                   400000000, k * 100, true
+            FROM range({int(hours * 30)}) r(k)"""
+    )
+    con.execute("CHECKPOINT")
+    n = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]
+    con.close()
+    return n
+
+
+def child(what: str, db: str) -> None:
+    import duckdb
+
+    from cmdare.analytics import findings
+    from cmdare.analytics.units import Scope
+
+    con = duckdb.connect(db, read_only=True)
+    t = time.perf_counter()
+    if what == "scan":
+        rows = len(con.execute(SCAN).fetchall())
+    else:
+        out = findings.run(con, Scope())
+        rows = len(out.findings)
+        kinds = sorted({f.kind for f in out.findings})
+    secs = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": secs, "rows": rows, "rss_mb": rss, **({"kinds": kinds} if what != "scan" else {})}))
+
+
+def measure(what: str, db: Path) -> dict:
+    r = subprocess.run(
+        [sys.executable, __file__, "--child", what, "--db", str(db)], capture_output=True, text=True, check=True
+    )
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def runs(xs: list[dict]) -> str:
+    return ", ".join(f"{x['seconds']:.2f}" for x in xs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--hours", type=float, default=24)
+    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--db", help="keep the database here (built when absent)")
+    ap.add_argument("--child", choices=("scan", "find"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a.child, a.db)
+        return
+    tmp = None
+    if a.db:
+        db = Path(a.db)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="cmdare-bench-findings-", dir=os.environ.get("TMPDIR"))
+        db = Path(tmp.name) / "fleet.duckdb"
+    if not db.exists():
+        t = time.perf_counter()
+        n = build(db, a.nodes, a.gpus, a.hours, a.every)
+        print(f"built {n:,} GPU samples in {time.perf_counter() - t:.0f} s ({db.stat().st_size / 2**30:.1f} GiB)")
+    scans, finds = [], []
+    for _ in range(a.runs):
+        scans.append(measure("scan", db))
+        finds.append(measure("find", db))
+    s = statistics.median(x["seconds"] for x in scans)
+    f = statistics.median(x["seconds"] for x in finds)
+    print(f"GROUP BY node, gpu scan of gpu_samples: {s:.2f} s (runs: {runs(scans)}), "
+          f"peak RSS {max(x['rss_mb'] for x in scans):.0f} MB")
+    print(f"analyze bottlenecks, all 7 detectors:   {f:.2f} s (runs: {runs(finds)}), "
+          f"peak RSS {max(x['rss_mb'] for x in finds):.0f} MB, {finds[-1]['rows']} findings of {', '.join(finds[-1]['kinds'])}")
+    print(f"ratio: {f / s:.2f}x the scan (target <= 2x)")
+    if tmp:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
