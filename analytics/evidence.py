@@ -75,11 +75,10 @@ def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
         scope,
         "gpu_buckets",
         f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem, mask_n,
-                  thr_n, thr_mask, job
+                  thr_n, thr_mask
            FROM (SELECT node, "index", epoch_us(ts) // {BUCKET_SECONDS * 1_000_000} AS bi, count(*) AS n,
                         avg(util_gpu_ratio) AS util, avg(mem_used_bytes) AS mem, count(throttle_mask) AS mask_n,
-                        count(*) FILTER ({thr}) AS thr_n, bit_or(throttle_mask) FILTER ({thr}) AS thr_mask,
-                        any_value(job) AS job
+                        count(*) FILTER ({thr}) AS thr_n, bit_or(throttle_mask) FILTER ({thr}) AS thr_mask
                  FROM gpu_samples WHERE {where} GROUP BY node, "index", bi)""",
         params,
     )

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT  # noqa: F401  (puts the checkout on sys.path)
 
 SCAN = 'SELECT node, "index", avg(util_gpu_ratio), count(*) FROM gpu_samples GROUP BY node, "index"'
 
@@ -85,7 +85,7 @@ def build(db: Path, nodes: int, gpus: int, hours: float, every: int) -> int:
                       FROM range({h}, {hi}) a(k), range({nodes}) b(n))"""
         )
     con.execute(
-        f"""INSERT INTO gpu_events (id, ts, node, job, "index", uuid, kind, count, xid)
+        """INSERT INTO gpu_events (id, ts, node, job, "index", uuid, kind, count, xid)
             SELECT 'x' || k, (SELECT t FROM t0) + to_seconds(k * 600), 'node-40', '', 1, 'GPU-40-1', 'xid', 1, 79
             FROM range(3) r(k)"""
     )

@@ -94,17 +94,15 @@ class GpuIdle(Detector):
         if evidence.has_rows(con, "steps"):
             g = evidence.job_gpus(con, scope)
             anti = f'AND NOT EXISTS (SELECT 1 FROM {g} j WHERE j.node = g.node AND j."index" = g."index" AND j.b = g.b)'
-        scoped = "" if scope.job is None else "AND g.job = $job"
         rows = con.execute(
             f"""WITH every AS (
                     SELECT node, "index", {BUCKET_SECONDS} / max(n) AS every
                     FROM {b} GROUP BY node, "index")
-                SELECT node, "index", sum(n) * any_value(every) AS seconds, avg(mem), arg_max(job, b), min(b), max(b)
+                SELECT node, "index", sum(n) * any_value(every) AS seconds, avg(mem), min(b), max(b)
                 FROM {b} g JOIN every USING (node, "index")
-                WHERE {idle} AND mem >= {int(o['min_mem'])} {anti} {scoped}
+                WHERE {idle} AND mem >= {int(o['min_mem'])} {anti}
                 GROUP BY node, "index" HAVING sum(n) * any_value(every) >= {float(o['min_idle'])}
-                ORDER BY node, "index" """,
-            {"job": scope.job} if scope.job is not None else {},
+                ORDER BY node, "index" """
         ).fetchall()
         by_node: dict[str, list[tuple]] = {}
         for r in rows:
@@ -113,7 +111,9 @@ class GpuIdle(Detector):
         for node, rs in by_node.items():
             hours = sum(r[2] for r in rs) / 3600
             mem = sum(r[3] for r in rs) / len(rs)
-            job = rs[0][4] or None
+            job = self._job_of(con, scope, node, min(r[4] for r in rs))
+            if scope.job is not None and job != scope.job:
+                continue
             out.append(
                 Finding(
                     self.name,
@@ -130,8 +130,24 @@ class GpuIdle(Detector):
                         "mem_used_bytes": round(mem),
                         "in_job": False,
                     },
-                    window_start=min(r[5] for r in rs),
-                    window_end=max(r[6] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
+                    window_start=min(r[4] for r in rs),
+                    window_end=max(r[5] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
                 )
             )
         return out
+
+    def _job_of(self, con: duckdb.DuckDBPyConnection, scope: Scope, node: str, since: dt.datetime) -> str | None:
+        """The job that left the memory: the last one to step on ``node`` before ``since``,
+        else the agent's job on the GPU samples."""
+        if evidence.has_rows(con, "steps"):
+            s = evidence.spans(con, scope)
+            r = con.execute(
+                f"SELECT arg_max(job, t1) FROM {s} WHERE node = ? AND t0 <= ? + INTERVAL {BUCKET_SECONDS} SECOND",
+                [node, since],
+            ).fetchall()
+            if r and r[0][0]:
+                return r[0][0]
+        r = con.execute(
+            "SELECT arg_max(job, ts) FROM gpu_samples WHERE node = ? AND job IS NOT NULL AND job <> ''", [node]
+        ).fetchall()
+        return r[0][0] if r and r[0][0] else None

@@ -95,22 +95,24 @@ class Straggler(Detector):
         return con.execute(
             f"""WITH s AS (
                     SELECT job, coalesce(rank, 0) AS rank, any_value(node) AS node,
-                           time_bucket(INTERVAL {win} SECOND, ts) AS w,
+                           epoch_us(ts) // {win * 1_000_000} AS w,
                            median(coalesce(1 / nullif(steps_per_second, 0), step_mean_seconds)) AS t
                     FROM steps WHERE job IS NOT NULL AND job <> '' AND steps > 0 AND {where}
                     GROUP BY job, coalesce(rank, 0), w),
                 m AS (
-                    SELECT *, median(t) OVER p AS med, count(*) OVER p AS k FROM s
-                    WHERE t > 0 WINDOW p AS (PARTITION BY job, w)),
+                    SELECT job, w, median(t) AS med, count(*) AS k FROM s WHERE t > 0
+                    GROUP BY job, w HAVING count(*) >= {int(o['min_ranks'])}),
                 d AS (
-                    SELECT *, median(abs(t - med)) OVER (PARTITION BY job, w) AS mad
-                    FROM m WHERE k >= {int(o['min_ranks'])}),
+                    SELECT s.*, m.med, m.k FROM s JOIN m USING (job, w) WHERE s.t > 0),
+                mad AS (SELECT job, w, median(abs(t - med)) AS mad FROM d GROUP BY job, w),
+                dm AS (SELECT d.*, mad.mad FROM d JOIN mad USING (job, w)),
                 z AS (
                     SELECT *, t / med AS ratio,
-                           (t - med) / greatest(1.4826 * mad, {float(o['min_spread'])} * med) AS zs FROM d)
+                           (t - med) / greatest(1.4826 * mad, {float(o['min_spread'])} * med) AS zs FROM dm)
                 SELECT job, rank, any_value(node), count(*) AS windows,
                        count(*) FILTER {slow} AS slow, median(ratio) FILTER {slow} AS slowdown,
-                       max(zs), median(ratio), min(w) FILTER {slow}, max(w) FILTER {slow}, max(k)
+                       max(zs), median(ratio), make_timestamp(min(w) FILTER {slow} * {win * 1_000_000}),
+                       make_timestamp(max(w) FILTER {slow} * {win * 1_000_000}), max(k)
                 FROM z GROUP BY job, rank HAVING count(*) FILTER {slow} >= {int(o['min_windows'])}
                 ORDER BY job, rank""",
             params,
