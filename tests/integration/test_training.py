@@ -148,6 +148,13 @@ def test_input_bound_and_compute_bound_loops_are_told_apart(tmp_path: Path, sock
     assert ck == [("job-compute", "save", 512, True), ("job-input", "save", 512, True)]
     assert joined[0] > 0 and joined[1] == joined[0]  # each interval met the node's GPU samples
 
+    # the findings: the input-bound loop is, the compute-bound one is not
+    found = analyze("bottlenecks", "--kind", "input_bound", "--db", str(db))
+    assert [f["job"] for f in found] == ["job-input"]
+    f = found[0]
+    assert f["evidence"]["profiler_class"] == "highly input-bound" and f["evidence"]["input_wait_share"] > 0.5
+    assert f["suggests"] == ["data-workers", "placement"]
+
 
 def test_agent_absent_killed_and_restarted_never_blocks_training(tmp_path: Path, sockdir: Path) -> None:
     spool, db, sock = tmp_path / "spool", tmp_path / "t.duckdb", sockdir / "train.sock"
@@ -252,3 +259,36 @@ def test_tensorboard_logs_reach_the_database_live_and_a_later_import_adds_nothin
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["steps"] == 0 and res["scalars"] == 0  # the agent already stored every point
+
+
+def test_a_deliberately_slowed_rank_is_found_as_a_straggler(tmp_path: Path, sockdir: Path) -> None:
+    """Four real training processes of one job (ranks 0-3 through $RANK / $WORLD_SIZE), rank
+    2 made slower, through the agent, the spool and the collector: analyze bottlenecks names
+    rank 2 as a persistent straggler and no other rank."""
+    spool, db, sock = tmp_path / "spool", tmp_path / "t.duckdb", sockdir / "train.sock"
+    agent = start_agent(spool, sock)
+    try:
+        procs = []
+        for rank in range(4):
+            slow = rank == 2
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(LOOP), "--mode", "compute", "--job", "job-ranks",
+                     "--steps", "110" if slow else "280", "--pause", "0.08" if slow else "0.03"],
+                    env=agent_env(CMDARE_TRAIN_SOCKET=str(sock), RANK=str(rank), WORLD_SIZE="4"),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        results = [finish(p) for p in procs]
+        time.sleep(1.2)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+    assert all(r["dropped"] == 0 for r in results)
+    load(spool, db)
+    found = analyze("bottlenecks", "--kind", "straggler", "--set", "straggler.window=1s", "--db", str(db))
+    assert [(f["job"], f["rank"], f["node"]) for f in found] == [("job-ranks", 2, "train-1")], found
+    ev = found[0]["evidence"]
+    assert ev["persistent"] is True and ev["slowdown"] > 1.5 and ev["ranks"] == 4
