@@ -58,3 +58,39 @@ def test_real_cluster_runs_p100_one_ps_stops_scaling_k80_does_not(real_db) -> No
     for job in p100_1ps:
         ev = flagged[job]["evidence"]
         assert ev["efficiency"] < 0.8 and ev["marginal_gain"] < 0.5 and ev["single_worker_from"] == "measured"
+
+
+def test_the_cluster_fits_ps_limit_is_evidence_and_named(tmp_path) -> None:
+    """Parameter-server clusters from the fleet simulator's contention truth, speed and
+    cluster fits stored: ps_bound names the fits it used and how close the job is to the
+    PS limit."""
+    from cmdare.analytics import models
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import encode_many
+    from tests.fakes.fleet import MODELS, Fleet
+
+    f = Fleet(seed=3)
+    for m in MODELS[:8]:
+        for a in ("k80", "v100"):
+            f.job(m, a)
+            for w in (2, 4, 8):
+                f.job(m, a, workers=w, ps=1, intervals=15)
+    con = connect(tmp_path / "c.duckdb")
+    Writer(con).write([("sim", encode_many(f.events))])
+    jobs, _ = models.job_speeds(con)
+    sp = models.fit_speed(jobs)
+    models.save(con, sp)
+    cl = models.fit_cluster(jobs, models.latest(con, "speed"))
+    models.save(con, cl)
+    got = [x for fs in found(con, "ps_bound").values() for x in fs]
+    con.close()
+    assert got
+    for x in got:
+        assert cl.fit_id in x.fit_ids
+        assert 0 < x.evidence["share_of_ps_limit"] < 1 and x.evidence["ps_limit_steps_per_second"] > 0
+        assert x.evidence["evidence_available"] == 2  # the marginal gain and the cluster fit
+        assert x.evidence["efficiency"] < 0.8 and "of the cluster fit's PS limit" in x.summary
+    # the truth's contention grows with the weights moved: the big VGGs are flagged at fewer workers
+    assert any(x.job.startswith("vgg") and x.evidence["workers"] == 2 for x in got)
+    assert not any(x.job.startswith(("resnet18", "resnet34")) and x.evidence["workers"] < 8 for x in got)
