@@ -91,6 +91,7 @@ def cli(ctx: click.Context, group_db: str | None) -> None:
       analyze revocations --since 7d --gpu-type v100
       analyze goodput --job resnet50-a
       analyze bottlenecks --since 1d
+      analyze recommend data-workers --consumer-ms 10,10 --worker-ms 40,40,40,400
       analyze fit speed
       analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6
       analyze sql "SELECT node, count(*) FROM gpu_samples GROUP BY node"
@@ -629,6 +630,80 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
             click.echo(f"  {g}: {c['n']} lives, {c['events']} revoked, median lifetime {med}")
     for n in out["notes"][:20]:
         click.echo(f"  note: {n}")
+
+
+@cli.group()
+def recommend() -> None:
+    """What to do about it: each answer gives the action, the predicted outcome with an
+    interval, its cost where prices are known, the fits used, the assumptions and a one-line
+    why (docs/recommendations.md).
+
+    \b
+    Example:
+      analyze recommend data-workers --consumer-ms 10,10 --worker-ms 40,40,40,400
+    """
+
+
+def _emit_recommendation(rec: Any, as_json_: bool) -> None:
+    if as_json_:
+        from .models.store import clean
+
+        click.echo(json.dumps(clean({"kind": rec.kind.replace("_", "-"), **{k: v for k, v in rec.to_json().items() if k != "kind"}})))
+        return
+    act = ", ".join(f"{k} {v}" for k, v in rec.action.items())
+    click.echo(f"{rec.kind.replace('_', '-')}: {act}")
+    click.echo(f"  why: {rec.why}")
+    for k, v in rec.predicted.items():
+        iv = rec.interval.get(k)
+        click.echo(f"  predicted {k}: {v:.4g}" + (f" (interval {iv[0]:.4g} .. {iv[1]:.4g})" if iv else ""))
+    for k, v in rec.cost.items():
+        click.echo(f"  cost {k}: {v}")
+    if rec.fit_ids:
+        click.echo(f"  fits: {', '.join(rec.fit_ids)}")
+    click.echo("  assumptions: " + ", ".join(f"{k}={v}" for k, v in rec.assumptions.items() if v is not None))
+
+
+def _csv(value: str | None) -> list[str]:
+    return [x.strip() for x in (value or "").split(",") if x.strip()]
+
+
+@recommend.command(name="data-workers")
+@click.option("--consumer-ms", help="each consumer's target time per element, ms, comma-separated (e.g. 10,10)")
+@click.option("--worker-ms", help="each data worker's processing time per element, ms (e.g. 40,40,40,400)")
+@click.option("--current", type=click.IntRange(0), default=0, help="data workers running now (bounds the growth)")
+@click.option("--batch-ms", help="batch time at each worker count, WORKERS:MS,... (Cachew's knee), e.g. 1:120,2:70,3:62")
+@click.option("--knee", type=click.FloatRange(0, 1), default=0.07, show_default=True,
+              help="Cachew: stop when one more worker improves batch time by this share or less")
+@click.option("--worker-price", type=click.FloatRange(0), default=0.0, help="$/hour of one data worker (adds the cost)")
+@json_option
+def recommend_data_workers(
+    consumer_ms: str | None, worker_ms: str | None, current: int, batch_ms: str | None, knee: float,
+    worker_price: float, as_json_: bool,
+) -> None:
+    """How many input (data) workers: the tf.data service auto-scaler's rule on consumers'
+    target times and workers' processing times (values outside mean +/- 1 standard
+    deviation replaced by the median; N = max(1, ceil(sum of consumption rates / mean
+    worker throughput)); growth bounded to min(4 x current, current + 500)), or Cachew's
+    knee on the batch times a job saw at consecutive worker counts (add one while it
+    improves batch time by more than 7 %).
+
+    \b
+    Examples:
+      analyze recommend data-workers --consumer-ms 10,10 --worker-ms 40,40,40,400
+      analyze recommend data-workers --batch-ms 1:120,2:70,3:62,4:60 --json
+    """
+    from .recommend import recommend as run_recommender
+    from .units import Scope
+
+    try:
+        recs = run_recommender(
+            "data_workers", None, Scope(), consumer_ms=_csv(consumer_ms), worker_ms=_csv(worker_ms), current=current,
+            batch_ms=_csv(batch_ms), knee=knee, worker_price=worker_price,
+        )
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    for r in recs:
+        _emit_recommendation(r, as_json_)
 
 
 @cli.group()

@@ -1,0 +1,194 @@
+"""data_workers (``analyze recommend data-workers``): how many input (data) workers a job
+needs, by the tf.data service auto-scaler's rule, and Cachew's knee when the job has run at
+several worker counts."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import duckdb
+
+from cmdare.wire.plugin import Option
+
+from ..db import AnalyticsError
+from ..units import RECOMMENDERS, Recommendation, Recommender, Scope
+
+GROWTH_FACTOR, GROWTH_STEP = 4, 500  # tf.data service: never past min(4 x current, current + 500)
+
+
+def replace_outliers(xs: list[float]) -> tuple[list[float], int]:
+    """tf.data service: values outside mean +/- 1 standard deviation (population) replaced by
+    the median; and how many were."""
+    if len(xs) < 3:
+        return list(xs), 0
+    mean, sd, med = statistics.fmean(xs), statistics.pstdev(xs), statistics.median(xs)
+    out = [x if mean - sd <= x <= mean + sd else med for x in xs]
+    return out, sum(1 for a, b in zip(xs, out, strict=True) if a != b)
+
+
+def tfdata_workers(consumer_s: list[float], worker_s: list[float], current: int = 0) -> dict[str, Any]:
+    """The tf.data service auto-scaler: N = max(1, ceil(sum of consumption rates / mean
+    worker throughput)), from consumers' target times and workers' processing times per
+    element (seconds), outliers replaced first; the growth from ``current`` bounded."""
+    c, c_out = replace_outliers(consumer_s)
+    w, w_out = replace_outliers(worker_s)
+    consumption = sum(1.0 / x for x in c)
+    throughput = statistics.fmean(1.0 / x for x in w)
+    wanted = max(1, math.ceil(consumption / throughput - 1e-9))
+    n, bounded = wanted, False
+    if current > 0:
+        cap = min(GROWTH_FACTOR * current, current + GROWTH_STEP)
+        if wanted > cap:
+            n, bounded = cap, True
+    return {
+        "workers": n,
+        "wanted": wanted,
+        "bounded": bounded,
+        "consumption_per_second": consumption,
+        "worker_throughput_per_second": throughput,
+        "throughputs": [1.0 / x for x in w],
+        "consumer_outliers": c_out,
+        "worker_outliers": w_out,
+    }
+
+
+def cachew_knee(batch_s: dict[int, float], threshold: float) -> tuple[int, bool, list[tuple[int, float]]]:
+    """Cachew's scale-up: from the smallest worker count, add one while one more improves
+    the batch time by more than ``threshold`` (r = 1 - now / before); settle on the last
+    count that did.  Returns (count, settled, [(count, r)]); not settled: the series ended
+    while still improving (try the next count)."""
+    counts = sorted(batch_s)
+    rs = []
+    for prev, cur in zip(counts, counts[1:], strict=False):
+        if cur != prev + 1:
+            raise AnalyticsError(f"--batch-ms: worker counts must be consecutive (Cachew adds one at a time), {prev} then {cur}")
+        r = 1.0 - batch_s[cur] / batch_s[prev]
+        rs.append((cur, r))
+        if r <= threshold:
+            return prev, True, rs
+    return counts[-1], False, rs
+
+
+def _floats(key: str, xs: list[str]) -> list[float]:
+    out = []
+    for x in xs:
+        try:
+            v = float(x)
+        except ValueError:
+            raise AnalyticsError(f"{key}: expected numbers of milliseconds, got {x!r}") from None
+        if not v > 0 or not math.isfinite(v):
+            raise AnalyticsError(f"{key}: times must be positive milliseconds, got {x!r}")
+        out.append(v / 1000.0)
+    return out
+
+
+def _series(xs: list[str]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for x in xs:
+        k, sep, v = x.partition(":")
+        try:
+            n, ms = int(k), float(v)
+        except ValueError:
+            raise AnalyticsError(f"--batch-ms: expected WORKERS:MS pairs like 1:120,2:70, got {x!r}") from None
+        if not sep or n < 0 or not ms > 0 or not math.isfinite(ms):
+            raise AnalyticsError(f"--batch-ms: expected WORKERS:MS with a positive time, got {x!r}")
+        if n in out:
+            raise AnalyticsError(f"--batch-ms: {n} workers given twice")
+        out[n] = ms / 1000.0
+    return out
+
+
+@RECOMMENDERS.register
+class DataWorkers(Recommender):
+    name = "data_workers"
+    OPTIONS = {
+        "consumer_ms": Option("list", [], "consumers' target time per element, ms (one per consumer)"),
+        "worker_ms": Option("list", [], "data workers' processing time per element, ms (one per worker)"),
+        "current": Option("int", 0, "data workers running now: growth is bounded to min(4 x current, current + 500); 0: unbounded"),
+        "batch_ms": Option("list", [], "batch time the job saw at each worker count, WORKERS:MS (Cachew's knee)"),
+        "knee": Option("float", 0.07, "Cachew: stop when one more worker improves batch time by this share or less", lo=0, hi=1),
+        "worker_price": Option("float", 0.0, "price of one data worker, $/hour (0: cost not given)", lo=0),
+    }
+
+    def run(self, con: duckdb.DuckDBPyConnection | None, scope: Scope) -> list[Recommendation]:
+        o = self.options
+        out = []
+        if (o["consumer_ms"] or o["worker_ms"]) and o["batch_ms"]:
+            raise AnalyticsError("data-workers: give --consumer-ms and --worker-ms (the tf.data rule) or --batch-ms (Cachew's knee), not both")
+        if o["consumer_ms"] or o["worker_ms"]:
+            if not o["consumer_ms"] or not o["worker_ms"]:
+                raise AnalyticsError("data-workers: give both --consumer-ms and --worker-ms (one time per consumer / worker)")
+            out.append(self._tfdata(_floats("--consumer-ms", o["consumer_ms"]), _floats("--worker-ms", o["worker_ms"])))
+        if o["batch_ms"]:
+            out.append(self._cachew(_series(o["batch_ms"])))
+        if not out:
+            raise AnalyticsError(
+                "data-workers needs figures: --consumer-ms and --worker-ms (the tf.data rule), or --batch-ms (Cachew's knee)"
+            )
+        return out
+
+    def _cost(self, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        p = self.options["worker_price"]
+        if p <= 0:
+            return {}, {"worker_price": None}
+        return {"dollars_per_hour": round(n * p, 4)}, {"worker_price_per_hour": p}
+
+    def _tfdata(self, consumer_s: list[float], worker_s: list[float]) -> Recommendation:
+        r = tfdata_workers(consumer_s, worker_s, self.options["current"])
+        n, thr = r["workers"], r["worker_throughput_per_second"]
+        cost, price = self._cost(n)
+        lo, hi = min(r["throughputs"]), max(r["throughputs"])
+        why = (
+            f"N = max(1, ceil({r['consumption_per_second']:.4g} elements/s consumed / {thr:.4g} per worker)) = {r['wanted']}"
+            + (f", bounded by min(4 x {self.options['current']}, {self.options['current']} + 500)" if r["bounded"] else "")
+            + (f"; outliers replaced by the median: {r['consumer_outliers']} consumer(s), {r['worker_outliers']} worker(s)"
+               if r["consumer_outliers"] or r["worker_outliers"] else "")
+        )
+        return Recommendation(
+            self.name,
+            action={"workers": n},
+            predicted={
+                "capacity_per_second": round(n * thr, 4),
+                "consumption_per_second": round(r["consumption_per_second"], 4),
+                "worker_throughput_per_second": round(thr, 4),
+            },
+            interval={"capacity_per_second": (round(n * lo, 4), round(n * hi, 4))},
+            cost=cost,
+            assumptions={
+                "rule": "tf.data service auto-scaler",
+                "consumers": len(consumer_s),
+                "workers_measured": len(worker_s),
+                "consumer_outliers_replaced": r["consumer_outliers"],
+                "worker_outliers_replaced": r["worker_outliers"],
+                "current_workers": self.options["current"] or None,
+                "growth_bounded": r["bounded"],
+                "wanted_workers": r["wanted"],
+                "source": "figures",
+                **price,
+            },
+            why=why,
+        )
+
+    def _cachew(self, series: dict[int, float]) -> Recommendation:
+        if len(series) < 2:
+            raise AnalyticsError("--batch-ms: Cachew's knee needs batch times at two worker counts or more")
+        n, settled, rs = cachew_knee(series, self.options["knee"])
+        cost, price = self._cost(n if settled else n + 1)
+        steps = ", ".join(f"{k}: {r:+.1%}" for k, r in rs)
+        if settled:
+            why = f"one more worker past {n} improves batch time by {self.options['knee']:.0%} or less (r per count: {steps})"
+            action = {"workers": n}
+        else:
+            why = f"still improving at {n} workers (r per count: {steps}): try {n + 1} and measure again"
+            action = {"workers": n + 1}
+        return Recommendation(
+            self.name,
+            action=action,
+            predicted={"batch_seconds": round(series[n], 6)},
+            cost=cost,
+            assumptions={"rule": "Cachew knee", "threshold": self.options["knee"], "settled": settled,
+                         "measured_counts": len(series), "source": "figures", **price},
+            why=why,
+        )
