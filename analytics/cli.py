@@ -706,6 +706,57 @@ def recommend_data_workers(
         _emit_recommendation(r, as_json_)
 
 
+@recommend.command(name="cluster")
+@click.option("--from-job", required=True, help="the job whose model and accelerator to size (see analyze jobs)")
+@click.option("--max-workers", type=click.IntRange(1, 4096), default=16, show_default=True)
+@click.option("--max-ps", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--knee", type=click.FloatRange(0, 1), default=0.07, show_default=True,
+              help="one more worker must add more than this share of speed")
+@click.option("--steps", type=click.FloatRange(0), default=0.0, help="training steps to run")
+@click.option("--deadline", help="time the steps must finish in (e.g. 6h): the cheapest counts that do")
+@click.option("--worker-price", type=click.FloatRange(0), default=0.0, help="$/hour of one worker VM")
+@click.option("--ps-price", type=click.FloatRange(0), default=0.0, help="$/hour of one parameter-server VM")
+@db_option
+@json_option
+def recommend_cluster(
+    from_job: str, max_workers: int, max_ps: int, knee: float, steps: float, deadline: str | None,
+    worker_price: float, ps_price: float, db: str, as_json_: bool,
+) -> None:
+    """How many workers and parameter servers for job J's model and accelerator: per PS
+    count, the knee (the count past which one more worker adds 7 % or less), from the
+    model's measured runs at several worker counts where they show it, else from the
+    cluster fit; whether a second PS pays (its knee is faster by more than the threshold);
+    with --steps and --deadline, the cheapest counts that finish in time.
+
+    \b
+    Examples:
+      analyze recommend cluster --from-job resnet-1gpu
+      analyze recommend cluster --from-job resnet-1gpu --steps 1e6 --deadline 8h --worker-price 0.9 --ps-price 0.2
+    """
+    from .recommend import recommend as run_recommender
+    from .units import Scope
+
+    if deadline and not steps:
+        raise click.UsageError("--deadline needs --steps")
+
+    def run(con: Any) -> list[Any]:
+        return run_recommender(
+            "cluster", con, Scope(), from_job=from_job, max_workers=max_workers, max_ps=max_ps, knee=knee,
+            steps=steps, deadline=deadline or 0.0, worker_price=worker_price, ps_price=ps_price,
+        )
+
+    try:
+        con = open_ro(db)
+        try:
+            recs = run(con)
+        finally:
+            con.close()
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    for r in recs:
+        _emit_recommendation(r, as_json_)
+
+
 @cli.group()
 def predict() -> None:
     """Predict with the latest stored fit of a kind (read-only); every answer names its fit.

@@ -183,6 +183,10 @@ def test_the_demo_fleet_shows_every_kind_of_finding(tmp_path: Path) -> None:
     assert code == 0, err
     assert {f["kind"] for f in found} == set(KINDS)
     assert all(f["job"].startswith("sim-") for f in found)
+    # and the demo's answer for its PS-bound model: the knee of its measured runs
+    r = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", "sim-ps-2", "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["action"] == {"workers": 4, "ps": 1}
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM instances WHERE end_reason = 'revoked'").fetchall()[0][0] == 1
     assert con.execute("SELECT count(*) FROM nodes WHERE labels->>'simulated' = 'true'").fetchall()[0][0] == con.execute("SELECT count(*) FROM nodes").fetchall()[0][0]

@@ -1,0 +1,110 @@
+"""cluster: the knee of a model's scaling (one more worker adds 7 % or less), whether a
+second PS pays, and the cheapest counts for a deadline; on CM-DARE's real runs and on the
+fleet simulator's PS-contention truth through the cluster fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics import models
+from cmdare.analytics.cli import cli
+from cmdare.analytics.recommend.cluster import knee
+from cmdare.collector.db import connect
+from cmdare.collector.writer import Writer
+from cmdare.wire.events import encode_many
+from tests.analytics.conftest import DATA
+from tests.fakes.fleet import MODELS, Fleet
+
+
+def rec(db: Path, *args: str) -> tuple[int, dict | str, str]:
+    r = CliRunner().invoke(cli, ["recommend", "cluster", "--db", str(db), *args])
+    out = json.loads(r.stdout) if r.exit_code == 0 and "--json" in args else r.stdout
+    return r.exit_code, out, r.stderr
+
+
+def test_the_knee_rule() -> None:
+    assert knee({1: 10, 2: 19, 3: 27, 4: 28}, 0.07) == (3, True)
+    assert knee({1: 10, 2: 20, 4: 40, 8: 80}, 0.07) == (8, False)  # linear: still scaling
+    # a gap of two counts: the gain per added worker, compounded
+    assert knee({1: 10, 4: 30, 6: 31}, 0.07) == (4, True)
+
+
+@pytest.mark.skipif(not (DATA / "jobs.csv").is_file(), reason=f"CM-DARE's measurements are not at {DATA}")
+def test_real_runs_p100_with_one_ps_knees_at_4_to_5_workers_k80_does_not(real_db) -> None:
+    for model in ("resnet15", "shakeshake_w32_d26"):
+        code, out, err = rec(real_db, "--from-job", f"cmdare-cluster_size-p100-ps1-w1-{model}", "--max-ps", "1", "--json")
+        assert code == 0, err
+        assert out["action"]["ps"] == 1 and 4 <= out["action"]["workers"] <= 5, out
+        assert out["assumptions"]["knee_from"] == "measured" and out["assumptions"]["knee_settled"] is True
+    code, out, _ = rec(real_db, "--from-job", "cmdare-cluster_size-k80-ps1-w1-resnet15", "--json")
+    assert out["action"] == {"workers": 8, "ps": 1} and out["assumptions"]["knee_settled"] is False
+    assert "still scaling" in out["why"]
+    # P100 resnet15 with two PS scales on: the second PS pays
+    code, out, _ = rec(real_db, "--from-job", "cmdare-cluster_size-p100-ps1-w1-resnet15", "--json")
+    assert out["action"]["ps"] == 2 and "a second PS pays" in out["why"]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Single-worker runs only for resnet50 (no cluster runs of it) beside other models'
+    clusters: its answer must come from the cluster fit."""
+    f = Fleet(seed=5)
+    for m in MODELS[:8]:
+        for a in ("k80", "v100"):
+            f.job(m, a)
+            if m[0] != "resnet50":
+                for w in (2, 4, 8):
+                    f.job(m, a, workers=w, ps=1, intervals=15)
+                f.job(m, a, workers=8, ps=2, intervals=15)
+    db = tmp_path_factory.mktemp("cl") / "c.duckdb"
+    con = connect(db)
+    Writer(con).write([("sim", encode_many(f.events))])
+    jobs, _ = models.job_speeds(con)
+    models.save(con, models.fit_speed(jobs))
+    models.save(con, models.fit_cluster(jobs, models.latest(con, "speed")))
+    con.close()
+    return db
+
+
+def test_from_the_cluster_fit_with_a_deadline_and_prices(fitted: Path) -> None:
+    import duckdb
+
+    con = duckdb.connect(str(fitted), read_only=True)
+    job = con.execute("SELECT job FROM jobs WHERE model = 'resnet50' AND accelerator = 'v100' LIMIT 1").fetchall()[0][0]
+    cfit = con.execute("SELECT fit_id FROM model_fits WHERE kind = 'cluster'").fetchall()[0][0]
+    con.close()
+    code, out, err = rec(fitted, "--from-job", job, "--json")
+    assert code == 0, err
+    assert out["assumptions"]["knee_from"] == "cluster fit" and out["fit_ids"] == [cfit]
+    lo, hi = out["interval"]["steps_per_second"]
+    assert lo <= out["predicted"]["steps_per_second"] <= hi
+    knee_speed = out["predicted"]["steps_per_second"]
+    # a deadline the knee meets easily: fewer VMs do, and cost less
+    steps = knee_speed * 3600 * 2  # 2 h at the knee
+    code, out, _ = rec(fitted, "--from-job", job, "--steps", str(steps), "--deadline", "6h",
+                       "--worker-price", "1.0", "--ps-price", "0.5", "--json")
+    assert code == 0
+    assert out["predicted"]["hours"] <= 6 and "cheapest counts" in out["why"]
+    assert out["cost"]["dollars"] == pytest.approx(out["predicted"]["hours"] * (out["action"]["workers"] * 1.0 + out["action"]["ps"] * 0.5), rel=0.01)
+    # an impossible deadline says so
+    code, out, _ = rec(fitted, "--from-job", job, "--steps", str(steps * 1000), "--deadline", "1h", "--json")
+    assert code == 0 and "no count up to 16 workers x 4 PS finishes" in out["why"]
+
+
+def test_bad_input_is_one_line(fitted: Path, tmp_path: Path) -> None:
+    code, _, err = rec(fitted, "--from-job", "nope")
+    assert code == 1 and "--from-job nope: no such job in the database" in err
+    code, _, err = rec(fitted, "--from-job", "x", "--deadline", "2h")
+    assert code == 2 and "--deadline needs --steps" in err
+    f = Fleet(seed=1)
+    job = f.job(MODELS[0], "v100")
+    db = tmp_path / "one.duckdb"
+    con = connect(db)
+    Writer(con).write([("sim", encode_many(f.events))])
+    con.close()
+    code, _, err = rec(db, "--from-job", job)
+    assert code == 1 and "no parameter-server runs at several worker counts" in err and "analyze fit cluster" in err
