@@ -706,6 +706,46 @@ def recommend_data_workers(
         _emit_recommendation(r, as_json_)
 
 
+@recommend.command(name="placement")
+@click.option("--trace", required=True, type=click.Path(dir_okay=False), help="CSV of observed batch times: remote,local,batch_ms")
+@click.option("--host-price", type=click.FloatRange(0), required=True, help="$/hour of the accelerator host")
+@click.option("--worker-price", type=click.FloatRange(0), required=True, help="$/hour of one remote input worker")
+@click.option("--threshold", type=click.FloatRange(0, 1), default=0.03, show_default=True,
+              help="least improvement for another remote worker")
+@click.option("--local-stop", type=click.FloatRange(-1, 0), default=-0.10, show_default=True,
+              help="improvement below which adding local workers stops")
+@click.option("--local-limit", type=click.IntRange(0), default=8, show_default=True,
+              help="most local workers (idle CPUs on the accelerator host)")
+@json_option
+def recommend_placement(
+    trace: str, host_price: float, worker_price: float, threshold: float, local_stop: float, local_limit: int,
+    as_json_: bool,
+) -> None:
+    """Local versus remote input workers: Pecan's AutoPlacement replayed over the batch times
+    a job observed per (remote, local) configuration. Scale remote workers up while the
+    batch time improves by more than --threshold, then add local workers (free) while it
+    does not get worse by more than 10 %, then remove remote workers while the removal is
+    economical (w > -r x (c + n_remote x w)). Gives the configuration it settles on (or,
+    when the trace ends first, the next one to measure) and the cost per 1,000 steps of each.
+
+    \b
+    Example:
+      analyze recommend placement --trace batches.csv --host-price 2.48 --worker-price 0.19
+    """
+    from .recommend import recommend as run_recommender
+    from .units import Scope
+
+    try:
+        recs = run_recommender(
+            "placement", None, Scope(), trace=trace, host_price=host_price, worker_price=worker_price,
+            threshold=threshold, local_stop=local_stop, local_limit=local_limit,
+        )
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    for r in recs:
+        _emit_recommendation(r, as_json_)
+
+
 @recommend.command(name="cluster")
 @click.option("--from-job", required=True, help="the job whose model and accelerator to size (see analyze jobs)")
 @click.option("--max-workers", type=click.IntRange(1, 4096), default=16, show_default=True)
