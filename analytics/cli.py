@@ -310,7 +310,7 @@ def bottlenecks(
     try:
         config = findings.load_config(config_path) if config_path else {}
         options = findings.merged(config, findings.parse_set(list(sets)))
-        findings.check_options(list(kinds), options)
+        findings.check_options(options)
         con, stored_note = _open_for_findings(db, not no_store)
         try:
             if job is not None:

@@ -92,7 +92,7 @@ def merged(config: dict[str, dict[str, Any]], overrides: dict[str, dict[str, Any
     return out
 
 
-def check_options(kinds: list[str], options: dict[str, dict[str, Any]]) -> None:
+def check_options(options: dict[str, dict[str, Any]]) -> None:
     """Every detector's options parse (before any runs): a one-line error naming the key."""
     for name, opts in options.items():
         try:
@@ -116,7 +116,7 @@ def run(
             DETECTORS.get(n)
         except ConfigError as e:
             raise AnalyticsError(str(e)) from None
-    check_options(names, options)
+    check_options(options)
     out = Outcome()
     for name in names:
         try:
