@@ -746,6 +746,41 @@ def recommend_placement(
         _emit_recommendation(r, as_json_)
 
 
+@recommend.command(name="region")
+@click.option("--gpu-type", required=True, help="the accelerator (catalogue name or alias, e.g. v100)")
+@click.option("--min-lives", type=click.IntRange(1), default=10, show_default=True,
+              help="VM lives a region needs before it is ranked")
+@click.option("--hours", type=click.FloatRange(0), default=0.0, help="plan length: adds the expected revocations over it")
+@click.option("--price", "prices", multiple=True, metavar="REGION=DOLLARS", help="spot $/hour in a region (repeatable)")
+@db_option
+@json_option
+def recommend_region(gpu_type: str, min_lives: int, hours: float, prices: tuple[str, ...], db: str, as_json_: bool) -> None:
+    """Where to run spot VMs of an accelerator: regions ranked by expected revocations per
+    hour (the lifetime fit: revocations over the lives' exposure, with an exact Poisson 95 %
+    interval), then VM start-up time (the overhead fit), with the price where given. A
+    region with fewer than --min-lives lives is listed, not ranked; overlapping intervals
+    are said.
+
+    \b
+    Example:
+      analyze recommend region --gpu-type v100 --hours 12 --price us-central1=0.74
+    """
+    from .recommend import recommend as run_recommender
+    from .units import Scope
+
+    try:
+        con = open_ro(db)
+        try:
+            recs = run_recommender("region", con, Scope(), gpu_type=gpu_type, min_lives=min_lives, hours=hours,
+                                   prices=list(prices))
+        finally:
+            con.close()
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    for r in recs:
+        _emit_recommendation(r, as_json_)
+
+
 @recommend.command(name="cluster")
 @click.option("--from-job", required=True, help="the job whose model and accelerator to size (see analyze jobs)")
 @click.option("--max-workers", type=click.IntRange(1, 4096), default=16, show_default=True)

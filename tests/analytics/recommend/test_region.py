@@ -1,0 +1,71 @@
+"""region: regions ranked by the lifetime fit's revocation rate (with intervals that hold the
+simulator's true hazards), start-up from the overhead fit, prices shown, thin regions
+listed and not ranked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics import models
+from cmdare.analytics.cli import cli
+from cmdare.collector.db import connect
+from cmdare.collector.writer import Writer
+from cmdare.wire.events import encode_many
+from tests.fakes.fleet import Fleet
+
+
+@pytest.fixture(scope="module")
+def lives(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Fleet]:
+    f = Fleet(seed=2)
+    f.vm_lives(per_group=80)
+    db = tmp_path_factory.mktemp("rg") / "rg.duckdb"
+    con = connect(db)
+    Writer(con).write([("sim", encode_many(f.events))])
+    models.save(con, models.fit_lifetime(con))
+    models.save(con, models.fit_overhead(con))
+    con.close()
+    return db, f
+
+
+def rec(db: Path, *args: str) -> tuple[int, object, str]:
+    r = CliRunner().invoke(cli, ["recommend", "region", "--db", str(db), *args])
+    return r.exit_code, json.loads(r.stdout) if r.exit_code == 0 and "--json" in args else r.stdout, r.stderr
+
+
+def test_regions_ranked_by_revocations_with_intervals_holding_the_truth(lives) -> None:
+    db, f = lives
+    code, out, err = rec(db, "--gpu-type", "v100", "--hours", "12", "--price", "us-central1=0.74", "--json")
+    assert code == 0, err
+    assert out["kind"] == "region" and out["action"] == {"region": "us-central1"}
+    truth = f.truth.hazard_per_hour
+    lo, hi = out["interval"]["revocations_per_hour"]
+    assert lo <= truth[("us-central1", "v100")] <= hi
+    assert out["assumptions"]["rank_2"] == "europe-west4"
+    assert out["assumptions"]["rank_2_revocations_per_hour"] > out["predicted"]["revocations_per_hour"]
+    assert out["predicted"]["expected_revocations"] == pytest.approx(12 * out["predicted"]["revocations_per_hour"], rel=1e-2)
+    assert 30 <= out["predicted"]["startup_seconds"] <= 90  # the simulator boots agents 30-90 s after the VM
+    assert out["cost"] == {"dollars_per_hour": 0.74} and len(out["fit_ids"]) == 2
+    code, out, _ = rec(db, "--gpu-type", "k80", "--json")
+    lo, hi = out["interval"]["revocations_per_hour"]
+    assert lo <= truth[("us-central1", "k80")] <= hi
+
+
+def test_thin_regions_and_missing_accelerators_are_said(lives) -> None:
+    db, _ = lives
+    code, _, err = rec(db, "--gpu-type", "v100", "--min-lives", "100")
+    assert code == 1 and "too few v100 lives to rank regions (europe-west4: 80, us-central1: 80; --min-lives 100)" in err
+    code, _, err = rec(db, "--gpu-type", "t4")
+    assert code == 1 and "has no t4 lives (it has: k80, v100)" in err
+    code, _, err = rec(db, "--gpu-type", "v100", "--price", "cheap")
+    assert code == 1 and "--price 'cheap': expected REGION=DOLLARS_PER_HOUR" in err
+
+
+def test_without_a_lifetime_fit_it_says_what_to_run(tmp_path: Path) -> None:
+    db = tmp_path / "e.duckdb"
+    connect(db).close()
+    code, _, err = rec(db, "--gpu-type", "v100")
+    assert code == 1 and "no lifetime model fitted yet (run analyze fit lifetime)" in err
