@@ -756,8 +756,9 @@ def recommend_placement(
 @json_option
 def recommend_region(gpu_type: str, min_lives: int, hours: float, prices: tuple[str, ...], db: str, as_json_: bool) -> None:
     """Where to run spot VMs of an accelerator: regions ranked by expected revocations per
-    hour (the lifetime fit: revocations over the lives' exposure, with an exact Poisson 95 %
-    interval), then VM start-up time (the overhead fit), with the price where given. A
+    hour (the lifetime fit: the cumulative hazard -ln S(t) over t at the survival curve's
+    last point with lives at risk, with a 95 % interval), then spot VM start-up time (the
+    overhead fit), then the price where given. A
     region with fewer than --min-lives lives is listed, not ranked; overlapping intervals
     are said.
 
@@ -768,15 +769,12 @@ def recommend_region(gpu_type: str, min_lives: int, hours: float, prices: tuple[
     from .recommend import recommend as run_recommender
     from .units import Scope
 
-    try:
-        con = open_ro(db)
-        try:
-            recs = run_recommender("region", con, Scope(), gpu_type=gpu_type, min_lives=min_lives, hours=hours,
-                                   prices=list(prices))
-        finally:
-            con.close()
-    except AnalyticsError as e:
-        raise click.ClickException(str(e)) from None
+    recs = _with_ro(
+        db,
+        lambda con: run_recommender(
+            "region", con, Scope(), gpu_type=gpu_type, min_lives=min_lives, hours=hours, prices=list(prices)
+        ),
+    )
     for r in recs:
         _emit_recommendation(r, as_json_)
 
@@ -820,15 +818,7 @@ def recommend_cluster(
             steps=steps, deadline=deadline or 0.0, worker_price=worker_price, ps_price=ps_price,
         )
 
-    try:
-        con = open_ro(db)
-        try:
-            recs = run(con)
-        finally:
-            con.close()
-    except AnalyticsError as e:
-        raise click.ClickException(str(e)) from None
-    for r in recs:
+    for r in _with_ro(db, run):
         _emit_recommendation(r, as_json_)
 
 
@@ -855,7 +845,7 @@ def _emit_prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
             click.echo(f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}")
 
 
-def _with_ro(db: str, fn: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+def _with_ro(db: str, fn: Callable[[Any], Any]) -> Any:
     try:
         con = open_ro(db)
         try:

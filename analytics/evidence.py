@@ -18,23 +18,20 @@ Temporary tables work on read-only connections too, and go with the connection.
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 
-from .units import Scope
+from cmdare.wire.plugin import Requirement
+
+from .db import AnalyticsError
+from .units import Scope, table_missing
 from .verdicts import throttled_sql
 
 BUCKET_SECONDS = 300
 _ids = itertools.count(1)
-
-
-def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
-    q = "SELECT count(*) FROM (SELECT table_name AS n FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views()) WHERE n = ?"
-    return bool(con.execute(q, [table]).fetchall()[0][0])
 
 
 def _temp(con: duckdb.DuckDBPyConnection, scope: Scope, key: str, sql: str, params: list[Any]) -> str:
@@ -119,9 +116,8 @@ def job_hosts(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
 
 
 def has_rows(con: duckdb.DuckDBPyConnection, table: str) -> bool:
-    if not _exists(con, table):
-        return False
-    return bool(con.execute(f'SELECT count(*) FROM (SELECT 1 FROM "{table}" LIMIT 1)').fetchall()[0][0])
+    """The table or view exists and has rows (the check of a unit's ``table`` requirement)."""
+    return table_missing(con, Requirement("table", table)) is None
 
 
 @dataclass(frozen=True)
@@ -199,15 +195,11 @@ def declarations(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, Decl
 
 def latest_fit(con: duckdb.DuckDBPyConnection, kind: str) -> dict[str, Any] | None:
     """The latest stored fit of ``kind`` (fit_id and model), or None."""
-    if not _exists(con, "model_fits"):
+    if not has_rows(con, "model_fits"):
         return None
     from .models.store import latest
 
     try:
         return latest(con, kind)
-    except Exception:  # noqa: BLE001 - no fit of that kind: the detector goes without it
+    except AnalyticsError:  # no fit of that kind: the unit goes without it
         return None
-
-
-def as_dt(v: Any) -> dt.datetime | None:
-    return v if isinstance(v, dt.datetime) else None

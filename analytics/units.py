@@ -149,7 +149,7 @@ class AnalyticsUnit(Unit):
         raise NotImplementedError
 
 
-def _table_missing(con: duckdb.DuckDBPyConnection, r: Requirement) -> str | None:
+def table_missing(con: duckdb.DuckDBPyConnection, r: Requirement) -> str | None:
     exists = con.execute(
         "SELECT count(*) FROM (SELECT table_name AS n FROM duckdb_tables() UNION ALL "
         "SELECT view_name FROM duckdb_views()) WHERE n = ?",
@@ -172,7 +172,7 @@ def check_requirements(registry: Registry[Any], name: str, con: duckdb.DuckDBPyC
     try:
         registry.check(
             name,
-            {"table": lambda r: _table_missing(con, r), "fit": lambda r: _fit_missing(con, r)},
+            {"table": lambda r: table_missing(con, r), "fit": lambda r: _fit_missing(con, r)},
         )
     except ConfigError as e:
         raise AnalyticsError(str(e)) from None

@@ -17,7 +17,7 @@ def test_persistent_and_transient_stragglers_are_named_with_their_hardware(fleet
     assert (p.rank, p.node, p.severity) == (3, "sim-persistent-1-n3", "warning")
     assert p.evidence["persistent"] is True and p.evidence["slowdown"] > 1.6
     assert p.evidence["host_cpu_util_ratio"] > 0.9 and p.evidence["peer_host_cpu_util_ratio"] < 0.5
-    assert "host CPU 97% vs peers' 35%" in p.summary or "host CPU" in p.summary
+    assert "host CPU" in p.summary and "vs peers'" in p.summary
     assert (t.rank, t.severity, t.evidence["persistent"]) == (1, "info", False)
     assert 2 <= t.evidence["slow_windows"] < t.evidence["windows"]
 
