@@ -650,7 +650,10 @@ def _emit_recommendation(rec: Any, as_json_: bool) -> None:
 
         click.echo(json.dumps(clean({"kind": rec.kind.replace("_", "-"), **{k: v for k, v in rec.to_json().items() if k != "kind"}})))
         return
-    act = ", ".join(f"{k} {v}" for k, v in rec.action.items())
+    act = ", ".join(
+        f"{k} " + (", ".join(f"{n} x {t}" for t, n in v.items()) if isinstance(v, dict) else str(v))
+        for k, v in rec.action.items()
+    )
     click.echo(f"{rec.kind.replace('_', '-')}: {act}")
     click.echo(f"  why: {rec.why}")
     for k, v in rec.predicted.items():
@@ -775,6 +778,57 @@ def recommend_region(gpu_type: str, min_lives: int, hours: float, prices: tuple[
             "region", con, Scope(), gpu_type=gpu_type, min_lives=min_lives, hours=hours, prices=list(prices)
         ),
     )
+    for r in recs:
+        _emit_recommendation(r, as_json_)
+
+
+@recommend.command(name="provision")
+@click.option("--profile", required=True, type=click.Path(dir_okay=False),
+              help="the provisioning profile, TOML (docs/recommendations.md#provision)")
+@click.option("--loss", type=click.FloatRange(min=0, min_open=True), help="loss target (default: the profile's [job] loss_target)")
+@click.option("--deadline", help="training must finish within this, e.g. 90m or 6h (default: the profile's)")
+@click.option("--confidence", type=click.FloatRange(0, 1), default=0.9, show_default=True,
+              help="P(meeting the deadline) a spot plan needs, with the lifetime fit's revocations")
+@click.option("--on-demand/--no-on-demand", default=True, show_default=True,
+              help="fall back to on-demand prices when no spot plan meets the deadline")
+@click.option("--max-plans", type=click.IntRange(1), default=20_000_000, show_default=True,
+              help="largest search space (the product of quota + 1 over the types)")
+@click.option("--db", default=None, show_default="$CMDARE_DB or ./cmdare.duckdb where it exists",
+              help="database with lifetime / overhead fits (revocation-aware plans); without one, revocations are not counted")
+@json_option
+def recommend_provision(
+    profile: str, loss: float | None, deadline: str | None, confidence: float, on_demand: bool, max_plans: int,
+    db: str | None, as_json_: bool,
+) -> None:
+    """The cheapest mix of spot instance types within quotas that reaches a loss target by a
+    deadline, under spotDNN's model (heterogeneous iteration time T_exp = 1 / sum 1/T_i, PS
+    bandwidth contention, the loss model): an exact search over every count vector. With a
+    database holding a lifetime fit, each plan's expected revocations over its duration add
+    the restart time (overhead fit) and the work since the last checkpoint, and a plan needs
+    P(meeting the deadline) >= --confidence; on-demand is the fallback. Prices come from
+    the profile or the price catalogue ($CMDARE_PRICES), with their as-of date. When no
+    plan is possible it says which constraint binds.
+
+    \b
+    Example:
+      analyze recommend provision --profile resnet.toml --loss 0.8 --deadline 1h
+    """
+    from .recommend import recommend as run_recommender
+    from .units import Scope
+
+    def run(con: Any) -> list[Any]:
+        return run_recommender(
+            "provision", con, Scope(), profile=profile, loss=loss or 0.0, deadline=deadline or 0.0,
+            confidence=confidence, on_demand=on_demand, max_plans=max_plans,
+        )
+
+    if db is None and not Path(default_db()).exists():
+        try:
+            recs = run(None)
+        except AnalyticsError as e:
+            raise click.ClickException(str(e)) from None
+    else:
+        recs = _with_ro(db or default_db(), run)
     for r in recs:
         _emit_recommendation(r, as_json_)
 

@@ -1,0 +1,65 @@
+"""The price catalogue: shipped rows for GCE, AWS and Azure with their as-of dates, extended
+or replaced by $CMDARE_PRICES, bad rows refused with one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cmdare.analytics import catalog, prices
+from cmdare.analytics.db import AnalyticsError
+
+HEADER = "cloud,region,instance_type,accelerator,accelerator_count,on_demand,spot,as_of\n"
+
+
+def test_shipped_catalogue_covers_three_clouds_with_known_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(prices.ENV, raising=False)
+    cat = prices.load()
+    assert {c for c, _, _ in cat} == {"aws", "gcp", "azure"}
+    accs = catalog.load()
+    for p in cat.values():
+        assert catalog.lookup(p.accelerator, accs)  # every accelerator is in the accelerator catalogue
+        assert p.accelerator_count >= 1 and p.as_of
+        assert p.spot is None or p.on_demand is None or p.spot < p.on_demand
+    v100 = prices.lookup("p3.2xlarge", cat=cat)
+    assert v100 and v100.on_demand == 3.06 and v100.region == "us-east-1"
+    assert prices.lookup("no-such-type", cat=cat) is None
+
+
+def test_user_rows_add_replace_or_replace_everything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = tmp_path / "p.csv"
+    mine.write_text(HEADER + "aws,us-east-1,p3.2xlarge,v100,1,3.06,0.71,2026-11-20\naws,us-west-2,p3.2xlarge,v100,1,3.06,0.65,2026-11-20\n")
+    monkeypatch.setenv(prices.ENV, str(mine))
+    cat = prices.load()
+    assert cat[("aws", "us-east-1", "p3.2xlarge")].spot == 0.71 and cat[("aws", "us-east-1", "p3.2xlarge")].as_of == "2026-11-20"
+    assert ("gcp", "us-central1", "a2-highgpu-1g") in cat  # the shipped rows stay
+    with pytest.raises(AnalyticsError, match=r"p3.2xlarge has prices in several regions \(us-east-1, us-west-2\): name the region"):
+        prices.lookup("p3.2xlarge", cat=cat)
+    assert prices.lookup("p3.2xlarge", "us-west-2", cat).spot == 0.65
+    mine.write_text("# cmdare-prices: replace\n" + HEADER + "gcp,europe-west4,n1-standard-8+1xv100,v100,1,2.95,0.9,2026-11-20\n")
+    assert list(prices.load()) == [("gcp", "europe-west4", "n1-standard-8+1xv100")]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("cloud,region\n", "header must be cloud,region,instance_type"),
+        (HEADER + "aws,us-east-1,x,v100,1,-3,,2026-01\n", "row 2: on_demand must be a price >= 0, got '-3'"),
+        (HEADER + "aws,us-east-1,x,v100,1,cheap,,2026-01\n", "row 2: on_demand must be a number of $/hour, got 'cheap'"),
+        (HEADER + "aws,us-east-1,x,v100,1,1,,last week\n", "row 2: as_of must be a date (YYYY-MM or YYYY-MM-DD), got 'last week'"),
+        (HEADER + "aws,us-east-1,x,v100,one,1,,2026-01\n", "row 2: accelerator_count must be a whole number, got 'one'"),
+        (HEADER + "aws,,x,v100,1,1,,2026-01\n", "row 2: cloud, region and instance_type must not be empty"),
+        (HEADER + "aws,us-east-1,x,v100,1,,,2026-01\n", "row 2: x has neither an on_demand nor a spot price"),
+    ],
+)
+def test_bad_rows_are_refused_naming_file_row_and_column(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, message: str) -> None:
+    mine = tmp_path / "bad.csv"
+    mine.write_text(text)
+    monkeypatch.setenv(prices.ENV, str(mine))
+    with pytest.raises(AnalyticsError, match="bad.csv: ") as e:
+        prices.load()
+    assert message in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setenv(prices.ENV, str(tmp_path / "gone.csv"))
+    with pytest.raises(AnalyticsError, match=r"\$CMDARE_PRICES: .*gone.csv: cannot read"):
+        prices.load()
