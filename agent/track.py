@@ -54,6 +54,8 @@ class Run:
         self.dropped = 0  # step records (and job/checkpoint messages) that could not be delivered
         self._unsent_dropped = 0
         self._records: list[list[float]] = []
+        self._produced: list[list[float]] = []  # an input worker's batches (role "data")
+        self.batches_produced = 0
         self._last_flush = _clock()
         self._last_step_end: float | None = None
         self._wait = 0.0  # input wait accumulated for the step in progress
@@ -82,9 +84,12 @@ class Run:
     def flush(self) -> None:
         """Send the step records gathered so far (also done every 256 steps and every second)."""
         recs, self._records = self._records, []
+        made, self._produced = self._produced, []
         self._last_flush = _clock()
         if recs:
             self._send({"k": "steps", "s": recs}, len(recs))
+        if made:
+            self._send({"k": "data", "s": made}, len(made))
 
     # -- steps -------------------------------------------------------------------------
     def step(self, examples: int | float = 0, step: int | None = None) -> None:
@@ -157,6 +162,40 @@ class Run:
                 self._wait += now - t
             pending, have = batch, True
             yield batch
+
+    # -- input (data) workers ---------------------------------------------------------------
+    def batch_produced(self, seconds: float, elements: int | float = 0, idle: float = 0.0) -> None:
+        """An input worker (``role="data"``) produced one batch in ``seconds`` of processing
+        (``elements`` examples in it), then spent ``idle`` seconds handing it over (blocked
+        on a consumer or a full queue).  ``analyze recommend data-workers --job`` reads
+        these as the worker's processing time per batch."""
+        self.batches_produced += 1
+        self._produced.append([time.time(), max(0.0, seconds), max(0.0, idle), elements, self.batches_produced])
+        if len(self._produced) >= FLUSH_RECORDS or _clock() - self._last_flush >= FLUSH_SECONDS:
+            self.flush()
+
+    def produced(self, iterable: Iterable[T], elements: int | Callable[[T], int | float] = 0) -> Iterator[T]:
+        """For an input worker (``role="data"``): yield the batches of ``iterable`` (the
+        input pipeline), timing each ``next()`` as that batch's processing time and the
+        time until the next batch is asked for (handing it to a consumer: a queue put, an
+        RPC reply) as idle.  ``for batch in run.produced(pipeline): queue.put(batch)``."""
+        it = iter(iterable)
+        count = elements if callable(elements) else None
+        try:
+            while True:
+                t = _clock()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                done = _clock()
+                n = count(batch) if count else elements
+                try:
+                    yield batch
+                finally:
+                    self.batch_produced(done - t, n, idle=_clock() - done)  # type: ignore[arg-type]
+        finally:
+            self.flush()
 
     # -- checkpoints -------------------------------------------------------------------
     def checkpoint(self, action: str = "save", path: str = "", step: int | None = None) -> _Checkpoint:

@@ -678,10 +678,13 @@ def _csv(value: str | None) -> list[str]:
 @click.option("--knee", type=click.FloatRange(0, 1), default=0.07, show_default=True,
               help="Cachew: stop when one more worker improves batch time by this share or less")
 @click.option("--worker-price", type=click.FloatRange(0), default=0.0, help="$/hour of one data worker (adds the cost)")
+@click.option("--job", help="a job in --db: consumers' and workers' times from its telemetry (input workers report with role data)")
+@click.option("--window", default="10m", show_default=True, help="with --job: the telemetry window read, ending at the job's last report")
+@db_option
 @json_option
 def recommend_data_workers(
     consumer_ms: str | None, worker_ms: str | None, current: int, batch_ms: str | None, knee: float,
-    worker_price: float, as_json_: bool,
+    worker_price: float, job: str | None, window: str, db: str, as_json_: bool,
 ) -> None:
     """How many input (data) workers: the tf.data service auto-scaler's rule on consumers'
     target times and workers' processing times (values outside mean +/- 1 standard
@@ -694,23 +697,37 @@ def recommend_data_workers(
     Examples:
       analyze recommend data-workers --consumer-ms 10,10 --worker-ms 40,40,40,400
       analyze recommend data-workers --batch-ms 1:120,2:70,3:62,4:60 --json
+      analyze recommend data-workers --job resnet50-a --worker-price 0.19
+
+    With --job, from the job's telemetry: consumers' target time per batch is the training
+    ranks' step compute time (step time minus input wait), workers' processing time per
+    batch comes from its input workers (track.init(role="data"), run.produced(...)), per
+    element where both report examples; and Cachew's knee when the job ran at several
+    input-worker counts.
     """
     from .recommend import recommend as run_recommender
     from .units import Scope
 
-    try:
-        recs = run_recommender(
-            "data_workers", None, Scope(), consumer_ms=_csv(consumer_ms), worker_ms=_csv(worker_ms), current=current,
-            batch_ms=_csv(batch_ms), knee=knee, worker_price=worker_price,
+    def run(con: Any) -> list[Any]:
+        return run_recommender(
+            "data_workers", con, Scope(), consumer_ms=_csv(consumer_ms), worker_ms=_csv(worker_ms), current=current,
+            batch_ms=_csv(batch_ms), knee=knee, worker_price=worker_price, job=job or "", window=window,
         )
-    except AnalyticsError as e:
-        raise click.ClickException(str(e)) from None
+
+    if job:
+        recs = _with_ro(db, run)
+    else:
+        try:
+            recs = run(None)
+        except AnalyticsError as e:
+            raise click.ClickException(str(e)) from None
     for r in recs:
         _emit_recommendation(r, as_json_)
 
 
 @recommend.command(name="placement")
-@click.option("--trace", required=True, type=click.Path(dir_okay=False), help="CSV of observed batch times: remote,local,batch_ms")
+@click.option("--trace", type=click.Path(dir_okay=False), help="CSV of observed batch times: remote,local,batch_ms")
+@click.option("--job", help="instead of --trace: the job's configurations and batch times from its telemetry in --db")
 @click.option("--host-price", type=click.FloatRange(0), required=True, help="$/hour of the accelerator host")
 @click.option("--worker-price", type=click.FloatRange(0), required=True, help="$/hour of one remote input worker")
 @click.option("--threshold", type=click.FloatRange(0, 1), default=0.03, show_default=True,
@@ -719,10 +736,11 @@ def recommend_data_workers(
               help="improvement below which adding local workers stops")
 @click.option("--local-limit", type=click.IntRange(0), default=8, show_default=True,
               help="most local workers (idle CPUs on the accelerator host)")
+@db_option
 @json_option
 def recommend_placement(
-    trace: str, host_price: float, worker_price: float, threshold: float, local_stop: float, local_limit: int,
-    as_json_: bool,
+    trace: str | None, job: str | None, host_price: float, worker_price: float, threshold: float, local_stop: float,
+    local_limit: int, db: str, as_json_: bool,
 ) -> None:
     """Local versus remote input workers: Pecan's AutoPlacement replayed over the batch times
     a job observed per (remote, local) configuration. Scale remote workers up while the
@@ -732,19 +750,31 @@ def recommend_placement(
     when the trace ends first, the next one to measure) and the cost per 1,000 steps of each.
 
     \b
-    Example:
+    Examples:
       analyze recommend placement --trace batches.csv --host-price 2.48 --worker-price 0.19
+      analyze recommend placement --job resnet50-a --host-price 2.48 --worker-price 0.19
+
+    With --job, the trace comes from telemetry: per minute, the job's input workers on a
+    host of its training ranks (local) or elsewhere (remote), and the training ranks'
+    median batch time; a configuration held two minutes or more counts (its first minute
+    left out).
     """
     from .recommend import recommend as run_recommender
     from .units import Scope
 
-    try:
-        recs = run_recommender(
-            "placement", None, Scope(), trace=trace, host_price=host_price, worker_price=worker_price,
-            threshold=threshold, local_stop=local_stop, local_limit=local_limit,
+    def run(con: Any) -> list[Any]:
+        return run_recommender(
+            "placement", con, Scope(), trace=trace or "", job=job or "", host_price=host_price,
+            worker_price=worker_price, threshold=threshold, local_stop=local_stop, local_limit=local_limit,
         )
-    except AnalyticsError as e:
-        raise click.ClickException(str(e)) from None
+
+    if job:
+        recs = _with_ro(db, run)
+    else:
+        try:
+            recs = run(None)
+        except AnalyticsError as e:
+            raise click.ClickException(str(e)) from None
     for r in recs:
         _emit_recommendation(r, as_json_)
 

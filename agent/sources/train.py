@@ -6,6 +6,8 @@ queue never fills between ticks. Per tick it emits, per (job, run, rank):
 
 - ``train_steps``: the interval's aggregate of step records: count, mean, p50, p95, max of
   step time and of input wait, input-wait share, steps/s and examples/s;
+- ``train_data``: an input (data) worker's batches of the interval (``Run.produced``):
+  count, processing time per batch (mean, p50, p95), time handing batches over, batches/s;
 - ``train_slow_step``: single steps slower than ``slow_factor`` times the rank's recent
   median (at most ``max_slow_per_tick`` per rank per tick);
 - ``train_job`` and ``train_checkpoint``: each declaration and checkpoint at once (the
@@ -53,6 +55,7 @@ def _pct(sorted_vals: list[float], q: float) -> float:
 class _Rank:
     def __init__(self) -> None:
         self.records: list[list[float]] = []
+        self.produced: list[list[float]] = []  # an input worker's batches (role data)
         self.window: deque[float] = deque(maxlen=WINDOW)
         self.dropped = 0  # the library's own count of undelivered records
         self.since = self.last = time.time()
@@ -131,7 +134,7 @@ class TrainSource(Source):
             dropped = int(m.get("dropped", 0))
             key = (job, run, rank)
             head = {"run": run, "rank": rank}
-            if kind == "steps":
+            if kind in ("steps", "data"):
                 recs = m["s"]
                 for rec in recs:
                     if (
@@ -141,7 +144,10 @@ class TrainSource(Source):
                         or rec[1] < 0
                         or rec[2] < 0
                     ):
-                        raise ValueError("step record is not [ts, step_s, wait_s, examples, step]")
+                        raise ValueError(
+                            "step record is not [ts, step_s, wait_s, examples, step]" if kind == "steps"
+                            else "data record is not [ts, process_s, idle_s, elements, batch]"
+                        )
             with self.lock:
                 r = self.ranks.get(key)
                 if r is None:
@@ -149,6 +155,8 @@ class TrainSource(Source):
                 r.dropped, r.last = max(r.dropped, dropped), time.time()
                 if kind == "steps":
                     r.records.extend(recs)
+                elif kind == "data":
+                    r.produced.extend(recs)
                 elif kind == "job":
                     d = _typed("train_job", m, _JOB_KEYS)
                     self.urgent.append(("train_job", job, {**head, **d}, time.time()))
@@ -158,7 +166,7 @@ class TrainSource(Source):
                 else:
                     raise ValueError(f"unknown message kind {kind!r}")
                 self.received += 1
-            if kind != "steps":
+            if kind not in ("steps", "data"):
                 self.wake()  # declarations and checkpoints go out at once, not next tick
         except (ValueError, KeyError, TypeError) as e:
             with self.lock:
@@ -180,14 +188,20 @@ class TrainSource(Source):
             work = []
             for key in [k for k, r in self.ranks.items() if now - r.last > IDLE_FORGET]:
                 del self.ranks[key]  # a process gone for an hour: forget its window
+            produced = []
             for key, r in self.ranks.items():
                 if r.records:
                     work.append((key, r, r.records, r.since))
                     r.records = []
+                if r.produced:
+                    produced.append((key, r, r.produced, r.since))
+                    r.produced = []
                 r.since = now
             bad, self.bad = self.bad, 0
         for (job, run, rank), r, recs, since in work:
             self._aggregate(emit, job, run, rank, r, recs, max(now - since, 1e-3))
+        for (job, run, rank), r, recs, since in produced:
+            self._aggregate_data(emit, job, run, rank, r, recs, max(now - since, 1e-3))
         if bad:
             log.warning("train: %d malformed datagrams this tick (e.g. %s)", bad, self.bad_example)
 
@@ -250,6 +264,36 @@ class TrainSource(Source):
                         job=job,
                     )
             r.window.append(rec[1])
+
+    def _aggregate_data(
+        self, emit: Emit, job: str, run: str, rank: int, r: _Rank, recs: list[list[float]], interval: float
+    ) -> None:
+        """An input worker's batches of the interval: processing time per batch (what the
+        tf.data service auto-scaler calls a worker's processing time per element) and the
+        time spent handing batches over (blocked on consumers)."""
+        proc = sorted(x[1] for x in recs)
+        idle = sum(x[2] for x in recs)
+        total, n = sum(proc), len(recs)
+        span = max(recs[-1][0] - recs[0][0] + recs[0][1] + recs[0][2], total + idle, 1e-9)
+        emit(
+            "train_data",
+            {
+                "run": run,
+                "rank": rank,
+                "interval_seconds": round(interval, 6),
+                "batches": n,
+                "elements": sum(x[3] for x in recs),
+                "process_mean_seconds": total / n,
+                "process_p50_seconds": _pct(proc, 0.5),
+                "process_p95_seconds": _pct(proc, 0.95),
+                "idle_mean_seconds": idle / n,
+                "idle_share_ratio": idle / (total + idle) if total + idle > 0 else 0.0,
+                "batches_per_second": n / span,
+                "dropped_total": r.dropped,
+            },
+            recs[-1][0],
+            job=job,
+        )
 
     def close(self) -> None:
         self._stop.set()

@@ -110,11 +110,19 @@ class DataWorkers(Recommender):
         "batch_ms": Option("list", [], "batch time the job saw at each worker count, WORKERS:MS (Cachew's knee)"),
         "knee": Option("float", 0.07, "Cachew: stop when one more worker improves batch time by this share or less", lo=0, hi=1),
         "worker_price": Option("float", 0.0, "price of one data worker, $/hour (0: cost not given)", lo=0),
+        "job": Option("str", "", "a job in the database: the figures from its telemetry (training ranks and role-data workers)"),
+        "window": Option("duration", 600.0, "with job: the telemetry window the rule reads, ending at the job's last report"),
     }
 
     def run(self, con: duckdb.DuckDBPyConnection | None, scope: Scope) -> list[Recommendation]:
         o = self.options
         out = []
+        if o["job"]:
+            if o["consumer_ms"] or o["worker_ms"] or o["batch_ms"]:
+                raise AnalyticsError("data-workers: give --job (figures from telemetry) or figures, not both")
+            if con is None:
+                raise AnalyticsError("data-workers --job needs the database")
+            return self._from_job(con, o["job"])
         if (o["consumer_ms"] or o["worker_ms"]) and o["batch_ms"]:
             raise AnalyticsError("data-workers: give --consumer-ms and --worker-ms (the tf.data rule) or --batch-ms (Cachew's knee), not both")
         if o["consumer_ms"] or o["worker_ms"]:
@@ -129,20 +137,52 @@ class DataWorkers(Recommender):
             )
         return out
 
+    def _from_job(self, con: duckdb.DuckDBPyConnection, job: str) -> list[Recommendation]:
+        from .. import inputs
+
+        tel = inputs.read(con, job, self.options["window"])
+        per_element = all(x > 0 for x in tel.consumer_examples + tel.worker_elements)
+        if per_element:
+            consumer = [t / e for t, e in zip(tel.consumer_s, tel.consumer_examples, strict=True)]
+            worker = [t / e for t, e in zip(tel.worker_s, tel.worker_elements, strict=True)]
+        else:  # batches on both sides: the same batch a worker makes is the one a rank eats
+            consumer, worker = tel.consumer_s, tel.worker_s
+        rec = self._tfdata(consumer, worker, current=tel.current, source=f"telemetry of {job}",
+                           unit="elements" if per_element else "batches", window=tel.window_seconds)
+        out = [rec]
+        totals: dict[int, list[float]] = {}
+        for (rem, loc), b in tel.configs.items():
+            if loc == 0:  # Cachew scales remote workers; configurations with local ones are placement's
+                totals.setdefault(rem, []).append(b)
+        series = {k: statistics.median(v) for k, v in totals.items()}
+        run = sorted(series)
+        # the longest stretch of consecutive counts from the smallest (Cachew adds one at a time)
+        keep = [run[0]] if run else []
+        for k in run[1:]:
+            if k != keep[-1] + 1:
+                break
+            keep.append(k)
+        if len(keep) >= 2:
+            out.append(self._cachew({k: series[k] for k in keep}, source=f"telemetry of {job}"))
+        return out
+
     def _cost(self, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
         p = self.options["worker_price"]
         if p <= 0:
             return {}, {"worker_price": None}
         return {"dollars_per_hour": round(n * p, 4)}, {"worker_price_per_hour": p}
 
-    def _tfdata(self, consumer_s: list[float], worker_s: list[float]) -> Recommendation:
-        r = tfdata_workers(consumer_s, worker_s, self.options["current"])
+    def _tfdata(self, consumer_s: list[float], worker_s: list[float], current: int | None = None,
+                source: str = "figures", unit: str = "elements", window: float | None = None) -> Recommendation:
+        current = self.options["current"] if current is None else current
+        r = tfdata_workers(consumer_s, worker_s, current)
         n, thr = r["workers"], r["worker_throughput_per_second"]
         cost, price = self._cost(n)
         lo, hi = min(r["throughputs"]), max(r["throughputs"])
         why = (
-            f"N = max(1, ceil({r['consumption_per_second']:.4g} elements/s consumed / {thr:.4g} per worker)) = {r['wanted']}"
-            + (f", bounded by min(4 x {self.options['current']}, {self.options['current']} + 500)" if r["bounded"] else "")
+            f"N = max(1, ceil({r['consumption_per_second']:.4g} {unit}/s consumed / {thr:.4g} per worker)) = {r['wanted']}"
+            + (f", bounded by min(4 x {current}, {current} + 500)" if r["bounded"] else "")
+            + (f"; from the last {window:g} s of telemetry, {current} input worker(s) running" if window else "")
             + (f"; outliers replaced by the median: {r['consumer_outliers']} consumer(s), {r['worker_outliers']} worker(s)"
                if r["consumer_outliers"] or r["worker_outliers"] else "")
         )
@@ -162,16 +202,17 @@ class DataWorkers(Recommender):
                 "workers_measured": len(worker_s),
                 "consumer_outliers_replaced": r["consumer_outliers"],
                 "worker_outliers_replaced": r["worker_outliers"],
-                "current_workers": self.options["current"] or None,
+                "current_workers": current or None,
                 "growth_bounded": r["bounded"],
                 "wanted_workers": r["wanted"],
-                "source": "figures",
+                "rate_unit": unit,
+                "source": source,
                 **price,
             },
             why=why,
         )
 
-    def _cachew(self, series: dict[int, float]) -> Recommendation:
+    def _cachew(self, series: dict[int, float], source: str = "figures") -> Recommendation:
         if len(series) < 2:
             raise AnalyticsError("--batch-ms: Cachew's knee needs batch times at two worker counts or more")
         n, settled, rs = cachew_knee(series, self.options["knee"])
@@ -189,6 +230,6 @@ class DataWorkers(Recommender):
             predicted={"batch_seconds": round(series[n], 6)},
             cost=cost,
             assumptions={"rule": "Cachew knee", "threshold": self.options["knee"], "settled": settled,
-                         "measured_counts": len(series), "source": "figures", **price},
+                         "measured_counts": len(series), "source": source, **price},
             why=why,
         )

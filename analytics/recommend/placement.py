@@ -56,6 +56,7 @@ def auto_placement(
     threshold: float = 0.03,
     local_stop: float = -0.10,
     local_limit: int = 8,
+    label: str = "--trace",
 ) -> Replay:
     """Pecan's AutoPlacement (ATC 2024): r = 1 - batch time now / batch time before.
     Scale remote workers up (local 0) while r > ``threshold``; then add local workers (free:
@@ -64,7 +65,7 @@ def auto_placement(
     w), w the remote worker's price, c the accelerator host's (n_remote before removal)."""
     starts = sorted(rem for rem, loc in trace if loc == 0)
     if not starts:
-        raise AnalyticsError("--trace: needs the starting configuration, remote workers only (local = 0)")
+        raise AnalyticsError(f"{label}: needs the starting configuration, remote workers only (local = 0)")
     cur = (starts[0], 0)
     path: list[tuple[str, tuple[int, int], float | None, str]] = [("start", cur, None, "remote workers only")]
 
@@ -74,7 +75,7 @@ def auto_placement(
     def missing(nxt: tuple[int, int], beyond: bool) -> Replay:
         if beyond:  # the trace went past a configuration it never measured
             raise AnalyticsError(
-                f"--trace: no batch time for remote={nxt[0]}, local={nxt[1]}, though the trace has configurations "
+                f"{label}: no batch time for remote={nxt[0]}, local={nxt[1]}, though the trace has configurations "
                 "past it (a gap: AutoPlacement moves one worker at a time)"
             )
         return Replay(cur, False, nxt, path)
@@ -133,16 +134,27 @@ class Placement(Recommender):
         "threshold": Option("float", 0.03, "least improvement r for another remote worker", lo=0, hi=1),
         "local_stop": Option("float", -0.10, "r below which adding local workers stops", lo=-1, hi=0),
         "local_limit": Option("int", 8, "most local workers (idle CPUs on the accelerator host)", lo=0),
+        "job": Option("str", "", "a job in the database: the trace from its telemetry (role-data workers, local or remote)"),
     }
 
     def run(self, con: duckdb.DuckDBPyConnection | None, scope: Scope) -> list[Recommendation]:
         o = self.options
-        if not o["trace"]:
-            raise AnalyticsError("placement needs --trace FILE.csv (remote,local,batch_ms per configuration observed)")
+        if bool(o["trace"]) == bool(o["job"]):
+            raise AnalyticsError("placement needs --trace FILE.csv (remote,local,batch_ms per configuration observed) or --job J, one of them")
         if o["host_price"] <= 0 or o["worker_price"] <= 0:
             raise AnalyticsError("placement needs --host-price and --worker-price ($/hour, above 0): removal is an economic rule")
-        trace = read_trace(o["trace"])
-        rp = auto_placement(trace, o["host_price"], o["worker_price"], o["threshold"], o["local_stop"], o["local_limit"])
+        if o["job"]:
+            if con is None:
+                raise AnalyticsError("placement --job needs the database")
+            from .. import inputs
+
+            tel = inputs.read(con, o["job"])
+            trace, label, source = tel.configs, f"--job {o['job']}", f"telemetry of {o['job']}"
+            if not trace:
+                raise AnalyticsError(f"--job {o['job']}: no input configuration held for two minutes or more yet")
+        else:
+            trace, label, source = read_trace(o["trace"]), "--trace", "trace"
+        rp = auto_placement(trace, o["host_price"], o["worker_price"], o["threshold"], o["local_stop"], o["local_limit"], label)
         rem, loc = rp.settled
         bt = trace[rp.settled]
         cost = {"dollars_per_1000_steps": round(cost_per_1000_steps(bt, rem, o["host_price"], o["worker_price"]), 4),
@@ -163,7 +175,7 @@ class Placement(Recommender):
             "local_limit": o["local_limit"],
             "settled": rp.done,
             "configurations_measured": len(trace),
-            "source": "trace",
+            "source": source,
         }
         if rp.next_to_try is not None:
             assumptions["next_remote"], assumptions["next_local"] = rp.next_to_try

@@ -96,6 +96,35 @@ def test_batches_measures_input_wait_and_step_time(sockdir: Path) -> None:
     assert recs[-1][2] < 0.01  # the last step ends at StopIteration: no batch to wait for
 
 
+def test_produced_times_an_input_workers_batches_and_its_hand_over(sockdir: Path) -> None:
+    ln = Listener(sockdir / "d.sock")
+    run = track.init("job-d", role="data", rank=2, socket_path=str(sockdir / "d.sock"))
+
+    def pipeline() -> Iterator[int]:
+        for i in range(5):
+            time.sleep(0.03)  # 30 ms to make each batch
+            yield i
+
+    out = []
+    for b in run.produced(pipeline(), elements=64):
+        out.append(b)
+        time.sleep(0.01)  # 10 ms handing it over (a queue put)
+    assert out == list(range(5)) and run.batches_produced == 5 and run.steps == 0
+    msgs = ln.messages()
+    assert msgs[0]["k"] == "job" and msgs[0]["role"] == "data" and msgs[0]["rank"] == 2
+    recs = [r for m in msgs if m["k"] == "data" for r in m["s"]]
+    assert not [m for m in msgs if m["k"] == "steps"]
+    assert len(recs) == 5 and [r[4] for r in recs] == [1, 2, 3, 4, 5] and {r[3] for r in recs} == {64}
+    for _ts, proc, idle, _n, _i in recs:
+        assert 0.025 < proc < 0.1 and 0.008 < idle < 0.06
+    # a consumer that stops early: the last batch is still recorded when the generator closes
+    gen = run.produced(pipeline())
+    next(gen)
+    gen.close()
+    run.close()
+    assert run.batches_produced == 6
+
+
 def test_checkpoint_is_timed_with_its_size_and_failure(sockdir: Path) -> None:
     ln = Listener(sockdir / "c.sock")
     run = track.init("job-c", socket_path=str(sockdir / "c.sock"))
@@ -170,6 +199,27 @@ def test_source_aggregates_steps_per_rank(sockdir: Path) -> None:
     )
     assert steps[1][0]["steps"] == 2
     assert not p.exists()  # close removes the socket
+
+
+def test_source_aggregates_an_input_workers_batches(sockdir: Path) -> None:
+    p = sockdir / "t.sock"
+    src = source(p)
+    src.start()
+    try:
+        head = {"v": 1, "job": "j", "run": "r", "pid": 1, "dropped": 0, "rank": 7}
+        recs = [[2000.0 + i, 0.2 * (1 + i % 2), 0.05, 64, i + 1] for i in range(10)]
+        send(p, {**head, "k": "data", "s": recs})
+        send(p, {**head, "k": "data", "s": [[1, 2, 3]]})  # malformed: counted, never fatal
+        wait_for(lambda: src.received == 1 and src.bad == 1, 5, what="datagrams")
+        evs = collect(src)
+    finally:
+        src.close()
+    data = [(d, ts, job) for t, d, ts, job in evs if t == "train_data"]
+    assert len(data) == 1 and not [e for e in evs if e[0] == "train_steps"]
+    d, ts, job = data[0]
+    assert job == "j" and ts == 2009.0 and d["rank"] == 7 and d["batches"] == 10 and d["elements"] == 640
+    assert d["process_mean_seconds"] == pytest.approx(0.3) and d["process_p50_seconds"] == pytest.approx(0.2)  # the lower middle, as for steps
+    assert d["idle_mean_seconds"] == pytest.approx(0.05) and d["idle_share_ratio"] == pytest.approx(0.05 / 0.35)
 
 
 def test_slow_steps_are_kept_on_their_own(sockdir: Path) -> None:

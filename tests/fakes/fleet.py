@@ -447,6 +447,72 @@ class Scenarios(Fleet):
                     )
         return job
 
+    def input_job(
+        self,
+        schedule: tuple[tuple[int, int], ...] = ((1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0), (5, 1), (5, 2), (4, 2), (3, 2)),
+        *,
+        kind: str = "input",
+        ranks: int = 2,
+        compute: float = 0.2,
+        remote_s: float = 0.5,
+        local_s: float = 0.6,
+        minutes_each: float = 3.0,
+        start: float | None = None,
+        noise: float = 0.02,
+    ) -> str:
+        """A job fed by input workers (role data) whose count changes over time, as an
+        autoscaler would move it: ``schedule`` of (remote, local) workers, each held
+        ``minutes_each``. Every rank computes ``compute`` s per batch; a remote worker makes a
+        batch in ``remote_s``, a local one (on rank 0's host, sharing its CPUs) in ``local_s``.
+        A rank's batch time is max(compute, ranks / supply): input-bound until the workers
+        make batches as fast as the ranks eat them; workers idle for the rest."""
+        rng = self.rng
+        self._jobs += 1
+        job = f"{self.prefix}-{kind}-{self._jobs}"
+        self.labels[job] = {}
+        start = self.t0 if start is None else start
+        nodes = [f"{job}-n{r}" for r in range(ranks)]
+        for r, node in enumerate(nodes):
+            self._ev(start, node, "train_job", {"run": "r1", "rank": r, "world_size": ranks, "model": job,
+                                                 "batch_size": 64, "accelerator": "v100"}, job)
+        steps = [0] * ranks
+        ticks = int(minutes_each * 60 / TICK)
+        t = start
+        for rem, loc in schedule:
+            supply = rem / remote_s + loc / local_s  # batches per second the workers can make
+            demand = ranks / compute
+            batch = max(compute, ranks / supply) if supply > 0 else 10.0
+            busy = min(1.0, demand / supply) if supply > 0 else 0.0
+            for _ in range(ticks):
+                t += TICK
+                for r, node in enumerate(nodes):
+                    b = batch * math.exp(rng.gauss(0, noise))
+                    n = max(1, round(TICK / b))
+                    mean = TICK / n
+                    w = max(0.0, mean - compute)
+                    self._ev(t, node, "train_steps", {
+                        "run": "r1", "rank": r, "interval_seconds": TICK, "steps": n, "first_step": steps[r] + 1,
+                        "last_step": steps[r] + n, "examples": float(n * 64), "step_mean_seconds": mean,
+                        "wait_mean_seconds": w, "wait_share_ratio": w / mean, "steps_per_second": n / TICK,
+                        "examples_per_second": n * 64 / TICK}, job)
+                    steps[r] += n
+                    self._ev(t, node, "host", {"cpu_util_ratio": min(1.0, 0.3 + 0.15 * (loc if r == 0 else 0)),
+                                               "mem_total_bytes": 64 * GIB}, job)
+                    self._ev(t, node, "gpu", {"index": 0, "uuid": f"GPU-{node}-0", "name": "Tesla V100-SXM2-16GB",
+                                              "util_gpu_ratio": round(min(1.0, 0.95 * compute / mean), 4),
+                                              "mem_used_bytes": 14 * GIB, "mem_total_bytes": 16 * GIB}, job)
+                workers = [(f"{job}-d{k}", k, remote_s) for k in range(rem)] + [(nodes[0], 100 + k, local_s) for k in range(loc)]
+                for node, rank, p in workers:
+                    ps = p * math.exp(rng.gauss(0, noise))
+                    made = max(1, round(TICK * busy / ps))
+                    idle = max(0.0, (TICK - made * ps) / made)
+                    self._ev(t, node, "train_data", {
+                        "run": "r1", "rank": rank, "interval_seconds": TICK, "batches": made, "elements": float(made * 64),
+                        "process_mean_seconds": ps, "process_p50_seconds": ps, "process_p95_seconds": ps * 1.1,
+                        "idle_mean_seconds": idle, "idle_share_ratio": idle / (ps + idle),
+                        "batches_per_second": made / TICK}, job, role="data")
+        return job
+
     def ps_family(self, saturating: bool, ps_agent: bool) -> None:
         """A model on one accelerator at 1, 2, 4, 6, 8 workers with one PS; the PS serves
         ``k`` single-worker speeds (2.5: saturating, 12: not).  The cluster speed is a soft
@@ -573,7 +639,8 @@ class DemoFleet(Scenarios):
             v = ((w * 6.0) ** -4 + 15.0**-4) ** -0.25
             self.sim_job({}, kind="ps", nodes=w, gpus=1, rank_speed=v / w, ps=1, ps_load=v / 15.0, ps_agent=True,
                          model=model, util=0.9 * v / (w * 6.0), start=start)
-        self.sim_job({}, kind="input", nodes=1, gpus=4, wait=0.45, util=0.3, cpu=0.96, start=start)
+        # input-bound: its ranks eat 10 batches/s, 2 remote input workers make 4/s (it tried 3)
+        self.input_job(((1, 0), (2, 0), (3, 0), (2, 0), (2, 0), (2, 0)), minutes_each=5.0, start=start)
         self.sim_job({}, kind="straggler", nodes=4, gpus=1, slow_rank=2, slow=1.7, slow_cpu=True, start=start)
         self.sim_job({}, kind="idle", nodes=1, gpus=4, idle=((0, 2), (0, 3)), start=start)
         self.sim_job({}, kind="throttled", nodes=1, gpus=2, throttled_node=0, throttle_share=0.6, start=start)

@@ -85,3 +85,42 @@ def test_the_cost_when_a_worker_price_is_given() -> None:
 def test_bad_figures_are_one_line_errors(args, error) -> None:
     code, _, err = rec(*args)
     assert code == 1 and error in err and "Traceback" not in err
+
+
+def test_from_a_jobs_telemetry_the_rule_and_the_knee(input_db) -> None:
+    db, job = input_db
+    code, out, err = rec("--job", job, "--db", str(db), "--worker-price", "0.19", "--json")
+    assert code == 0, err
+    tf, knee = (json.loads(line) for line in out.splitlines())
+    # last 10 minutes: 2 ranks at 0.2 s compute per 64-example batch = 640 elements/s; 5
+    # remote workers at 128/s and 2 local at ~107/s (outliers, replaced by the median):
+    # ceil(640 / 128) = 5, or 6 with the noise pushing consumption a little above 640
+    assert tf["action"]["workers"] in (5, 6)
+    assert tf["predicted"]["consumption_per_second"] == pytest.approx(640, rel=0.03)
+    assert tf["predicted"]["worker_throughput_per_second"] == pytest.approx(128, rel=0.03)
+    a = tf["assumptions"]
+    assert a["source"] == f"telemetry of {job}" and a["rate_unit"] == "elements" and a["consumers"] == 2
+    assert a["workers_measured"] == 7 and a["worker_outliers_replaced"] == 2 and a["current_workers"] == 7
+    # Cachew over the remote-only configurations it ran at (1..6 workers): the knee at 5
+    assert knee["action"] == {"workers": 5} and knee["assumptions"]["rule"] == "Cachew knee"
+    assert knee["assumptions"]["settled"] is True
+
+
+def test_from_a_job_without_input_telemetry_says_what_it_needs(input_db, tmp_path) -> None:
+    db, job = input_db
+    code, _, err = rec("--job", "nope", "--db", str(db))
+    assert code == 1 and f"--job nope: no such job with step telemetry (jobs: {job})" in err
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import encode_many
+    from tests.fakes.fleet import Scenarios
+
+    f = Scenarios(seed=1)
+    plain = f.sim_job({}, minutes=5)
+    con = connect(tmp_path / "p.duckdb")
+    Writer(con).write([("sim", encode_many(f.events))])
+    con.close()
+    code, _, err = rec("--job", plain, "--db", str(tmp_path / "p.duckdb"))
+    assert code == 1 and "no input-worker telemetry: input workers report it with track.init(job, role='data')" in err
+    code, _, err = rec("--job", job, "--db", str(db), "--consumer-ms", "10")
+    assert code == 1 and "give --job (figures from telemetry) or figures, not both" in err

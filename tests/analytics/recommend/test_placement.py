@@ -101,3 +101,20 @@ def test_bad_traces_are_one_line_errors(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["recommend", "placement", "--trace", str(write(tmp_path, FULL)), "--host-price", "0",
                                  "--worker-price", "0.1"])
     assert r.exit_code == 1 and "needs --host-price and --worker-price" in r.stderr
+
+
+def test_from_a_jobs_telemetry(input_db) -> None:
+    db, job = input_db
+    r = CliRunner().invoke(cli, ["recommend", "placement", "--job", job, "--db", str(db), "--host-price", "2.48",
+                                 "--worker-price", "0.19", "--local-limit", "2", "--json"])
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    # remote up to 5 (6 adds nothing), 2 local workers (free, no slower), then one remote
+    # worker removed (4 + 2 local still keep up) and not a second (3 + 2: -6 %, not economical)
+    assert out["action"] == {"remote": 4, "local": 2}
+    assert out["assumptions"]["source"] == f"telemetry of {job}" and out["assumptions"]["configurations_measured"] == 10
+    assert out["predicted"]["batch_seconds"] == pytest.approx(0.2, rel=0.03)
+    assert "remote down (3,2)" in out["why"] and "rejected" in out["why"]
+    r = CliRunner().invoke(cli, ["recommend", "placement", "--job", job, "--trace", "x.csv", "--db", str(db),
+                                 "--host-price", "1", "--worker-price", "1"])
+    assert r.exit_code == 1 and "or --job J, one of them" in r.stderr
