@@ -784,16 +784,20 @@ def recommend_placement(
 @click.option("--min-lives", type=click.IntRange(1), default=10, show_default=True,
               help="VM lives a region needs before it is ranked")
 @click.option("--hours", type=click.FloatRange(0), default=0.0, help="plan length: adds the expected revocations over it")
-@click.option("--price", "prices", multiple=True, metavar="REGION=DOLLARS", help="spot $/hour in a region (repeatable)")
+@click.option("--price", "prices", multiple=True, metavar="REGION=DOLLARS",
+              help="spot $/hour in a region (repeatable; default: the price catalogue's cheapest spot VM, per accelerator)")
+@click.option("--zones/--no-zones", default=True, show_default=True, help="also rank the zones of the best region")
 @db_option
 @json_option
-def recommend_region(gpu_type: str, min_lives: int, hours: float, prices: tuple[str, ...], db: str, as_json_: bool) -> None:
+def recommend_region(
+    gpu_type: str, min_lives: int, hours: float, prices: tuple[str, ...], zones: bool, db: str, as_json_: bool
+) -> None:
     """Where to run spot VMs of an accelerator: regions ranked by expected revocations per
     hour (the lifetime fit: the cumulative hazard -ln S(t) over t at the survival curve's
     last point with lives at risk, with a 95 % interval), then spot VM start-up time (the
-    overhead fit), then the price where given. A
-    region with fewer than --min-lives lives is listed, not ranked; overlapping intervals
-    are said.
+    overhead fit), then the price (given, or the price catalogue's). A region with fewer
+    than --min-lives lives is listed, not ranked; overlapping intervals are said. The zones
+    of the best region are ranked the same way (Kaplan-Meier on the lives stored now).
 
     \b
     Example:
@@ -805,7 +809,8 @@ def recommend_region(gpu_type: str, min_lives: int, hours: float, prices: tuple[
     recs = _with_ro(
         db,
         lambda con: run_recommender(
-            "region", con, Scope(), gpu_type=gpu_type, min_lives=min_lives, hours=hours, prices=list(prices)
+            "region", con, Scope(), gpu_type=gpu_type, min_lives=min_lives, hours=hours, prices=list(prices),
+            zones=zones,
         ),
     )
     for r in recs:
@@ -864,7 +869,11 @@ def recommend_provision(
 
 
 @recommend.command(name="cluster")
-@click.option("--from-job", required=True, help="the job whose model and accelerator to size (see analyze jobs)")
+@click.option("--from-job", help="the job whose model and accelerator to size (see analyze jobs)")
+@click.option("--gpu-type", help="size for this accelerator (default: the job's; with a declaration: required)")
+@click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), help="instead of --from-job: the model's FLOPs per step")
+@click.option("--params", type=click.FloatRange(min=0, min_open=True), help="instead of --from-job: the model's parameter count")
+@click.option("--tensors", type=click.IntRange(1), help="instead of --from-job: parameter tensors (default params / 1e5)")
 @click.option("--max-workers", type=click.IntRange(1, 4096), default=16, show_default=True)
 @click.option("--max-ps", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--knee", type=click.FloatRange(0, 1), default=0.07, show_default=True,
@@ -873,11 +882,18 @@ def recommend_provision(
 @click.option("--deadline", help="time the steps must finish in (e.g. 6h): the cheapest counts that do")
 @click.option("--worker-price", type=click.FloatRange(0), default=0.0, help="$/hour of one worker VM")
 @click.option("--ps-price", type=click.FloatRange(0), default=0.0, help="$/hour of one parameter-server VM")
+@click.option("--worker-type", help="instead of --worker-price: the worker VM type in the price catalogue ($CMDARE_PRICES)")
+@click.option("--ps-type", help="instead of --ps-price: the PS VM type in the price catalogue")
+@click.option("--region", help="with --worker-type / --ps-type: the catalogue region")
+@click.option("--purchase", type=click.Choice(["on-demand", "spot"]), default="on-demand", show_default=True,
+              help="with --worker-type / --ps-type: which catalogue price")
 @db_option
 @json_option
 def recommend_cluster(
-    from_job: str, max_workers: int, max_ps: int, knee: float, steps: float, deadline: str | None,
-    worker_price: float, ps_price: float, db: str, as_json_: bool,
+    from_job: str | None, gpu_type: str | None, flops_per_step: float | None, params: float | None,
+    tensors: int | None, max_workers: int, max_ps: int, knee: float, steps: float, deadline: str | None,
+    worker_price: float, ps_price: float, worker_type: str | None, ps_type: str | None, region: str | None,
+    purchase: str, db: str, as_json_: bool,
 ) -> None:
     """How many workers and parameter servers for job J's model and accelerator: per PS
     count, the knee (the count past which one more worker adds 7 % or less), from the
@@ -885,9 +901,15 @@ def recommend_cluster(
     cluster fit; whether a second PS pays (its knee is faster by more than the threshold);
     with --steps and --deadline, the cheapest counts that finish in time.
 
+    With --gpu-type, the job's model sized on another accelerator (its single-worker time
+    carried there by the speed fit). Without a job: a declaration (--flops-per-step,
+    --params, --tensors) and --gpu-type, through the speed and cluster fits.
+
     \b
     Examples:
       analyze recommend cluster --from-job resnet-1gpu
+      analyze recommend cluster --from-job resnet-k80 --gpu-type p100
+      analyze recommend cluster --flops-per-step 3.1e12 --params 25.6e6 --gpu-type v100
       analyze recommend cluster --from-job resnet-1gpu --steps 1e6 --deadline 8h --worker-price 0.9 --ps-price 0.2
     """
     from .recommend import recommend as run_recommender
@@ -898,8 +920,10 @@ def recommend_cluster(
 
     def run(con: Any) -> list[Any]:
         return run_recommender(
-            "cluster", con, Scope(), from_job=from_job, max_workers=max_workers, max_ps=max_ps, knee=knee,
+            "cluster", con, Scope(), from_job=from_job or "", gpu_type=gpu_type or "", flops_per_step=flops_per_step or 0.0,
+            params=params or 0.0, tensors=tensors or 0, max_workers=max_workers, max_ps=max_ps, knee=knee,
             steps=steps, deadline=deadline or 0.0, worker_price=worker_price, ps_price=ps_price,
+            worker_type=worker_type or "", ps_type=ps_type or "", region=region or "", purchase=purchase,
         )
 
     for r in _with_ro(db, run):

@@ -53,10 +53,11 @@ def save(con: duckdb.DuckDBPyConnection, fit: Fit) -> str:
 def latest(con: duckdb.DuckDBPyConnection, kind: str) -> dict[str, Any]:
     needs_schema(con, 5, f"a {kind} prediction")
     r = con.execute(
-        """SELECT fit_id, family, model, cv_mape, rows FROM model_fits WHERE kind = ?
+        """SELECT fit_id, family, model, cv_mape, rows, cv FROM model_fits WHERE kind = ?
            ORDER BY fitted_at DESC, fit_id DESC LIMIT 1""",
         [kind],
     ).fetchone()
     if r is None:
         raise AnalyticsError(f"no {kind} fit stored yet: run analyze fit {kind} first")
-    return {"fit_id": r[0], "family": r[1], "model": json.loads(r[2]), "cv_mape": r[3], "rows": r[4]}
+    return {"fit_id": r[0], "family": r[1], "model": json.loads(r[2]), "cv_mape": r[3], "rows": r[4],
+            "cv": json.loads(r[5]) if r[5] else {}}

@@ -13,7 +13,7 @@ from cmdare.wire.plugin import Option, Requirement
 
 from ..db import AnalyticsError
 from ..models.fromjob import anchor, measured
-from ..models.steady import JobSpeed, job_speeds
+from ..models.steady import job_speeds
 from ..units import RECOMMENDERS, Recommendation, Recommender, Scope
 
 
@@ -41,17 +41,73 @@ class Cluster(Recommender):
         "deadline": Option("duration", 0.0, "time the steps must finish in (0: no deadline)"),
         "worker_price": Option("float", 0.0, "$/hour of one worker VM", lo=0),
         "ps_price": Option("float", 0.0, "$/hour of one parameter-server VM", lo=0),
+        "worker_type": Option("str", "", "instead of worker_price: the worker VM type in the price catalogue"),
+        "ps_type": Option("str", "", "instead of ps_price: the PS VM type in the price catalogue"),
+        "region": Option("str", "", "with worker_type / ps_type: the catalogue region (needed where a type has several)"),
+        "purchase": Option("str", "on-demand", "with worker_type / ps_type: which catalogue price", choices=("on-demand", "spot")),
+        "gpu_type": Option("str", "", "the accelerator to size for (default: the job's)"),
+        "flops_per_step": Option("float", 0.0, "instead of from_job: the model's FLOPs per step", lo=0),
+        "params": Option("float", 0.0, "instead of from_job: the model's parameter count", lo=0),
+        "tensors": Option("int", 0, "instead of from_job: parameter tensors (default params / 1e5)", lo=0),
     }
     REQUIRES = (Requirement("table", "steps", "cluster sizes a job measured in this database"),)
 
+    def _catalogue_prices(self) -> str | None:
+        """worker_price / ps_price from the price catalogue for worker_type / ps_type; the
+        rows' as-of dates, or None when no type was named."""
+        from .. import prices
+
+        o = self.options
+        dates = []
+        for key, price in (("worker_type", "worker_price"), ("ps_type", "ps_price")):
+            if not o[key]:
+                continue
+            if o[price]:
+                raise AnalyticsError(f"cluster: give --{price.replace('_', '-')} or --{key.replace('_', '-')}, not both")
+            row = prices.lookup(o[key], o["region"] or None)
+            if row is None:
+                raise AnalyticsError(
+                    f"cluster: {o[key]} is not in the price catalogue" + (f" for {o['region']}" if o["region"] else "")
+                    + f" (add it with ${prices.ENV}=prices.csv)"
+                )
+            v = row.spot if o["purchase"] == "spot" else row.on_demand
+            if v is None:
+                raise AnalyticsError(f"cluster: the price catalogue has no {o['purchase']} price for {o[key]} in {row.region}")
+            o[price] = v
+            dates.append(row.as_of)
+        return ", ".join(sorted(set(dates))) or None
+
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Recommendation]:
         o = self.options
-        if not o["from_job"]:
-            raise AnalyticsError("cluster: give --from-job J (the job whose model and accelerator to size)")
-        j = measured(con, o["from_job"])
+        self.as_of = self._catalogue_prices()
+        declared = o["flops_per_step"] > 0 or o["params"] > 0
+        if o["from_job"] and declared:
+            raise AnalyticsError("cluster: give --from-job J, or a declaration (--flops-per-step, --params) with --gpu-type, not both")
+        if not o["from_job"] and not declared:
+            raise AnalyticsError(
+                "cluster: give --from-job J (the job whose model and accelerator to size), or a declaration: "
+                "--flops-per-step, --params and --gpu-type"
+            )
+        from .. import catalog
+
+        sfit = cfit = None
+        if o["from_job"]:
+            j = measured(con, o["from_job"])
+            acc = catalog.lookup(o["gpu_type"]) if o["gpu_type"] else j.acc
+            model, acc_name, params = j.model, (acc.name if acc else j.accelerator), j.params
+            subject = {"from_job": j.job, "model": j.model, "accelerator": acc_name}
+            if acc is not None and j.acc is not None and acc.name != j.acc.name:
+                subject["measured_accelerator"] = j.accelerator
+        else:
+            if not (o["flops_per_step"] > 0 and o["params"] > 0 and o["gpu_type"]):
+                raise AnalyticsError("cluster: a declaration needs --flops-per-step, --params and --gpu-type")
+            j, acc = None, catalog.lookup(o["gpu_type"])
+            model, acc_name, params = "", acc.name, o["params"]
+            subject = {"from_job": None, "model": "(declared)", "accelerator": acc.name}
         # measured: every job of the same model and accelerator, by PS count and workers
         speeds, _ = job_speeds(con)
-        same = [k for k in speeds if k.model == j.model and k.accelerator == j.accelerator]
+        same = [k for k in speeds if j is not None and k.model == model
+                and (k.acc.name if k.acc else k.accelerator) == acc_name]
         singles = [k.speed for k in same if k.workers == 1]
         series: dict[int, dict[int, list[float]]] = {}
         for k in same:
@@ -61,30 +117,52 @@ class Cluster(Recommender):
             p: {**({1: statistics.median(singles)} if singles else {}), **{w: statistics.median(v) for w, v in ws.items()}}
             for p, ws in series.items()
         }
-        # predicted: the cluster fit from the job's single-worker time
+        # predicted: the cluster fit from the single-worker time (measured, or through the speed fit)
         predicted: dict[int, dict[int, tuple[float, float, float]]] = {}
         fit_ids: list[str] = []
         cfit = self._latest(con, "cluster")
+        t1 = None
         if cfit is not None:
-            try:
-                a = anchor(con, j.job, cfit)
-            except AnalyticsError:
-                a = None
-            if a is not None:
-                from ..models.cluster import predict_cluster
+            if j is not None:
+                try:
+                    a = anchor(con, j.job, cfit)
+                except AnalyticsError:
+                    a = None
+                if a is not None and acc is not None and j.acc is not None and acc.name != j.acc.name:
+                    sfit = self._latest(con, "speed")
+                    if sfit is None:
+                        raise AnalyticsError(f"cluster: sizing {j.job} on {acc.name} needs a speed fit (run analyze fit speed)")
+                    t1 = a.t1_on(acc, sfit)
+                elif a is not None:
+                    t1 = a.t1
+            else:
+                sfit = self._latest(con, "speed")
+                if sfit is None:
+                    raise AnalyticsError("cluster: a declaration needs a speed fit (run analyze fit speed)")
+                from ..models.speed import predict_speed
 
-                fit_ids.append(cfit["fit_id"])
-                for p in range(1, o["max_ps"] + 1):
-                    predicted[p] = {}
-                    for w in range(1, o["max_workers"] + 1):
-                        r = predict_cluster(cfit, [a.t1] * w, p, j.params)
-                        predicted[p][w] = (r["steps_per_second"], r["lower"], r["upper"])
+                tensors = o["tensors"] or max(1, round(params / 1e5))
+                t1 = 1.0 / predict_speed(sfit, acc, o["flops_per_step"], params, tensors)[0]
+        if t1 is not None:
+            from ..models.cluster import predict_cluster
+
+            fit_ids.append(cfit["fit_id"])
+            if sfit is not None:
+                fit_ids.append(sfit["fit_id"])
+            for p in range(1, o["max_ps"] + 1):
+                predicted[p] = {}
+                for w in range(1, o["max_workers"] + 1):
+                    r = predict_cluster(cfit, [t1] * w, p, params)
+                    predicted[p][w] = (r["steps_per_second"], r["lower"], r["upper"])
         if not measured_series and not predicted:
+            what = f"{j.job} ({model} on {acc_name})" if j is not None else f"the declared model on {acc_name}"
             raise AnalyticsError(
-                f"cluster: {j.job} ({j.model} on {j.accelerator}) has no parameter-server runs at several worker "
+                f"cluster: {what} has no parameter-server runs at several worker "
                 "counts in the database and there is no cluster fit (run analyze fit cluster)"
             )
-        return [self._answer(j, measured_series, predicted, fit_ids)]
+        errors = {f"held_out_mape_{f['fit_id'].split('-')[0]}": f.get("cv_mape")
+                  for f in (cfit, sfit) if f is not None and predicted}
+        return [self._answer(subject, measured_series, predicted, fit_ids, errors)]
 
     def _latest(self, con: duckdb.DuckDBPyConnection, kind: str) -> dict[str, Any] | None:
         from .. import evidence
@@ -93,10 +171,11 @@ class Cluster(Recommender):
 
     def _answer(
         self,
-        j: JobSpeed,
+        subject: dict[str, Any],
         meas: dict[int, dict[int, float]],
         pred: dict[int, dict[int, tuple[float, float, float]]],
         fit_ids: list[str],
+        errors: dict[str, Any],
     ) -> Recommendation:
         o = self.options
         th = o["knee"]
@@ -144,6 +223,8 @@ class Cluster(Recommender):
                     why_deadline = f"; the cheapest counts that finish {o['steps']:.0f} steps in {o['deadline'] / 3600:.2g} h ({frm})"
         if price:
             cost["dollars_per_hour"] = round(price, 4)
+            if self.as_of:
+                cost["prices_as_of"] = self.as_of
         knee_txt = "; ".join(
             f"{q} PS: {'knee' if v['settled'] else 'still scaling'} at {v['workers']} workers, {v['speed']:.3g} steps/s ({v['from']})"
             for q, v in sorted(knees.items())
@@ -163,13 +244,14 @@ class Cluster(Recommender):
             cost=cost,
             fit_ids=tuple(fit_ids),
             assumptions={
-                "from_job": j.job,
-                "model": j.model,
-                "accelerator": j.accelerator,
+                **subject,
+                **errors,
                 "knee_threshold": th,
                 "knee_from": k["from"],
                 "knee_settled": k["settled"],
                 "measured_ps_counts": ",".join(str(q) for q in sorted(meas)) or None,
+                "worker_type": o["worker_type"] or None,
+                "ps_type": o["ps_type"] or None,
                 "worker_price_per_hour": o["worker_price"] or None,
                 "ps_price_per_hour": o["ps_price"] or None,
             },

@@ -311,6 +311,7 @@ class _Risk:
         self.fit_ids: list[str] = []
         self.notes: list[str] = []
         self.counted = np.zeros(M, dtype=bool)
+        self.brier_skill: float | None = None
         life = evidence.latest_fit(con, "lifetime") if con is not None else None
         over = evidence.latest_fit(con, "overhead") if con is not None else None
         lost = (prof.checkpoint_interval or 0.0) / 2
@@ -322,6 +323,7 @@ class _Risk:
                               + ": revocations not counted")
             return
         self.fit_ids.append(life["fit_id"])
+        self.brier_skill = (life.get("cv") or {}).get("brier_skill")
         used_over = False
         for m, t in enumerate(prof.instances):
             if not (t.region and t.accelerator):
@@ -534,6 +536,7 @@ class Provision(Recommender):
         for i, note in enumerate(risk.notes if purchase == "spot" else [], 1):
             assumptions[f"note_{i}"] = note
         if risk.counted[row > 0].any() and purchase == "spot":
+            assumptions["lifetime_fit_held_out_brier_skill"] = risk.brier_skill
             assumptions["expected_revocations"] = round(float((counts @ risk.rate[0])[0]) * exp_h, 3)
         binding = self._binding(prof, row, deadline, s)
         why = (f"{self._plan(prof, row)} ({purchase}) reaches "

@@ -45,7 +45,8 @@ class Region(Recommender):
         "gpu_type": Option("str", "", "the accelerator (catalogue name or alias, e.g. v100)"),
         "min_lives": Option("int", 10, "VM lives a region needs before it is ranked", lo=1),
         "hours": Option("float", 0.0, "plan length in hours: adds the expected revocations over it", lo=0),
-        "prices": Option("list", [], "spot $/hour per region, REGION=PRICE"),
+        "prices": Option("list", [], "spot $/hour per region, REGION=PRICE (default: the price catalogue's, per accelerator)"),
+        "zones": Option("bool", True, "also rank the zones of the best region (Kaplan-Meier on the lives stored now)"),
     }
     REQUIRES = (Requirement("fit", "lifetime", "regions are ranked by the lifetime fit's revocation rates"),)
 
@@ -55,6 +56,9 @@ class Region(Recommender):
             raise AnalyticsError("region: give --gpu-type (e.g. v100)")
         acc = catalog.lookup(o["gpu_type"]).name
         prices = self._prices(o["prices"])
+        as_of = None
+        if not o["prices"]:
+            prices, as_of = self._catalogue(acc)
         life = evidence.latest_fit(con, "lifetime")
         assert life is not None  # REQUIRES
         over = evidence.latest_fit(con, "overhead")
@@ -87,8 +91,12 @@ class Region(Recommender):
         if o["hours"] > 0:
             predicted["expected_revocations"] = round(rate * o["hours"], 3)
             interval["expected_revocations"] = (round(lo * o["hours"], 3), round(hi * o["hours"], 3))
-        cost = {"dollars_per_hour": best["price"]} if best["price"] is not None else {}
-        assumptions: dict[str, Any] = {"accelerator": acc, "min_lives": o["min_lives"], "ranked_regions": len(ranked)}
+        cost: dict[str, Any] = {"dollars_per_hour": best["price"]} if best["price"] is not None else {}
+        if cost and as_of:
+            cost["per"] = "accelerator-hour, the cheapest spot VM type of the price catalogue"
+            cost["prices_as_of"] = as_of
+        assumptions: dict[str, Any] = {"accelerator": acc, "min_lives": o["min_lives"], "ranked_regions": len(ranked),
+                                       "lifetime_fit_held_out_brier_skill": (life.get("cv") or {}).get("brier_skill")}
         for i, r in enumerate(ranked, 1):
             assumptions[f"rank_{i}"] = r["region"]
             assumptions[f"rank_{i}_revocations_per_hour"] = round(r["rate"][0], 5)
@@ -105,8 +113,26 @@ class Region(Recommender):
             why += f"; the intervals of {best['region']} and {ranked[1]['region']} overlap: the ranking is not sure"
         if thin:
             why += f"; not ranked, too few lives: {assumptions['too_few_lives']}"
+        action: dict[str, Any] = {"region": best["region"]}
+        if o["zones"]:
+            zones, zthin = self._zones(con, acc, best["region"], o["min_lives"])
+            for i, (z, n, r) in enumerate(zones, 1):
+                assumptions[f"zone_rank_{i}"] = z
+                assumptions[f"zone_rank_{i}_revocations_per_hour"] = round(r[0], 5)
+                assumptions[f"zone_rank_{i}_interval"] = f"{r[1]:.3g}..{r[2]:.3g} from {n} lives"
+            if zthin:
+                assumptions["zones_too_few_lives"] = ", ".join(f"{z} ({n})" for z, n in zthin)
+            if len(zones) >= 1 and (len(zones) > 1 or not zthin):
+                action["zone"] = zones[0][0]
+                predicted["zone_revocations_per_hour"] = round(zones[0][2][0], 5)
+                interval["zone_revocations_per_hour"] = (round(zones[0][2][1], 5), round(zones[0][2][2], 5))
+                why += f"; in {best['region']}: " + ", ".join(f"{z} {r[0]:.3g}/h ({r[1]:.3g}..{r[2]:.3g})" for z, _, r in zones)
+                if len(zones) > 1 and zones[1][2][1] <= zones[0][2][2]:
+                    why += f" (the intervals of {zones[0][0]} and {zones[1][0]} overlap)"
+            elif zthin:
+                why += f"; zones of {best['region']} have too few lives to rank ({assumptions['zones_too_few_lives']})"
         return [
-            Recommendation(self.name, action={"region": best["region"]}, predicted=predicted, interval=interval,
+            Recommendation(self.name, action=action, predicted=predicted, interval=interval,
                            cost=cost, fit_ids=tuple(fits), assumptions=assumptions, why=why)
         ]
 
@@ -122,6 +148,66 @@ class Region(Recommender):
                 raise AnalyticsError(f"--price {it!r}: expected REGION=DOLLARS_PER_HOUR with a price >= 0, e.g. us-central1=0.74")
             out[region.strip()] = p
         return out
+
+    def _catalogue(self, acc: str) -> tuple[dict[str, float], str | None]:
+        """region -> the cheapest spot $/accelerator-hour of a catalogue VM type with this
+        accelerator; the rows' as-of dates."""
+        from .. import prices
+
+        cat = catalog.load()
+        out: dict[str, float] = {}
+        dates = set()
+        for p in prices.load().values():
+            if p.spot is None or not p.accelerator_count:
+                continue
+            try:
+                if catalog.lookup(p.accelerator, cat).name != acc:
+                    continue
+            except AnalyticsError:
+                continue
+            per = p.spot / p.accelerator_count
+            if p.region not in out or per < out[p.region]:
+                out[p.region] = round(per, 4)
+                dates.add(p.as_of)
+        return out, ", ".join(sorted(dates)) or None
+
+    def _zones(self, con: duckdb.DuckDBPyConnection, acc: str, region: str, min_lives: int) -> tuple[list, list]:
+        """The zones of ``region`` with lives of ``acc``: [(zone, lives, (rate, lo, hi))]
+        ranked, and [(zone, lives)] with too few; Kaplan-Meier on the lives stored now, by
+        the same rate rule as the regions."""
+        import numpy as np
+        import statsmodels.api as sm
+
+        rows = con.execute(
+            """SELECT zone, accelerator, lifetime_seconds / 3600.0, end_reason = 'revoked'
+               FROM instance_lives() WHERE spot AND lifetime_seconds > 0 AND region = ? AND zone IS NOT NULL""",
+            [region],
+        ).fetchall()
+        cat = catalog.load()
+        by: dict[str, tuple[list[float], list[int]]] = {}
+        for zone, a, hours, ev in rows:
+            try:
+                if catalog.lookup(a or "", cat).name != acc:
+                    continue
+            except AnalyticsError:
+                continue
+            t, e = by.setdefault(zone, ([], []))
+            t.append(hours)
+            e.append(1 if ev else 0)
+        ranked, thin = [], []
+        for zone, (t, e) in sorted(by.items()):
+            if len(t) < min_lives:
+                thin.append((zone, len(t)))
+                continue
+            sf = sm.SurvfuncRight(np.array(t), np.array(e))
+            r = revocation_rate({"n": len(t), "times": list(sf.surv_times), "surv": list(sf.surv_prob),
+                                 "se": list(sf.surv_prob_se)})
+            if r is None:
+                thin.append((zone, len(t)))
+            else:
+                ranked.append((zone, len(t), r))
+        ranked.sort(key=lambda z: z[2][0])
+        return ranked, thin
 
     def _startups(self, over: dict[str, Any], acc: str) -> dict[str, dict[str, float]]:
         """region -> start-up seconds of spot VMs with this accelerator (overhead fit)."""

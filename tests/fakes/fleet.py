@@ -192,15 +192,19 @@ class Fleet:
                 )
         return job
 
-    def vm_lives(self, per_group: int = 40, owner_stop_share: float = 0.3) -> None:
+    def vm_lives(self, per_group: int = 40, owner_stop_share: float = 0.3,
+                 zone_b: dict[tuple[str, str], float] | None = None) -> None:
         """Spot VM lives: exponential lifetimes per group; for a share of the VMs the owner
         plans a stop at a uniform time within 48 h, independent of the lifetime (so the
         censoring is non-informative, as Kaplan-Meier assumes); the earlier of the two
-        ends the life."""
-        for (region, accel), rate in self.truth.hazard_per_hour.items():
+        ends the life. Lives run in zone ``<region>-a``; ``zone_b``: (region, accelerator) ->
+        hazard per hour of a second zone ``<region>-b`` that every other life runs in."""
+        for (region, accel), rate0 in self.truth.hazard_per_hour.items():
             acc = self.cat[accel]
             for i in range(per_group):
                 node = f"vm-{region}-{accel}-{i}"
+                in_b = bool(zone_b and (region, accel) in zone_b and i % 2)
+                rate = zone_b[(region, accel)] if in_b and zone_b else rate0
                 boot = T0 - 10 * 86400 + self.rng.uniform(0, 86400)
                 life = self.rng.expovariate(rate) * 3600
                 stop = None
@@ -224,7 +228,7 @@ class Fleet:
                     {
                         "cloud": "gce",
                         "region": region,
-                        "zone": region + "-a",
+                        "zone": region + ("-b" if in_b else "-a"),
                         "instance_type": "n1-standard-8",
                         "spot": True,
                         "accelerator": acc.name,

@@ -108,3 +108,59 @@ def test_bad_input_is_one_line(fitted: Path, tmp_path: Path) -> None:
     con.close()
     code, _, err = rec(db, "--from-job", job)
     assert code == 1 and "no parameter-server runs at several worker counts" in err and "analyze fit cluster" in err
+
+
+def test_another_accelerator_and_a_declaration_go_through_the_speed_fit(fitted: Path) -> None:
+    import duckdb
+
+    con = duckdb.connect(str(fitted), read_only=True)
+    (v100_job, flops, params, tensors), = con.execute(
+        "SELECT job, flops_per_step, params, tensors FROM jobs WHERE model = 'resnet50' AND accelerator = 'v100' LIMIT 1"
+    ).fetchall()
+    k80_job = con.execute("SELECT job FROM jobs WHERE model = 'resnet50' AND accelerator = 'k80' LIMIT 1").fetchall()[0][0]
+    fits = dict(con.execute("SELECT kind, fit_id FROM model_fits").fetchall())
+    con.close()
+    code, on_k80, err = rec(fitted, "--from-job", k80_job, "--json")
+    assert code == 0, err
+    # the V100 job sized on K80: its measured time carried by the speed fit
+    code, carried, err = rec(fitted, "--from-job", v100_job, "--gpu-type", "k80", "--json")
+    assert code == 0, err
+    assert carried["assumptions"]["accelerator"] == "k80" and carried["assumptions"]["measured_accelerator"] == "v100"
+    assert carried["fit_ids"] == [fits["cluster"], fits["speed"]]
+    assert carried["predicted"]["steps_per_second"] == pytest.approx(on_k80["predicted"]["steps_per_second"], rel=0.3)
+    assert abs(carried["action"]["workers"] - on_k80["action"]["workers"]) <= 2
+    assert carried["assumptions"]["held_out_mape_speed"] > 0
+    assert carried["assumptions"]["held_out_mape_cluster"] is not None
+    # no job at all: the declaration on V100
+    code, decl, err = rec(fitted, "--flops-per-step", str(flops), "--params", str(params), "--tensors", str(int(tensors)),
+                          "--gpu-type", "v100", "--json")
+    assert code == 0, err
+    code, own, _ = rec(fitted, "--from-job", v100_job, "--json")
+    assert decl["assumptions"]["from_job"] is None and decl["assumptions"]["knee_from"] == "cluster fit"
+    assert decl["predicted"]["steps_per_second"] == pytest.approx(own["predicted"]["steps_per_second"], rel=0.3)
+    code, _, err = rec(fitted, "--flops-per-step", "1e12", "--params", "1e6")
+    assert code == 1 and "a declaration needs --flops-per-step, --params and --gpu-type" in err
+    code, _, err = rec(fitted, "--from-job", v100_job, "--params", "1e6", "--gpu-type", "v100")
+    assert code == 1 and "not both" in err
+    code, _, err = rec(fitted)
+    assert code == 1 and "give --from-job J" in err
+
+
+def test_prices_from_the_catalogue_with_their_date(fitted: Path) -> None:
+    import duckdb
+
+    con = duckdb.connect(str(fitted), read_only=True)
+    job = con.execute("SELECT job FROM jobs WHERE model = 'resnet50' AND accelerator = 'v100' LIMIT 1").fetchall()[0][0]
+    con.close()
+    code, out, err = rec(fitted, "--from-job", job, "--steps", "1e5", "--worker-type", "p3.2xlarge", "--json")
+    assert code == 0, err
+    a = out["assumptions"]
+    assert a["worker_type"] == "p3.2xlarge" and a["worker_price_per_hour"] == 3.06
+    assert out["cost"]["prices_as_of"] == "2025-01"
+    assert out["cost"]["dollars_per_hour"] == pytest.approx(3.06 * out["action"]["workers"])
+    code, out, _ = rec(fitted, "--from-job", job, "--worker-type", "p3.2xlarge", "--purchase", "spot", "--json")
+    assert out["assumptions"]["worker_price_per_hour"] == 0.918
+    code, _, err = rec(fitted, "--from-job", job, "--worker-type", "x9.huge")
+    assert code == 1 and "x9.huge is not in the price catalogue (add it with $CMDARE_PRICES=prices.csv)" in err
+    code, _, err = rec(fitted, "--from-job", job, "--worker-type", "p3.2xlarge", "--worker-price", "1")
+    assert code == 1 and "give --worker-price or --worker-type, not both" in err

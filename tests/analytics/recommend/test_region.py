@@ -40,7 +40,7 @@ def test_regions_ranked_by_revocations_with_intervals_holding_the_truth(lives) -
     db, f = lives
     code, out, err = rec(db, "--gpu-type", "v100", "--hours", "12", "--price", "us-central1=0.74", "--json")
     assert code == 0, err
-    assert out["kind"] == "region" and out["action"] == {"region": "us-central1"}
+    assert out["kind"] == "region" and out["action"] == {"region": "us-central1", "zone": "us-central1-a"}
     truth = f.truth.hazard_per_hour
     lo, hi = out["interval"]["revocations_per_hour"]
     assert lo <= truth[("us-central1", "v100")] <= hi
@@ -69,3 +69,27 @@ def test_without_a_lifetime_fit_it_says_what_to_run(tmp_path: Path) -> None:
     connect(db).close()
     code, _, err = rec(db, "--gpu-type", "v100")
     assert code == 1 and "no lifetime model fitted yet (run analyze fit lifetime)" in err
+
+
+def test_zones_of_the_best_region_are_ranked_and_prices_come_from_the_catalogue(tmp_path: Path) -> None:
+    f = Fleet(seed=4)
+    # us-central1's V100 lives split over two zones: -a at the region's 0.08 per hour, -b at 0.3
+    f.vm_lives(per_group=160, zone_b={("us-central1", "v100"): 0.3})
+    db = tmp_path / "z.duckdb"
+    con = connect(db)
+    Writer(con).write([("sim", encode_many(f.events))])
+    models.save(con, models.fit_lifetime(con))
+    con.close()
+    code, out, err = rec(db, "--gpu-type", "v100", "--json")
+    assert code == 0, err
+    assert out["action"] == {"region": "us-central1", "zone": "us-central1-a"}
+    a = out["assumptions"]
+    assert a["zone_rank_1"] == "us-central1-a" and a["zone_rank_2"] == "us-central1-b"
+    lo, hi = out["interval"]["zone_revocations_per_hour"]
+    assert lo <= 0.08 <= hi
+    assert a["zone_rank_2_revocations_per_hour"] > 0.15
+    # no --price: the catalogue's cheapest spot V100 VM in the region, per accelerator, with its date
+    assert out["cost"]["dollars_per_hour"] == 0.82 and out["cost"]["prices_as_of"] == "2025-01"
+    code, out, _ = rec(db, "--gpu-type", "v100", "--min-lives", "100", "--json")
+    assert code == 0 and "zone" not in out["action"]
+    assert "zones of us-central1 have too few lives to rank" in out["why"]
