@@ -164,23 +164,23 @@ class Run:
             yield batch
 
     # -- input (data) workers ---------------------------------------------------------------
-    def batch_produced(self, seconds: float, elements: int | float = 0, idle: float = 0.0) -> None:
+    def batch_produced(self, seconds: float, examples: int | float = 0, idle: float = 0.0) -> None:
         """An input worker (``role="data"``) produced one batch in ``seconds`` of processing
-        (``elements`` examples in it), then spent ``idle`` seconds handing it over (blocked
+        (``examples`` in it), then spent ``idle`` seconds handing it over (blocked
         on a consumer or a full queue).  ``analyze recommend data-workers --job`` reads
         these as the worker's processing time per batch."""
         self.batches_produced += 1
-        self._produced.append([time.time(), max(0.0, seconds), max(0.0, idle), elements, self.batches_produced])
+        self._produced.append([time.time(), max(0.0, seconds), max(0.0, idle), examples, self.batches_produced])
         if len(self._produced) >= FLUSH_RECORDS or _clock() - self._last_flush >= FLUSH_SECONDS:
             self.flush()
 
-    def produced(self, iterable: Iterable[T], elements: int | Callable[[T], int | float] = 0) -> Iterator[T]:
+    def produced(self, iterable: Iterable[T], examples: int | Callable[[T], int | float] = 0) -> Iterator[T]:
         """For an input worker (``role="data"``): yield the batches of ``iterable`` (the
         input pipeline), timing each ``next()`` as that batch's processing time and the
         time until the next batch is asked for (handing it to a consumer: a queue put, an
         RPC reply) as idle.  ``for batch in run.produced(pipeline): queue.put(batch)``."""
         it = iter(iterable)
-        count = elements if callable(elements) else None
+        count = examples if callable(examples) else None
         try:
             while True:
                 t = _clock()
@@ -189,7 +189,7 @@ class Run:
                 except StopIteration:
                     return
                 done = _clock()
-                n = count(batch) if count else elements
+                n = count(batch) if count else examples
                 try:
                     yield batch
                 finally:

@@ -106,7 +106,7 @@ def test_produced_times_an_input_workers_batches_and_its_hand_over(sockdir: Path
             yield i
 
     out = []
-    for b in run.produced(pipeline(), elements=64):
+    for b in run.produced(pipeline(), examples=64):
         out.append(b)
         time.sleep(0.01)  # 10 ms handing it over (a queue put)
     assert out == list(range(5)) and run.batches_produced == 5 and run.steps == 0

@@ -292,3 +292,40 @@ def test_a_deliberately_slowed_rank_is_found_as_a_straggler(tmp_path: Path, sock
     assert [(f["job"], f["rank"], f["node"]) for f in found] == [("job-ranks", 2, "train-1")], found
     ev = found[0]["evidence"]
     assert ev["persistent"] is True and ev["slowdown"] > 1.5 and ev["ranks"] == 4
+
+
+def test_input_workers_telemetry_reaches_the_database_and_sizes_the_input(tmp_path: Path, sockdir: Path) -> None:
+    """A trainer fed by one real input-worker process (40 ms per batch; the trainer needs one
+    every 10 ms): the worker's batches arrive as data_batches rows and the tf.data rule on
+    them asks for about 4 workers."""
+    spool, db, sock = tmp_path / "spool", tmp_path / "t.duckdb", sockdir / "train.sock"
+    agent = start_agent(spool, sock)
+    try:
+        p = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "integration" / "input_service.py"), "--job", "job-fed",
+             "--workers", "1", "--steps", "150", "--make-ms", "40", "--compute-ms", "10"],
+            env=agent_env(CMDARE_TRAIN_SOCKET=str(sock)), capture_output=True, text=True, timeout=120,
+        )
+        assert p.returncode == 0, p.stderr
+        time.sleep(1.2)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+    lines = [json.loads(x) for x in p.stdout.splitlines()]
+    made = [x for x in lines if "made" in x][0]
+    assert made["dropped"] == 0 and made["made"] >= 150
+    load(spool, db)
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute(
+        "SELECT rank, sum(batches), sum(process_mean_seconds * batches) / sum(batches), max(node) "
+        "FROM data_batches WHERE job = 'job-fed' GROUP BY rank"
+    ).fetchall()
+    con.close()
+    assert len(rows) == 1 and rows[0][0] == 100 and rows[0][1] == made["made"] and rows[0][3] == "train-1"
+    assert 0.035 < rows[0][2] < 0.08  # 40 ms of making per batch
+    r = subprocess.run([str(BIN / "analyze"), "recommend", "data-workers", "--job", "job-fed", "--db", str(db), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[0])
+    assert out["assumptions"]["current_workers"] == 1 and out["assumptions"]["source"] == "telemetry of job-fed"
+    assert 3 <= out["action"]["workers"] <= 5  # 10 ms compute vs 40 ms per batch: 4
