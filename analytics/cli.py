@@ -341,7 +341,28 @@ def bottlenecks(
             for f in out.findings
         ]
         click.echo(table(cols, rows))
+        nexts = []
+        for f in out.findings:
+            for k in f.suggests:
+                cmd = _suggested(k, f.job)
+                if cmd and cmd not in nexts:
+                    nexts.append(cmd)
+        if nexts:
+            click.echo("\nwhat to do about them:")
+            for cmd in nexts:
+                click.echo(f"  {cmd}")
     click.echo(stored_note, err=True)
+
+
+def _suggested(kind: str, job: str | None) -> str | None:
+    """The analyze recommend command answering a finding's ``suggests`` kind for its job."""
+    if not job:
+        return None
+    return {
+        "data-workers": f"analyze recommend data-workers --job {job}",
+        "placement": f"analyze recommend placement --job {job} --host-price C --worker-price W",
+        "cluster": f"analyze recommend cluster --from-job {job}",
+    }.get(kind)
 
 
 def _known_job(con: Any, job: str) -> None:

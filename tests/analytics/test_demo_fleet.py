@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from cmdare.analytics.cli import cli
@@ -16,13 +17,19 @@ from cmdare.wire.events import encode_many
 from tests.fakes.fleet import DemoFleet
 
 
-def test_the_demo_fleet_shows_each_problem_and_its_recommendations(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     f = DemoFleet(seed=1, t0=time.time() - 40 * 60)
     f.build()
-    db = tmp_path / "demo.duckdb"
+    db = tmp_path_factory.mktemp("demo") / "demo.duckdb"
     con = connect(db)
     Writer(con).write([("sim", encode_many(f.events))])
     con.close()
+    return db
+
+
+def test_the_demo_fleet_shows_each_problem_and_its_recommendations(demo_db: Path) -> None:
+    db = demo_db
     r = CliRunner().invoke(cli, ["bottlenecks", "--db", str(db), "--json"])
     assert r.exit_code == 0, r.stderr
     found = {(x["kind"], x["job"]) for x in json.loads(r.stdout)}
@@ -43,3 +50,13 @@ def test_the_demo_fleet_shows_each_problem_and_its_recommendations(tmp_path: Pat
     r = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", "sim-ps-2", "--db", str(db), "--json"])
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[0])["action"]["ps"] >= 1
+
+
+def test_bottlenecks_text_ends_with_the_commands_that_answer_the_findings(demo_db: Path) -> None:
+    r = CliRunner().invoke(cli, ["bottlenecks", "--db", str(demo_db), "--no-store"])
+    assert r.exit_code == 0, r.stderr
+    tail = r.stdout.split("what to do about them:\n", 1)[1].splitlines()
+    assert "  analyze recommend data-workers --job sim-input-6" in tail
+    assert "  analyze recommend placement --job sim-input-6 --host-price C --worker-price W" in tail
+    assert "  analyze recommend cluster --from-job sim-ps-5" in tail
+    assert len(tail) == len(set(tail))  # each command once
