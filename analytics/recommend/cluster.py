@@ -217,10 +217,19 @@ class Cluster(Recommender):
                     w, p, speed, frm = pick
                     hours = o["steps"] / speed / 3600
                     predicted = {"steps_per_second": round(speed, 4), "hours": round(hours, 4)}
-                    interval = {}
+                    interval = ({"steps_per_second": tuple(round(x, 4) for x in pred[p][w][1:])}
+                                if frm == "cluster fit" else {})
                     price = w * o["worker_price"] + p * o["ps_price"]
                     cost = {"dollars": round(hours * price, 2)} if price else {}
                     why_deadline = f"; the cheapest counts that finish {o['steps']:.0f} steps in {o['deadline'] / 3600:.2g} h ({frm})"
+        if "hours" in predicted and "steps_per_second" in interval:
+            lo_v, hi_v = interval["steps_per_second"]
+            if lo_v > 0:  # the speed's interval carried to the time (and the cost)
+                interval["hours"] = (round(o["steps"] / hi_v / 3600, 4), round(o["steps"] / lo_v / 3600, 4))
+        if "hours" in predicted and price:
+            predicted["dollars"] = round(predicted["hours"] * price, 2)
+            if "hours" in interval:
+                interval["dollars"] = (round(interval["hours"][0] * price, 2), round(interval["hours"][1] * price, 2))
         if price:
             cost["dollars_per_hour"] = round(price, 4)
             if self.as_of:

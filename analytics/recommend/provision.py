@@ -508,6 +508,9 @@ class Provision(Recommender):
             "hours": (round(lo_h * (1 - MODEL_ERROR), 4), round(hi_h * (1 + MODEL_ERROR), 4)
                       if math.isfinite(hi_h) else float("inf")),
         }
+        predicted["dollars"] = round(s["cost"], 2)
+        if math.isfinite(interval["hours"][1]):
+            interval["dollars"] = (round(interval["hours"][0] * s["hourly"], 2), round(interval["hours"][1] * s["hourly"], 2))
         used = [t for t, c in zip(prof.instances, row, strict=True) if c]
         as_of = sorted({(t.spot_as_of if purchase == "spot" else t.on_demand_as_of) for t in used})
         cost: dict[str, Any] = {"dollars": round(s["cost"], 2), "dollars_per_hour": round(s["hourly"], 4),

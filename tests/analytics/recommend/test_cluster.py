@@ -89,6 +89,11 @@ def test_from_the_cluster_fit_with_a_deadline_and_prices(fitted: Path) -> None:
                        "--worker-price", "1.0", "--ps-price", "0.5", "--json")
     assert code == 0
     assert out["predicted"]["hours"] <= 6 and "cheapest counts" in out["why"]
+    assert out["why"].endswith("(cluster fit)")  # resnet50 never ran a cluster: predicted, with intervals
+    h_lo, h_hi = out["interval"]["hours"]
+    assert h_lo <= out["predicted"]["hours"] <= h_hi
+    d_lo, d_hi = out["interval"]["dollars"]
+    assert d_lo <= out["predicted"]["dollars"] <= d_hi
     assert out["cost"]["dollars"] == pytest.approx(out["predicted"]["hours"] * (out["action"]["workers"] * 1.0 + out["action"]["ps"] * 0.5), rel=0.01)
     # an impossible deadline says so
     code, out, _ = rec(fitted, "--from-job", job, "--steps", str(steps * 1000), "--deadline", "1h", "--json")

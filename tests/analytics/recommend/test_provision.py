@@ -233,6 +233,9 @@ def test_revocations_from_the_lifetime_fit_lengthen_plans_and_give_p_meet(tmp_pa
     assert 0.9 <= p["p_meet_deadline"] < 1 and out["interval"]["p_meet_deadline"][0] <= p["p_meet_deadline"]
     lo, hi = out["interval"]["hours"]
     assert lo < p["hours"] < hi
+    # the cost's interval is the time's at the plan's hourly price
+    assert p["dollars"] == out["cost"]["dollars"]
+    assert out["interval"]["dollars"] == [pytest.approx(lo * 2.46, abs=0.01), pytest.approx(hi * 2.46, abs=0.01)]
     assert len(out["fit_ids"]) == 2 and out["fit_ids"][0].startswith("lifetime-")
     # spot prices from the catalogue, with its as-of date
     assert out["assumptions"]["price_n1-standard-8+1xv100"] == 0.82 and out["cost"]["prices_as_of"] == "2025-01"
