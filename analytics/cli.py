@@ -413,20 +413,44 @@ def steps(job: str, node: str | None, since: str | None, db: str, as_json_: bool
 
 @cli.command()
 @click.argument("query")
+@click.option("--max-rows", type=click.IntRange(1), default=10_000, show_default=True,
+              help="rows shown at most (the result says when it was cut)")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="seconds before the query is stopped")
 @db_option
 @json_option
-def sql(query: str, db: str, as_json_: bool) -> None:
-    """Run QUERY on a read-only connection (tables: nodes, host_samples, gpu_samples,
-    gpu_events, tpu_samples, heartbeats, agent_status, jobs, steps, slow_steps,
-    checkpoints, scalars, instance_identity, lifecycle_events, revocations, model_fits,
-    unknown_events, dead_letters; views step_hardware, instances; table macro
-    instance_lives(lost_after := 3)).
+def sql(query: str, max_rows: int, timeout: float, db: str, as_json_: bool) -> None:
+    """Run one SELECT QUERY on the database, read-only (tables: nodes, host_samples,
+    gpu_samples, gpu_events, tpu_samples, heartbeats, agent_status, jobs, steps, data_batches,
+    slow_steps, checkpoints, scalars, instance_identity, lifecycle_events, revocations,
+    model_fits, findings, unknown_events, dead_letters; views step_hardware, instances;
+    table macro instance_lives(lost_after := 3)).
+
+    The query reads the database and nothing else: no files, network or extensions, no
+    settings (SET, PRAGMA), one statement; a row limit and a time limit.
 
     \b
     Example:
       analyze sql "SELECT node, max(ts) FROM heartbeats GROUP BY node"
     """
-    _show(queries.sql, db, as_json_, query)
+    from . import safesql
+
+    try:
+        con = safesql.open_safe(db)
+        try:
+            r = safesql.run(con, query, max_rows, timeout)
+        finally:
+            con.close()
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json_:
+        click.echo(as_json(r.columns, r.rows))
+    elif not r.rows:
+        click.echo("(no rows)")
+    else:
+        click.echo(table(r.columns, r.rows))
+    if r.truncated:
+        click.echo(f"note: more than {max_rows:,} rows: showing the first {max_rows:,} (--max-rows; or add LIMIT)", err=True)
 
 
 @cli.group(name="import")

@@ -21,12 +21,12 @@ def default_db() -> str:
     return os.environ.get("CMDARE_DB") or DEFAULT_DB
 
 
-def open_ro(path: str | Path) -> duckdb.DuckDBPyConnection:
+def open_ro(path: str | Path, config: dict[str, object] | None = None) -> duckdb.DuckDBPyConnection:
     p = Path(path)
     if not p.exists():
         raise AnalyticsError(f"{p}: no such database (load one with cmdare-collector, or pass --db)")
     try:
-        return duckdb.connect(str(p), read_only=True)
+        return duckdb.connect(str(p), read_only=True, config=config or {})
     except duckdb.Error as e:
         first = str(e).splitlines()[0]
         if "lock" in first.lower():

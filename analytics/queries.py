@@ -337,9 +337,3 @@ def steps(
     )
 
 
-def sql(con: duckdb.DuckDBPyConnection, query: str) -> Result:
-    """Run a user's query on the read-only connection."""
-    try:
-        return _run(con, query, [])
-    except duckdb.Error as e:
-        raise AnalyticsError(f"query failed: {str(e).splitlines()[0]}") from None

@@ -152,7 +152,7 @@ def test_bad_since_is_a_one_line_usage_error(db: Path) -> None:
 
 def test_sql_is_read_only(db: Path) -> None:
     code, out = run("sql", "DELETE FROM gpu_samples", "--db", str(db))
-    assert code == 1 and out.startswith("Error: query failed: ") and len(out.strip().splitlines()) == 1
+    assert code == 1 and out.startswith("Error: only SELECT queries may run here") and len(out.strip().splitlines()) == 1
     code, out = run("sql", "SELECT count(*) AS n FROM gpu_samples", "--db", str(db), "--json")
     assert code == 0 and json.loads(out) == [{"n": 6}]
 

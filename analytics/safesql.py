@@ -1,0 +1,110 @@
+"""User SQL (``analyze sql`` and, later, the service's SQL endpoint) that can read the
+database and nothing else.
+
+- The connection is read-only and opened with DuckDB's guards: ``enable_external_access``
+  off (no file or network access: ``read_csv``, ``COPY ... TO``, ``ATTACH``, ``INSTALL``,
+  ``LOAD``, ``EXPORT`` all fail), extension auto-install / auto-load off, replacement scans of
+  Python objects off (``FROM host`` must not find a Python variable named ``host``), and
+  ``lock_configuration`` on (no ``SET``), with the thread count and memory bounded.
+- Before it runs, the text must be exactly one ``SELECT`` statement (``WITH ...`` and
+  ``FROM t`` queries are SELECTs); anything else (``PRAGMA``, ``SET``, ``COPY``, ``CALL``,
+  ``CREATE``, several statements, nothing) is refused with one line naming what it was.
+- A row limit (``max_rows``: the first rows are kept and the result says it was cut) and a
+  time limit (the query is interrupted; one line says so).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from .db import AnalyticsError, open_ro
+
+CONFIG: dict[str, object] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "python_enable_replacements": False,
+    "threads": 2,
+    "memory_limit": "2GB",
+    "lock_configuration": True,
+}
+MAX_ROWS = 10_000
+TIMEOUT = 30.0
+
+
+class SqlRefused(AnalyticsError):
+    """A query that is not one read-only SELECT, or that ran past its limits."""
+
+
+@dataclass
+class SqlResult:
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    truncated: bool  # more rows than max_rows: the first max_rows are in rows
+
+
+def open_safe(path: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection with the guards above (locking errors as ``open_ro``'s)."""
+    return open_ro(path, CONFIG)
+
+
+def check(con: duckdb.DuckDBPyConnection, query: str) -> None:
+    """SqlRefused unless ``query`` is exactly one SELECT statement."""
+    if not query.strip():
+        raise SqlRefused("empty query: give one SELECT statement, e.g. SELECT count(*) FROM nodes")
+    try:
+        stmts = con.extract_statements(query)
+    except duckdb.Error as e:
+        raise SqlRefused(f"query does not parse: {_first(e)}") from None
+    if not stmts:
+        raise SqlRefused("empty query: give one SELECT statement, e.g. SELECT count(*) FROM nodes")
+    if len(stmts) > 1:
+        raise SqlRefused(f"one statement at a time: the query has {len(stmts)}")
+    kind = stmts[0].type
+    if kind != duckdb.StatementType.SELECT:
+        words = (getattr(stmts[0], "query", "") or query).split()
+        name = words[0].upper() if words and words[0].isalpha() else str(kind).rsplit(".", 1)[-1]
+        raise SqlRefused(f"only SELECT queries may run here (read-only, database only), not {name}")
+
+
+def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, timeout: float = TIMEOUT) -> SqlResult:
+    """Run one checked SELECT on a connection from ``open_safe`` within the limits."""
+    check(con, query)
+    fired = threading.Event()
+
+    def stop() -> None:
+        fired.set()
+        con.interrupt()
+
+    timer = threading.Timer(timeout, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        cur = con.execute(query)
+        cols = [d[0] for d in cur.description or []]
+        rows = cur.fetchmany(max_rows + 1)
+    except duckdb.Error as e:
+        if fired.is_set():
+            raise SqlRefused(f"query stopped after {timeout:g} s (the time limit; narrow it with WHERE or LIMIT)") from None
+        if isinstance(e, duckdb.PermissionException):
+            raise SqlRefused(
+                "the query may read the database only: file, network and extension access are off "
+                f"({_first(e).split(': ', 1)[-1]})"
+            ) from None
+        raise SqlRefused(f"query failed: {_first(e)}") from None
+    finally:
+        timer.cancel()
+    return SqlResult(cols, rows[:max_rows], len(rows) > max_rows)
+
+
+def _first(e: BaseException) -> str:
+    """The error's first line, with DuckDB's "Did you mean ...?" hint where it gives one."""
+    lines = [x for x in str(e).splitlines() if x.strip()] or [type(e).__name__]
+    if len(lines) > 1 and lines[1].startswith("Did you mean"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
