@@ -64,5 +64,18 @@ class Source(Unit):
         """Wait (at most ``timeout`` s) until what ``start()`` began in the background has a
         first result; ``--check`` and ``--once`` call it before their one collect."""
 
+    def check(self) -> str:
+        """``cmdare-agent --check``: whether the source can run here, without changing the
+        machine (no directories or files created): by default one start, settle and
+        collect; what it got.  SourceUnavailable when it cannot run."""
+        import time
+
+        t0 = time.perf_counter()
+        self.start()
+        self.settle(5.0)
+        got: list[str] = []
+        self.collect(lambda t, d, ts=None, got=got, **_: got.append(t))
+        return f"{len(got)} events in {(time.perf_counter() - t0) * 1000:.1f} ms"
+
     def close(self) -> None:
         """Release what start() took."""

@@ -1,7 +1,7 @@
 """Training-process source: what ``cmdare.agent.track`` sends over the local socket.
 
-The agent binds a Unix datagram socket (``socket``, mode 0666 so training processes of any
-user can send) and a receiver thread reads it continuously, so the kernel's datagram
+The agent binds a Unix datagram socket (``socket``, mode ``socket_mode``, 0660 by default,
+group ``socket_group``: training processes of that group's users can send, no one else) and a receiver thread reads it continuously, so the kernel's datagram
 queue never fills between ticks. Per tick it emits, per (job, run, rank):
 
 - ``train_steps``: the interval's aggregate of step records: count, mean, p50, p95, max of
@@ -36,6 +36,7 @@ from cmdare.wire.plugin import Option
 from cmdare.wire.registry import DATA_FIELDS
 from cmdare.wire.validation import kind_ok
 
+from ..config import ConfigError
 from .base import SOURCES, Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.train")
@@ -73,7 +74,19 @@ class TrainSource(Source):
             "float", 3.0, "a step is slow above this many times the rank's recent median", lo=1.0, lo_open=True
         ),
         "max_slow_per_tick": Option("int", 20, "slow steps kept per rank per tick (the rest are counted)"),
+        "socket_mode": Option("str", "0660", "permission bits of the socket (octal); 0666 lets any local user send"),
+        "socket_group": Option("str", "", "group of the socket: users in it may send (empty: the agent's own group)"),
     }
+
+    @classmethod
+    def parse_config(cls, where: str, raw: Any) -> dict[str, Any]:
+        cfg = super().parse_config(where, raw)
+        m = cfg["socket_mode"]
+        if not (isinstance(m, str) and len(m) in (3, 4) and all(c in "01234567" for c in m) and int(m, 8) <= 0o777):
+            raise ConfigError(f"{where}.socket_mode: expected octal permission bits like 0660, got {m!r}")
+        if int(m, 8) & 0o200 == 0:
+            raise ConfigError(f"{where}.socket_mode: the owner (the agent) must keep write permission, got {m!r}")
+        return cfg
 
     def __init__(self, config: dict[str, Any], wake: Callable[[], None] | None = None, **_: Any) -> None:
         super().__init__(config)
@@ -89,6 +102,27 @@ class TrainSource(Source):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
+    def check(self) -> str:
+        """Whether the socket could be bound, without creating it or its directory."""
+        p = self.path
+        if p.exists() and not stat.S_ISSOCK(p.lstat().st_mode):
+            raise SourceUnavailable(f"{p} exists and is not a socket; not replacing it")
+        d = p.parent
+        while not d.exists() and d != d.parent:
+            d = d.parent
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise SourceUnavailable(f"cannot listen on {p}: {d} is not writable by this user")
+        if self.config["socket_group"]:
+            import grp
+
+            try:
+                grp.getgrnam(self.config["socket_group"])
+            except KeyError:
+                raise SourceUnavailable(f"socket_group {self.config['socket_group']!r} does not exist") from None
+        made = "" if p.parent.exists() else f" ({p.parent} to be created)"
+        return (f"would listen on {p}{made}, mode {self.config['socket_mode']}, "
+                f"group {self.config['socket_group'] or '(the agent' + chr(39) + 's)'}")
+
     def start(self) -> None:
         p = self.path
         try:
@@ -100,7 +134,19 @@ class TrainSource(Source):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             s.bind(str(p))
-            os.chmod(p, 0o666)
+            os.chmod(p, int(self.config["socket_mode"], 8))
+            if self.config["socket_group"]:
+                import grp
+
+                try:
+                    gid = grp.getgrnam(self.config["socket_group"]).gr_gid
+                except KeyError:
+                    s.close()
+                    p.unlink(missing_ok=True)
+                    raise SourceUnavailable(
+                        f"socket_group {self.config['socket_group']!r} does not exist (create it, or leave socket_group empty)"
+                    ) from None
+                os.chown(p, -1, gid)
         except OSError as e:
             raise SourceUnavailable(f"cannot listen on {p}: {e.strerror or e}") from None
         s.settimeout(0.2)

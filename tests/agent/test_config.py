@@ -3,6 +3,7 @@ Collector habit), plus precedence: defaults < file < environment < flags."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,28 @@ def test_cli_check_reports_unreachable_broker(tmp_path: Path) -> None:
     assert r.returncode == 1
     err = [line for line in r.stdout.splitlines() if line.startswith("sink")]
     assert len(err) == 1 and "error" in err[0] and f"kafka://127.0.0.1:{port}/t" in err[0]
+
+
+def test_check_creates_no_directories_or_files(tmp_path: Path) -> None:
+    spool, run_dir = tmp_path / "var" / "spool", tmp_path / "run" / "cmdare"
+    r = subprocess.run(
+        [sys.executable, "-m", "cmdare.agent.cli", "--config", "/dev/null", "--check", "--spool-dir", str(spool),
+         "--set", "sources.gpu.enabled=false", "--set", "sources.train.enabled=true",
+         "--set", f"sources.train.socket={run_dir / 'train.sock'}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert list(tmp_path.iterdir()) == []  # neither the spool nor /run/cmdare made by a check
+    lines = r.stdout.splitlines()
+    assert any(x.startswith("spool     ok") and "(to be created in" in x for x in lines), lines
+    assert any(x.startswith("source    ok     train: would listen on") and "to be created" in x for x in lines), lines
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    r = subprocess.run(
+        [sys.executable, "-m", "cmdare.agent.cli", "--config", "/dev/null", "--check", "--spool-dir", str(ro / "f"),
+         "--set", "sources.gpu.enabled=false"],
+        capture_output=True, text=True, timeout=60,
+    )
+    if os.geteuid() != 0:  # root writes anywhere
+        assert r.returncode == 1 and f"{ro} is not writable by this user" in r.stdout
+    assert list(ro.iterdir()) == []

@@ -4,6 +4,7 @@ Unix datagram socket."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from cmdare.agent import track
 from cmdare.agent.config import ConfigError
 from cmdare.agent.runtime import SourceRunner
+from cmdare.agent.sources.base import SourceUnavailable
 from cmdare.agent.sources.train import TrainSource
 from tests.conftest import ROOT, wait_for
 
@@ -288,3 +290,32 @@ def test_stale_socket_is_replaced_and_a_file_in_the_way_is_unavailable(sockdir: 
 def test_slow_factor_must_be_above_one() -> None:
     with pytest.raises(ConfigError, match=r"sources.train.slow_factor: must be a number above 1, got '0.5'"):
         TrainSource.parse_config("sources.train", {"slow_factor": "0.5"})
+
+
+def test_socket_is_0660_for_a_group_and_an_unknown_group_is_said(sockdir: Path) -> None:
+    import grp
+    import os
+    import stat as st
+
+    p = sockdir / "g.sock"
+    mine = grp.getgrgid(os.getgid()).gr_name
+    src = source(p, socket_group=mine)
+    src.start()
+    try:
+        m = p.stat()
+        assert st.S_IMODE(m.st_mode) == 0o660 and m.st_gid == os.getgid()  # not 0666: other users cannot send
+    finally:
+        src.close()
+    src = source(p, socket_mode="0666")
+    src.start()
+    try:
+        assert st.S_IMODE(p.stat().st_mode) == 0o666
+    finally:
+        src.close()
+    src = source(p, socket_group="no-such-group-cmdare")
+    with pytest.raises(SourceUnavailable, match="socket_group 'no-such-group-cmdare' does not exist"):
+        src.start()
+    assert not p.exists()
+    for bad, msg in (("660x", "expected octal permission bits like 0660"), ("0460", "the owner (the agent) must keep write")):
+        with pytest.raises(ConfigError, match=re.escape(msg)):
+            source(p, socket_mode=bad)
