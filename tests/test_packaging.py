@@ -19,6 +19,9 @@ DATA = {
     "cmdare/agent/packaging/cmdare-agent.sysusers",
     "cmdare/agent/packaging/agent.sample.toml",
     "cmdare/analytics/data/accelerators.csv",
+    "cmdare/analytics/data/prices.csv",
+    "cmdare/collector/packaging/cmdare-collector.service",
+    "cmdare/collector/packaging/cmdare-collector.sysusers",
 } | {f"cmdare/collector/schema/{p.name}" for p in (ROOT / "collector" / "schema").glob("*.sql")} | {
     f"cmdare/analytics/sql/{p.name}" for p in (ROOT / "analytics" / "sql").glob("*.sql")
 }
