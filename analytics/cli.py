@@ -75,8 +75,13 @@ def _db_defaults(group: click.Group, db: str) -> dict[str, Any]:
     metavar="PATH",
     help="the database for the command that follows (as its own --db; either place works)",
 )
+@click.option(
+    "--server",
+    metavar="URL",
+    help="run the command through this collector's API (default: the one holding the database, if any)",
+)
 @click.pass_context
-def cli(ctx: click.Context, group_db: str | None) -> None:
+def cli(ctx: click.Context, group_db: str | None, server: str | None) -> None:
     """Query cmdare telemetry: nodes, GPUs, hosts, training jobs and steps, or any SQL.
     Times shown are UTC, as stored.
 
@@ -96,6 +101,10 @@ def cli(ctx: click.Context, group_db: str | None) -> None:
       analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6
       analyze sql "SELECT node, count(*) FROM gpu_samples GROUP BY node"
       analyze import tensorboard runs/ --job resnet50-a --gpu-type v100 --workers 4
+
+    A database held by a running collector is read through that collector's API (found
+    in DB.service.json beside it; $CMDARE_HTTP_TOKEN is sent as the bearer token), with the
+    same output; --server URL names a collector explicitly.
     """
     if group_db is not None:  # `analyze --db X nodes` as `analyze nodes --db X`
         ctx.default_map = _db_defaults(cli, group_db)
@@ -1252,8 +1261,96 @@ def predict_revocation(region: str, gpu_type: str, hours: float, db: str, as_jso
     _emit_prediction(_with_ro(db, run), as_json_, "probability")
 
 
+def _strip(argv: list[str], name: str) -> tuple[list[str], list[str]]:
+    """argv without ``name VALUE`` / ``name=VALUE``, and the values."""
+    out, vals, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            out += argv[i:]
+            break
+        if a == name and i + 1 < len(argv):
+            vals.append(argv[i + 1])
+            i += 2
+            continue
+        if a.startswith(name + "="):
+            vals.append(a.split("=", 1)[1])
+        else:
+            out.append(a)
+        i += 1
+    return out, vals
+
+
+def _serving(db: str) -> str | None:
+    """The API URL of a running collector holding ``db`` (its service file, its process
+    alive), else None."""
+    import os
+
+    from cmdare.collector.service import service_file
+
+    f = service_file(db)
+    try:
+        info = json.loads(f.read_text())
+        pid, url = int(info["pid"]), str(info["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a stale file: that collector is gone
+    except PermissionError:
+        pass  # alive, another user's
+    return url
+
+
+def _forward(url: str, argv: list[str]) -> int:
+    """Run ``argv`` through a collector's API; print what it printed; its exit code."""
+    import os
+    import ssl
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from cmdare.collector.service import TOKEN_ENV
+
+    req = urllib.request.Request(
+        url.rstrip("/") + "/api/v1/analyze", data=json.dumps({"argv": argv}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST",
+    )
+    if os.environ.get(TOKEN_ENV):
+        req.add_header("Authorization", f"Bearer {os.environ[TOKEN_ENV].strip()}")
+    ctx = ssl.create_default_context(cafile=os.environ.get("CMDARE_HTTP_CA") or None) if url.startswith("https") else None
+    try:
+        with urllib.request.urlopen(req, timeout=600, context=ctx) as r:
+            res = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        why = "unauthorized: set $CMDARE_HTTP_TOKEN" if e.code == 401 else f"HTTP {e.code}: {e.read()[:200]!r}"
+        print(f"Error: the collector's API at {url}: {why}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        print(f"Error: the collector's API at {url} does not answer ({reason})", file=sys.stderr)
+        return 1
+    sys.stdout.write(res.get("stdout", ""))
+    sys.stderr.write(res.get("stderr", ""))
+    return int(res.get("exit_code", 1))
+
+
 def main() -> None:
-    cli()
+    import os
+    import sys
+
+    argv = sys.argv[1:]
+    argv, servers = _strip(argv, "--server")
+    local = not argv or any(a in ("--help", "-h", "--version") for a in argv)
+    url = servers[-1] if servers else None
+    if url is None and not local:
+        _, dbs = _strip(argv, "--db")
+        url = _serving(dbs[-1] if dbs else os.environ.get("CMDARE_DB") or "cmdare.duckdb")
+    if url is not None and not local:
+        # the collector serves its own database: the client's --db only found it
+        sys.exit(_forward(url, _strip(argv, "--db")[0]))
+    cli(args=argv, prog_name="analyze")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,46 @@ def _progress(t: Totals) -> None:
     click.echo(f"cmdare-collector: {t.line()}", err=True)
 
 
+HTTP_HELP = (
+    "serve the API (queries while collecting; analyze finds it by itself) on ADDR:PORT; port 0: any free "
+    "port (written to DB.service.json); off: none"
+)
+
+
+def _http_options(f):
+    f = click.option("--http-tls-key", type=click.Path(dir_okay=False), help="TLS private key for the API")(f)
+    f = click.option("--http-tls-cert", type=click.Path(dir_okay=False), help="TLS certificate for the API")(f)
+    f = click.option("--http-token-file", type=click.Path(dir_okay=False),
+                     help="bearer token clients must send (needed off loopback; or $CMDARE_HTTP_TOKEN)")(f)
+    return click.option("--http", envvar="CMDARE_HTTP", default="127.0.0.1:0", show_default=True, help=HTTP_HELP)(f)
+
+
+def _http_config(http: str, token_file, cert, key):
+    """--http and its token / TLS options, checked before the database is opened."""
+    from .service import parse_http
+
+    try:
+        return parse_http(http, token_file, cert, key)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def _serve(con, db: str, cfg, totals):
+    """The API on the collector's connection, or None with --http off."""
+    from .service import Service
+
+    if cfg is None:
+        return None
+    svc = Service(con, db, cfg, totals)
+    try:
+        url = svc.start()
+    except OSError as e:
+        svc.stop()
+        raise click.ClickException(str(e)) from None
+    click.echo(f"cmdare-collector: API on {url} (analyze finds it through {db}.service.json)", err=True)
+    return svc
+
+
 def _open(db: str):
     try:
         return connect(db)
@@ -84,6 +124,7 @@ def cli() -> None:
 )
 @click.option("--progress-every", default="10s", show_default=True, help="how often to print progress")
 @_skew_option
+@_http_options
 def kafka(
     url: str,
     db: str,
@@ -93,6 +134,10 @@ def kafka(
     idle_exit: str | None,
     progress_every: str,
     max_clock_skew: str,
+    http: str,
+    http_token_file: str | None,
+    http_tls_cert: str | None,
+    http_tls_key: str | None,
 ) -> None:
     """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
 
@@ -112,15 +157,21 @@ def kafka(
         skew = _max_skew(max_clock_skew)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
+    hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key)
     con = _open(db)
     ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe, max_skew=skew)
+    svc = _serve(con, db, hc, lambda: ing.totals)
     try:
         ing.open()
     except ConnectionError as e:
+        if svc:
+            svc.stop()
         raise click.ClickException(str(e)) from None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ing.stop())
     click.echo(f"cmdare-collector: consuming {u.text} (group {group}) into {db}", err=True)
+    if svc:
+        svc.ready = True
     try:
         t = ing.run(idle_exit=ie)
     except duckdb.Error as e:
@@ -129,6 +180,8 @@ def kafka(
             f"not committed: {str(e).splitlines()[0]}"
         ) from None
     finally:
+        if svc:
+            svc.stop()
         ing.close()
         con.close()
     click.echo(f"cmdare-collector: done: {t.line()}", err=True)
@@ -140,7 +193,9 @@ def kafka(
 @click.option("--follow", is_flag=True, help="keep loading new events until stopped")
 @click.option("--interval", default="1s", show_default=True, help="with --follow: how often to look")
 @_skew_option
-def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str) -> None:
+@_http_options
+def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str, http: str,
+          http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None) -> None:
     """Load an agent's spool DIRECTORY (the embedded default: no Kafka) into --db.
 
     The position reached is stored in the database, so running it again loads only what
@@ -149,20 +204,25 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
     \b
     Example:
       cmdare-collector spool /var/lib/cmdare/spool --db cmdare.duckdb
+      cmdare-collector spool /var/lib/cmdare/spool --follow --db cmdare.duckdb   # with the API, for analyze
     """
     try:
         iv = parse_duration("--interval", interval)
         skew = _max_skew(max_clock_skew)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
+    hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key) if follow else None
     if not directory.is_dir():
         raise click.ClickException(f"{directory}: no such spool directory")
     con = _open(db)
     ing = SpoolIngest(con, directory, progress=_progress, max_skew=skew)
+    svc = _serve(con, db, hc, lambda: ing.totals) if follow else None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ing.stop())
     try:
         if follow:
+            if svc:
+                svc.ready = True
             ing.follow(iv)
         else:
             ing.load_available()
@@ -172,6 +232,8 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
             f"position kept: {str(e).splitlines()[0]}"
         ) from None
     finally:
+        if svc:
+            svc.stop()
         con.close()
     click.echo(f"cmdare-collector: {directory} -> {db}: {ing.totals.line()}", err=True)
 

@@ -40,6 +40,11 @@ ROW_GROUP_SIZE = 30720
 
 
 def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    from cmdare.analytics.db import live_cursor
+
+    served = live_cursor(path)  # inside the collector's API: its own connection
+    if served is not None:
+        return served
     path = str(path)
     if read_only and not Path(path).exists():
         raise DatabaseError(f"{path}: no such database (load data with cmdare-collector first)")
