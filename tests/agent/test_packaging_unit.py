@@ -41,3 +41,6 @@ def test_verify_passes_with_exec_start_at_the_installed_command(name: str, tmp_p
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
     # the documented steps make the config readable by the service's group
     assert "install -D -m640 -o root -g " in text
+    assert "Restart=on-failure" in text and "ProtectSystem=strict" in text
+    if name == "cmdare-agent":
+        assert "Type=notify" in text and "WatchdogSec=" in text and "User=cmdare" in text

@@ -206,3 +206,33 @@ def test_the_same_output_as_locally_once_the_collector_stops(live) -> None:
     locally = analyze("sql", q, "--db", str(db))
     assert locally.returncode == 0, locally.stderr
     assert locally.stdout == through.stdout and locally.stderr == through.stderr
+
+
+def test_tls_with_a_certificate_the_client_trusts(tmp_path: Path) -> None:
+    import shutil
+    import ssl
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed here")
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    spool, db = tmp_path / "spool", tmp_path / "tls.duckdb"
+    spool.mkdir()
+    col = start_collector(spool, db, "--http-tls-cert", str(cert), "--http-tls-key", str(key))
+    try:
+        url = service(db, col)
+        assert url.startswith("https://127.0.0.1:")
+        ctx = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(url + "/healthz", context=ctx, timeout=30) as r:
+            assert r.status == 200
+        with pytest.raises(urllib.error.URLError):  # not trusted without the CA
+            urllib.request.urlopen(url + "/healthz", timeout=30)
+        r = analyze("sql", "SELECT 7 AS x", "--db", str(db), "--json", env={**agent_env(), "CMDARE_HTTP_CA": str(cert)})
+        assert r.returncode == 0 and json.loads(r.stdout) == [{"x": 7}], r.stderr
+    finally:
+        stop(col)
+    r = subprocess.run([str(BIN / "cmdare-collector"), "spool", str(spool), "--follow", "--db", str(db),
+                        "--http-tls-cert", str(cert)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--http-tls-cert and --http-tls-key go together" in r.stderr
