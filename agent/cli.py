@@ -131,6 +131,19 @@ def check(cfg: AgentConfig) -> int:
         print(
             f"sink      ok     none: the spool {cfg.spool.dir} is the sink (load it with: cmdare-collector spool DIR)"
         )
+    if cfg.prometheus.listen:
+        import socket as _socket
+
+        p = cfg.prometheus
+        try:  # can the port be had? (bound and released at once)
+            with _socket.create_server((p.host, p.port)):
+                pass
+            print(f"export    ok     prometheus: /metrics on {p.host}:{p.port}{' (TLS)' if p.tls_cert else ''}")
+        except OSError as e:
+            ok = False
+            print(f"export    error  prometheus.listen: cannot listen on {p.host}:{p.port}: {e.strerror or e}")
+    if cfg.otlp.endpoint:
+        print(f"export    ok     otlp: {cfg.otlp.protocol} to {cfg.otlp.endpoint} every {cfg.otlp.interval:g}s")
     return 0 if ok else 1
 
 
@@ -206,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"cmdare-agent: spool.dir {Path(e.filename or cfg.spool.dir)}: permission denied", file=sys.stderr
         )
+        sys.exit(1)
+    except OSError as e:  # e.g. prometheus.listen's port is taken
+        print(f"cmdare-agent: {e}", file=sys.stderr)
         sys.exit(1)
     sys.exit(0)
 

@@ -61,6 +61,26 @@ class SinkConfig:
 
 
 @dataclass
+class PrometheusConfig:
+    listen: str = ""  # "ADDR:PORT" (":9464" = every address): serve /metrics; empty = off
+    host: str = ""
+    port: int = 0
+    stale_after: float = 300.0  # drop a series not updated for this long
+    tls_cert: str = ""
+    tls_key: str = ""
+
+
+@dataclass
+class OtlpConfig:
+    endpoint: str = ""  # empty = off; http/protobuf: http(s)://host:4318/v1/metrics, grpc: http(s)://host:4317
+    protocol: str = "http/protobuf"
+    interval: float = 0.0  # 0: the agent's sampling interval (at least 1s)
+    timeout: float = 10.0
+    headers: dict[str, str] = field(default_factory=dict)
+    ca_file: str = ""
+
+
+@dataclass
 class AgentConfig:
     node: str = field(default_factory=socket.gethostname)
     role: str = "worker"
@@ -71,6 +91,8 @@ class AgentConfig:
     sample_format: str = "rows"  # host / gpu / tpu samples as row lines; "json": every event a JSON object
     spool: SpoolConfig = field(default_factory=SpoolConfig)
     sink: SinkConfig = field(default_factory=SinkConfig)
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
+    otlp: OtlpConfig = field(default_factory=OtlpConfig)
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     path: str | None = None  # where it was read from, for messages
 
@@ -85,6 +107,8 @@ _TOP_KEYS = {
     "sample_format",
     "spool",
     "sink",
+    "prometheus",
+    "otlp",
     "sources",
 }
 SAMPLE_FORMATS = ("rows", "json")
@@ -100,6 +124,9 @@ _SINK_KEYS = {
     "retry_backoff",
     "retry_backoff_max",
 }
+_PROMETHEUS_KEYS = {"listen", "stale_after", "tls_cert", "tls_key"}
+_OTLP_KEYS = {"endpoint", "protocol", "interval", "timeout", "headers", "ca_file"}
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 MESSAGE_FORMATS = ("columns", "lines")
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -260,9 +287,79 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
     if k.batch_bytes < k.message_bytes:
         raise ConfigError("sink.batch_bytes: must be at least sink.message_bytes")
 
+    _exports(cfg, tree)
+
     srcs = _table("sources", tree.get("sources", {}))
     _unknown("sources", set(srcs), set(REGISTRY))
     for name, cls in REGISTRY.items():
         raw = _table(f"sources.{name}", srcs.get(name, {}))
         cfg.sources[name] = cls.parse_config(f"sources.{name}", raw)
     return cfg
+
+
+def parse_listen(key: str, value: str) -> tuple[str, int]:
+    """``ADDR:PORT``, ``[v6]:PORT`` or ``:PORT`` (every address)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: expected ADDR:PORT (e.g. 0.0.0.0:9464, :9464), got {value!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def _module(key: str, module: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{key}: needs the {module} package (pip install 'cmdare[{extra}]')")
+
+
+def _exports(cfg: AgentConfig, tree: dict[str, Any]) -> None:
+    pr = _table("prometheus", tree.get("prometheus", {}))
+    _unknown("prometheus", set(pr), _PROMETHEUS_KEYS)
+    p = cfg.prometheus
+    if "listen" in pr:
+        p.listen = _str("prometheus.listen", pr["listen"]).strip()
+    if "stale_after" in pr:
+        p.stale_after = parse_duration("prometheus.stale_after", pr["stale_after"])
+    for k in ("tls_cert", "tls_key"):
+        if k in pr:
+            setattr(p, k, _str(f"prometheus.{k}", pr[k]).strip())
+    if bool(p.tls_cert) != bool(p.tls_key):
+        raise ConfigError("prometheus.tls_cert: TLS needs both prometheus.tls_cert and prometheus.tls_key")
+    if p.listen and p.listen.lower() != "off":
+        p.host, p.port = parse_listen("prometheus.listen", p.listen)
+        _module("prometheus.listen", "prometheus_client", "prometheus")
+    else:
+        p.listen = ""
+
+    ot = _table("otlp", tree.get("otlp", {}))
+    _unknown("otlp", set(ot), _OTLP_KEYS)
+    o = cfg.otlp
+    if "endpoint" in ot:
+        o.endpoint = _str("otlp.endpoint", ot["endpoint"]).strip()
+    if "protocol" in ot:
+        o.protocol = _str("otlp.protocol", ot["protocol"]).strip().lower()
+        if o.protocol not in OTLP_PROTOCOLS:
+            raise ConfigError(f"otlp.protocol: must be one of {', '.join(OTLP_PROTOCOLS)}, got {ot['protocol']!r}")
+    for k in ("interval", "timeout"):
+        if k in ot:
+            setattr(o, k, parse_duration(f"otlp.{k}", ot[k]))
+    if "headers" in ot:
+        h = _table("otlp.headers", ot["headers"])
+        for k, v in h.items():
+            if not isinstance(v, str):
+                raise ConfigError(f"otlp.headers.{k}: header values must be strings")
+        o.headers = dict(h)
+    if "ca_file" in ot:
+        o.ca_file = _str("otlp.ca_file", ot["ca_file"]).strip()
+    if o.endpoint:
+        if not o.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"otlp.endpoint: expected an http:// or https:// URL, got {o.endpoint!r}")
+        if o.protocol == "grpc":
+            _module("otlp.endpoint", "opentelemetry.exporter.otlp.proto.grpc", "otlp")
+        else:
+            _module("otlp.endpoint", "opentelemetry.exporter.otlp.proto.http", "otlp")
+        if o.interval == 0:
+            o.interval = max(1.0, cfg.interval)
+        if o.interval < 1.0:
+            raise ConfigError("otlp.interval: must be at least 1s")

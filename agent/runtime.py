@@ -21,6 +21,7 @@ from cmdare.wire.events import Encoded, EventFactory, jstr
 
 from . import __version__, cloud
 from .config import AgentConfig
+from .exporters import MetricStore, OtlpExporter, PrometheusExporter
 from .sdnotify import Notifier
 from .sinks.kafka import KafkaSink
 from .sinks.shipper import Shipper
@@ -92,7 +93,7 @@ class Agent:
             fsync_interval=cfg.spool.fsync_interval,
         )
         self.shipper: Shipper | None = None
-        self._sink_status: list[tuple[bool, str]] = []
+        self._sink_status: list[tuple[str, bool, str]] = []
         self._spool_problem: str | None = None  # the spool's trouble at the last tick
         adapters = dict(adapters or {})
         self.state = AgentState(cfg.spool.dir)
@@ -116,6 +117,31 @@ class Agent:
                 )
         self._pending: list[bytes] = []
         self._pending_n = 0
+        # the standard exports ([prometheus], [otlp]): every emitted event also updates
+        # the table of current values they read
+        self.metrics: MetricStore | None = None
+        self.prometheus: PrometheusExporter | None = None
+        self.otlp: OtlpExporter | None = None
+        if cfg.prometheus.listen or cfg.otlp.endpoint:
+            self.metrics = MetricStore(cfg.node, cfg.role, cfg.job, cfg.labels, cfg.prometheus.stale_after)
+        if cfg.prometheus.listen:
+            p = cfg.prometheus
+            self.prometheus = PrometheusExporter(
+                self.metrics, p.host, p.port, p.tls_cert or None, p.tls_key or None  # type: ignore[arg-type]
+            )
+        if cfg.otlp.endpoint:
+            o = cfg.otlp
+            self.otlp = OtlpExporter(
+                self.metrics,  # type: ignore[arg-type]
+                o.endpoint,
+                o.protocol,
+                o.interval,
+                o.timeout,
+                o.headers,
+                o.ca_file or None,
+                resource={"host.name": cfg.node, "service.instance.id": self.factory.ids.instance},
+                on_status=lambda ok, msg: self._sink_status.append(("sink.otlp", ok, msg)),
+            )
 
     # -- counters for the heartbeat
     def stats(self) -> dict[str, Any]:
@@ -143,6 +169,8 @@ class Agent:
     ) -> None:
         self._pending.append(self.factory.line(type_, data, ts, job, id))
         self._pending_n += 1
+        if self.metrics is not None:
+            self.metrics.observe(type_, data, job)
 
     def _emitter(self, ts: float) -> Callable[..., None]:
         """The ``emit`` a source gets: events without their own timestamp take ``ts``."""
@@ -159,15 +187,15 @@ class Agent:
         self.emit("status", Encoded(d, text))
 
     def _on_sink(self, ok: bool, msg: str) -> None:
-        self._sink_status.append((ok, msg))  # picked up by the next tick (thread-safe append)
+        self._sink_status.append(("sink.kafka", ok, msg))  # picked up by the next tick (thread-safe append)
 
     def tick(self) -> None:
         ts = time.time()
         for r in self.runners:
             r.tick(self._emitter(ts), self._status)
         while self._sink_status:
-            ok, msg = self._sink_status.pop(0)
-            self._status("sink.kafka", "ok" if ok else "error", 0.0, msg)
+            name, ok, msg = self._sink_status.pop(0)
+            self._status(name, "ok" if ok else "error", 0.0, msg)
         if self.spool.problem:  # every tick while the disk refuses (the oldest may be dropped)
             self._status("spool", "error", 0.0, self.spool.problem)
         elif self._spool_problem:
@@ -192,6 +220,16 @@ class Agent:
 
     def open(self) -> None:
         self.spool.open()
+        try:
+            if self.prometheus:
+                self.prometheus.open()
+            if self.otlp:
+                self.otlp.open()
+        except BaseException:
+            if self.prometheus:
+                self.prometheus.close()
+            self.spool.close()
+            raise
         k = self.cfg.sink
         if k.kafka:
             sink = KafkaSink(
@@ -301,6 +339,10 @@ class Agent:
         self.flush(urgent=True)
         if self.shipper:
             self.shipper.stop(STOP_GRACE)
+        if self.otlp:  # a last export with the final values
+            self.otlp.close(timeout=max(0.5, STOP_GRACE - (time.monotonic() - t0)))
+        if self.prometheus:
+            self.prometheus.close()
         self.spool.close()
         log.info(
             "stopped in %.2fs (spooled %d, shipped %d, pending %d)",

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,12 @@ class Totals:
     messages: int = 0
     started: float = 0.0
     last_stored: float = 0.0  # time.monotonic() when the last batch was committed to DuckDB
+    batch_seconds: float = 0.0  # write transactions' total wall time
+    last_batch_seconds: float = 0.0
+    # Kafka: per (topic, partition), records behind the partition's end at the last fetch
+    # (high watermark - next offset), and the newest fetched record's age (its timestamp)
+    lag: dict[tuple[str, int], int] = field(default_factory=dict)
+    lag_seconds: float | None = None
 
     def add(self, r: WriteResult, messages: int) -> None:
         self.events += r.inserted
@@ -56,6 +62,8 @@ class Totals:
         self.batches += 1
         self.messages += messages
         self.last_stored = time.monotonic()
+        self.batch_seconds += r.seconds
+        self.last_batch_seconds = r.seconds
 
     def _of_them(self) -> str:
         n = self.not_utf8
@@ -230,6 +238,8 @@ class KafkaIngest:
                         batch.add(f"kafka:{tp.topic}/{tp.partition}@{rec.offset}", rec.value)
                         offsets[tp] = rec.offset
                     n += len(records)
+                    if records:
+                        self._lag(tp, records[-1])
                 if n:
                     self._mean_size = 0.5 * self._mean_size + 0.5 * max(1.0, (batch.bytes - got) / n)
                 if not polled and batch:
@@ -273,6 +283,17 @@ class KafkaIngest:
             if self.progress and now - last_report >= self.progress_every:
                 self.progress(self.totals)
                 last_report = now
+
+    def _lag(self, tp: Any, rec: Any) -> None:
+        """Consumer lag from what the last fetch said (no request of its own)."""
+        try:
+            hw = self.consumer.highwater(tp)
+        except Exception:
+            hw = None
+        if hw is not None:
+            self.totals.lag[(tp.topic, tp.partition)] = max(0, hw - rec.offset - 1)
+        if rec.timestamp and rec.timestamp > 0:
+            self.totals.lag_seconds = max(0.0, time.time() - rec.timestamp / 1000)
 
     def _in_group(self) -> bool:
         """Whether the consumer is a stable member of its group (kafka-python's coordinator
@@ -390,8 +411,10 @@ class _WriterThread:
             if item is None:
                 return
             batch, offsets = item
+            t0 = time.perf_counter()
             try:
                 result = self.retry(lambda: self.writer.write_batch(batch))  # noqa: B023 (called at once)
+                result.seconds = time.perf_counter() - t0
             except BaseException as e:  # surfaced on the consumer thread
                 self.error = e
                 self.finished.put(None)
@@ -483,7 +506,9 @@ class SpoolIngest:
             for data, end in chunks:
                 start = end.offset - len(data)
                 msgs.append((f"spool:{self.dir}/{end.segment:016d}@{start}", data))
+            t0 = time.perf_counter()
             r = self.retry(lambda: self.writer.write(msgs, position=(self.source, nxt.segment, nxt.offset)))  # noqa: B023
+            r.seconds = time.perf_counter() - t0
             self.totals.add(r, len(msgs))
             stored += r.inserted
             pos = nxt

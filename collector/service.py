@@ -307,7 +307,7 @@ class Service:
 
     def metrics_text(self) -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
         svc = self
 
@@ -330,6 +330,21 @@ class Service:
                         yield GaugeMetricFamily("cmdare_collector_last_batch_age_seconds",
                                                 "seconds since the last batch was committed",
                                                 value=time.monotonic() - t.last_stored)
+                    yield SummaryMetricFamily("cmdare_collector_batch_seconds",
+                                              "write transactions' wall time (count: batches)",
+                                              count_value=t.batches, sum_value=t.batch_seconds)
+                    yield GaugeMetricFamily("cmdare_collector_last_batch_seconds",
+                                            "the last write transaction's wall time", value=t.last_batch_seconds)
+                    lag = GaugeMetricFamily("cmdare_collector_kafka_lag_messages",
+                                            "records behind the partition's end at the last fetch",
+                                            labels=("topic", "partition"))
+                    for (topic, part), n in sorted(dict(t.lag).items()):
+                        lag.add_metric([topic, str(part)], n)
+                    yield lag
+                    if t.lag_seconds is not None:
+                        yield GaugeMetricFamily("cmdare_collector_kafka_lag_seconds",
+                                                "age of the newest record fetched (its Kafka timestamp) when fetched",
+                                                value=t.lag_seconds)
                 yield CounterMetricFamily("cmdare_collector_http_requests", "API requests served", value=svc.requests)
                 yield GaugeMetricFamily("cmdare_collector_ready", "1 once ingest runs", value=1.0 if svc.ready else 0.0)
 

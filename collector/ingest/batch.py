@@ -33,6 +33,7 @@ class WriteResult:
     empty: int = 0  # messages with an empty value (nothing stored, nothing dead-lettered)
     not_utf8: int = 0  # of ``dead``: lines whose bytes are not UTF-8 (damage), each on its own
     skewed: int = 0  # of the rows inserted: stamped beyond the clock window (``clock_skew``)
+    seconds: float = 0.0  # the write transaction's wall time (the collector's batch-time metric)
 
     @property
     def inserted(self) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.analytics.test_sql_safety import HOSTILE
 from tests.conftest import BIN, agent_env, wait_for
@@ -88,6 +89,11 @@ def test_health_readiness_and_metrics(live) -> None:
     code, text = call(url, "/metrics")
     assert code == 200 and b"# TYPE cmdare_collector_events_stored_total counter" in text
     assert b"cmdare_collector_ready 1.0" in text
+    # batch time: a summary whose count is the batches committed, and a positive sum
+    fams = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    bs = {s.name: s.value for s in fams["cmdare_collector_batch_seconds"].samples}
+    assert bs["cmdare_collector_batch_seconds_count"] >= 1 and bs["cmdare_collector_batch_seconds_sum"] > 0
+    assert bs["cmdare_collector_batch_seconds_count"] == fams["cmdare_collector_batches"].samples[0].value
 
 
 def test_analyze_runs_through_the_collector_while_it_writes(live) -> None:
