@@ -23,7 +23,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from cmdare.wire.kafka import KafkaURL, parse_kafka_url
+from cmdare.wire.kafka import SECURITY_KEYS, KafkaURL, parse_kafka_security, parse_kafka_url
 from cmdare.wire.plugin import parse_bool as _bool
 from cmdare.wire.plugin import parse_int as _int
 from cmdare.wire.plugin import parse_str as _str
@@ -123,6 +123,7 @@ _SINK_KEYS = {
     "request_timeout",
     "retry_backoff",
     "retry_backoff_max",
+    *SECURITY_KEYS,  # SASL / TLS (cmdare.wire.kafka.KafkaSecurity)
 }
 _PROMETHEUS_KEYS = {"listen", "stale_after", "tls_cert", "tls_key"}
 _OTLP_KEYS = {"endpoint", "protocol", "interval", "timeout", "headers", "ca_file"}
@@ -261,6 +262,9 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
         k.url = _str("sink.url", sk["url"]).strip()
     if k.url:
         k.kafka = parse_kafka_url("sink.url", k.url)
+        k.kafka.security = parse_kafka_security("sink.", {x: sk[x] for x in SECURITY_KEYS if x in sk})
+    elif any(x in sk for x in SECURITY_KEYS):
+        raise ConfigError("sink.url: Kafka security settings are given but no sink.url")
     if "linger_ms" in sk:
         k.linger_ms = _int("sink.linger_ms", sk["linger_ms"], 0, 60_000)
     if "compression" in sk:

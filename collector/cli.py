@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import duckdb
 
-from cmdare.wire.kafka import parse_kafka_url
+from cmdare.wire.kafka import parse_kafka_security, parse_kafka_url
 from cmdare.wire.units import ConfigError, parse_duration, parse_size
 
 from .consumer import KafkaIngest, SpoolIngest, Totals
@@ -53,6 +53,25 @@ def _http_options(f):
     f = click.option("--http-token-file", type=click.Path(dir_okay=False),
                      help="bearer token clients must send (needed off loopback; or $CMDARE_HTTP_TOKEN)")(f)
     return click.option("--http", envvar="CMDARE_HTTP", default="127.0.0.1:0", show_default=True, help=HTTP_HELP)(f)
+
+
+def _kafka_security_options(f):
+    """SASL / TLS for the kafka:// source (cmdare.wire.kafka.KafkaSecurity)."""
+    f = click.option("--ssl-no-check-hostname", "ssl_no_check_hostname", is_flag=True,
+                     help="do not check that the broker's certificate names the host (not recommended)")(f)
+    f = click.option("--ssl-keyfile", envvar="CMDARE_KAFKA_SSL_KEYFILE", help="client private key (PEM)")(f)
+    f = click.option("--ssl-certfile", envvar="CMDARE_KAFKA_SSL_CERTFILE",
+                     help="client certificate (PEM), for brokers that require one")(f)
+    f = click.option("--ssl-cafile", envvar="CMDARE_KAFKA_SSL_CAFILE",
+                     help="CA certificates (PEM) that sign the brokers' certificates (default: the system's)")(f)
+    f = click.option("--sasl-password-file", envvar="CMDARE_KAFKA_PASSWORD_FILE",
+                     help="file holding the SASL password (or $CMDARE_KAFKA_PASSWORD); never logged")(f)
+    f = click.option("--sasl-username", envvar="CMDARE_KAFKA_USERNAME", help="SASL user name")(f)
+    f = click.option("--sasl-mechanism", envvar="CMDARE_KAFKA_SASL_MECHANISM",
+                     help="PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (default with a user: SCRAM-SHA-512)")(f)
+    return click.option("--security-protocol", envvar="CMDARE_KAFKA_SECURITY_PROTOCOL",
+                        help="PLAINTEXT | SSL | SASL_SSL | SASL_PLAINTEXT (default: PLAINTEXT; SASL_SSL once a "
+                             "user is given; SSL once a TLS file is given)")(f)
 
 
 def _http_config(http: str, token_file, cert, key):
@@ -124,6 +143,7 @@ def cli() -> None:
 )
 @click.option("--progress-every", default="10s", show_default=True, help="how often to print progress")
 @_skew_option
+@_kafka_security_options
 @_http_options
 def kafka(
     url: str,
@@ -138,18 +158,36 @@ def kafka(
     http_token_file: str | None,
     http_tls_cert: str | None,
     http_tls_key: str | None,
+    security_protocol: str | None,
+    sasl_mechanism: str | None,
+    sasl_username: str | None,
+    sasl_password_file: str | None,
+    ssl_cafile: str | None,
+    ssl_certfile: str | None,
+    ssl_keyfile: str | None,
+    ssl_no_check_hostname: bool,
 ) -> None:
     """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
 
     Offsets are committed only after the rows are committed in DuckDB; events delivered
-    twice are stored once; bad messages go to the dead_letters table.
+    twice are stored once; bad messages go to the dead_letters table.  Brokers with
+    SASL and TLS: --sasl-username and --sasl-password-file (or $CMDARE_KAFKA_PASSWORD),
+    --ssl-cafile, and a client certificate where the brokers require one.
 
     \b
-    Example:
+    Examples:
       cmdare-collector kafka kafka://127.0.0.1:9092/cmdare.events --db fleet.duckdb
+      cmdare-collector kafka kafka://b1:9093/cmdare.events --sasl-username collector --sasl-password-file /etc/cmdare/kafka.pw --ssl-cafile /etc/cmdare/kafka-ca.pem
     """
     try:
         u = parse_kafka_url("URL", url)
+        given = {
+            "security_protocol": security_protocol, "sasl_mechanism": sasl_mechanism,
+            "sasl_username": sasl_username, "sasl_password_file": sasl_password_file,
+            "ssl_cafile": ssl_cafile, "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile,
+            "ssl_check_hostname": False if ssl_no_check_hostname else None,
+        }
+        u.security = parse_kafka_security("--", {k: v for k, v in given.items() if v is not None})
         bb = parse_size("--batch-bytes", batch_bytes)
         mw = parse_duration("--max-wait", max_wait)
         ie = parse_duration("--idle-exit", idle_exit) if idle_exit else None
@@ -169,7 +207,8 @@ def kafka(
         raise click.ClickException(str(e)) from None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ing.stop())
-    click.echo(f"cmdare-collector: consuming {u.text} (group {group}) into {db}", err=True)
+    sec = f" over {u.security.describe()}" if u.security and u.security.protocol != "PLAINTEXT" else ""
+    click.echo(f"cmdare-collector: consuming {u.text}{sec} (group {group}) into {db}", err=True)
     if svc:
         svc.ready = True
     try:

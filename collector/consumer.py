@@ -181,12 +181,13 @@ class KafkaIngest:
                 heartbeat_interval_ms=3000,
                 client_id="cmdare-collector",
                 bootstrap_timeout_ms=15000,
+                **self.url.client_options(),  # SASL / TLS
             )
             self.consumer = KafkaConsumer(self.url.topic, **{**options, **self.options})
         except KafkaError as e:
-            raise ConnectionError(
-                f"{self.url.text}: cannot reach a broker ({type(e).__name__}: {e})"
-            ) from None
+            from cmdare.wire.kafka import explain
+
+            raise ConnectionError(f"{self.url.text}: {explain(e)}") from None
 
     def run(self, idle_exit: float | None = None) -> Totals:
         """Consume until stop() (or, with ``idle_exit``, until no message came for that long

@@ -126,3 +126,80 @@ def fill(mnt: Path, leave: int) -> Path:
     ballast = mnt / "ballast"
     ballast.write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
     return ballast
+
+
+GOBUILD = ROOT / "scripts" / "gobuild"
+
+
+def go_tool(name: str) -> Path:
+    """The real server ``name`` (scripts/gobuild: built once from the Go module proxy into
+    .cache/go); the test is skipped, saying why, where Go is absent."""
+    r = subprocess.run([sys.executable, str(GOBUILD), name], capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        if "Go is not on PATH" in r.stderr:
+            pytest.skip(r.stderr.strip())
+        raise RuntimeError(f"scripts/gobuild {name} failed: {r.stderr.strip()[-2000:]}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Prometheus:
+    """A real Prometheus server on loopback scraping ``targets`` ({job: [host:port]}) every
+    second, with its HTTP API for the tests to query."""
+
+    def __init__(self, binary: Path, workdir: Path, targets: dict[str, list[str]]) -> None:
+        import json
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = workdir / "prometheus.yml"
+        jobs = [
+            # honor_labels: the agent's own job label (the training job) wins over the scrape job's name
+            {"job_name": j, "honor_labels": True, "static_configs": [{"targets": t}]} for j, t in targets.items()
+        ]
+        cfg.write_text(json.dumps({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                                   "scrape_configs": jobs}))  # JSON is YAML
+        self.log = open(workdir / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            [str(binary), f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        wait_for(self._ready, 60, what="Prometheus ready")
+
+    def _ready(self) -> bool:
+        import urllib.request
+
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"prometheus exited: {Path(self.log.name).read_text()[-2000:]}")
+        try:
+            return urllib.request.urlopen(self.url + "/-/ready", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str) -> list[dict]:
+        """Instant query through the HTTP API: [{"metric": {labels}, "value": float}]."""
+        import json
+        import urllib.parse
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}",
+                                    timeout=10) as r:
+            body = json.loads(r.read())
+        assert body["status"] == "success", body
+        return [{"metric": x["metric"], "value": float(x["value"][1])} for x in body["data"]["result"]]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()

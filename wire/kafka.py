@@ -14,6 +14,10 @@ from .units import ConfigError
 class KafkaURL:
     bootstrap: list[str]
     topic: str
+    security: KafkaSecurity | None = None  # None: PLAINTEXT
+
+    def client_options(self) -> dict[str, object]:
+        return self.security.client_options() if self.security else {}
 
     @property
     def text(self) -> str:
@@ -30,6 +34,7 @@ def parse_kafka_url(key: str, url: str) -> KafkaURL:
         raise ConfigError(
             f"{key}: {url!r} is not a kafka:// URL (expected kafka://host:port[,host:port]/topic)"
         )
+    reject_userinfo(key, url)
     hosts = [h for h in parts.netloc.split(",")]
     if not parts.netloc or any(not h for h in hosts):
         raise ConfigError(f"{key}: {url!r} names no broker (expected kafka://host:port[,host:port]/topic)")
@@ -45,3 +50,175 @@ def parse_kafka_url(key: str, url: str) -> KafkaURL:
     if parts.query or parts.fragment:
         raise ConfigError(f"{key}: {url!r} must not have a query or fragment")
     return KafkaURL(hosts, topic)
+
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+PASSWORD_ENV = "CMDARE_KAFKA_PASSWORD"
+USERNAME_ENV = "CMDARE_KAFKA_USERNAME"
+SECURITY_KEYS = (
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password_file",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_check_hostname",
+)
+
+
+@dataclass
+class KafkaSecurity:
+    """How a client authenticates to the brokers and encrypts the connection: SASL (PLAIN,
+    SCRAM-SHA-256/512) and TLS (a CA file, a client certificate and key).  The password is
+    read from a file or ``$CMDARE_KAFKA_PASSWORD``, never taken on a command line or in a
+    config value, and never shown: ``describe()`` and ``repr()`` leave it out."""
+
+    protocol: str = "PLAINTEXT"
+    mechanism: str = ""
+    username: str = ""
+    password: str = ""
+    cafile: str = ""
+    certfile: str = ""
+    keyfile: str = ""
+    check_hostname: bool = True
+    password_from: str = ""  # where the password came from (a path or the variable's name)
+
+    def __repr__(self) -> str:
+        return f"KafkaSecurity({self.describe()})"
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    def describe(self) -> str:
+        """One line for logs and ``--check``: protocol, mechanism, user, files; no secret."""
+        parts = [self.protocol]
+        if self.sasl:
+            parts.append(f"{self.mechanism} as {self.username!r} (password from {self.password_from})")
+        if self.tls:
+            parts.append(f"CA {self.cafile or 'system'}")
+            if self.certfile:
+                parts.append(f"client certificate {self.certfile}")
+        return ", ".join(parts)
+
+    def client_options(self) -> dict[str, object]:
+        """Keyword arguments for kafka-python's producer, consumer and admin clients."""
+        if self.protocol == "PLAINTEXT":
+            return {}
+        o: dict[str, object] = {"security_protocol": self.protocol}
+        if self.sasl:
+            o.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
+                     sasl_plain_password=self.password)
+        if self.tls:
+            o["ssl_check_hostname"] = self.check_hostname
+            if self.cafile:
+                o["ssl_cafile"] = self.cafile
+            if self.certfile:
+                o.update(ssl_certfile=self.certfile, ssl_keyfile=self.keyfile or None)
+        return o
+
+
+def _readable(key: str, path: str) -> str:
+    import os
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"{key}: {path}: no such file")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(f"{key}: {path}: not readable by this user")
+    return path
+
+
+def parse_kafka_security(prefix: str, values: dict[str, object], env: dict[str, str] | None = None) -> KafkaSecurity:
+    """``values``: the keys of ``SECURITY_KEYS`` that were given (``prefix``: how to name them
+    in errors, e.g. ``sink.`` or ``--``).  Every problem is a one-line ``ConfigError``."""
+    import os
+
+    env = dict(os.environ) if env is None else env
+
+    def name(k: str) -> str:
+        return f"--{k.replace('_', '-')}" if prefix == "--" else f"{prefix}{k}"
+
+    def text(k: str) -> str:
+        v = values.get(k)
+        if v is None:
+            return ""
+        if not isinstance(v, str):
+            raise ConfigError(f"{name(k)}: expected a string, got {v!r}")
+        return v.strip()
+
+    s = KafkaSecurity()
+    proto = text("security_protocol").upper()
+    if proto:
+        if proto not in SECURITY_PROTOCOLS:
+            raise ConfigError(f"{name('security_protocol')}: must be one of {', '.join(SECURITY_PROTOCOLS)}, got {proto!r}")
+        s.protocol = proto
+    mech = text("sasl_mechanism").upper()
+    s.username = text("sasl_username") or env.get(USERNAME_ENV, "")
+    pw_file = text("sasl_password_file")
+    if (mech or s.username or pw_file) and not proto:
+        s.protocol = "SASL_SSL"  # credentials without a protocol: SASL over TLS, never in clear
+    if s.sasl:
+        s.mechanism = mech or "SCRAM-SHA-512"
+        if s.mechanism not in SASL_MECHANISMS:
+            raise ConfigError(f"{name('sasl_mechanism')}: must be one of {', '.join(SASL_MECHANISMS)}, got {mech!r}")
+        if not s.username:
+            raise ConfigError(f"{name('sasl_username')}: {s.protocol} needs a user name (or ${USERNAME_ENV})")
+        if pw_file:
+            try:
+                with open(_readable(name("sasl_password_file"), pw_file)) as fh:
+                    s.password = fh.read().rstrip("\r\n")
+            except OSError as e:
+                raise ConfigError(f"{name('sasl_password_file')}: {pw_file}: {e.strerror}") from None
+            s.password_from = pw_file
+        elif env.get(PASSWORD_ENV):
+            s.password, s.password_from = env[PASSWORD_ENV], f"${PASSWORD_ENV}"
+        else:
+            raise ConfigError(f"{name('sasl_password_file')}: {s.protocol} needs a password file (or ${PASSWORD_ENV})")
+        if not s.password:
+            raise ConfigError(f"{name('sasl_password_file')}: the password is empty ({s.password_from})")
+    elif mech or s.username or pw_file:
+        raise ConfigError(f"{name('sasl_mechanism')}: SASL settings need security_protocol SASL_SSL or SASL_PLAINTEXT, not {s.protocol}")
+    tls_files = {k: text(k) for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")}
+    if any(tls_files.values()) and not s.tls:
+        if proto:
+            raise ConfigError(f"{name('ssl_cafile')}: TLS files need security_protocol SSL or SASL_SSL, not {s.protocol}")
+        s.protocol = "SSL"
+    for k, v in tls_files.items():
+        if v:
+            _readable(name(k), v)
+    s.cafile, s.certfile, s.keyfile = tls_files["ssl_cafile"], tls_files["ssl_certfile"], tls_files["ssl_keyfile"]
+    if s.keyfile and not s.certfile:
+        raise ConfigError(f"{name('ssl_keyfile')}: a client key needs its certificate ({name('ssl_certfile')})")
+    v = values.get("ssl_check_hostname")
+    if v is not None:
+        if not isinstance(v, bool):
+            raise ConfigError(f"{name('ssl_check_hostname')}: expected true or false, got {v!r}")
+        s.check_hostname = v
+    return s
+
+
+def reject_userinfo(key: str, url: str) -> None:
+    """Credentials in a URL end up in logs and status events: refuse them."""
+    if "@" in urlsplit(url).netloc:
+        raise ConfigError(
+            f"{key}: credentials do not go in the URL (it is logged); use sasl_username and "
+            f"sasl_password_file or ${PASSWORD_ENV}"
+        )
+
+
+def explain(e: BaseException) -> str:
+    """One line for a Kafka client error; authentication and TLS failures say so (and
+    never carry the password: kafka-python's messages do not include it)."""
+    name = type(e).__name__
+    text = f"{e}".strip().splitlines()[0] if f"{e}".strip() else ""
+    if "Authentication" in name or "SaslAuthentication" in name or "authentication" in text.lower():
+        return f"authentication failed: {text or name}"
+    if "SSL" in name or "certificate" in text.lower() or "ssl" in text.lower():
+        return f"TLS handshake failed: {text or name}"
+    return f"cannot reach a broker ({name}: {text})"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from cmdare.wire.kafka import explain
+
 from ..config import KafkaURL
 
 log = logging.getLogger("cmdare.agent.kafka")
@@ -58,9 +60,10 @@ class KafkaSink:
                 max_block_ms=int(self.request_timeout * 1000),
                 bootstrap_timeout_ms=int(self.request_timeout * 1000),
                 client_id="cmdare-agent",
+                **self.url.client_options(),  # SASL / TLS
             )
         except KafkaError as e:
-            raise SinkError(f"{self.url.text}: cannot reach a broker ({type(e).__name__}: {e})") from None
+            raise SinkError(f"{self.url.text}: {explain(e)}") from None
         except Exception as e:  # bad compression library etc.
             raise SinkError(f"{self.url.text}: {type(e).__name__}: {e}") from None
 
