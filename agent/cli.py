@@ -121,7 +121,9 @@ def check(cfg: AgentConfig) -> int:
         sink = KafkaSink(cfg.sink.kafka, cfg.node, request_timeout=min(cfg.sink.request_timeout, 10.0))
         try:
             n = sink.probe()
-            print(f"sink      ok     {cfg.sink.kafka.text} ({n} partitions)")
+            sec = cfg.sink.kafka.security
+            how = f", {sec.describe()}" if sec and sec.protocol != "PLAINTEXT" else ""
+            print(f"sink      ok     {cfg.sink.kafka.text} ({n} partitions{how})")
         except SinkError as e:
             ok = False
             print(f"sink      error  {e}")
@@ -200,7 +202,10 @@ def main(argv: list[str] | None = None) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("kafka").setLevel(logging.CRITICAL if cfg.log_level != "debug" else logging.DEBUG)
+    from cmdare.wire.kafka import client_logging
+
+    sec = cfg.sink.kafka.security if cfg.sink.kafka else None
+    client_logging(cfg.log_level == "debug", secrets=(sec.password,) if sec else ())
     if a.check:
         sys.exit(check(cfg))
     if a.once:

@@ -189,13 +189,17 @@ class Agent:
     def _on_sink(self, ok: bool, msg: str) -> None:
         self._sink_status.append(("sink.kafka", ok, msg))  # picked up by the next tick (thread-safe append)
 
+    def _sink_statuses(self) -> None:
+        """The sinks' state changes since the last call, as status events."""
+        while self._sink_status:
+            name, ok, msg = self._sink_status.pop(0)
+            self._status(name, "ok" if ok else "error", 0.0, msg)
+
     def tick(self) -> None:
         ts = time.time()
         for r in self.runners:
             r.tick(self._emitter(ts), self._status)
-        while self._sink_status:
-            name, ok, msg = self._sink_status.pop(0)
-            self._status(name, "ok" if ok else "error", 0.0, msg)
+        self._sink_statuses()
         if self.spool.problem:  # every tick while the disk refuses (the oldest may be dropped)
             self._status("spool", "error", 0.0, self.spool.problem)
         elif self._spool_problem:
@@ -343,6 +347,8 @@ class Agent:
             self.otlp.close(timeout=max(0.5, STOP_GRACE - (time.monotonic() - t0)))
         if self.prometheus:
             self.prometheus.close()
+        self._sink_statuses()  # a failure seen after the last tick: spooled, shipped next start
+        self.flush()
         self.spool.close()
         log.info(
             "stopped in %.2fs (spooled %d, shipped %d, pending %d)",

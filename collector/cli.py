@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import duckdb
 
-from cmdare.wire.kafka import parse_kafka_security, parse_kafka_url
+from cmdare.wire.kafka import client_logging, parse_kafka_security, parse_kafka_url
 from cmdare.wire.units import ConfigError, parse_duration, parse_size
 
 from .consumer import KafkaIngest, SpoolIngest, Totals
@@ -120,7 +120,7 @@ def cli() -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    client_logging()
 
 
 @cli.command()
@@ -188,6 +188,7 @@ def kafka(
             "ssl_check_hostname": False if ssl_no_check_hostname else None,
         }
         u.security = parse_kafka_security("--", {k: v for k, v in given.items() if v is not None})
+        client_logging(secrets=(u.security.password,))
         bb = parse_size("--batch-bytes", batch_bytes)
         mw = parse_duration("--max-wait", max_wait)
         ie = parse_duration("--idle-exit", idle_exit) if idle_exit else None

@@ -212,11 +212,116 @@ def reject_userinfo(key: str, url: str) -> None:
         )
 
 
+class _Diagnosis:
+    """Remembers the last connection problem kafka-python logged (it reports a wrong
+    password or an untrusted certificate only as "Unable to bootstrap" to the caller, and
+    the reason in its log), so that ``explain`` can name it."""
+
+    PATTERNS = (
+        ("SaslAuthenticationFailedError", "authentication failed"),
+        ("CERTIFICATE_VERIFY_FAILED", "TLS: the broker's certificate is not trusted (check ssl_cafile)"),
+        ("BAD_CERTIFICATE", "TLS: the broker refused the client certificate (check ssl_certfile / ssl_keyfile)"),
+        ("CERTIFICATE_REQUIRED", "TLS: the broker requires a client certificate (ssl_certfile / ssl_keyfile)"),
+        ("WRONG_VERSION_NUMBER", "TLS: the listener does not speak TLS (check security_protocol and the port)"),
+        ("UnsupportedSaslMechanism", "the broker does not enable this SASL mechanism"),
+    )
+
+    def __init__(self) -> None:
+        import logging
+
+        class H(logging.Handler):
+            def emit(h, record: logging.LogRecord) -> None:  # noqa: N805
+                self.note(record.getMessage())
+
+        self.handler = H(level=logging.INFO)
+        self.last: tuple[float, str] | None = None
+        self.identified = 0.0  # when a connection last got as far as the broker's version
+
+    def note(self, msg: str) -> None:
+        import time
+
+        if "Broker version identified" in msg:
+            self.identified = time.monotonic()
+            return
+        if "socket disconnected" in msg and "Abort" in msg and time.monotonic() - self.identified < 5.0:
+            # kafka-python races the broker: after a failed SASL exchange the broker sends the
+            # error and closes; the client often sees only the close.  A connection dropped
+            # right after the version exchange (which precedes authentication) is that.
+            self.identified = 0.0
+            if self.last is None or "authentication failed" not in self.last[1]:
+                self.last = (time.monotonic(), "authentication failed: the broker closed the connection during "
+                             "authentication (check the user name, password and mechanism)")
+            return
+        for pat, what in self.PATTERNS:
+            if pat in msg:
+                detail = ""
+                if pat == "SaslAuthenticationFailedError":
+                    detail = msg.rsplit("SaslAuthenticationFailedError: ", 1)[-1].rstrip(")")
+                elif "[SSL" in msg:
+                    detail = msg[msg.index("[SSL"):].split(" (_ssl.c")[0]
+                self.last = (time.monotonic(), f"{what}: {detail}" if detail else what)
+                return
+
+    def recent(self, within: float = 120.0) -> str | None:
+        import time
+
+        if self.last and time.monotonic() - self.last[0] <= within:
+            return self.last[1]
+        return None
+
+
+DIAGNOSIS = _Diagnosis()
+
+
+class _Redact:
+    """A logging filter that blanks secrets out of every record a handler prints."""
+
+    def __init__(self) -> None:
+        self.secrets: set[str] = set()
+
+    def filter(self, record: object) -> bool:
+        import logging
+
+        assert isinstance(record, logging.LogRecord)
+        if self.secrets:
+            msg = record.getMessage()
+            if any(s in msg for s in self.secrets):
+                for s in self.secrets:
+                    msg = msg.replace(s, "***")
+                record.msg, record.args = msg, None
+        return True
+
+
+REDACT = _Redact()
+
+
+def client_logging(debug: bool = False, secrets: tuple[str, ...] = ()) -> None:
+    """kafka-python's own log: kept out of the output (it retries noisily; ``debug``: shown),
+    read for the reasons ``explain`` gives, and never printing a password (its DEBUG log
+    shows SASL PLAIN's bytes, password included).  ``$CMDARE_KAFKA_DEBUG=1`` shows it too."""
+    import logging
+    import os
+
+    debug = debug or os.environ.get("CMDARE_KAFKA_DEBUG") == "1"
+    lg = logging.getLogger("kafka")
+    if DIAGNOSIS.handler not in lg.handlers:
+        lg.addHandler(DIAGNOSIS.handler)
+    lg.setLevel(logging.DEBUG if debug else logging.INFO)  # INFO: connection events only
+    lg.propagate = debug
+    REDACT.secrets.update(s for s in secrets if s)
+    for h in logging.getLogger().handlers:
+        if REDACT not in h.filters:
+            h.addFilter(REDACT)  # type: ignore[arg-type]
+
+
 def explain(e: BaseException) -> str:
     """One line for a Kafka client error; authentication and TLS failures say so (and
     never carry the password: kafka-python's messages do not include it)."""
     name = type(e).__name__
     text = f"{e}".strip().splitlines()[0] if f"{e}".strip() else ""
+    why = DIAGNOSIS.recent()
+    if why and ("bootstrap" in text.lower() or "NoBrokersAvailable" in name or "Timeout" in name):
+        return why
     if "Authentication" in name or "SaslAuthentication" in name or "authentication" in text.lower():
         return f"authentication failed: {text or name}"
     if "SSL" in name or "certificate" in text.lower() or "ssl" in text.lower():
