@@ -263,7 +263,7 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
     if k.url:
         k.kafka = parse_kafka_url("sink.url", k.url)
         k.kafka.security = parse_kafka_security("sink.", {x: sk[x] for x in SECURITY_KEYS if x in sk})
-    elif any(x in sk for x in SECURITY_KEYS):
+    elif any(sk.get(x) not in (None, "") for x in SECURITY_KEYS if x != "ssl_check_hostname"):
         raise ConfigError("sink.url: Kafka security settings are given but no sink.url")
     if "linger_ms" in sk:
         k.linger_ms = _int("sink.linger_ms", sk["linger_ms"], 0, 60_000)

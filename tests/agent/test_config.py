@@ -15,7 +15,7 @@ from cmdare.agent.config import ConfigError, load, parse_kafka_url
 INVALID = [
     (
         'nodee = "x"',
-        "unknown key 'nodee' (known: interval, job, labels, log_level, node, role, sample_format, sink, sources, spool)",
+        "unknown key 'nodee' (known: interval, job, labels, log_level, node, otlp, prometheus, role, sample_format, sink, sources, spool)",
     ),
     ('role = "boss"', "role: must be one of worker, ps, chief, data, client, got 'boss'"),
     ('interval = "10 parsecs"', "interval: expected a duration like 500ms, 10s, 5m or 24h, got '10 parsecs'"),
