@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import click
+import duckdb
 
 from cmdare.wire.events import ROLES
 from cmdare.wire.tbevents import EXAMPLES_TAG, STEPS_TAG
 
 from . import queries
-from .db import AnalyticsError, default_db, open_ro, since_cutoff
+from .db import AnalyticsError, default_db, live_cursor, open_ro, since_cutoff
 from .output import as_json, table
+from .queries import needs_schema
 
 db_option = click.option(
     "--db",
@@ -62,6 +64,8 @@ def _db_defaults(group: click.Group, db: str) -> dict[str, Any]:
     for name, cmd in group.commands.items():
         if isinstance(cmd, click.Group):
             out[name] = _db_defaults(cmd, db)
+            if any(p.name == "db" for p in cmd.params):  # a group that runs on its own too
+                out[name]["db"] = db
         elif any(p.name == "db" for p in cmd.params):
             out[name] = {"db": db}
     return out
@@ -460,6 +464,94 @@ def sql(query: str, max_rows: int, timeout: float, db: str, as_json_: bool) -> N
         click.echo(table(r.columns, r.rows))
     if r.truncated:
         click.echo(f"note: more than {max_rows:,} rows: showing the first {max_rows:,} (--max-rows; or add LIMIT)", err=True)
+
+
+@cli.group(name="alerts", invoke_without_command=True)
+@click.option("--rule", "rule_filter", help="only this rule (group/alert or alert name)")
+@db_option
+@json_option
+@click.pass_context
+def alerts_(ctx: click.Context, rule_filter: str | None, db: str, as_json_: bool) -> None:
+    """Active alerts (pending, firing, inhibited, recently resolved) with their state, since,
+    value and labels, and each rule's health, as the collector's rule evaluation last saved
+    them (cmdare-collector --rules FILE...).
+
+    \b
+    Examples:
+      analyze alerts
+      analyze alerts --json
+      analyze alerts check rules/*.yml
+    """
+    if ctx.invoked_subcommand:
+        return
+    from . import alerts
+
+    try:
+        con = open_ro(db)
+        try:
+            needs_schema(con, 10, "analyze alerts")
+            cols, rows, health = alerts.listing(con)
+        finally:
+            con.close()
+    except (AnalyticsError, duckdb.Error) as e:
+        raise click.ClickException(str(e).splitlines()[0]) from None
+    if rule_filter:
+        rows = [r for r in rows if r[0] == rule_filter or r[0].split("/", 1)[-1] == rule_filter]
+        health = [h for h in health if h[0] == rule_filter or h[0].split("/", 1)[-1] == rule_filter]
+    if as_json_:
+        out = [dict(zip(cols, r, strict=True)) | {"labels": json.loads(r[4])} for r in rows]
+        rules = [dict(zip(["rule", "health", "last_error", "last_eval", "eval_seconds", "instances"], h, strict=True))
+                 for h in health]
+        click.echo(json.dumps({"alerts": out, "rules": rules}, default=str))
+        return
+    if not health:
+        click.echo("(no rules evaluated yet: start the collector with --rules FILE...)")
+        return
+    shown = [(r[0], r[1], r[2], r[3], ",".join(f"{k}={v}" for k, v in sorted(json.loads(r[4]).items())
+                                              if k != "alertname"), r[5] or r[6] or "") for r in rows]
+    click.echo(table(["rule", "state", "since", "value", "labels", "summary"], shown) if shown else "(no active alerts)")
+    bad = [h for h in health if h[1] != "ok"]
+    click.echo(f"\n{len(health)} rules, {len(health) - len(bad)} healthy")
+    for h in bad:
+        click.echo(f"  {h[0]}: {h[1]}{': ' + h[2] if h[2] else ''}")
+
+
+@alerts_.command(name="check")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@db_option
+def alerts_check(files: tuple[str, ...], db: str) -> None:
+    """Validate rule FILES: YAML shape, durations, labels, templates, and each rule's SQL
+    against the database's tables (--db; without one, an empty database of the current
+    schema). Exit 1 with one line naming the file, group, rule and problem.
+    """
+    from . import alerts
+
+    try:
+        groups = alerts.load_files(files)
+        con = _schema_con(db)
+        try:
+            alerts.validate(con, groups)
+        finally:
+            con.close()
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    n = sum(len(g.rules) for g in groups)
+    click.echo(f"{len(files)} file(s), {len(groups)} group(s), {n} rule(s): ok")
+
+
+def _schema_con(db: str) -> Any:
+    """The database when it exists, else an in-memory one with the collector's schema (to
+    bind SQL against the documented tables)."""
+    if Path(db).exists() or live_cursor(db) is not None:
+        return open_ro(db)
+    from cmdare.collector.db import migrate
+
+    from . import views
+
+    con = duckdb.connect(":memory:")
+    migrate(con)
+    views.apply(con)
+    return con
 
 
 @cli.group(name="import")

@@ -74,6 +74,36 @@ def _kafka_security_options(f):
                              "user is given; SSL once a TLS file is given)")(f)
 
 
+def _alert_options(f):
+    f = click.option("--inhibit-window", default="30m", show_default=True,
+                     help="after a revocation notice, how long rules marked inhibit_on_revocation stay quiet for "
+                          "that node and its job")(f)
+    return click.option("--rules", "rules", multiple=True, envvar="CMDARE_RULES", metavar="FILE",
+                        help="alerting rule file, evaluated live (repeatable; 'default': the shipped pack; "
+                             "$CMDARE_RULES: space-separated); docs/alerts.md")(f)
+
+
+def _alerting(con, rules: tuple[str, ...], inhibit_window: str):
+    """Load, validate (against this database) and start the rule evaluation; None without
+    --rules.  A bad rule file stops the collector before it consumes anything."""
+    if not rules:
+        return None
+    from cmdare.analytics.alerts import RuleError
+
+    from .alerting import load
+
+    try:
+        iw = parse_duration("--inhibit-window", inhibit_window)
+        al = load(con, rules, iw)
+    except (ConfigError, RuleError) as e:
+        raise click.UsageError(str(e)) from None
+    n = al.start()
+    nr = sum(len(g.rules) for g in al.engine.groups)
+    click.echo(f"cmdare-collector: evaluating {nr} alert rules in {len(al.engine.groups)} groups"
+               f"{f' ({n} alerts restored)' if n else ''}", err=True)
+    return al
+
+
 def _http_config(http: str, token_file, cert, key):
     """--http and its token / TLS options, checked before the database is opened."""
     from .service import parse_http
@@ -145,6 +175,7 @@ def cli() -> None:
 @_skew_option
 @_kafka_security_options
 @_http_options
+@_alert_options
 def kafka(
     url: str,
     db: str,
@@ -166,6 +197,8 @@ def kafka(
     ssl_certfile: str | None,
     ssl_keyfile: str | None,
     ssl_no_check_hostname: bool,
+    rules: tuple[str, ...],
+    inhibit_window: str,
 ) -> None:
     """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
 
@@ -198,11 +231,18 @@ def kafka(
         raise click.UsageError(str(e)) from None
     hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key)
     con = _open(db)
+    try:
+        al = _alerting(con, rules, inhibit_window)
+    except click.UsageError:
+        con.close()
+        raise
     ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe, max_skew=skew)
     svc = _serve(con, db, hc, lambda: ing.totals)
     try:
         ing.open()
     except ConnectionError as e:
+        if al:
+            al.stop()
         if svc:
             svc.stop()
         raise click.ClickException(str(e)) from None
@@ -220,6 +260,8 @@ def kafka(
             f"not committed: {str(e).splitlines()[0]}"
         ) from None
     finally:
+        if al:
+            al.stop()
         if svc:
             svc.stop()
         ing.close()
@@ -234,8 +276,10 @@ def kafka(
 @click.option("--interval", default="1s", show_default=True, help="with --follow: how often to look")
 @_skew_option
 @_http_options
+@_alert_options
 def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str, http: str,
-          http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None) -> None:
+          http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None,
+          rules: tuple[str, ...], inhibit_window: str) -> None:
     """Load an agent's spool DIRECTORY (the embedded default: no Kafka) into --db.
 
     The position reached is stored in the database, so running it again loads only what
@@ -254,7 +298,14 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
     hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key) if follow else None
     if not directory.is_dir():
         raise click.ClickException(f"{directory}: no such spool directory")
+    if rules and not follow:
+        raise click.UsageError("--rules: alert rules are evaluated while collecting: add --follow")
     con = _open(db)
+    try:
+        al = _alerting(con, rules, inhibit_window)
+    except click.UsageError:
+        con.close()
+        raise
     ing = SpoolIngest(con, directory, progress=_progress, max_skew=skew)
     svc = _serve(con, db, hc, lambda: ing.totals) if follow else None
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -272,6 +323,8 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
             f"position kept: {str(e).splitlines()[0]}"
         ) from None
     finally:
+        if al:
+            al.stop()
         if svc:
             svc.stop()
         con.close()

@@ -20,6 +20,7 @@ DATA = {
     "cmdare/agent/packaging/agent.sample.toml",
     "cmdare/analytics/data/accelerators.csv",
     "cmdare/analytics/data/prices.csv",
+    "cmdare/analytics/rules/cmdare.yml",
     "cmdare/collector/packaging/cmdare-collector.service",
     "cmdare/collector/packaging/cmdare-collector.sysusers",
 } | {f"cmdare/collector/schema/{p.name}" for p in (ROOT / "collector" / "schema").glob("*.sql")} | {
