@@ -108,14 +108,21 @@ class Group:
 
 
 # -- loading ----------------------------------------------------------------------------------
+def resolve_paths(given: Iterable[str | Path]) -> list[Path]:
+    """``default`` names the shipped pack (analytics/rules/cmdare.yml)."""
+    from importlib import resources
+
+    return [Path(str(resources.files("cmdare.analytics") / "rules" / "cmdare.yml")) if str(g) == "default"
+            else Path(g) for g in given]
+
+
 def load_files(paths: Iterable[str | Path]) -> list[Group]:
     """Parse and check the files' structure (not yet against a database: ``validate``)."""
     import yaml
 
     groups: list[Group] = []
     seen: dict[str, str] = {}
-    for p in paths:
-        path = Path(p)
+    for path in resolve_paths(paths):
         try:
             tree = yaml.safe_load(path.read_text())
         except OSError as e:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,7 @@ log = logging.getLogger("cmdare.alerts")
 
 
 def rule_paths(given: tuple[str, ...]) -> list[Path]:
-    """``default`` names the shipped pack (analytics/rules/cmdare.yml)."""
-    out = []
-    for g in given:
-        if g == "default":
-            out.append(Path(str(resources.files("cmdare.analytics") / "rules" / "cmdare.yml")))
-        else:
-            out.append(Path(g))
-    return out
+    return alerts.resolve_paths(given)
 
 
 class LogReceiver:
