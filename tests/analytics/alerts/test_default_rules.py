@@ -1,0 +1,164 @@
+"""The shipped rule pack (analytics/rules/cmdare.yml), one test per rule (docs/alerts.md has
+a heading per rule): each fires on the situation it names and stays quiet on its look-alike."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import duckdb
+
+from tests.analytics.alerts.conftest import at, default_engine, insert
+from tests.analytics.detectors.conftest import fleet  # noqa: F401  (the simulated fleet fixture)
+
+BOOT = at(0).replace(tzinfo=dt.timezone.utc).timestamp()
+
+
+def fired(con: duckdb.DuckDBPyConnection, when: list[dt.datetime], inhibit_window: float = 1800) -> dict[str, list[Any]]:
+    """alertname -> the firing (or inhibited) alerts after evaluating every group at each time."""
+    e = default_engine(con, inhibit_window)
+    for t in when:
+        for g in e.groups:
+            e.eval_group(con, g, t)
+    bad = {r: h.last_error for r, h in e.health.items() if h.health == "error"}
+    assert not bad, bad
+    out: dict[str, list[Any]] = {}
+    for a in e.snapshot():
+        if a.state in ("firing", "inhibited"):
+            out.setdefault(a.labels["alertname"], []).append(a)
+    return out
+
+
+def node_life(con: duckdb.DuckDBPyConnection, node: str, until: float, job: str = "j", stop: bool = False,
+              notice: float | None = None) -> None:
+    insert(con, "nodes", node=node, role="worker", job=job, first_seen=at(0), last_seen=at(until))
+    insert(con, "lifecycle_events", ts=at(1), node=node, job=job, event="agent_start", boot_time=BOOT,
+           interval_seconds=10.0, instance="i")
+    for t in range(10, int(until) + 1, 10):
+        insert(con, "heartbeats", ts=at(t), node=node, job=job, seq=t // 10, spooled_total=t, shipped_total=t,
+               dropped_total=0, spool_pending=0)
+    if stop:
+        insert(con, "lifecycle_events", ts=at(until + 1), node=node, job=job, event="agent_stop", boot_time=BOOT,
+               stop_reason="SIGTERM", instance="i")
+    if notice is not None:
+        insert(con, "revocations", ts=at(notice), node=node, job=job, cloud="gce", kind="preemption",
+               revokes=True, boot_time=BOOT, lead_seconds=30.0)
+
+
+def test_node_lost(con: duckdb.DuckDBPyConnection) -> None:
+    node_life(con, "lost-1", 300)  # heartbeats stop, no notice, no clean stop
+    node_life(con, "revoked-1", 300, notice=280)  # the cloud said so: not "lost"
+    node_life(con, "stopped-1", 300, stop=True)  # stopped cleanly
+    node_life(con, "alive-1", 400)
+    f = fired(con, [at(400)])
+    assert [a.labels["node"] for a in f["NodeLost"]] == ["lost-1"]
+    a = f["NodeLost"][0]
+    assert a.labels["severity"] == "critical" and a.value == 100
+    assert "lost-1 stopped reporting 100 s ago" in a.annotations["summary"]
+
+
+def test_revocation_notice(con: duckdb.DuckDBPyConnection) -> None:
+    node_life(con, "spot-1", 100, notice=95)
+    insert(con, "revocations", ts=at(90), node="maint-1", cloud="gce", kind="maintenance", revokes=False)
+    f = fired(con, [at(100)])
+    [a] = f["RevocationNotice"]
+    assert (a.labels["node"], a.labels["kind"], a.labels["cloud"], a.value) == ("spot-1", "preemption", "gce", 30)
+    assert fired(con, [at(95 + 700)]).get("RevocationNotice") is None  # 10 minutes later: over
+
+
+def test_spool_dropping(con: duckdb.DuckDBPyConnection) -> None:
+    for t, dropped in ((100, 0), (110, 0), (120, 40)):
+        insert(con, "heartbeats", ts=at(t), node="full-1", seq=t, dropped_total=dropped, spool_pending=10)
+        insert(con, "heartbeats", ts=at(t), node="fine-1", seq=t, dropped_total=7, spool_pending=10)
+    [a] = fired(con, [at(125)])["SpoolDropping"]
+    assert a.labels["node"] == "full-1" and a.value == 40
+
+
+def test_spool_backlog(con: duckdb.DuckDBPyConnection) -> None:
+    for t in range(0, 400, 10):
+        insert(con, "heartbeats", ts=at(t), node="cut-off-1", seq=t, shipped_total=500, spool_pending=t * 3)
+        insert(con, "heartbeats", ts=at(t), node="shipping-1", seq=t, shipped_total=500 + t, spool_pending=5)
+        insert(con, "heartbeats", ts=at(t), node="embedded-1", seq=t, shipped_total=0, spool_pending=t)  # no Kafka
+    f = fired(con, [at(320), at(390)])  # held for 1 minute
+    [a] = f["SpoolBacklog"]
+    assert a.labels["node"] == "cut-off-1" and a.value == 390 * 3
+
+
+def test_gpu_xid_error(con: duckdb.DuckDBPyConnection) -> None:
+    insert(con, "gpu_events", ts=at(50), node="g-1", job="j", **{"index": 3}, uuid="GPU-3", kind="xid", xid=79, count=1)
+    insert(con, "gpu_events", ts=at(60), node="g-1", job="j", **{"index": 3}, uuid="GPU-3", kind="xid", xid=79, count=1)
+    insert(con, "gpu_events", ts=at(60), node="g-1", **{"index": 0}, uuid="GPU-0", kind="ecc_corrected", count=5)
+    [a] = fired(con, [at(70)])["GpuXidError"]
+    assert (a.labels["gpu"], a.labels["xid"], a.value) == ("3", "79", 2)
+    assert a.annotations["summary"] == "GPU 3 on g-1: Xid 79 (2 in 15 minutes)"
+
+
+def test_dead_letters_rising(con: duckdb.DuckDBPyConnection) -> None:
+    assert "DeadLettersRising" not in fired(con, [at(10)])
+    for t in (5, 6, 7):
+        insert(con, "dead_letters", received_at=at(t), origin="kafka:t/0@1", line=1, reason="not JSON")
+    [a] = fired(con, [at(10)])["DeadLettersRising"]
+    assert a.value == 3
+
+
+def steps(con: duckdb.DuckDBPyConnection, job: str, node: str, until: float) -> None:
+    for t in range(0, int(until) + 1, 10):
+        insert(con, "steps", ts=at(t), node=node, job=job, run="r", rank=0, interval_seconds=10.0, steps=50)
+
+
+def test_job_stalled(con: duckdb.DuckDBPyConnection) -> None:
+    steps(con, "stuck", "s-1", 600)  # steps stop at 600
+    steps(con, "running", "r-1", 1000)
+    [a] = fired(con, [at(1000)])["JobStalled"]
+    assert a.labels["job"] == "stuck" and a.value == 400
+    # a job whose node was revoked: the stall follows from it, inhibited
+    node_life(con, "s-1", 600, job="stuck", notice=590)
+    [a] = fired(con, [at(1000)])["JobStalled"]
+    assert a.state == "inhibited" and "revocation of s-1" in (a.inhibited_by or "")
+
+
+def last_step(con: duckdb.DuckDBPyConnection, job: str) -> dt.datetime:
+    return con.execute("SELECT max(ts) FROM steps WHERE job = ?", [job]).fetchone()[0]
+
+
+def test_gpu_throttled(fleet) -> None:  # noqa: F811
+    con, _ = fleet(lambda s: (s.sim_job(kind="hot", nodes=2, gpus=2, throttled_node=0, throttle_share=1.0),
+                              s.sim_job(kind="cool", nodes=2, gpus=2)))
+    end = max(last_step(con, "sim-hot-1"), last_step(con, "sim-cool-2"))
+    f = fired(con, [end - dt.timedelta(minutes=5), end])
+    assert {a.labels["job"] for a in f["GpuThrottled"]} == {"sim-hot-1"}
+    assert f["GpuThrottled"][0].annotations["summary"]  # the finding's summary
+
+
+def test_gpu_idle_while_job_runs(fleet) -> None:  # noqa: F811
+    con, _ = fleet(lambda s: (s.sim_job(kind="idle", nodes=2, gpus=4, idle=((1, 2), (1, 3))),
+                              s.sim_job(kind="busy", nodes=2, gpus=2)))
+    end = last_step(con, "sim-idle-1")
+    f = fired(con, [end - dt.timedelta(minutes=5), end])
+    [a] = f["GpuIdleWhileJobRuns"]
+    assert (a.labels["job"], a.labels["node"], a.labels["subject"]) == ("sim-idle-1", "sim-idle-1-n1", "2,3")
+
+
+def test_input_bound(fleet) -> None:  # noqa: F811
+    con, _ = fleet(lambda s: (s.sim_job(kind="starved", wait=0.45, util=0.3, cpu=0.95), s.sim_job(kind="fed")))
+    end = last_step(con, "sim-starved-1")
+    f = fired(con, [end - dt.timedelta(minutes=5), end])
+    assert {a.labels["job"] for a in f["InputBound"]} == {"sim-starved-1"}
+
+
+def test_ps_bound(fleet) -> None:  # noqa: F811
+    con, s = fleet(lambda s: s.ps_family(saturating=True, ps_agent=True))
+    expected = {j for j, lab in s.labels.items() if "ps_bound" in lab}
+    end = con.execute("SELECT max(ts) FROM steps").fetchone()[0]
+    f = fired(con, [end - dt.timedelta(minutes=5), end])
+    got = {a.labels["job"] for a in f.get("PsBound", [])}
+    assert got and got <= expected
+
+
+def test_straggler(fleet) -> None:  # noqa: F811
+    con, _ = fleet(lambda s: (s.sim_job(kind="persistent", nodes=5, gpus=1, slow_rank=3, slow=1.8, slow_cpu=True),
+                              s.sim_job(kind="even", nodes=6, gpus=1, rank_spread=0.03)))
+    end = last_step(con, "sim-persistent-1")
+    f = fired(con, [end - dt.timedelta(minutes=5), end])
+    [a] = f["Straggler"]
+    assert a.labels["job"] == "sim-persistent-1" and a.labels["rank"] == "3"
