@@ -458,6 +458,18 @@ class Engine:
         self.health: dict[str, RuleHealth] = {r: RuleHealth() for r in self.rules}
         self.inhibit_window = inhibit_window
         self.lock = threading.Lock()
+        self.receivers: list[Any] = []  # those that deliver (resolutions are kept until they have)
+
+    def delivered(self, items: list[tuple[tuple[str, str], bool]], at: dt.datetime, receiver: Any) -> None:
+        """A receiver delivered these alerts (``True``: their resolution) at ``at``."""
+        with self.lock:
+            for key, resolved in items:
+                a = self.alerts.get(key)
+                if a is None:
+                    continue
+                a.last_sent = at
+                if resolved and all(key in getattr(r, "resolved_sent", set()) for r in self.receivers):
+                    a.sent_resolved = True
 
     # persistence
     def restore(self, con: duckdb.DuckDBPyConnection) -> int:
@@ -548,8 +560,12 @@ class Engine:
                     if rule.keep_firing_for and a.last_seen and (at - a.last_seen).total_seconds() < rule.keep_firing_for:
                         continue
                     a.state, a.resolved_at, a.inhibited_by = "resolved", at, None
-                elif a.state == "resolved" and a.resolved_at and (at - a.resolved_at).total_seconds() > RESOLVED_RETENTION:
-                    del self.alerts[key]
+                elif a.state == "resolved" and a.resolved_at:
+                    age = (at - a.resolved_at).total_seconds()
+                    # kept until every receiver has the resolution (a day at most)
+                    undelivered = bool(self.receivers) and not a.sent_resolved and a.last_sent is not None
+                    if age > RESOLVED_RETENTION and (not undelivered or age > 86400):
+                        del self.alerts[key]
 
     def _revoked(self, con: duckdb.DuckDBPyConnection, at: dt.datetime) -> dict[str, tuple[str, dt.datetime]]:
         """Nodes (and their jobs) whose life ended revoked within the inhibition window:

@@ -8,6 +8,8 @@ docs/alerts.md.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 import threading
 from pathlib import Path
@@ -55,11 +57,18 @@ class Alerting:
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
 
+    def add(self, receiver: Any) -> None:
+        self.receivers.append(receiver)
+        if hasattr(receiver, "resolved_sent"):
+            self.engine.receivers.append(receiver)
+
     def start(self) -> int:
         restored = self.engine.restore(self.cursor())
-        for r in self.receivers:  # what was already known is not a change
+        for r in self.receivers:  # what was already known and sent is not new
             if isinstance(r, LogReceiver):
                 r.last = {(a.rule, a.fingerprint): a.state for a in self.engine.snapshot()}
+            elif hasattr(r, "restore"):
+                r.restore(self.engine)
         self.thread = threading.Thread(
             target=alerts.run_forever, args=(self.engine, self.cursor, self.stop_event, self._round),
             name="cmdare-alerts", daemon=True,
@@ -78,9 +87,14 @@ class Alerting:
         self.stop_event.set()
         if self.thread:
             self.thread.join(timeout=30)
+        for r in self.receivers:
+            if hasattr(r, "stop"):
+                r.stop()
 
 
-def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window: float) -> Alerting:
+def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window: float,
+         alertmanagers: tuple[str, ...] = (), webhooks: tuple[str, ...] = (), resend: float = 60.0,
+         generator: str | None = None) -> Alerting:
     """Load and validate the rule files against the collector's database (RuleError: one
     line) and build the evaluation; ``start()`` runs it."""
     from .db import cursor
@@ -91,4 +105,158 @@ def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window:
         alerts.validate(c, groups)
     finally:
         c.close()
-    return Alerting(con, groups, inhibit_window)
+    al = Alerting(con, groups, inhibit_window)
+    if generator is None:  # where the alert came from, as Alertmanager shows it
+        import socket
+
+        generator = f"http://{socket.gethostname()}/cmdare"
+    for u in alertmanagers:
+        al.add(HttpReceiver("alertmanager", u, resend, generator=generator))
+    for u in webhooks:
+        al.add(HttpReceiver("webhook", u, resend, generator=generator))
+    return al
+
+
+# -- receivers that deliver -----------------------------------------------------------------------
+def _iso(t: Any) -> str:
+    return t.isoformat(timespec="milliseconds") + "Z"
+
+
+class HttpReceiver:
+    """Alertmanager's v2 API (``POST /api/v2/alerts``) or a generic webhook (Alertmanager's
+    webhook payload): firing alerts sent at once and again every ``resend`` while they fire
+    (``endsAt`` a little ahead, as Prometheus does), resolutions sent with their ``endsAt``.
+    Sending runs on its own thread with retries and capped exponential backoff: a receiver
+    that hangs, fails or refuses never blocks evaluation or ingest, and a resolution is kept
+    until it has been delivered."""
+
+    def __init__(self, kind: str, url: str, resend: float = 60.0, timeout: float = 5.0, backoff_max: float = 30.0,
+                 generator: str = "http://localhost/cmdare", token: str | None = None) -> None:
+        self.kind, self.url = kind, url.rstrip("/")
+        self.endpoint = self.url + "/api/v2/alerts" if kind == "alertmanager" else self.url
+        self.resend, self.timeout, self.backoff_max = resend, timeout, backoff_max
+        self.generator, self.token = generator, token
+        self.sent: dict[tuple[str, str], Any] = {}  # alert -> when this receiver last delivered it
+        self.resolved_sent: set[tuple[str, str]] = set()
+        self.sent_total = self.failed_total = 0
+        self.last_error: str | None = None
+        self._batch: list[tuple[tuple[str, str], dict[str, Any], bool]] | None = None
+        self._cv = threading.Condition()
+        self._stop = False
+        self.engine: alerts.Engine | None = None
+        self.thread = threading.Thread(target=self._run, name=f"cmdare-alerts-{kind}", daemon=True)
+        self.thread.start()
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.url}"
+
+    def restore(self, engine: alerts.Engine) -> None:
+        self.engine = engine
+        for a in engine.snapshot():
+            if a.last_sent is not None:
+                self.sent[(a.rule, a.fingerprint)] = a.last_sent
+            if a.sent_resolved:
+                self.resolved_sent.add((a.rule, a.fingerprint))
+
+    def _item(self, a: alerts.Alert, now: Any) -> dict[str, Any]:
+        from urllib.parse import quote
+
+        ends = a.resolved_at if a.state == "resolved" else now + dt.timedelta(seconds=4 * self.resend)
+        d = {
+            "labels": a.labels, "annotations": a.annotations,
+            "startsAt": _iso(a.fired_at or a.active_at), "endsAt": _iso(ends),
+            "generatorURL": f"{self.generator}/alerts?rule={quote(a.rule)}",
+        }
+        if self.kind == "webhook":
+            d.update(status="resolved" if a.state == "resolved" else "firing", fingerprint=a.fingerprint)
+        return d
+
+    def round(self, engine: alerts.Engine) -> None:
+        """Queue what is due: new and re-due firing alerts, undelivered resolutions."""
+        self.engine = engine
+        now = alerts.utcnow()
+        due = []
+        for a in engine.snapshot():
+            key = (a.rule, a.fingerprint)
+            if a.state == "firing":
+                self.resolved_sent.discard(key)
+                last = self.sent.get(key)
+                if last is None or (now - last).total_seconds() >= self.resend:
+                    due.append((key, self._item(a, now), False))
+            elif a.state == "resolved" and key not in self.resolved_sent and key in self.sent:
+                due.append((key, self._item(a, now), True))
+        if due:
+            with self._cv:
+                merged = {k: (k, d, r) for k, d, r in (self._batch or [])}
+                merged.update({k: (k, d, r) for k, d, r in due})
+                self._batch = list(merged.values())
+                self._cv.notify()
+
+    def _payload(self, items: list[dict[str, Any]]) -> bytes:
+        if self.kind == "alertmanager":
+            return json.dumps(items).encode()
+        firing = any(i["status"] == "firing" for i in items)
+        common = dict(set.intersection(*(set(i["labels"].items()) for i in items))) if items else {}
+        return json.dumps({
+            "version": "4", "groupKey": "{}:{}", "truncatedAlerts": 0, "status": "firing" if firing else "resolved",
+            "receiver": "cmdare", "groupLabels": {}, "commonLabels": common, "commonAnnotations": {},
+            "externalURL": self.generator, "alerts": items,
+        }).encode()
+
+    def _post(self, body: bytes) -> None:
+        import urllib.request
+
+        req = urllib.request.Request(self.endpoint, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            if r.status >= 300:
+                raise OSError(f"HTTP {r.status}")
+
+    def _run(self) -> None:
+        delay = 0.5
+        while True:
+            with self._cv:
+                while self._batch is None and not self._stop:
+                    self._cv.wait()
+                if self._stop and self._batch is None:
+                    return
+                batch, self._batch = self._batch, None
+            assert batch is not None
+            try:
+                self._post(self._payload([d for _, d, _ in batch]))
+            except Exception as e:  # refused, timed out, 4xx/5xx: keep it, back off, retry
+                self.failed_total += 1
+                msg = f"{type(e).__name__}: {e}"
+                if msg != self.last_error:
+                    log.warning("alert receiver %s: %s (retrying with backoff)", self.name, msg)
+                self.last_error = msg
+                with self._cv:  # newer versions of the same alerts win; the rest go again
+                    merged = {k: (k, d, r) for k, d, r in batch}
+                    merged.update({k: (k, d, r) for k, d, r in (self._batch or [])})
+                    self._batch = list(merged.values())
+                    if self._stop:
+                        return
+                    self._cv.wait(delay)
+                delay = min(delay * 2, self.backoff_max)
+                continue
+            delay = 0.5
+            if self.last_error:
+                log.info("alert receiver %s: delivering again", self.name)
+            self.last_error = None
+            self.sent_total += 1
+            now = alerts.utcnow()
+            for key, _, resolved in batch:
+                self.sent[key] = now
+                if resolved:
+                    self.resolved_sent.add(key)
+            if self.engine is not None:
+                self.engine.delivered([(k, r) for k, _, r in batch], now, self)
+
+    def stop(self, grace: float = 3.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self.thread.join(timeout=grace)

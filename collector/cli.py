@@ -75,6 +75,12 @@ def _kafka_security_options(f):
 
 
 def _alert_options(f):
+    f = click.option("--alert-resend", default="1m", show_default=True,
+                     help="re-send firing alerts to the receivers this often")(f)
+    f = click.option("--alert-webhook", "alert_webhooks", multiple=True, metavar="URL",
+                     help="POST alerts to this URL in Alertmanager's webhook format (repeatable)")(f)
+    f = click.option("--alertmanager", "alertmanagers", multiple=True, metavar="URL", envvar="CMDARE_ALERTMANAGER",
+                     help="deliver alerts to this Alertmanager (its v2 API; repeatable; $CMDARE_ALERTMANAGER)")(f)
     f = click.option("--inhibit-window", default="30m", show_default=True,
                      help="after a revocation notice, how long rules marked inhibit_on_revocation stay quiet for "
                           "that node and its job")(f)
@@ -83,18 +89,25 @@ def _alert_options(f):
                              "$CMDARE_RULES: space-separated); docs/alerts.md")(f)
 
 
-def _alerting(con, rules: tuple[str, ...], inhibit_window: str):
+def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...] = (),
+              webhooks: tuple[str, ...] = (), resend: str = "1m"):
     """Load, validate (against this database) and start the rule evaluation; None without
     --rules.  A bad rule file stops the collector before it consumes anything."""
-    if not rules:
-        return None
     from cmdare.analytics.alerts import RuleError
 
     from .alerting import load
 
+    if (alertmanagers or webhooks) and not rules:
+        raise click.UsageError("--alertmanager / --alert-webhook: give the rules to evaluate with --rules")
+    for u in (*alertmanagers, *webhooks):
+        if not u.startswith(("http://", "https://")):
+            raise click.UsageError(f"{u!r}: alert receivers are http:// or https:// URLs")
+    if not rules:
+        return None
     try:
         iw = parse_duration("--inhibit-window", inhibit_window)
-        al = load(con, rules, iw)
+        rs = parse_duration("--alert-resend", resend)
+        al = load(con, rules, iw, alertmanagers, webhooks, rs)
     except (ConfigError, RuleError) as e:
         raise click.UsageError(str(e)) from None
     n = al.start()
@@ -199,6 +212,9 @@ def kafka(
     ssl_no_check_hostname: bool,
     rules: tuple[str, ...],
     inhibit_window: str,
+    alertmanagers: tuple[str, ...],
+    alert_webhooks: tuple[str, ...],
+    alert_resend: str,
 ) -> None:
     """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
 
@@ -232,7 +248,7 @@ def kafka(
     hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key)
     con = _open(db)
     try:
-        al = _alerting(con, rules, inhibit_window)
+        al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend)
     except click.UsageError:
         con.close()
         raise
@@ -279,7 +295,8 @@ def kafka(
 @_alert_options
 def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str, http: str,
           http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None,
-          rules: tuple[str, ...], inhibit_window: str) -> None:
+          rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...],
+          alert_webhooks: tuple[str, ...], alert_resend: str) -> None:
     """Load an agent's spool DIRECTORY (the embedded default: no Kafka) into --db.
 
     The position reached is stored in the database, so running it again loads only what
@@ -302,7 +319,7 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
         raise click.UsageError("--rules: alert rules are evaluated while collecting: add --follow")
     con = _open(db)
     try:
-        al = _alerting(con, rules, inhibit_window)
+        al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend)
     except click.UsageError:
         con.close()
         raise

@@ -203,3 +203,47 @@ class Prometheus:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+
+
+class Alertmanager:
+    """A real Alertmanager on loopback (one route to a receiver that sends nothing), its v2
+    API for the tests to read the alerts it holds."""
+
+    def __init__(self, binary: Path, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = workdir / "alertmanager.yml"
+        cfg.write_text("route:\n  receiver: none\n  group_wait: 1s\nreceivers:\n  - name: none\n")
+        self.log = open(workdir / "alertmanager.log", "w")
+        self.proc = subprocess.Popen(
+            [str(binary), f"--config.file={cfg}", f"--storage.path={workdir / 'am-data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        wait_for(self._ready, 60, what="Alertmanager ready")
+
+    def _ready(self) -> bool:
+        import urllib.request
+
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"alertmanager exited: {Path(self.log.name).read_text()[-2000:]}")
+        try:
+            return urllib.request.urlopen(self.url + "/-/ready", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def alerts(self, active: bool = True) -> list[dict]:
+        import json
+        import urllib.request
+
+        q = "" if active else "?active=false&silenced=true&inhibited=true&unprocessed=true"
+        with urllib.request.urlopen(f"{self.url}/api/v2/alerts{q}", timeout=10) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
