@@ -629,21 +629,45 @@ def listing(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[tuple[Any, 
     return cols, rows, health
 
 
+# tables of rare, urgent events: a group reading one is evaluated as soon as rows of it are
+# stored, not at its next interval (a revocation notice must not wait 15 s)
+URGENT_TABLES = ("revocations", "lifecycle_events", "gpu_events")
+
+
+def urgent_tables(group: Group) -> set[str]:
+    """The urgent tables the group's SQL rules read (instance_lives reads them all)."""
+    out: set[str] = set()
+    for r in group.rules:
+        text = (r.expr or "").lower()
+        for t in URGENT_TABLES:
+            if re.search(rf"\b{t}\b", text) or "instance_lives" in text:
+                out.add(t)
+    return out
+
+
 def run_forever(engine: Engine, cursor: Callable[[], duckdb.DuckDBPyConnection], stop: threading.Event,
                 on_round: Callable[[Group, dt.datetime], None] | None = None,
-                clock: Callable[[], dt.datetime] = utcnow) -> None:
-    """Each group at its own interval until ``stop`` (the collector's evaluation thread)."""
+                clock: Callable[[], dt.datetime] = utcnow, wake: threading.Event | None = None,
+                urgent: set[str] | None = None, min_gap: float = 0.2) -> None:
+    """Each group at its own interval until ``stop`` (the collector's evaluation thread);
+    groups named in ``urgent`` (filled by the ingest side, with ``wake`` set) at once, at most
+    every ``min_gap`` seconds."""
     import logging
 
     log = logging.getLogger("cmdare.alerts")
     due = {g.name: 0.0 for g in engine.groups}
+    last = {g.name: 0.0 for g in engine.groups}
     con = cursor()
     while not stop.is_set():
         now_m = time.monotonic()
+        hot: set[str] = set()
+        if urgent:
+            hot = {n for n in list(urgent) if now_m - last[n] >= min_gap}
+            urgent.difference_update(hot)
         for g in engine.groups:
-            if now_m < due[g.name]:
+            if now_m < due[g.name] and g.name not in hot:
                 continue
-            due[g.name] = now_m + g.interval
+            due[g.name], last[g.name] = now_m + g.interval, now_m
             at = clock()
             try:
                 engine.eval_group(con, g, at)
@@ -653,4 +677,9 @@ def run_forever(engine: Engine, cursor: Callable[[], duckdb.DuckDBPyConnection],
             except Exception as e:  # never stop evaluating: next round
                 log.error("alert group %s: %s: %s", g.name, type(e).__name__, e)
         wait = min(due.values()) - time.monotonic() if due else 1.0
-        stop.wait(max(0.05, min(wait, 1.0)))
+        if urgent:
+            wait = min(wait, min_gap)
+        ev = wake or stop
+        ev.wait(max(0.01, min(wait, 1.0)))
+        if wake is not None:
+            wake.clear()

@@ -55,7 +55,20 @@ class Alerting:
         self.engine = alerts.Engine(groups, inhibit_window)
         self.receivers: list[Any] = [LogReceiver()]
         self.stop_event = threading.Event()
+        self.wake = threading.Event()
+        self.urgent: set[str] = set()  # groups to evaluate now (their urgent tables got rows)
+        self._urgent_of = {g.name: alerts.urgent_tables(g) for g in groups}
         self.thread: threading.Thread | None = None
+
+    def on_batch(self, result: Any) -> None:
+        """Called by ingest after each committed batch (its thread: cheap)."""
+        tables = {t for t, n in getattr(result, "rows", {}).items() if n}
+        if not tables & set(alerts.URGENT_TABLES):
+            return
+        hit = {g for g, ts in self._urgent_of.items() if ts & tables}
+        if hit:
+            self.urgent.update(hit)
+            self.wake.set()
 
     def add(self, receiver: Any) -> None:
         self.receivers.append(receiver)
@@ -71,7 +84,7 @@ class Alerting:
                 r.restore(self.engine)
         self.thread = threading.Thread(
             target=alerts.run_forever, args=(self.engine, self.cursor, self.stop_event, self._round),
-            name="cmdare-alerts", daemon=True,
+            kwargs={"wake": self.wake, "urgent": self.urgent}, name="cmdare-alerts", daemon=True,
         )
         self.thread.start()
         return restored
@@ -85,6 +98,7 @@ class Alerting:
 
     def stop(self) -> None:
         self.stop_event.set()
+        self.wake.set()
         if self.thread:
             self.thread.join(timeout=30)
         for r in self.receivers:

@@ -253,7 +253,11 @@ def kafka(
         con.close()
         raise
     ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe, max_skew=skew)
+    if al:
+        ing.totals.on_batch = al.on_batch
     svc = _serve(con, db, hc, lambda: ing.totals)
+    if svc:
+        svc.alerting = al
     try:
         ing.open()
     except ConnectionError as e:
@@ -324,7 +328,11 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
         con.close()
         raise
     ing = SpoolIngest(con, directory, progress=_progress, max_skew=skew)
+    if al:
+        ing.totals.on_batch = al.on_batch
     svc = _serve(con, db, hc, lambda: ing.totals) if follow else None
+    if svc:
+        svc.alerting = al
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ing.stop())
     try:

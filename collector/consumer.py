@@ -51,6 +51,7 @@ class Totals:
     # (high watermark - next offset), and the newest fetched record's age (its timestamp)
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     lag_seconds: float | None = None
+    on_batch: Callable[[WriteResult], None] | None = field(default=None, repr=False, compare=False)
 
     def add(self, r: WriteResult, messages: int) -> None:
         self.events += r.inserted
@@ -64,6 +65,11 @@ class Totals:
         self.last_stored = time.monotonic()
         self.batch_seconds += r.seconds
         self.last_batch_seconds = r.seconds
+        if self.on_batch is not None:
+            try:
+                self.on_batch(r)  # e.g. alert rules reading revocations evaluate now
+            except Exception as e:
+                log.error("after-batch hook: %s: %s", type(e).__name__, e)
 
     def _of_them(self) -> str:
         n = self.not_utf8

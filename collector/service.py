@@ -152,6 +152,7 @@ class Service:
         self.thread: threading.Thread | None = None
         self.url = ""
         self.requests = 0
+        self.alerting: Any = None  # the rule evaluation (collector.alerting.Alerting), when --rules
 
     # -- connections ----------------------------------------------------------------------
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -345,6 +346,27 @@ class Service:
                         yield GaugeMetricFamily("cmdare_collector_kafka_lag_seconds",
                                                 "age of the newest record fetched (its Kafka timestamp) when fetched",
                                                 value=t.lag_seconds)
+                al = getattr(svc, "alerting", None)
+                if al is not None:
+                    states = GaugeMetricFamily("cmdare_collector_alerts", "alert instances by state", labels=("state",))
+                    snap = al.engine.snapshot()
+                    for st in ("pending", "firing", "inhibited", "resolved"):
+                        states.add_metric([st], sum(a.state == st for a in snap))
+                    yield states
+                    bad = GaugeMetricFamily("cmdare_collector_alert_rules_unhealthy",
+                                            "rules whose last evaluation failed")
+                    bad.add_metric([], sum(h.health == "error" for h in al.engine.health.values()))
+                    yield bad
+                    sent = CounterMetricFamily("cmdare_collector_alert_notifications",
+                                               "deliveries to a receiver", labels=("receiver",))
+                    failed = CounterMetricFamily("cmdare_collector_alert_notification_failures",
+                                                 "failed delivery attempts (retried)", labels=("receiver",))
+                    for r in al.receivers:
+                        if hasattr(r, "sent_total"):
+                            sent.add_metric([r.name], r.sent_total)
+                            failed.add_metric([r.name], r.failed_total)
+                    yield sent
+                    yield failed
                 yield CounterMetricFamily("cmdare_collector_http_requests", "API requests served", value=svc.requests)
                 yield GaugeMetricFamily("cmdare_collector_ready", "1 once ingest runs", value=1.0 if svc.ready else 0.0)
 

@@ -121,6 +121,18 @@ def test_webhook_retried_until_it_takes_them_and_a_dead_receiver_blocks_nothing(
         assert a["labels"]["node"] == "n-1" and a["status"] == "firing" and a["fingerprint"]
         res = [a for p in hook.posts for a in p["alerts"] if a["status"] == "resolved"][0]
         assert res["startsAt"] == a["startsAt"] and res["endsAt"] > res["startsAt"]
+        # counted in the collector's metrics: the failures (retried) and the deliveries
+        from prometheus_client.parser import text_string_to_metric_families
+
+        url = json.loads(db.with_name(db.name + ".service.json").read_text())["url"]
+        import urllib.request
+
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        m = {(s.name, s.labels.get("receiver")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        hook_name = f"webhook:http://127.0.0.1:{srv.server_port}/hook"
+        assert m[("cmdare_collector_alert_notification_failures_total", hook_name)] >= 3
+        assert m[("cmdare_collector_alert_notifications_total", hook_name)] >= 2
+        assert m[("cmdare_collector_alert_notification_failures_total", f"webhook:{dead}")] >= 1
         # the dead receiver never held up evaluation: the rule kept being evaluated throughout
         r = subprocess.run([str(BIN / "analyze"), "alerts", "--db", str(db), "--json"], capture_output=True,
                            text=True, timeout=60)
