@@ -544,6 +544,11 @@ def _schema_con(db: str) -> Any:
     bind SQL against the documented tables)."""
     if Path(db).exists() or live_cursor(db) is not None:
         return open_ro(db)
+    return _empty_db()
+
+
+def _empty_db() -> Any:
+    """An in-memory database with the collector's current schema and views."""
     from cmdare.collector.db import migrate
 
     from . import views
@@ -552,6 +557,35 @@ def _schema_con(db: str) -> Any:
     migrate(con)
     views.apply(con)
     return con
+
+
+@alerts_.command(name="test")
+@click.argument("file", type=click.Path(dir_okay=False))
+def alerts_test(file: str) -> None:
+    """Run the unit tests of FILE against the rules it names, as `promtool test rules`
+    does: each test loads its input rows into an empty database (times as offsets: 0s, 90s,
+    5m), evaluates the rules every evaluation_interval, and compares the firing alerts at each
+    eval_time with exp_alerts. Exit 1 when a test fails. Format: docs/alerts.md.
+
+    \b
+    Example:
+      analyze alerts test rules/gpu.test.yml
+    """
+    from . import alerts
+
+    try:
+        results = alerts.run_tests(file, _empty_db)
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    failed = 0
+    for r in results:
+        click.echo(f"{'ok  ' if not r.failures else 'FAIL'} {r.name}")
+        for f in r.failures:
+            click.echo(f"     {f}")
+        failed += bool(r.failures)
+    click.echo(f"{len(results)} test(s), {failed} failed")
+    if failed:
+        raise SystemExit(1)
 
 
 @cli.group(name="import")

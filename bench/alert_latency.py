@@ -1,0 +1,170 @@
+"""Alert latency: from the moment a (local, fake) cloud metadata server starts announcing a
+revocation to a real Alertmanager holding the alert, through real agents, a real Kafka
+broker and a real collector process evaluating the shipped rules (``--rules default``).
+
+    python bench/alert_latency.py [--agents 20] [--rounds 3]
+
+Each round starts ``--agents`` agent processes (GCE, AWS and Azure metadata servers in
+turn, default agent settings) with fresh node names, waits until the collector has seen them
+all, then announces one revocation per agent in random order, a little apart; a poller
+reads Alertmanager's ``GET /api/v2/alerts`` every 20 ms for ``RevocationNotice`` alerts.
+Prints p50 / p90 / p99 / max.  Target: p99 under 3 s (SkyPilot polls every 15-20 s; a
+Prometheus + Alertmanager chain with default intervals takes about a minute).
+Needs Go (scripts/gobuild alertmanager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from common import ROOT, Broker
+
+from tests.conftest import Alertmanager, go_tool
+from tests.fakes.metadata import FakeMetadata
+
+BIN = Path(sys.executable).parent
+
+
+def start_agent(tmp: Path, node: str, url: str, srv: FakeMetadata) -> subprocess.Popen:
+    cfg = tmp / f"{node}.toml"
+    cfg.write_text(f"""
+node = "{node}"
+interval = "10s"
+[spool]
+dir = "{tmp / ("spool-" + node)}"
+[sink]
+url = "{url}"
+[sources.gpu]
+enabled = false
+[sources.train]
+enabled = false
+[sources.cloud]
+provider = "auto"
+metadata_url = "{srv.url}"
+""")
+    return subprocess.Popen([str(BIN / "cmdare-agent"), "--config", str(cfg)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stderr=open(tmp / f"{node}.log", "w"), stdout=subprocess.DEVNULL)
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
+
+
+def analyze_json(db: Path, *args: str) -> object:
+    r = subprocess.run([str(BIN / "analyze"), *args, "--db", str(db), "--json"], capture_output=True, text=True,
+                       timeout=60)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--agents", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    clouds = ("gce", "aws", "azure")
+    with Broker() as b, tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        am = Alertmanager(go_tool("alertmanager"), tmp)
+        topic = f"bench-alert-{uuid.uuid4().hex[:6]}"
+        url = f"kafka://{b.bootstrap}/{topic}"
+        db = tmp / "alerts.duckdb"
+        col = subprocess.Popen(
+            [str(BIN / "cmdare-collector"), "kafka", url, "--db", str(db), "--max-wait", "0.2s",
+             "--rules", "default", "--alertmanager", am.url],
+            stdout=subprocess.DEVNULL, stderr=open(tmp / "collector.log", "w"),
+        )
+        seen: dict[str, float] = {}  # node -> when Alertmanager first listed its RevocationNotice
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set():
+                try:
+                    with urllib.request.urlopen(am.url + "/api/v2/alerts", timeout=5) as r:
+                        now = time.time()
+                        for x in json.loads(r.read()):
+                            if x["labels"].get("alertname") == "RevocationNotice":
+                                seen.setdefault(x["labels"]["node"], now)
+                except OSError:
+                    pass
+                time.sleep(0.02)
+
+        threading.Thread(target=poll, daemon=True).start()
+        rng = random.Random(1)
+        lat: list[float] = []
+        by: dict[str, list[float]] = {c: [] for c in clouds}
+        missing = 0
+        try:
+            for rnd in range(a.rounds):
+                servers = {f"vm-{rnd}-{i:02d}": FakeMetadata(clouds[i % 3], name=f"vm-{rnd}-{i:02d}").start()
+                           for i in range(a.agents)}
+                procs = [start_agent(tmp, n, url, s) for n, s in servers.items()]
+                t0 = time.monotonic()
+                while True:
+                    nodes = analyze_json(db, "nodes") or []
+                    up = {n["node"] for n in nodes if n.get("cloud")} & set(servers)  # type: ignore[union-attr]
+                    if len(up) == a.agents:
+                        break
+                    if time.monotonic() - t0 > 180:
+                        raise SystemExit(f"round {rnd}: only {len(up)} of {a.agents} agents identified in 180 s")
+                    time.sleep(0.5)
+                announced: dict[str, float] = {}
+                order = list(servers)
+                rng.shuffle(order)
+                for n in order:
+                    s = servers[n]
+                    if s.cloud == "gce":
+                        s.preempt()
+                    else:
+                        s.preempt(lead=120 if s.cloud == "aws" else 30)
+                    announced[n] = s.announced_at or time.time()
+                    time.sleep(rng.uniform(0.05, 0.15))
+                t1 = time.monotonic()
+                while not set(announced) <= set(seen) and time.monotonic() - t1 < 60:
+                    time.sleep(0.05)
+                for n, t in announced.items():
+                    if n not in seen:
+                        missing += 1
+                        print(f"round {rnd}: {n}: no RevocationNotice in Alertmanager after 60 s")
+                        continue
+                    lat.append(seen[n] - t)
+                    by[servers[n].cloud].append(seen[n] - t)
+                print(f"round {rnd}: {len(announced)} notices, {sum(n in seen for n in announced)} alerts in Alertmanager")
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    p.wait(10)
+                for s in servers.values():
+                    s.stop()
+        finally:
+            stop.set()
+            col.send_signal(signal.SIGTERM)
+            col.wait(30)
+            am.stop()
+        errors = [line for line in (tmp / "collector.log").read_text().splitlines() if " ERROR " in line]
+        for line in errors[:10]:
+            print("collector log:", line)
+    print(f"alerts: {len(lat)} of {a.agents * a.rounds} notices reached Alertmanager ({missing} missing)")
+    if lat:
+        print(f"latency announce -> Alertmanager: p50 {pct(lat, 0.5):.3f}s  p90 {pct(lat, 0.9):.3f}s  "
+              f"p99 {pct(lat, 0.99):.3f}s  max {max(lat):.3f}s  (target p99 < 3 s)")
+        for c, xs in by.items():
+            if xs:
+                print(f"  {c:5s}: n={len(xs):3d}  p50 {pct(xs, 0.5):.3f}s  max {max(xs):.3f}s")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()
