@@ -106,31 +106,6 @@ class Alerting:
                 r.stop()
 
 
-def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window: float,
-         alertmanagers: tuple[str, ...] = (), webhooks: tuple[str, ...] = (), resend: float = 60.0,
-         generator: str | None = None) -> Alerting:
-    """Load and validate the rule files against the collector's database (RuleError: one
-    line) and build the evaluation; ``start()`` runs it."""
-    from .db import cursor
-
-    groups = alerts.load_files(rule_paths(given))
-    c = cursor(con)
-    try:
-        alerts.validate(c, groups)
-    finally:
-        c.close()
-    al = Alerting(con, groups, inhibit_window)
-    if generator is None:  # where the alert came from, as Alertmanager shows it
-        import socket
-
-        generator = f"http://{socket.gethostname()}/cmdare"
-    for u in alertmanagers:
-        al.add(HttpReceiver("alertmanager", u, resend, generator=generator))
-    for u in webhooks:
-        al.add(HttpReceiver("webhook", u, resend, generator=generator))
-    return al
-
-
 # -- receivers that deliver -----------------------------------------------------------------------
 def _iso(t: Any) -> str:
     return t.isoformat(timespec="milliseconds") + "Z"
@@ -182,7 +157,7 @@ class HttpReceiver:
             "startsAt": _iso(a.fired_at or a.active_at), "endsAt": _iso(ends),
             "generatorURL": f"{self.generator}/alerts?rule={quote(a.rule)}",
         }
-        if self.kind == "webhook":
+        if self.kind in ("webhook", "kafka"):
             d.update(status="resolved" if a.state == "resolved" else "firing", fingerprint=a.fingerprint)
         return d
 
@@ -218,6 +193,9 @@ class HttpReceiver:
             "externalURL": self.generator, "alerts": items,
         }).encode()
 
+    def _deliver(self, items: list[dict[str, Any]]) -> None:
+        self._post(self._payload(items))
+
     def _post(self, body: bytes) -> None:
         import urllib.request
 
@@ -240,7 +218,7 @@ class HttpReceiver:
                 batch, self._batch = self._batch, None
             assert batch is not None
             try:
-                self._post(self._payload([d for _, d, _ in batch]))
+                self._deliver([d for _, d, _ in batch])
             except Exception as e:  # refused, timed out, 4xx/5xx: keep it, back off, retry
                 self.failed_total += 1
                 msg = f"{type(e).__name__}: {e}"
@@ -274,3 +252,68 @@ class HttpReceiver:
             self._stop = True
             self._cv.notify()
         self.thread.join(timeout=grace)
+
+
+class KafkaReceiver(HttpReceiver):
+    """Alerts as JSON messages on a Kafka topic (``--alert-kafka kafka://host:port/topic``):
+    one message per alert and change (the webhook format's alert object, with ``status``),
+    keyed by fingerprint so that one alert's messages stay in order; acks=all."""
+
+    def __init__(self, url: Any, resend: float = 60.0, generator: str = "http://localhost/cmdare") -> None:
+        self.kurl = url
+        self.producer: Any = None
+        super().__init__("webhook", url.text, resend, generator=generator)
+        self.kind = "kafka"
+
+    @property
+    def name(self) -> str:
+        return self.kurl.text
+
+    def _deliver(self, items: list[dict[str, Any]]) -> None:
+        from kafka import KafkaProducer
+
+        if self.producer is None:
+            self.producer = KafkaProducer(bootstrap_servers=self.kurl.bootstrap, acks="all", client_id="cmdare-alerts",
+                                          request_timeout_ms=int(self.timeout * 1000),
+                                          max_block_ms=int(self.timeout * 1000), **self.kurl.client_options())
+        try:
+            futures = [self.producer.send(self.kurl.topic, key=i["fingerprint"].encode(), value=json.dumps(i).encode())
+                       for i in items]
+            for f in futures:
+                f.get(timeout=self.timeout)
+        except Exception:
+            self.producer.close(timeout=1)
+            self.producer = None
+            raise
+
+    def stop(self, grace: float = 3.0) -> None:
+        super().stop(grace)
+        if self.producer is not None:
+            self.producer.close(timeout=1)
+
+
+def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window: float,
+         alertmanagers: tuple[str, ...] = (), webhooks: tuple[str, ...] = (), resend: float = 60.0,
+         generator: str | None = None, kafka_topics: tuple[Any, ...] = ()) -> Alerting:
+    """Load and validate the rule files against the collector's database (RuleError: one
+    line) and build the evaluation; ``start()`` runs it."""
+    from .db import cursor
+
+    groups = alerts.load_files(rule_paths(given))
+    c = cursor(con)
+    try:
+        alerts.validate(c, groups)
+    finally:
+        c.close()
+    al = Alerting(con, groups, inhibit_window)
+    if generator is None:  # where the alert came from, as Alertmanager shows it
+        import socket
+
+        generator = f"http://{socket.gethostname()}/cmdare"
+    for u in alertmanagers:
+        al.add(HttpReceiver("alertmanager", u, resend, generator=generator))
+    for u in webhooks:
+        al.add(HttpReceiver("webhook", u, resend, generator=generator))
+    for k in kafka_topics:
+        al.add(KafkaReceiver(k, resend, generator=generator))
+    return al

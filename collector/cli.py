@@ -77,6 +77,9 @@ def _kafka_security_options(f):
 def _alert_options(f):
     f = click.option("--alert-resend", default="1m", show_default=True,
                      help="re-send firing alerts to the receivers this often")(f)
+    f = click.option("--alert-kafka", "alert_kafka", multiple=True, metavar="URL",
+                     help="publish alerts to this Kafka topic, kafka://host:port/topic (repeatable; the kafka "
+                          "command's SASL / TLS options apply)")(f)
     f = click.option("--alert-webhook", "alert_webhooks", multiple=True, metavar="URL",
                      help="POST alerts to this URL in Alertmanager's webhook format (repeatable)")(f)
     f = click.option("--alertmanager", "alertmanagers", multiple=True, metavar="URL", envvar="CMDARE_ALERTMANAGER",
@@ -90,15 +93,24 @@ def _alert_options(f):
 
 
 def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...] = (),
-              webhooks: tuple[str, ...] = (), resend: str = "1m"):
+              webhooks: tuple[str, ...] = (), resend: str = "1m", kafka_topics: tuple[str, ...] = (),
+              security=None):
     """Load, validate (against this database) and start the rule evaluation; None without
     --rules.  A bad rule file stops the collector before it consumes anything."""
     from cmdare.analytics.alerts import RuleError
 
     from .alerting import load
 
-    if (alertmanagers or webhooks) and not rules:
-        raise click.UsageError("--alertmanager / --alert-webhook: give the rules to evaluate with --rules")
+    if (alertmanagers or webhooks or kafka_topics) and not rules:
+        raise click.UsageError("--alertmanager / --alert-webhook / --alert-kafka: give the rules to evaluate with --rules")
+    topics = []
+    for k in kafka_topics:
+        try:
+            ku = parse_kafka_url("--alert-kafka", k)
+        except ConfigError as e:
+            raise click.UsageError(str(e)) from None
+        ku.security = security
+        topics.append(ku)
     for u in (*alertmanagers, *webhooks):
         if not u.startswith(("http://", "https://")):
             raise click.UsageError(f"{u!r}: alert receivers are http:// or https:// URLs")
@@ -107,7 +119,7 @@ def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: t
     try:
         iw = parse_duration("--inhibit-window", inhibit_window)
         rs = parse_duration("--alert-resend", resend)
-        al = load(con, rules, iw, alertmanagers, webhooks, rs)
+        al = load(con, rules, iw, alertmanagers, webhooks, rs, kafka_topics=tuple(topics))
     except (ConfigError, RuleError) as e:
         raise click.UsageError(str(e)) from None
     n = al.start()
@@ -214,6 +226,7 @@ def kafka(
     inhibit_window: str,
     alertmanagers: tuple[str, ...],
     alert_webhooks: tuple[str, ...],
+    alert_kafka: tuple[str, ...],
     alert_resend: str,
 ) -> None:
     """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
@@ -248,7 +261,8 @@ def kafka(
     hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key)
     con = _open(db)
     try:
-        al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend)
+        al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend, alert_kafka,
+                       u.security)
     except click.UsageError:
         con.close()
         raise
@@ -300,7 +314,7 @@ def kafka(
 def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str, http: str,
           http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None,
           rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...],
-          alert_webhooks: tuple[str, ...], alert_resend: str) -> None:
+          alert_webhooks: tuple[str, ...], alert_kafka: tuple[str, ...], alert_resend: str) -> None:
     """Load an agent's spool DIRECTORY (the embedded default: no Kafka) into --db.
 
     The position reached is stored in the database, so running it again loads only what
@@ -323,7 +337,7 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
         raise click.UsageError("--rules: alert rules are evaluated while collecting: add --follow")
     con = _open(db)
     try:
-        al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend)
+        al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend, alert_kafka)
     except click.UsageError:
         con.close()
         raise

@@ -65,3 +65,15 @@ def test_readme_has_the_two_commands_and_ci_runs_the_second() -> None:
     assert "exec scripts/test" in (ROOT / ".ci" / "run").read_text()
     for cmd in ("cmdare-agent --check", "cmdare-collector kafka", "cmdare-collector spool"):
         assert cmd in readme
+
+
+def test_every_shipped_alert_rule_has_a_docs_heading_and_a_test() -> None:
+    from cmdare.analytics.alerts import load_files
+
+    doc = (ROOT / "docs" / "alerts.md").read_text()
+    tests = (ROOT / "tests" / "analytics" / "alerts" / "test_default_rules.py").read_text()
+    for g in load_files(["default"]):
+        for r in g.rules:
+            assert re.search(rf"^## {r.name}$", doc, re.M), f"rule {r.name}: no '## {r.name}' heading in docs/alerts.md"
+            snake = re.sub(r"(?<!^)(?=[A-Z])", "_", r.name).lower()
+            assert f"def test_{snake}(" in tests, f"rule {r.name}: no test_{snake} in test_default_rules.py"

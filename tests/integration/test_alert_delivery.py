@@ -13,7 +13,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.conftest import BIN, Alertmanager, agent_env, free_port, go_tool, wait_for
+from tests.conftest import BIN, Alertmanager, KafkaBroker, agent_env, free_port, go_tool, wait_for
 
 RULES = """
 groups:
@@ -108,10 +108,16 @@ def test_webhook_retried_until_it_takes_them_and_a_dead_receiver_blocks_nothing(
     srv = ThreadingHTTPServer(("127.0.0.1", 0), hook)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     dead = f"http://127.0.0.1:{free_port()}/nobody"  # refuses connections
+    import socket
+
+    hang = socket.socket()  # accepts connections, never answers
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(16)
+    hanging = f"http://127.0.0.1:{hang.getsockname()[1]}/hangs"
     col = None
     try:
         col, db = run(tmp_path, "--alert-webhook", f"http://127.0.0.1:{srv.server_port}/hook",
-                      "--alert-webhook", dead, agent_seconds=5.0)
+                      "--alert-webhook", dead, "--alert-webhook", hanging, agent_seconds=5.0)
         wait_for(lambda: any(a["status"] == "resolved" for p in hook.posts for a in p["alerts"]), 90,
                  what="the resolution at the webhook")
         firing = [p for p in hook.posts if p["status"] == "firing"]
@@ -133,6 +139,7 @@ def test_webhook_retried_until_it_takes_them_and_a_dead_receiver_blocks_nothing(
         assert m[("cmdare_collector_alert_notification_failures_total", hook_name)] >= 3
         assert m[("cmdare_collector_alert_notifications_total", hook_name)] >= 2
         assert m[("cmdare_collector_alert_notification_failures_total", f"webhook:{dead}")] >= 1
+        assert m[("cmdare_collector_alert_notification_failures_total", f"webhook:{hanging}")] >= 1  # timed out
         # the dead receiver never held up evaluation: the rule kept being evaluated throughout
         r = subprocess.run([str(BIN / "analyze"), "alerts", "--db", str(db), "--json"], capture_output=True,
                            text=True, timeout=60)
@@ -142,5 +149,30 @@ def test_webhook_retried_until_it_takes_them_and_a_dead_receiver_blocks_nothing(
         if col is not None:
             stop(col)
         srv.shutdown()
+        hang.close()
     log = (tmp_path / "collector.log").read_text()
     assert f"alert receiver webhook:{dead}: URLError" in log and "retrying with backoff" in log
+
+
+def test_kafka_topic_receives_firing_and_resolved(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    from kafka import KafkaConsumer
+
+    topic = "cmdare-alerts-test"
+    col, _ = run(tmp_path, "--alert-kafka", kafka_broker.url(topic), agent_seconds=4.0)
+    try:
+        c = KafkaConsumer(topic, bootstrap_servers=kafka_broker.bootstrap, auto_offset_reset="earliest",
+                          consumer_timeout_ms=1000, group_id="t")
+        got: list[dict] = []
+
+        def resolved() -> bool:
+            got.extend(json.loads(m.value) for m in c)
+            return any(x["status"] == "resolved" for x in got)
+
+        wait_for(resolved, 90, what="the resolution on the topic")
+        c.close()
+    finally:
+        stop(col)
+    firing = [x for x in got if x["status"] == "firing"]
+    res = [x for x in got if x["status"] == "resolved"]
+    assert firing and firing[0]["labels"] == {"alertname": "AgentRunning", "node": "n-1", "severity": "info"}
+    assert res[0]["fingerprint"] == firing[0]["fingerprint"] and res[0]["startsAt"] == firing[0]["startsAt"]
