@@ -523,6 +523,11 @@ def alerts_check(files: tuple[str, ...], db: str) -> None:
     """Validate rule FILES: YAML shape, durations, labels, templates, and each rule's SQL
     against the database's tables (--db; without one, an empty database of the current
     schema). Exit 1 with one line naming the file, group, rule and problem.
+
+    \b
+    Examples:
+      analyze alerts check my-rules.yml --db fleet.duckdb
+      analyze alerts check default          # the shipped pack
     """
     from . import alerts
 

@@ -21,6 +21,7 @@ DATA = {
     "cmdare/analytics/data/accelerators.csv",
     "cmdare/analytics/data/prices.csv",
     "cmdare/analytics/rules/cmdare.yml",
+    "cmdare/analytics/rules/cmdare.test.yml",
     "cmdare/collector/packaging/cmdare-collector.service",
     "cmdare/collector/packaging/cmdare-collector.sysusers",
 } | {f"cmdare/collector/schema/{p.name}" for p in (ROOT / "collector" / "schema").glob("*.sql")} | {

@@ -175,3 +175,10 @@ def test_unit_tests_of_rules_as_promtool_runs_them(tmp_path: Path) -> None:
                                    "gpu_samples:\n        - {ts: 0s, node: n1, temperature: 90}\n        - {ts: 1m"))
     r = CliRunner().invoke(cli, ["alerts", "test", str(t)])
     assert r.exit_code == 1 and "rows.gpu_samples: no column 'temperature'" in r.output
+
+
+def test_the_shipped_example_tests_pass() -> None:
+    from cmdare.analytics.cli import _empty_db
+
+    results = alerts.run_tests(Path(alerts.__file__).parent / "rules" / "cmdare.test.yml", _empty_db)
+    assert len(results) == 2 and all(not r.failures for r in results), results
