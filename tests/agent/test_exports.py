@@ -201,3 +201,28 @@ def test_listen_port_taken_is_a_one_line_error(tmp_path: Path) -> None:
             Agent(cfg).run(duration=1)
     finally:
         s.close()
+
+
+def test_prometheus_endpoint_over_tls(tmp_path: Path) -> None:
+    import ssl
+
+    from tests.fakes.tls import make_pki
+
+    pki = make_pki(tmp_path / "tls")
+    cfg = agent_config(tmp_path, **{"prometheus.listen": "127.0.0.1:0", "prometheus.tls_cert": str(pki / "server.crt"),
+                                    "prometheus.tls_key": str(pki / "server.key")})
+    agent = Agent(cfg, adapters={"nvml": FakeNvml(gpus=1)})
+    t = threading.Thread(target=agent.run, kwargs={"duration": 30}, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: agent.samples_total >= 1 and agent.prometheus is not None and agent.prometheus.server,
+                 10, what="a tick")
+        url = f"https://127.0.0.1:{agent.prometheus.port}/metrics"  # type: ignore[union-attr]
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        body = urllib.request.urlopen(url, context=ctx, timeout=5).read().decode()
+        assert "cmdare_gpu_util_gpu_ratio{" in body
+        with pytest.raises(OSError):  # plain HTTP is not served
+            urllib.request.urlopen(url.replace("https", "http"), timeout=5).read()
+    finally:
+        agent.stop()
+        t.join(10)
