@@ -130,7 +130,6 @@ class MetricStore:
         self.families: dict[str, Family] = {}
         self.lock = threading.Lock()
         self.on_new_family: list[Callable[[Family], None]] = []
-        self.observed_total = 0
 
     # -- feeding
     def _family(self, name: str, kind: str, help: str, labelnames: tuple[str, ...]) -> Family:
@@ -159,7 +158,6 @@ class MetricStore:
         now = self.clock()
         try:
             with self.lock:
-                self.observed_total += 1
                 if type_ == "status":
                     self._status(data, job_, now)
                 elif type_ == "gpu_event":

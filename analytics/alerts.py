@@ -293,7 +293,7 @@ def columns_of(con: duckdb.DuckDBPyConnection, rule: Rule) -> list[str]:
 def validate(con: duckdb.DuckDBPyConnection, groups: list[Group]) -> None:
     """Every rule's SQL parses and binds against this database, and its templates name
     columns it has."""
-    prepare(con, dt.datetime.now(dt.timezone.utc).replace(tzinfo=None))
+    prepare(con, utcnow())
     for g in groups:
         for r in g.rules:
             cols = columns_of(con, r)
@@ -322,26 +322,18 @@ def evaluate(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, timeou
     """The rule's instances at ``at`` (raises duckdb.Error / RuleError when it cannot run)."""
     if rule.finding:
         return _findings(con, rule, at)
+    from .safesql import interrupt_after
+
     prepare(con, at)
-    fired = threading.Event()
-
-    def stop() -> None:
-        fired.set()
-        con.interrupt()
-
-    timer = threading.Timer(timeout, stop)
-    timer.daemon = True
-    timer.start()
-    try:
-        cur = con.execute(rule.expr)  # type: ignore[arg-type]
-        cols = [d[0] for d in cur.description or []]
-        rows = cur.fetchmany(10_001)
-    except duckdb.Error as e:
-        if fired.is_set():
-            raise RuleError(f"expr stopped after {timeout:g} s") from None
-        raise RuleError(f"expr failed: {_first(e)}") from None
-    finally:
-        timer.cancel()
+    with interrupt_after(con, timeout) as fired:
+        try:
+            cur = con.execute(rule.expr)  # type: ignore[arg-type]
+            cols = [d[0] for d in cur.description or []]
+            rows = cur.fetchmany(10_001)
+        except duckdb.Error as e:
+            if fired.is_set():
+                raise RuleError(f"expr stopped after {timeout:g} s") from None
+            raise RuleError(f"expr failed: {_first(e)}") from None
     if len(rows) > 10_000:
         raise RuleError("expr returned more than 10,000 rows (alert instances): narrow it")
     out = []

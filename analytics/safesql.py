@@ -15,7 +15,9 @@ database and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,9 +74,10 @@ def check(con: duckdb.DuckDBPyConnection, query: str) -> None:
         raise SqlRefused(f"only SELECT queries may run here (read-only, database only), not {name}")
 
 
-def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, timeout: float = TIMEOUT) -> SqlResult:
-    """Run one checked SELECT on a connection from ``open_safe`` within the limits."""
-    check(con, query)
+@contextlib.contextmanager
+def interrupt_after(con: duckdb.DuckDBPyConnection, timeout: float) -> Iterator[threading.Event]:
+    """Interrupt what ``con`` runs once ``timeout`` seconds have passed; the event yielded
+    is set when it did (so that the caller can say the time limit stopped it)."""
     fired = threading.Event()
 
     def stop() -> None:
@@ -85,20 +88,28 @@ def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, ti
     timer.daemon = True
     timer.start()
     try:
-        cur = con.execute(query)
-        cols = [d[0] for d in cur.description or []]
-        rows = cur.fetchmany(max_rows + 1)
-    except duckdb.Error as e:
-        if fired.is_set():
-            raise SqlRefused(f"query stopped after {timeout:g} s (the time limit; narrow it with WHERE or LIMIT)") from None
-        if isinstance(e, duckdb.PermissionException):
-            raise SqlRefused(
-                "the query may read the database only: file, network and extension access are off "
-                f"({_first(e).split(': ', 1)[-1]})"
-            ) from None
-        raise SqlRefused(f"query failed: {_first(e)}") from None
+        yield fired
     finally:
         timer.cancel()
+
+
+def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, timeout: float = TIMEOUT) -> SqlResult:
+    """Run one checked SELECT on a connection from ``open_safe`` within the limits."""
+    check(con, query)
+    with interrupt_after(con, timeout) as fired:
+        try:
+            cur = con.execute(query)
+            cols = [d[0] for d in cur.description or []]
+            rows = cur.fetchmany(max_rows + 1)
+        except duckdb.Error as e:
+            if fired.is_set():
+                raise SqlRefused(f"query stopped after {timeout:g} s (the time limit; narrow it with WHERE or LIMIT)") from None
+            if isinstance(e, duckdb.PermissionException):
+                raise SqlRefused(
+                    "the query may read the database only: file, network and extension access are off "
+                    f"({_first(e).split(': ', 1)[-1]})"
+                ) from None
+            raise SqlRefused(f"query failed: {_first(e)}") from None
     return SqlResult(cols, rows[:max_rows], len(rows) > max_rows)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -30,37 +29,12 @@ import uuid
 from pathlib import Path
 
 from common import ROOT, Broker
+from revocation_latency import pct, start_agent  # the same agents, the same percentile
 
 from tests.conftest import Alertmanager, go_tool
 from tests.fakes.metadata import FakeMetadata
 
 BIN = Path(sys.executable).parent
-
-
-def start_agent(tmp: Path, node: str, url: str, srv: FakeMetadata) -> subprocess.Popen:
-    cfg = tmp / f"{node}.toml"
-    cfg.write_text(f"""
-node = "{node}"
-interval = "10s"
-[spool]
-dir = "{tmp / ("spool-" + node)}"
-[sink]
-url = "{url}"
-[sources.gpu]
-enabled = false
-[sources.train]
-enabled = false
-[sources.cloud]
-provider = "auto"
-metadata_url = "{srv.url}"
-""")
-    return subprocess.Popen([str(BIN / "cmdare-agent"), "--config", str(cfg)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            stderr=open(tmp / f"{node}.log", "w"), stdout=subprocess.DEVNULL)
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
 
 
 def analyze_json(db: Path, *args: str) -> object:

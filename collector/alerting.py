@@ -122,7 +122,7 @@ class HttpReceiver:
     def __init__(self, kind: str, url: str, resend: float = 60.0, timeout: float = 5.0, backoff_max: float = 30.0,
                  generator: str = "http://localhost/cmdare", token: str | None = None) -> None:
         self.kind, self.url = kind, url.rstrip("/")
-        self.endpoint = self.url + "/api/v2/alerts" if kind == "alertmanager" else self.url
+        self.endpoint = self.url + "/api/v2/alerts" if kind == "alertmanager" else self.url  # kafka: unused
         self.resend, self.timeout, self.backoff_max = resend, timeout, backoff_max
         self.generator, self.token = generator, token
         self.sent: dict[tuple[str, str], Any] = {}  # alert -> when this receiver last delivered it
@@ -262,8 +262,7 @@ class KafkaReceiver(HttpReceiver):
     def __init__(self, url: Any, resend: float = 60.0, generator: str = "http://localhost/cmdare") -> None:
         self.kurl = url
         self.producer: Any = None
-        super().__init__("webhook", url.text, resend, generator=generator)
-        self.kind = "kafka"
+        super().__init__("kafka", url.text, resend, generator=generator)
 
     @property
     def name(self) -> str:

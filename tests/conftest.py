@@ -150,9 +150,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Prometheus:
+class _GoServer:
+    """A server built by scripts/gobuild, started on a free loopback port with its log in
+    the work folder; ready once its ``/-/ready`` answers 200 (Prometheus and Alertmanager)."""
+
+    name = ""
+
+    def _start(self, workdir: Path, args: list[str]) -> None:
+        self.log = open(workdir / f"{self.name}.log", "w")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(self._ready, 60, what=f"{self.name} ready")
+
+    def _ready(self) -> bool:
+        import urllib.request
+
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited: {Path(self.log.name).read_text()[-2000:]}")
+        try:
+            return urllib.request.urlopen(self.url + "/-/ready", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+class Prometheus(_GoServer):
     """A real Prometheus server on loopback scraping ``targets`` ({job: [host:port]}) every
     second, with its HTTP API for the tests to query."""
+
+    name = "prometheus"
 
     def __init__(self, binary: Path, workdir: Path, targets: dict[str, list[str]]) -> None:
         import json
@@ -166,23 +198,8 @@ class Prometheus:
         ]
         cfg.write_text(json.dumps({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                                    "scrape_configs": jobs}))  # JSON is YAML
-        self.log = open(workdir / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            [str(binary), f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )
-        wait_for(self._ready, 60, what="Prometheus ready")
-
-    def _ready(self) -> bool:
-        import urllib.request
-
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited: {Path(self.log.name).read_text()[-2000:]}")
-        try:
-            return urllib.request.urlopen(self.url + "/-/ready", timeout=2).status == 200
-        except OSError:
-            return False
+        self._start(workdir, [str(binary), f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}",
+                              f"--web.listen-address=127.0.0.1:{self.port}"])
 
     def query(self, expr: str) -> list[dict]:
         """Instant query through the HTTP API: [{"metric": {labels}, "value": float}]."""
@@ -196,54 +213,25 @@ class Prometheus:
         assert body["status"] == "success", body
         return [{"metric": x["metric"], "value": float(x["value"][1])} for x in body["data"]["result"]]
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
-
-class Alertmanager:
+class Alertmanager(_GoServer):
     """A real Alertmanager on loopback (one route to a receiver that sends nothing), its v2
     API for the tests to read the alerts it holds."""
+
+    name = "alertmanager"
 
     def __init__(self, binary: Path, workdir: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cfg = workdir / "alertmanager.yml"
         cfg.write_text("route:\n  receiver: none\n  group_wait: 1s\nreceivers:\n  - name: none\n")
-        self.log = open(workdir / "alertmanager.log", "w")
-        self.proc = subprocess.Popen(
-            [str(binary), f"--config.file={cfg}", f"--storage.path={workdir / 'am-data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )
-        wait_for(self._ready, 60, what="Alertmanager ready")
+        self._start(workdir, [str(binary), f"--config.file={cfg}", f"--storage.path={workdir / 'am-data'}",
+                              f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="])
 
-    def _ready(self) -> bool:
-        import urllib.request
-
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"alertmanager exited: {Path(self.log.name).read_text()[-2000:]}")
-        try:
-            return urllib.request.urlopen(self.url + "/-/ready", timeout=2).status == 200
-        except OSError:
-            return False
-
-    def alerts(self, active: bool = True) -> list[dict]:
+    def alerts(self) -> list[dict]:
+        """The active alerts it holds (GET /api/v2/alerts)."""
         import json
         import urllib.request
 
-        q = "" if active else "?active=false&silenced=true&inhibited=true&unprocessed=true"
-        with urllib.request.urlopen(f"{self.url}/api/v2/alerts{q}", timeout=10) as r:
+        with urllib.request.urlopen(f"{self.url}/api/v2/alerts", timeout=10) as r:
             return json.loads(r.read())
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
