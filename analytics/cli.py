@@ -100,6 +100,7 @@ def cli(ctx: click.Context, group_db: str | None, server: str | None) -> None:
       analyze revocations --since 7d --gpu-type v100
       analyze goodput --job resnet50-a
       analyze bottlenecks --since 1d
+      analyze alerts
       analyze recommend data-workers --consumer-ms 10,10 --worker-ms 40,40,40,400
       analyze fit speed
       analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6
