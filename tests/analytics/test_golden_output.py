@@ -1,0 +1,80 @@
+"""``analyze`` prints exactly the same, byte for byte, as when the golden files were made
+(before the CLI became a layer over cmdare.analytics.api), and the same through a live
+collector's API as locally. The cases: tests/fixtures/analyze_golden/cases.py; rewrite the
+expected output after a deliberate change with ``CMDARE_UPDATE_GOLDEN=1``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics.cli import cli
+from cmdare.collector.db import connect
+from cmdare.collector.writer import Writer
+from cmdare.wire.events import encode_many
+from tests.fakes.fleet import MODELS, DemoFleet, Fleet, Truth
+from tests.fixtures.analyze_golden.cases import CASES, T0
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "analyze_golden" / "expected.json"
+
+
+def build(path: Path) -> Path:
+    f = DemoFleet(seed=1, t0=T0)
+    f.build()
+    fits = Fleet(Truth(), seed=7)  # enough configurations and VM lives for every fit
+    for m in MODELS[:4]:
+        for a in ("k80", "v100"):
+            fits.job(m, a)
+        for w, p in ((2, 1), (4, 1), (4, 2)):
+            fits.job(m, "k80", workers=w, ps=p, intervals=8)
+    fits.vm_lives(per_group=12)
+    con = connect(path)
+    Writer(con).write([("sim", encode_many(f.events)), ("fits", encode_many(fits.events))])
+    con.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("golden") / "base.duckdb")
+
+
+FIT_ID = re.compile(r"\b(speed|cluster|overhead|lifetime)-\d{14}-[0-9a-f]{6}\b")
+LONG_FLOAT = re.compile(r"-?\d+\.\d{9,}(e[-+]?\d+)?")  # DuckDB's parallel sums differ in the last bits
+
+
+def case(argv: list[str], code: int, out: str, err: str, db: Path) -> dict[str, Any]:
+    """One command's outcome, with what differs between runs (the fit ids: their time and
+    a random suffix; the database's path) put in words, long floats to 9 digits."""
+    def norm(s: str) -> str:
+        s = FIT_ID.sub(r"\1-ID", s.replace(str(db), "DB"))
+        return LONG_FLOAT.sub(lambda m: f"{float(m.group()):.9g}", s)
+
+    return {"argv": argv, "exit_code": code, "stdout": norm(out), "stderr": norm(err)}
+
+
+def run_local(db: Path) -> list[dict[str, Any]]:
+    out = []
+    for argv in CASES:
+        r = CliRunner().invoke(cli, [*argv, "--db", str(db)])
+        out.append(case(argv, r.exit_code, r.stdout, r.stderr, db))
+    return out
+
+
+def test_local_output_is_unchanged(fleet_db: Path, tmp_path: Path) -> None:
+    db = tmp_path / "fleet.duckdb"
+    shutil.copy(fleet_db, db)
+    got = run_local(db)
+    if os.environ.get("CMDARE_UPDATE_GOLDEN"):
+        GOLDEN.write_text(json.dumps(got, indent=1) + "\n")
+    want = json.loads(GOLDEN.read_text())
+    assert [c["argv"] for c in want] == CASES, "cases.py changed: rewrite the golden file"
+    for g, w in zip(got, want, strict=True):
+        assert g == w, g["argv"]
