@@ -117,17 +117,33 @@ def resolve_paths(given: Iterable[str | Path]) -> list[Path]:
             else Path(g) for g in given]
 
 
+def read_files(paths: Iterable[str | Path]) -> list[tuple[str, str]]:
+    """(name, text) of each rule file (``default``: the shipped pack)."""
+    out = []
+    for path in resolve_paths(paths):
+        try:
+            out.append((str(path), path.read_text()))
+        except OSError as e:
+            raise RuleError(f"{path}: cannot read: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise RuleError(f"{path}: not a text file") from None
+    return out
+
+
 def load_files(paths: Iterable[str | Path]) -> list[Group]:
     """Parse and check the files' structure (not yet against a database: ``validate``)."""
+    return load_texts(read_files(paths))
+
+
+def load_texts(files: Iterable[tuple[str, str]]) -> list[Group]:
+    """``load_files`` on (name, text) pairs: what the HTTP API is sent."""
     import yaml
 
     groups: list[Group] = []
     seen: dict[str, str] = {}
-    for path in resolve_paths(paths):
+    for path, text in files:
         try:
-            tree = yaml.safe_load(path.read_text())
-        except OSError as e:
-            raise RuleError(f"{path}: cannot read: {e.strerror}") from None
+            tree = yaml.safe_load(text)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             at = f" (line {mark.line + 1})" if mark is not None else ""

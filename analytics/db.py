@@ -1,12 +1,24 @@
-"""Read-only access to the collector's database for analyses."""
+"""Where the analytics library reads and writes: ``Database``.
+
+A ``Database`` is one DuckDB file seen one of two ways:
+
+- ``Database(path)`` (the CLI on a file no collector holds): ``read()`` opens the file
+  read-only for the call, ``write()`` opens it for writing (migrations and views applied);
+- ``Database.served(con, path)`` (inside the collector serving the file): ``read()`` is a
+  cursor of the collector's connection in a ``READ ONLY`` transaction that is always rolled
+  back, so nothing a read path runs can write, whatever the SQL; ``write()`` (fits, imports,
+  stored findings) takes a cursor under the service's write lock, one at a time.
+
+Every function of cmdare.analytics.api takes one; none opens a file of its own.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import datetime as dt
 import os
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -24,50 +36,123 @@ def default_db() -> str:
     return os.environ.get("CMDARE_DB") or DEFAULT_DB
 
 
-# Inside a collector's API (collector/service.py) the database is the collector's own open
-# connection: every open below takes a cursor of it instead of opening the file (which the
-# collector holds). (factory, the database path it serves)
-_LIVE: contextvars.ContextVar[tuple[Callable[[], duckdb.DuckDBPyConnection], str] | None] = contextvars.ContextVar(
-    "cmdare_live_db", default=None
-)
-
-
-@contextlib.contextmanager
-def live(factory: Callable[[], duckdb.DuckDBPyConnection], path: str) -> Iterator[None]:
-    """Within it, opening ``path`` (read-only or for writing) gives ``factory()``: a cursor
-    of the connection of the collector serving it."""
-    tok = _LIVE.set((factory, os.path.abspath(path)))
-    try:
-        yield
-    finally:
-        _LIVE.reset(tok)
-
-
-def live_cursor(path: str | Path) -> duckdb.DuckDBPyConnection | None:
-    """A cursor of the live connection when ``path`` is the database being served here."""
-    cur = _LIVE.get()
-    if cur is not None and os.path.abspath(str(path)) == cur[1]:
-        return cur[0]()
-    return None
-
-
 def open_ro(path: str | Path, config: dict[str, object] | None = None) -> duckdb.DuckDBPyConnection:
-    served = live_cursor(path)
-    if served is not None:
-        return served
+    """The file read-only (``config``: DuckDB settings for the connection), with one-line
+    errors for a missing, locked or foreign file."""
+    from cmdare.collector.db import DatabaseError, connect
+
     p = Path(path)
     if not p.exists():
         raise AnalyticsError(f"{p}: no such database (load one with cmdare-collector, or pass --db)")
     try:
-        return duckdb.connect(str(p), read_only=True, config=config or {})
-    except duckdb.Error as e:
-        first = str(e).splitlines()[0]
-        if "lock" in first.lower():
+        return connect(p, read_only=True, config=config)
+    except DatabaseError as e:
+        if "lock" in str(e).lower():
             raise AnalyticsError(
                 f"{p}: locked by a running collector without its API (--http off): start it with the API, "
                 "query a copy, or stop it (DuckDB allows one writer process)"
             ) from None
-        raise AnalyticsError(f"{p}: cannot open as a DuckDB database: {first}") from None
+        raise AnalyticsError(f"{p}: cannot open as a DuckDB database: {e.detail or e}") from None
+
+
+def open_rw(path: str | Path) -> duckdb.DuckDBPyConnection:
+    """The file for writing, migrated, with the views (re)created."""
+    from cmdare.collector.db import DatabaseError, connect
+
+    try:
+        return connect(path)
+    except DatabaseError as e:
+        raise AnalyticsError(str(e)) from None
+
+
+class Database:
+    """One database file, opened per call (``Database(path)``) or served by a collector
+    (``Database.served``)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._live: duckdb.DuckDBPyConnection | None = None
+        self._lock = threading.Lock()  # cursors are made one at a time
+        self._write_lock = threading.Lock()
+
+    @classmethod
+    def served(cls, con: duckdb.DuckDBPyConnection, path: str | Path) -> Database:
+        """The live database of a collector: ``con`` is its own connection (made on the
+        thread calling this); requests take cursors of it."""
+        d = cls(path)
+        d._live = con.cursor()
+        d._live.execute(f"USE {_q(con.execute('SELECT current_database()').fetchall()[0][0])}")
+        return d
+
+    @property
+    def is_served(self) -> bool:
+        return self._live is not None
+
+    def exists(self) -> bool:
+        return self._live is not None or Path(self.path).exists()
+
+    def writable(self) -> bool:
+        """Whether ``write()`` may be used: a served database, or a file this user may
+        write (a file without write permission bits is a read-only copy, even to root)."""
+        if self._live is not None:
+            return True
+        p = Path(self.path)
+        return (p.exists() and os.access(p, os.W_OK) and bool(p.stat().st_mode & 0o222)
+                and os.access(p.parent, os.W_OK))
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        assert self._live is not None
+        with self._lock:
+            c = self._live.cursor()
+        c.execute(f"USE {_q(self._live.execute('SELECT current_database()').fetchall()[0][0])}")
+        return c
+
+    @contextlib.contextmanager
+    def read(self, config: dict[str, object] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection that cannot write (``config``: settings for a file opened here; a
+        served database has them instance-wide)."""
+        if self._live is None:
+            con = open_ro(self.path, config)
+            try:
+                yield con
+            finally:
+                con.close()
+            return
+        cur = self._cursor()
+        try:
+            cur.execute("BEGIN TRANSACTION READ ONLY")
+            yield cur
+        finally:
+            with contextlib.suppress(duckdb.Error):
+                cur.execute("ROLLBACK")
+            cur.close()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection that writes: the file opened for writing, or a cursor of the served
+        connection under the write lock."""
+        if self._live is None:
+            con = open_rw(self.path)
+            try:
+                yield con
+            finally:
+                con.close()
+            return
+        with self._write_lock:
+            cur = self._cursor()
+            try:
+                yield cur
+            finally:
+                cur.close()
+
+    def close(self) -> None:
+        if self._live is not None:
+            with contextlib.suppress(duckdb.Error):
+                self._live.close()
+
+
+def _q(s: str) -> str:
+    return '"' + s.replace('"', '""') + '"'
 
 
 SINCE_UNITS = ("s", "m", "h", "d", "w")

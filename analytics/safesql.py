@@ -1,5 +1,10 @@
-"""User SQL (``analyze sql`` and, later, the service's SQL endpoint) that can read the
-database and nothing else.
+"""User SQL (``analyze sql``, ``POST /api/v1/sql``, alerting rules' ``expr``) that can read
+the database and nothing else.
+
+- It runs on a connection that cannot write: a file opened read-only, or (in the collector)
+  a cursor in a ``READ ONLY`` transaction that is always rolled back (cmdare.analytics.db).
+- The statement tree is checked: a data-modifying statement anywhere in it (``WITH x AS
+  (DELETE ... RETURNING ...) SELECT ...``) is refused with one line before anything runs.
 
 - The connection is read-only and opened with DuckDB's guards: ``enable_external_access``
   off (no file or network access: ``read_csv``, ``COPY ... TO``, ``ATTACH``, ``INSTALL``,
@@ -37,6 +42,10 @@ CONFIG: dict[str, object] = {
 }
 MAX_ROWS = 10_000
 TIMEOUT = 30.0
+MAX_BYTES = 64 << 20  # a result's size (strings by their length, other values 8 bytes)
+MAX_QUERY = 100_000  # characters of SQL text
+# query nodes a read may hold (DuckDB's parse tree, json_serialize_sql)
+READ_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
 
 
 class SqlRefused(AnalyticsError):
@@ -47,7 +56,8 @@ class SqlRefused(AnalyticsError):
 class SqlResult:
     columns: list[str]
     rows: list[tuple[Any, ...]]
-    truncated: bool  # more rows than max_rows: the first max_rows are in rows
+    truncated: bool  # more rows than max_rows (or bytes than max_bytes): the first ones are in rows
+    cut_by: str = ""  # "rows" or "bytes" when truncated
 
 
 def open_safe(path: str | Path) -> duckdb.DuckDBPyConnection:
@@ -56,7 +66,10 @@ def open_safe(path: str | Path) -> duckdb.DuckDBPyConnection:
 
 
 def check(con: duckdb.DuckDBPyConnection, query: str) -> None:
-    """SqlRefused unless ``query`` is exactly one SELECT statement."""
+    """SqlRefused unless ``query`` is exactly one SELECT statement that modifies nothing
+    anywhere in its tree."""
+    if len(query) > MAX_QUERY:
+        raise SqlRefused(f"the query is {len(query):,} characters: at most {MAX_QUERY:,}")
     if not query.strip():
         raise SqlRefused("empty query: give one SELECT statement, e.g. SELECT count(*) FROM nodes")
     try:
@@ -72,6 +85,33 @@ def check(con: duckdb.DuckDBPyConnection, query: str) -> None:
         words = (getattr(stmts[0], "query", "") or query).split()
         name = words[0].upper() if words and words[0].isalpha() else str(kind).rsplit(".", 1)[-1]
         raise SqlRefused(f"only SELECT queries may run here (read-only, database only), not {name}")
+    inner = _writing_node(con, query)
+    if inner:
+        raise SqlRefused(f"only SELECT queries may run here (read-only, database only), not {inner} inside a SELECT")
+
+
+def _writing_node(con: duckdb.DuckDBPyConnection, query: str) -> str | None:
+    """The first query node of the parse tree that is not a read (``DELETE`` for a
+    ``DELETE_QUERY_NODE`` in a WITH), or None; a tree DuckDB cannot serialise is refused."""
+    import json
+
+    try:
+        tree = json.loads(con.execute("SELECT json_serialize_sql($q::VARCHAR)", {"q": query}).fetchall()[0][0])
+    except (duckdb.Error, ValueError, RecursionError) as e:
+        raise SqlRefused(f"query does not parse: {_first(e)}") from None
+    if tree.get("error"):
+        raise SqlRefused(f"query does not parse: {str(tree.get('error_message', ''))[:200]}")
+    stack: list[object] = [tree.get("statements", [])]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            t = x.get("type")
+            if isinstance(t, str) and t.endswith("_NODE") and t not in READ_NODES:
+                return t.split("_", 1)[0]
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return None
 
 
 @contextlib.contextmanager
@@ -93,14 +133,25 @@ def interrupt_after(con: duckdb.DuckDBPyConnection, timeout: float) -> Iterator[
         timer.cancel()
 
 
-def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, timeout: float = TIMEOUT) -> SqlResult:
-    """Run one checked SELECT on a connection from ``open_safe`` within the limits."""
+def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, timeout: float = TIMEOUT,
+        max_bytes: int = MAX_BYTES) -> SqlResult:
+    """Run one checked SELECT on a connection that cannot write, within the limits."""
     check(con, query)
     with interrupt_after(con, timeout) as fired:
         try:
             cur = con.execute(query)
             cols = [d[0] for d in cur.description or []]
-            rows = cur.fetchmany(max_rows + 1)
+            rows: list[tuple[Any, ...]] = []
+            size = 0
+            while len(rows) <= max_rows:
+                chunk = cur.fetchmany(min(2048, max_rows + 1 - len(rows)))
+                if not chunk:
+                    break
+                for r in chunk:
+                    size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in r)
+                    if size > max_bytes:
+                        return SqlResult(cols, rows, True, "bytes")
+                    rows.append(r)
         except duckdb.Error as e:
             if fired.is_set():
                 raise SqlRefused(f"query stopped after {timeout:g} s (the time limit; narrow it with WHERE or LIMIT)") from None
@@ -110,7 +161,7 @@ def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, ti
                     f"({_first(e).split(': ', 1)[-1]})"
                 ) from None
             raise SqlRefused(f"query failed: {_first(e)}") from None
-    return SqlResult(cols, rows[:max_rows], len(rows) > max_rows)
+    return SqlResult(cols, rows[:max_rows], len(rows) > max_rows, "rows" if len(rows) > max_rows else "")
 
 
 def _first(e: BaseException) -> str:

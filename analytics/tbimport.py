@@ -96,6 +96,32 @@ def import_tensorboard(
     progress: Callable[[Path], None] | None = None,
 ) -> ImportResult:
     """Read, check and store; raises AnalyticsError (one line) with nothing written."""
+    lines, res = prepare_tensorboard(paths, job, node, role, run, rank, csv_tag_, steps_tag, examples_tag,
+                                     declare, progress)
+    w = Writer(con).write([(f"import:{job}", b"".join(lines))])
+    if w.dead:  # validated above, so this is a bug; the rows went to dead_letters, not lost
+        raise AnalyticsError(f"{w.dead} imported events were rejected by the writer; see dead_letters")
+    res.steps = w.rows.get("steps", 0)
+    res.scalars = w.rows.get("scalars", 0)
+    res.duplicates = w.duplicates
+    return res
+
+
+def prepare_tensorboard(
+    paths: Sequence[str | Path],
+    job: str,
+    node: str = "import",
+    role: str = "worker",
+    run: str | None = None,
+    rank: int = 0,
+    csv_tag_: str | None = None,
+    steps_tag: str = STEPS_TAG,
+    examples_tag: str = EXAMPLES_TAG,
+    declare: dict[str, Any] | None = None,
+    progress: Callable[[Path], None] | None = None,
+) -> tuple[list[bytes], ImportResult]:
+    """Read and check every file: the wire-format events to store (JSON lines) and the
+    counts so far (files, points, runs); AnalyticsError (one line) for a bad file."""
     if not job:
         raise AnalyticsError("--job must not be empty")
     if role not in ROLES:
@@ -157,10 +183,4 @@ def import_tensorboard(
                     p.wall,
                     point_id(job, s, p),
                 )
-    w = Writer(con).write([(f"import:{job}", b"".join(lines))])
-    if w.dead:  # validated above, so this is a bug; the rows went to dead_letters, not lost
-        raise AnalyticsError(f"{w.dead} imported events were rejected by the writer; see dead_letters")
-    res.steps = w.rows.get("steps", 0)
-    res.scalars = w.rows.get("scalars", 0)
-    res.duplicates = w.duplicates
-    return res
+    return lines, res

@@ -7,7 +7,7 @@ queries, detectors and recommendations all call these, never restate the thresho
 - throttled: a GPU sample whose NVML clocks-event mask has any reason but ``gpu_idle``
   (an idle GPU lowering its clocks is not throttling)
 
-(The revoked / stopped / lost verdict on a VM's life is one SQL macro, analytics/sql/
+(The revoked / stopped / lost verdict on a VM's life is one SQL macro, collector/schema/views/
 instance_lives.sql.)
 """
 

@@ -131,7 +131,7 @@ def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: t
 
 def _http_config(http: str, token_file, cert, key):
     """--http and its token / TLS options, checked before the database is opened."""
-    from .service import parse_http
+    from cmdare.analytics.service import parse_http
 
     try:
         return parse_http(http, token_file, cert, key)
@@ -141,7 +141,7 @@ def _http_config(http: str, token_file, cert, key):
 
 def _serve(con, db: str, cfg, totals):
     """The API on the collector's connection, or None with --http off."""
-    from .service import Service
+    from cmdare.analytics.service import Service
 
     if cfg is None:
         return None

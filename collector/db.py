@@ -13,11 +13,18 @@ from pathlib import Path
 
 import duckdb
 
+from . import views
+
 MIGRATION = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
 
 class DatabaseError(Exception):
-    """The database file cannot be used; the message says why in one line."""
+    """The database file cannot be used; the message says why in one line (``detail``:
+    DuckDB's own first line, where it gave one)."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -39,18 +46,17 @@ def migrations() -> list[tuple[int, str, str]]:
 ROW_GROUP_SIZE = 30720
 
 
-def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    from cmdare.analytics.db import live_cursor
-
-    served = live_cursor(path)  # inside the collector's API: its own connection
-    if served is not None:
-        return served
+def connect(path: str | Path, read_only: bool = False,
+            config: dict[str, object] | None = None) -> duckdb.DuckDBPyConnection:
+    """The one place a database file is opened: read-only (``config``: DuckDB settings for
+    that connection), or for writing with the migrations applied. Views are the analytics
+    re-created on every open for writing (collector/views.py)."""
     path = str(path)
     if read_only and not Path(path).exists():
         raise DatabaseError(f"{path}: no such database (load data with cmdare-collector first)")
     try:
         if read_only:
-            con = duckdb.connect(path, read_only=True)
+            con = duckdb.connect(path, read_only=True, config=config or {})
         else:
             con = duckdb.connect()
             try:
@@ -63,19 +69,16 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
         msg = str(e).splitlines()[0]
         if "lock" in msg.lower():
             raise DatabaseError(
-                f"{path}: database is locked by another process (a running collector?)"
+                f"{path}: database is locked by another process (a running collector?)", msg
             ) from None
-        raise DatabaseError(f"{path}: cannot open: {msg}") from None
+        raise DatabaseError(f"{path}: cannot open: {msg}", msg) from None
     except duckdb.Error as e:
-        if "already attached" in str(e):
-            raise DatabaseError(f"{path}: database is already open for writing in this process") from None
-        raise DatabaseError(
-            f"{path}: not a DuckDB database or unreadable: {str(e).splitlines()[0]}"
-        ) from None
+        msg = str(e).splitlines()[0]
+        if "already attached" in msg:
+            raise DatabaseError(f"{path}: database is already open for writing in this process", msg) from None
+        raise DatabaseError(f"{path}: not a DuckDB database or unreadable: {msg}", msg) from None
     if not read_only:
         migrate(con)
-        from cmdare.analytics import views  # the server side is installed as one
-
         views.apply(con)
     return con
 

@@ -25,7 +25,7 @@ DATA = {
     "cmdare/collector/packaging/cmdare-collector.service",
     "cmdare/collector/packaging/cmdare-collector.sysusers",
 } | {f"cmdare/collector/schema/{p.name}" for p in (ROOT / "collector" / "schema").glob("*.sql")} | {
-    f"cmdare/analytics/sql/{p.name}" for p in (ROOT / "analytics" / "sql").glob("*.sql")
+    f"cmdare/collector/schema/views/{p.name}" for p in (ROOT / "collector" / "schema" / "views").glob("*.sql")
 }
 
 

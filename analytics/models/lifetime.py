@@ -134,7 +134,9 @@ def _heldout_brier(rows: list[tuple], cat: dict[str, catalog.Accelerator], folds
     """Held-out error of P(revoked within H) at H = the median observed lifetime: five
     folds by VM (a VM's life is never in both), the Brier score over the test lives whose
     outcome at H is known (revoked by H, or seen alive past H), against the same score of
-    one pooled curve without groups (skill > 0: the groups help)."""
+    one pooled curve without groups (skill > 0: the groups help). The lives are sorted
+    first, so the folds (and the score) do not depend on the order the database returned."""
+    rows = sorted(rows, key=repr)
     keys = np.array(["/".join(_group_key(r[1], r[2], cat)) for r in rows])
     t = np.array([r[3] for r in rows], dtype=float)
     e = np.array([1 if r[4] else 0 for r in rows])

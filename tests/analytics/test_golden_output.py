@@ -78,3 +78,26 @@ def test_local_output_is_unchanged(fleet_db: Path, tmp_path: Path) -> None:
     assert [c["argv"] for c in want] == CASES, "cases.py changed: rewrite the golden file"
     for g, w in zip(got, want, strict=True):
         assert g == w, g["argv"]
+
+
+def test_the_same_output_through_a_live_collectors_api(fleet_db: Path, tmp_path: Path) -> None:
+    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.collector.db import connect as open_rw
+
+    db = tmp_path / "fleet.duckdb"
+    shutil.copy(fleet_db, db)
+    con = open_rw(db)
+    svc = Service(con, db, HttpConfig("127.0.0.1", 0))
+    url = svc.start()
+    svc.ready = True
+    try:
+        got = []
+        for argv in CASES:
+            r = CliRunner().invoke(cli, [*argv, "--db", str(db)], obj={"server": url})
+            got.append(case(argv, r.exit_code, r.stdout, r.stderr, db))
+    finally:
+        svc.stop()
+        con.close()
+    want = json.loads(GOLDEN.read_text())
+    for g, w in zip(got, want, strict=True):
+        assert g == w, g["argv"]

@@ -1,4 +1,4 @@
-"""The views and table macros in analytics/sql/: each compiles on a fresh database, every
+"""The views and table macros in collector/schema/views/: each compiles on a fresh database, every
 file is applied, and a writable open replaces what an older release left in a database."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cmdare.analytics import views
+from cmdare.collector import views
 from cmdare.collector.db import connect
 
 SQL = Path(views.__file__).parent / "sql"

@@ -13,7 +13,8 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from cmdare.analytics import queries, views
+from cmdare.analytics import queries
+from cmdare.collector import views
 from cmdare.analytics.cli import cli as analyze
 from cmdare.collector.cli import cli as collector
 from cmdare.collector.db import connect, migrate

@@ -13,7 +13,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from cmdare.analytics import alerts, views
+from cmdare.analytics import alerts
+from cmdare.collector import views
 from cmdare.collector.db import migrate
 
 T0 = dt.datetime(2026, 11, 24, 12, 0, 0)

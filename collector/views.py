@@ -1,5 +1,5 @@
-"""The views and table macros analyses read, as SQL files in ``analytics/sql/`` (one object
-per file, named after it).  Migrations (cmdare.collector) hold tables only; these are
+"""The views and table macros analyses read, as SQL files in ``collector/schema/views/`` (one
+object per file, named after it).  Migrations (``schema/NNN_*.sql``) hold tables only; these are
 re-created with ``CREATE OR REPLACE`` whenever a database is migrated or opened for
 writing, so the logic in force is always the file, never a replay of migrations.
 
@@ -21,7 +21,7 @@ VIEWS = ("instance_lives", "instances", "step_hardware")
 
 def sql(name: str) -> str:
     """The SQL of one view or macro."""
-    return resources.files("cmdare.analytics").joinpath("sql", f"{name}.sql").read_text()
+    return resources.files("cmdare.collector").joinpath("schema", "views", f"{name}.sql").read_text()
 
 
 def apply(con: duckdb.DuckDBPyConnection) -> None:

@@ -1,0 +1,121 @@
+"""``analyze import tensorboard``: historical runs as a job's step telemetry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from cmdare.wire.events import ROLES
+from cmdare.wire.tbevents import EXAMPLES_TAG, STEPS_TAG
+
+from ..db import AnalyticsError
+from . import call, cli, db_option, json_option
+
+
+@cli.group(name="import")
+def import_() -> None:
+    """Load historical runs into the database (read-write; not while a collector runs on it).
+
+    \b
+    Example:
+      analyze import tensorboard runs/ --job resnet50-a --gpu-type v100 --workers 4
+    """
+
+
+@import_.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--job", required=True, help="job id the runs are stored under")
+@click.option("--node", default="import", show_default=True, help="node the runs ran on")
+@click.option("--role", type=click.Choice(ROLES), default="worker", show_default=True)
+@click.option("--run", help="run id for all files (default: each file's directory under PATH)")
+@click.option("--rank", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--gpu-type", help="accelerator type, e.g. v100, k80, tpu-v3")
+@click.option("--workers", type=click.IntRange(1), help="number of workers")
+@click.option("--ps", type=click.IntRange(0), help="number of parameter servers")
+@click.option("--model", help="model name")
+@click.option("--params", type=click.IntRange(0), help="parameter count")
+@click.option("--tensors", type=click.IntRange(0), help="number of parameter tensors")
+@click.option("--flops-per-step", type=click.FloatRange(0), help="FLOPs per training step")
+@click.option("--batch-size", type=click.IntRange(1), help="per-worker batch size")
+@click.option(
+    "--tag", "csv_tag_", help="tag of the CSV files (default: from run-X-tag-Y.csv names, else the steps tag)"
+)
+@click.option("--steps-tag", default=STEPS_TAG, show_default=True, help="scalar holding the step rate")
+@click.option("--examples-tag", default=EXAMPLES_TAG, show_default=True, help="scalar holding examples/s")
+@db_option
+@json_option
+def tensorboard(
+    paths: tuple[str, ...],
+    job: str,
+    node: str,
+    role: str,
+    run: str | None,
+    rank: int,
+    gpu_type: str | None,
+    workers: int | None,
+    ps: int | None,
+    model: str | None,
+    params: int | None,
+    tensors: int | None,
+    flops_per_step: float | None,
+    batch_size: int | None,
+    csv_tag_: str | None,
+    steps_tag: str,
+    examples_tag: str,
+    db: str,
+    as_json_: bool,
+) -> None:
+    """Import TensorBoard event files or UI CSV exports (Wall time,Step,Value) from PATHS
+    (files or directories, walked) as step telemetry of JOB.
+
+    global_step/sec becomes step intervals (analyze jobs / steps use them); every other
+    scalar goes to the scalars table. Every file is checked before anything is written: a
+    malformed one stops the import with its name and record or line, and nothing is
+    stored. Importing the same points again stores nothing twice.
+
+    \b
+    Example:
+      analyze import tensorboard runs/resnet50-k80x4 --job resnet50-k80x4 \\
+          --gpu-type k80 --workers 4 --ps 1 --model resnet50 --batch-size 32
+    """
+    from ..tbimport import prepare_tensorboard
+
+    declare = {
+        "accelerator": gpu_type,
+        "world_size": workers,
+        "ps": ps,
+        "model": model,
+        "params": params,
+        "tensors": tensors,
+        "flops_per_step": flops_per_step,
+        "batch_size": batch_size,
+    }
+    try:  # read and check every file here; then one call stores them (locally, or in the collector)
+        lines, res = prepare_tensorboard(
+            paths, job, node=node, role=role, run=run, rank=rank, csv_tag_=csv_tag_, steps_tag=steps_tag,
+            examples_tag=examples_tag, declare=declare,
+            progress=lambda p: (
+                click.echo(f"reading {p}", err=True) if len(paths) > 1 or Path(paths[0]).is_dir() else None
+            ),
+        )
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    stored = call(db, "import_events", job=job, lines=lines)
+    out = {
+        "job": job,
+        "files": res.files,
+        "points": res.points,
+        "runs": res.runs,
+        "steps": stored["steps"],
+        "scalars": stored["scalars"],
+        "duplicates": stored["duplicates"],
+    }
+    if as_json_:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(
+            f"imported job {job}: {res.files} file(s), runs {', '.join(res.runs)}: {out['steps']} step intervals, "
+            f"{out['scalars']} scalars stored ({out['duplicates']} already there)"
+        )

@@ -1,0 +1,194 @@
+"""``analyze fit`` and ``analyze predict speed|cluster|revocation``: performance models."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from .. import api
+from . import call, cli, db_option, json_option, lost_after_option, render
+
+
+@cli.command(name="fit")
+@click.argument("kind", type=click.Choice(api.FIT_KINDS))
+@lost_after_option
+@db_option
+@json_option
+def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
+    """Fit a performance model from the database and store it in model_fits (read-write).
+
+    \b
+    speed     single-worker step time from FLOPs per step / accelerator peak, parameter
+              bytes / memory bandwidth and tensor count (roofline, log-linear, power and
+              compute+tensors families; the one with the lowest held-out error is kept)
+    cluster   per-worker step time as workers and parameter servers grow (spotDNN's
+              PS-bandwidth contention term)
+    overhead  checkpoint save / restore time against size; resume after a revocation;
+              VM start-up by region, accelerator and spot
+    lifetime  Kaplan-Meier survival of spot VM lives per region and accelerator, with
+              Cox proportional hazards across them
+
+    Error is held out: leave one model architecture out (MAPE, R^2), never training error.
+
+    \b
+    Example:
+      analyze fit speed --json
+    """
+    render.fit(call(db, "fit", kind=kind, lost_after=lost_after), as_json_)
+
+
+@cli.group()
+def predict() -> None:
+    """Predict with the latest stored fit of a kind (read-only); every answer names its fit.
+
+    \b
+    Example:
+      analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6
+    """
+
+
+model_options = [
+    click.option(
+        "--from-job",
+        help="a job in the database: its model, accelerator and measured steady-state speed (instead of the options below)",
+    ),
+    click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), help="FLOPs per training step"),
+    click.option("--params", type=click.FloatRange(min=0, min_open=True), help="parameter count"),
+    click.option(
+        "--tensors",
+        type=click.IntRange(1),
+        default=None,
+        help="parameter tensors (default: params / 1e5, at least 1)",
+    ),
+    click.option("--batch-size", type=click.IntRange(1), help="per-worker batch size (adds examples/s)"),
+]
+
+
+def _model_opts(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The model options, handed to the command as one ``model`` argument."""
+
+    @functools.wraps(f)
+    def command(
+        *args: Any,
+        from_job: str | None,
+        flops_per_step: float | None,
+        params: float | None,
+        tensors: int | None,
+        batch_size: int | None,
+        **kw: Any,
+    ) -> Any:
+        if from_job is not None:
+            if flops_per_step or params or tensors:
+                raise click.UsageError("give either --from-job, or the model's --flops-per-step and --params")
+            if not from_job.strip():
+                raise click.UsageError("--from-job must name a job")
+            return f(*args, model=None, from_job=from_job, batch_size=batch_size, **kw)
+        if flops_per_step is None or params is None:
+            raise click.UsageError("give --flops-per-step and --params, or --from-job JOB")
+        t = tensors or max(1, round(params / 1e5))
+        return f(*args, model=api.ModelSpec(flops_per_step, params, t, batch_size), from_job=None, batch_size=batch_size, **kw)
+
+    for o in reversed(model_options):
+        command = o(command)
+    return command
+
+
+@predict.command(name="speed")
+@click.option("--gpu-type", required=True, help="accelerator (catalogue name or alias, e.g. v100)")
+@_model_opts
+@db_option
+@json_option
+def predict_speed(
+    gpu_type: str, model: api.ModelSpec | None, from_job: str | None, batch_size: int | None, db: str, as_json_: bool
+) -> None:
+    """Single-worker steps/s of a model on an accelerator, with a 95% interval.
+
+    With --from-job J: the model of job J, from J's measured steady-state speed and the
+    speed fit's ratio between J's accelerator and --gpu-type (J ran several workers: its
+    single-worker time through the cluster fit).
+
+    \b
+    Examples:
+      analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6 --json
+      analyze predict speed --from-job resnet-k80 --gpu-type p100
+    """
+    out = call(db, "predict_speed", gpu_type=gpu_type, model=model, from_job=from_job, batch_size=batch_size)
+    render.prediction(out, as_json_, "steps/s")
+
+
+def _parse_gpus(spec: str) -> list[tuple[str, int]]:
+    out = []
+    for part in spec.split(","):
+        name, sep, n = part.strip().rpartition(":")
+        if not sep or not name or not n.isdigit() or int(n) < 1:
+            raise click.BadParameter(
+                f"expected TYPE:COUNT[,TYPE:COUNT...] like k80:2,p100:2, got {part!r}", param_hint="--gpus"
+            )
+        out.append((name, int(n)))
+    return out
+
+
+@predict.command(name="cluster")
+@click.option("--gpu-type", help="accelerator of every worker (with --workers)")
+@click.option("--workers", type=click.IntRange(1), help="number of workers (with --gpu-type)")
+@click.option("--gpus", help="heterogeneous workers, TYPE:COUNT,... e.g. k80:2,p100:2")
+@click.option("--ps", type=click.IntRange(1), required=True, help="parameter servers")
+@_model_opts
+@db_option
+@json_option
+def predict_cluster(
+    gpu_type: str | None,
+    workers: int | None,
+    gpus: str | None,
+    ps: int,
+    model: api.ModelSpec | None,
+    from_job: str | None,
+    batch_size: int | None,
+    db: str,
+    as_json_: bool,
+) -> None:
+    """Cluster steps/s of a parameter-server job, homogeneous (--gpu-type and --workers) or
+    heterogeneous (--gpus k80:2,p100:2: T_exp = 1 / sum(1/T_i), spotDNN), with a 95%
+    interval, the speed the parameter servers cap it at, and the workers that reach 90% of it.
+
+    With --from-job J: the model and (without --gpu-type or --gpus) the accelerator of job
+    J, whose measured steady-state speed replaces the speed fit's single-worker time (J ran
+    several workers: derived through the cluster fit; another accelerator: scaled by the
+    speed fit's ratio between the two).
+
+    \b
+    Examples:
+      analyze predict cluster --gpus k80:2,p100:2 --ps 1 --flops-per-step 3.1e12 --params 25.6e6
+      analyze predict cluster --from-job resnet-1gpu --workers 8 --ps 2 --json
+    """
+    if gpus and (gpu_type or workers):
+        raise click.UsageError("give either --gpus, or --gpu-type with --workers")
+    if not gpus and not workers:
+        raise click.UsageError("give --workers (and --gpu-type), or --gpus TYPE:COUNT,...")
+    if not gpus and not gpu_type and from_job is None:
+        raise click.UsageError("give --gpu-type and --workers, or --gpus TYPE:COUNT,...")
+    spec = _parse_gpus(gpus) if gpus else [(gpu_type or "", workers or 1)]
+
+    out = call(db, "predict_cluster", gpus=spec, ps=ps, model=model, from_job=from_job, batch_size=batch_size)
+    render.prediction(out, as_json_, "steps/s")
+
+
+@predict.command(name="revocation")
+@click.option("--region", required=True)
+@click.option("--gpu-type", required=True)
+@click.option("--hours", type=click.FloatRange(min=0, min_open=True), required=True)
+@db_option
+@json_option
+def predict_revocation(region: str, gpu_type: str, hours: float, db: str, as_json_: bool) -> None:
+    """Probability that a spot VM of this region and accelerator is revoked within HOURS of
+    its boot (Kaplan-Meier), with a 95% interval.
+
+    \b
+    Example:
+      analyze predict revocation --region us-central1 --gpu-type v100 --hours 6
+    """
+    out = call(db, "predict_revocation", region=region, gpu_type=gpu_type, hours=hours)
+    render.prediction(out, as_json_, "probability")

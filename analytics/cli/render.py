@@ -1,0 +1,173 @@
+"""How ``analyze`` prints the library's results: aligned tables and JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import click
+
+from .. import api
+from ..output import as_json, table
+
+
+def rows(t: api.Table, as_json_: bool) -> None:
+    if as_json_:
+        click.echo(as_json(t.columns, t.rows))
+    elif not t.rows:
+        click.echo("(no rows)")
+    else:
+        click.echo(table(t.columns, t.rows))
+
+
+def sql(r: Any, as_json_: bool, max_rows: int) -> None:
+    rows(api.Table(r.columns, r.rows), as_json_)
+    if r.truncated and r.cut_by == "bytes":
+        click.echo(f"note: the result is larger than the byte limit: showing the first {len(r.rows):,} rows "
+                   "(add LIMIT or select fewer columns)", err=True)
+    elif r.truncated:
+        click.echo(f"note: more than {max_rows:,} rows: showing the first {max_rows:,} (--max-rows; or add LIMIT)", err=True)
+
+
+def suggested(kind: str, job: str | None) -> str | None:
+    """The analyze recommend command answering a finding's ``suggests`` kind for its job."""
+    if not job:
+        return None
+    return {
+        "data-workers": f"analyze recommend data-workers --job {job}",
+        "placement": f"analyze recommend placement --job {job} --host-price C --worker-price W",
+        "cluster": f"analyze recommend cluster --from-job {job}",
+    }.get(kind)
+
+
+def bottlenecks(out: api.Bottlenecks, as_json_: bool, db: str) -> None:
+    for line in out.skipped:
+        click.echo(f"note: {line}", err=True)
+    if as_json_:
+        click.echo(json.dumps([f.to_json() for f in out.findings], indent=1))
+    elif not out.findings:
+        click.echo(f"no findings ({len(out.ran)} detector{'s' if len(out.ran) != 1 else ''} ran: {', '.join(out.ran) or 'none'})")
+    else:
+        def when(t: dt.datetime | None) -> str:
+            return "" if t is None else t.strftime("%m-%d %H:%M")
+
+        cols = ["severity", "kind", "job", "node", "rank", "conf", "from", "to", "summary"]
+        shown = [
+            (f.severity, f.kind, f.job or "", f.node or "", "" if f.rank is None else f.rank, f"{f.confidence:.2f}",
+             when(f.window_start), when(f.window_end), f.summary)
+            for f in out.findings
+        ]
+        click.echo(table(cols, shown))
+        nexts: list[str] = []
+        for f in out.findings:
+            for k in f.suggests:
+                cmd = suggested(k, f.job)
+                if cmd and cmd not in nexts:
+                    nexts.append(cmd)
+        if nexts:
+            click.echo("\nwhat to do about them:")
+            for cmd in nexts:
+                click.echo(f"  {cmd}")
+    if out.stored is not None:
+        click.echo(f"stored {out.stored} finding{'s' if out.stored != 1 else ''} in {db} (table findings)", err=True)
+    elif out.not_stored == "no-store":
+        click.echo("not stored (--no-store)", err=True)
+    else:
+        click.echo(f"{db} is read-only: findings computed, not stored", err=True)
+
+
+def alerts(a: api.Alerts, as_json_: bool) -> None:
+    if as_json_:
+        out = [dict(zip(a.columns, r, strict=True)) | {"labels": json.loads(r[4])} for r in a.rows]
+        rules = [dict(zip(["rule", "health", "last_error", "last_eval", "eval_seconds", "instances"], h, strict=True))
+                 for h in a.health]
+        click.echo(json.dumps({"alerts": out, "rules": rules}, default=str))
+        return
+    if not a.health:
+        click.echo("(no rules evaluated yet: start the collector with --rules FILE...)")
+        return
+    shown = [(r[0], r[1], r[2], r[3], ",".join(f"{k}={v}" for k, v in sorted(json.loads(r[4]).items())
+                                              if k != "alertname"), r[5] or r[6] or "") for r in a.rows]
+    click.echo(table(["rule", "state", "since", "value", "labels", "summary"], shown) if shown else "(no active alerts)")
+    bad = [h for h in a.health if h[1] != "ok"]
+    click.echo(f"\n{len(a.health)} rules, {len(a.health) - len(bad)} healthy")
+    for h in bad:
+        click.echo(f"  {h[0]}: {h[1]}{': ' + h[2] if h[2] else ''}")
+
+
+def fit(f: api.FitResult, as_json_: bool) -> None:
+    from ..models.store import clean
+
+    out, kind = f.summary, f.kind
+    if as_json_:
+        click.echo(json.dumps(clean(out), indent=1))
+        return
+    mape = "n/a" if out["cv_mape"] is None else f"{out['cv_mape'] * 100:.1f}%"
+    r2 = "n/a" if out["cv_r2"] is None else f"{out['cv_r2']:.3f}"
+    click.echo(f"fit {out['fit_id']}: {kind} ({out['family']}) from {out['rows']} rows, {out['groups']} groups")
+    click.echo(f"held-out error (leave one group out): MAPE {mape}, R^2 {r2}")
+    fams = f.cv.get("families")
+    if fams:
+        click.echo(
+            "families tried (held-out MAPE): "
+            + ", ".join(f"{k} {v['cv_mape'] * 100:.1f}%" for k, v in sorted(fams.items(), key=lambda x: x[1]["cv_mape"]))
+        )
+    if f.cv.get("worst"):
+        click.echo("predicted worst (held out): " + ", ".join(f"{w['group']} {w['ape'] * 100:.1f}%" for w in f.cv["worst"]))
+    for k, v in out["coefficients"].items():
+        click.echo(f"  {k} = {v:.6g}")
+    if kind == "overhead":
+        for k in ("resume_after_revocation_seconds", "resume_after_restart_seconds"):
+            if k in f.model:
+                m = f.model[k]
+                click.echo(f"  {k}: mean {m['mean']:.1f} (95% {m['lower']:.1f}..{m['upper']:.1f}), n={m['n']}")
+        for g, m in f.model.get("vm_startup_seconds", {}).items():
+            click.echo(f"  vm start-up {g}: mean {m['mean']:.1f}s, n={m['n']}")
+    if kind == "lifetime":
+        cv = f.cv
+        if "brier" in cv:
+            click.echo(
+                f"held-out (5 folds by VM) Brier score of P(revoked within {cv['horizon_hours']:.2f} h): "
+                f"{cv['brier']:.4f} (one pooled curve: {cv['brier_pooled']:.4f})"
+            )
+        for g, c in f.model["curves"].items():
+            med = "not reached" if c["median_hours"] is None else f"{c['median_hours']:.2f} h"
+            click.echo(f"  {g}: {c['n']} lives, {c['events']} revoked, median lifetime {med}")
+    for n in out["notes"][:20]:
+        click.echo(f"  note: {n}")
+
+
+def prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
+    if as_json_:
+        from ..models.store import clean
+
+        click.echo(json.dumps(clean(out)))
+        return
+    lo, hi = out["interval"]
+    click.echo(f"{out['prediction']:.4g} {unit} (95% interval {lo:.4g} .. {hi:.4g}; fit {out['fit_id']})")
+    for k, v in out.items():
+        if k not in ("prediction", "interval", "fit_id"):
+            click.echo(f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}")
+
+
+def recommendation(rec: Any, as_json_: bool) -> None:
+    if as_json_:
+        from ..models.store import clean
+
+        click.echo(json.dumps(clean({"kind": rec.kind.replace("_", "-"), **{k: v for k, v in rec.to_json().items() if k != "kind"}})))
+        return
+    act = ", ".join(
+        f"{k} " + (", ".join(f"{n} x {t}" for t, n in v.items()) if isinstance(v, dict) else str(v))
+        for k, v in rec.action.items()
+    )
+    click.echo(f"{rec.kind.replace('_', '-')}: {act}")
+    click.echo(f"  why: {rec.why}")
+    for k, v in rec.predicted.items():
+        iv = rec.interval.get(k)
+        click.echo(f"  predicted {k}: {v:.4g}" + (f" (interval {iv[0]:.4g} .. {iv[1]:.4g})" if iv else ""))
+    for k, v in rec.cost.items():
+        click.echo(f"  cost {k}: {v}")
+    if rec.fit_ids:
+        click.echo(f"  fits: {', '.join(rec.fit_ids)}")
+    click.echo("  assumptions: " + ", ".join(f"{k}={v}" for k, v in rec.assumptions.items() if v is not None))

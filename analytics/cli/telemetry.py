@@ -1,0 +1,186 @@
+"""``analyze nodes|instances|revocations|goodput|gpu|host|jobs|steps|sql``: telemetry as tables."""
+
+from __future__ import annotations
+
+import click
+
+from . import (
+    call,
+    cli,
+    cutoff,
+    db_option,
+    gpu_type_option,
+    json_option,
+    lost_after_option,
+    node_option,
+    region_option,
+    render,
+    since_option,
+)
+
+
+@cli.command()
+@lost_after_option
+@db_option
+@json_option
+def nodes(lost_after: float, db: str, as_json_: bool) -> None:
+    """Every node seen: role, job, cloud zone and instance type, spot, the state of its
+    latest life (alive, or how it ended: revoked, stopped, lost), lives seen, first/last
+    seen, agent version, heartbeats, GPUs, spool backlog and dropped events (as its last
+    heartbeat reported them: events loaded since are not subtracted), sources that are
+    not ok, and clock skew: events stamped further from the collector's clock than its
+    --max-clock-skew (count, and the latest skew in seconds, + ahead / - behind); they are
+    left out of states and lifetimes (state "clock skew": a node seen only through them).
+
+    \b
+    Example:
+      analyze nodes --db fleet.duckdb --lost-after 5
+    """
+    render.rows(call(db, "nodes", lost_after=lost_after), as_json_)
+
+
+@cli.command()
+@since_option
+@region_option
+@gpu_type_option
+@lost_after_option
+@db_option
+@json_option
+def instances(
+    since: str | None, region: str | None, gpu_type: str | None, lost_after: float, db: str, as_json_: bool
+) -> None:
+    """Every life of every VM (boot to end): cloud identity, boot, last seen, state, how it
+    ended (revoked: a notice that takes the VM away was seen; stopped: a clean stop; lost:
+    heartbeats stopped without either), lifetime and notices.
+
+    \b
+    Example:
+      analyze instances --since 30d --gpu-type v100
+    """
+    render.rows(call(db, "instances", lost_after=lost_after, since=cutoff(since), region=region, gpu_type=gpu_type), as_json_)
+
+
+@cli.command()
+@since_option
+@region_option
+@gpu_type_option
+@db_option
+@json_option
+def revocations(since: str | None, region: str | None, gpu_type: str | None, db: str, as_json_: bool) -> None:
+    """Revocation and maintenance notices: when seen, node and identity, kind, the cloud's
+    deadline and the lead time it gave, how long the node was still seen, how its life
+    ended, and per training job on the node the progress lost since its last checkpoint
+    (steps and seconds of work from the last good save to the last step reported).
+
+    \b
+    Example:
+      analyze revocations --since 7d --region us-central1 --gpu-type v100
+    """
+    render.rows(call(db, "revocations", since=cutoff(since), region=region, gpu_type=gpu_type), as_json_)
+
+
+@cli.command()
+@click.option("--job", required=True, help="the training job's id (see analyze jobs)")
+@db_option
+@json_option
+def goodput(job: str, db: str, as_json_: bool) -> None:
+    """Split a job's wall time into productive step time and badput: input wait, start-up,
+    checkpoint save and restore, revocations (work redone since the last checkpoint, and
+    notice to steps resuming) and idle. The parts add up to the wall time.
+
+    \b
+    Example:
+      analyze goodput --job resnet50-a
+      analyze fit speed
+      analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6 --json
+    """
+    render.rows(call(db, "goodput", job=job), as_json_)
+
+
+@cli.command()
+@node_option
+@since_option
+@db_option
+@json_option
+def gpu(node: str | None, since: str | None, db: str, as_json_: bool) -> None:
+    """Per GPU: utilisation, memory, power, temperature, throttling, ECC / Xid events.
+
+    \b
+    Example:
+      analyze gpu --node gpu-7 --since 10m
+    """
+    render.rows(call(db, "gpu", node=node, since=cutoff(since)), as_json_)
+
+
+@cli.command()
+@node_option
+@since_option
+@db_option
+@json_option
+def host(node: str | None, since: str | None, db: str, as_json_: bool) -> None:
+    """Per node: CPU, load, memory, processes, network and disk throughput.
+
+    \b
+    Example:
+      analyze host --since 1h
+    """
+    render.rows(call(db, "host", node=node, since=cutoff(since)), as_json_)
+
+
+@cli.command()
+@since_option
+@db_option
+@json_option
+def jobs(since: str | None, db: str, as_json_: bool) -> None:
+    """Training jobs: model, size, ranks, nodes, steps/s (mean per rank), examples/s (all
+    examples over the time the job stepped: ranks side by side add up, a restart's runs
+    do not), input-wait share and the input-bound verdict (TensorFlow profiler
+    thresholds: under 5% not, 5-20% moderately, 20% or more highly input-bound).
+
+    \b
+    Example:
+      analyze jobs --since 1d
+    """
+    render.rows(call(db, "jobs", since=cutoff(since)), as_json_)
+
+
+@cli.command()
+@click.option("--job", required=True, help="the training job's id (see analyze jobs)")
+@node_option
+@since_option
+@db_option
+@json_option
+def steps(job: str, node: str | None, since: str | None, db: str, as_json_: bool) -> None:
+    """Per run and rank of one job: steps/s, examples/s, mean step time, input-wait share
+    and verdict, slow steps, and the node's GPU / CPU utilisation over the same intervals.
+
+    \b
+    Example:
+      analyze steps --job resnet50-a --since 1h
+    """
+    render.rows(call(db, "steps", job=job, node=node, since=cutoff(since)), as_json_)
+
+
+@cli.command()
+@click.argument("query")
+@click.option("--max-rows", type=click.IntRange(1), default=10_000, show_default=True,
+              help="rows shown at most (the result says when it was cut)")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="seconds before the query is stopped")
+@db_option
+@json_option
+def sql(query: str, max_rows: int, timeout: float, db: str, as_json_: bool) -> None:
+    """Run one SELECT QUERY on the database, read-only (tables: nodes, host_samples,
+    gpu_samples, gpu_events, tpu_samples, heartbeats, agent_status, jobs, steps, data_batches,
+    slow_steps, checkpoints, scalars, instance_identity, lifecycle_events, revocations,
+    model_fits, findings, unknown_events, dead_letters; views step_hardware, instances;
+    table macro instance_lives(lost_after := 3)).
+
+    The query reads the database and nothing else: no files, network or extensions, no
+    settings (SET, PRAGMA), one statement; a row limit and a time limit.
+
+    \b
+    Example:
+      analyze sql "SELECT node, max(ts) FROM heartbeats GROUP BY node"
+    """
+    render.sql(call(db, "sql", query=query, max_rows=max_rows, timeout=timeout), as_json_, max_rows)

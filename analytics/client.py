@@ -1,0 +1,241 @@
+"""Where ``analyze`` gets its answers: ``Local`` (the library on a database file) or
+``Remote`` (the collector's HTTP API, the same library on its live database). Both return
+the library's own types, so what is printed does not depend on which.
+
+A collector holding a database writes ``DB.service.json`` beside it. The client trusts that
+file only when it is owned by the database file's owner (or root), is writable by nobody
+else, is a plain file, and names the database it sits beside; otherwise it is ignored with
+a note, and no token is sent anywhere. A token ($CMDARE_HTTP_TOKEN) goes only to a URL the
+user named (``--server``) or one read from a trusted service file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import stat
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from . import api, codec
+from .db import AnalyticsError, Database
+
+SERVICE_SUFFIX = ".service.json"
+TOKEN_ENV = "CMDARE_HTTP_TOKEN"
+CA_ENV = "CMDARE_HTTP_CA"
+TIMEOUT = 660.0  # seconds: above the server's longest limit
+
+
+def service_file(db: str | Path) -> Path:
+    """Where a collector holding ``db`` writes how to reach its API."""
+    p = Path(db)
+    return p.with_name(p.name + SERVICE_SUFFIX)
+
+
+def trusted_service(db: str | Path) -> tuple[str | None, str]:
+    """(URL of a live collector serving ``db``, or None; why not, when a file was there but
+    is not trusted)."""
+    f = service_file(db)
+    try:
+        st = os.lstat(f)
+    except OSError:
+        return None, ""
+    try:
+        owner = os.stat(db).st_uid
+    except OSError:
+        return None, ""
+    if not stat.S_ISREG(st.st_mode):
+        return None, f"{f}: not a plain file: ignored"
+    if st.st_uid not in (owner, 0):
+        return None, f"{f}: owned by uid {st.st_uid}, not the database's owner: ignored"
+    if st.st_mode & 0o022:
+        return None, f"{f}: writable by others: ignored"
+    try:
+        info = json.loads(f.read_text()[:4096])
+        pid, url, served = int(info["pid"]), str(info["url"]), str(info["db"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"{f}: unreadable: ignored"
+    if os.path.realpath(served) != os.path.realpath(db):
+        return None, f"{f}: names another database ({served[:80]}): ignored"
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        return None, f"{f}: not an http(s) URL: ignored"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None, ""  # a stale file: that collector is gone
+    except PermissionError:
+        pass  # alive, another user's
+    except (OverflowError, ValueError):
+        return None, f"{f}: bad pid: ignored"
+    return url, ""
+
+
+class Local:
+    """The library on a database file opened per call."""
+
+    def __init__(self, db: str) -> None:
+        self.db = Database(db)
+        self.path = db
+
+    def call(self, name: str, **kw: Any) -> Any:
+        return getattr(api, name)(self.db, **kw)
+
+
+class Remote:
+    """The same calls through a collector's API."""
+
+    def __init__(self, url: str, path: str = "") -> None:
+        self.url = url.rstrip("/")
+        self.path = path
+
+    def request(self, method: str, route: str, params: dict[str, Any] | None = None,
+                body: dict[str, Any] | None = None) -> Any:
+        q = {k: v for k, v in (params or {}).items() if v is not None and v != [] and v != ()}
+        url = self.url + route + ("?" + urllib.parse.urlencode(q, doseq=True) if q else "")
+        req = urllib.request.Request(url, method=method, headers={"Accept": "application/json"},
+                                     data=None if body is None else json.dumps(codec.plain(body)).encode())
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        if os.environ.get(TOKEN_ENV):
+            req.add_header("Authorization", f"Bearer {os.environ[TOKEN_ENV].strip()}")
+        ctx = ssl.create_default_context(cafile=os.environ.get(CA_ENV) or None) if url.startswith("https") else None
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT, context=ctx) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code == 401:
+                raise AnalyticsError(f"the collector's API at {self.url}: unauthorized: set ${TOKEN_ENV}") from None
+            try:
+                msg = json.loads(e.read(4096)).get("error")
+            except (ValueError, AttributeError):
+                msg = None
+            if isinstance(msg, str) and msg:
+                raise AnalyticsError(msg) from None
+            raise AnalyticsError(f"the collector's API at {self.url}: HTTP {e.code}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            raise AnalyticsError(f"the collector's API at {self.url} does not answer ({reason})") from None
+
+    def call(self, name: str, **kw: Any) -> Any:
+        return getattr(self, "_" + name)(**kw)
+
+    # -- one method per library call: its resource, and its result rebuilt ----------------------
+    def _get_table(self, route: str, **params: Any) -> api.Table:
+        cols, rows = codec.table_rows(self.request("GET", route, _params(params)))
+        return api.Table(cols, rows)
+
+    def _nodes(self, lost_after: float = 3) -> api.Table:
+        return self._get_table("/api/v1/nodes", lost_after=lost_after)
+
+    def _instances(self, **kw: Any) -> api.Table:
+        return self._get_table("/api/v1/instances", **kw)
+
+    def _revocations(self, **kw: Any) -> api.Table:
+        return self._get_table("/api/v1/revocations", **kw)
+
+    def _gpu(self, **kw: Any) -> api.Table:
+        return self._get_table("/api/v1/gpus", **kw)
+
+    def _host(self, **kw: Any) -> api.Table:
+        return self._get_table("/api/v1/hosts", **kw)
+
+    def _jobs(self, **kw: Any) -> api.Table:
+        return self._get_table("/api/v1/jobs", **kw)
+
+    def _steps(self, job: str, **kw: Any) -> api.Table:
+        return self._get_table(f"/api/v1/jobs/{_seg(job)}/steps", **kw)
+
+    def _goodput(self, job: str) -> api.Table:
+        return self._get_table(f"/api/v1/jobs/{_seg(job)}/goodput")
+
+    def _sql(self, query: str, max_rows: int | None = None, timeout: float | None = None) -> Any:
+        from .safesql import SqlResult
+
+        d = self.request("POST", "/api/v1/sql", body={"query": query, "max_rows": max_rows, "timeout": timeout})
+        cols, rows = codec.table_rows(d)
+        return SqlResult(cols, rows, bool(d.get("truncated")), str(d.get("cut_by") or ""))
+
+    def _bottlenecks(self, job: str | None = None, since: Any = None, kinds: list[str] | None = None,
+                     options: dict[str, Any] | None = None, store: bool = True) -> api.Bottlenecks:
+        d = self.request("POST", "/api/v1/findings/run", body={
+            "job": job, "since": since, "kinds": list(kinds or []), "options": options or {}, "store": store})
+        return api.Bottlenecks([codec.finding(f) for f in d["findings"]], d["skipped"], d["ran"], d["stored"],
+                               d["not_stored"])
+
+    def _alerts(self, rule: str | None = None) -> api.Alerts:
+        d = self.request("GET", "/api/v1/alerts", {"rule": rule})
+        cols, rows = codec.table_rows(d["alerts"])
+        _, health = codec.table_rows(d["rules"])
+        return api.Alerts(cols, rows, health)
+
+    def _check_rules(self, files: list[tuple[str, str]]) -> api.RulesChecked:
+        d = self.request("POST", "/api/v1/alerts/check", body={"files": [{"name": n, "text": t} for n, t in files]})
+        return api.RulesChecked(d["files"], d["groups"], d["rules"])
+
+    def _fit(self, kind: str, lost_after: float = 3) -> api.FitResult:
+        d = codec.unplain(self.request("POST", f"/api/v1/fits/{_seg(kind)}", body={"lost_after": lost_after}))
+        return api.FitResult(d["kind"], d["summary"], d["cv"], d["model"])
+
+    def _predict_speed(self, gpu_type: str, model: api.ModelSpec | None = None, from_job: str | None = None,
+                       batch_size: int | None = None) -> dict[str, Any]:
+        return codec.unplain(self.request("GET", "/api/v1/predictions/speed", {
+            "gpu_type": gpu_type, "from_job": from_job, "batch_size": batch_size, **_model(model)}))
+
+    def _predict_cluster(self, gpus: list[tuple[str, int]], ps: int, model: api.ModelSpec | None = None,
+                         from_job: str | None = None, batch_size: int | None = None) -> dict[str, Any]:
+        return codec.unplain(self.request("GET", "/api/v1/predictions/cluster", {
+            "gpus": ",".join(f"{t or '-'}:{n}" for t, n in gpus), "ps": ps, "from_job": from_job,
+            "batch_size": batch_size, **_model(model)}))
+
+    def _predict_revocation(self, region: str, gpu_type: str, hours: float) -> dict[str, Any]:
+        return codec.unplain(self.request("GET", "/api/v1/predictions/revocation",
+                                          {"region": region, "gpu_type": gpu_type, "hours": hours}))
+
+    def _recommend(self, kind: str, **options: Any) -> list[Any]:
+        table = api.recommender_options(kind)  # what equals its default need not travel
+        sent = {k: v for k, v in options.items() if k not in table or v != table[k].default}
+        d = self.request("GET", f"/api/v1/recommendations/{_seg(kind.replace('_', '-'))}", _params(sent))
+        return [codec.recommendation(r) for r in d]
+
+    def _import_events(self, job: str, lines: list[bytes]) -> dict[str, Any]:
+        return self.request("POST", "/api/v1/imports", body={"job": job, "events": [x.decode() for x in lines]})
+
+
+def _seg(s: str) -> str:
+    return urllib.parse.quote(s, safe="")
+
+
+def _params(kw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in kw.items():
+        if hasattr(v, "isoformat"):
+            v = v.isoformat()
+        elif isinstance(v, bool):
+            v = "true" if v else "false"
+        elif isinstance(v, float):
+            v = repr(v)
+        out[k] = v
+    return out
+
+
+def _model(m: api.ModelSpec | None) -> dict[str, Any]:
+    if m is None:
+        return {}
+    return {"flops_per_step": repr(m.flops_per_step), "params": repr(m.params), "tensors": m.tensors,
+            "batch_size": m.batch_size}
+
+
+def backend(db: str, server: str | None) -> Local | Remote:
+    """The collector named with --server, else the one holding ``db`` (a trusted service
+    file), else the file itself."""
+    if server:
+        return Remote(server, db)
+    url, why = trusted_service(db)
+    if why:
+        print(f"note: {why}", file=sys.stderr)
+    return Remote(url, db) if url else Local(db)

@@ -1,0 +1,353 @@
+"""The HTTP API: resources over the analytics library (cmdare.analytics.api), built with
+FastAPI (typed parameters and bodies, validation, an OpenAPI document at ``/openapi.json``).
+
+Every request works on the one database the collector serves: no parameter names a path.
+Reads run concurrently, each on its own cursor in a read-only transaction; fits, imports and
+stored findings take the write lock one at a time. Bodies, result rows and bytes and query
+time are bounded (``Limits``; docs/service.md). Errors are ``{"error": "one line"}``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import Body, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import api, codec
+from .db import AnalyticsError, Database
+
+ARROW = "application/vnd.apache.arrow.stream"
+EXCERPT = 200  # characters of client input an error may quote
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may cost (defaults documented in docs/service.md)."""
+
+    max_body: int = 1 << 20  # bytes of a request body
+    max_import_body: int = 64 << 20  # ... of POST /api/v1/imports
+    max_rows: int = 100_000  # rows of a SQL result, whatever the client asks
+    max_bytes: int = 64 << 20  # bytes of a SQL result
+    default_timeout: float = 30.0  # seconds of a SQL query when the client names none
+    max_timeout: float = 120.0  # ... at most, whatever the client asks
+    max_rule_files: int = 64
+
+
+def one_line(s: str, n: int = 500) -> str:
+    s = " ".join(str(s).split())
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+# -- bodies -----------------------------------------------------------------------------------
+
+class SqlBody(BaseModel):
+    query: str = Field(max_length=100_000, description="one SELECT statement")
+    max_rows: int | None = Field(None, ge=1, description="rows at most (capped by the server's limit)")
+    timeout: float | None = Field(None, gt=0, le=3600, description="seconds (capped by the server's limit)")
+
+
+class FindingsRun(BaseModel):
+    job: str | None = Field(None, max_length=512)
+    since: dt.datetime | None = None
+    kinds: list[str] = Field(default_factory=list, max_length=64)
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict, max_length=64)
+    store: bool = True
+
+
+class RuleFile(BaseModel):
+    name: str = Field(max_length=512)
+    text: str = Field(max_length=1 << 20)
+
+
+class RulesCheck(BaseModel):
+    files: list[RuleFile] = Field(max_length=64)
+
+
+class FitBody(BaseModel):
+    lost_after: float = Field(3.0, ge=1, le=1e6)
+
+
+class ImportBody(BaseModel):
+    job: str = Field(min_length=1, max_length=512)
+    events: list[str] = Field(max_length=2_000_000)
+
+
+class TableOut(BaseModel):
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+
+
+class SqlOut(TableOut):
+    truncated: bool
+    cut_by: str
+
+
+# -- middleware -------------------------------------------------------------------------------
+
+class Guard:
+    """Bearer token (scheme case-insensitive, RFC 7235) and the body limit, before any
+    route runs. Pure ASGI: a refused request costs no body read."""
+
+    def __init__(self, app: Any, token: str | None, limits: Limits, counter: Callable[[], None]) -> None:
+        self.app, self.token, self.limits, self.counter = app, token, limits, counter
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if self.token and scope["path"] != "/healthz":
+            scheme, _, got = headers.get(b"authorization", b"").decode("latin-1").strip().partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(got.strip().encode(), self.token.encode()):
+                await JSONResponse({"error": "unauthorized"}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
+        self.counter()
+        limit = self.limits.max_import_body if scope["path"] == "/api/v1/imports" else self.limits.max_body
+        try:
+            declared = int(headers.get(b"content-length", b"0") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            await _too_large(limit)(scope, receive, send)
+            return
+        seen = 0
+
+        async def bounded() -> Any:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise _BodyTooLarge()
+            return msg
+
+        try:
+            await self.app(scope, bounded, send)
+        except _BodyTooLarge:
+            await _too_large(limit)(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> Response:
+    return JSONResponse({"error": f"request body over {limit:,} bytes"}, 413)
+
+
+# -- the app ----------------------------------------------------------------------------------
+
+def create_app(db: Database, token: str | None = None, limits: Limits | None = None,
+               ready: Callable[[], bool] = lambda: True, metrics: Callable[[], bytes] | None = None,
+               count: Callable[[], None] = lambda: None) -> FastAPI:
+    lim = limits or Limits()
+    app = FastAPI(title="cmdare collector API", version="1", docs_url=None, redoc_url=None,
+                  description="Telemetry, findings, recommendations, models and alerts of one cmdare database.")
+
+    @app.exception_handler(AnalyticsError)
+    async def _analytics(_: Request, e: AnalyticsError) -> Response:
+        return JSONResponse({"error": one_line(str(e))}, 400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> Response:
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return JSONResponse({"error": one_line(f"{where}: {first.get('msg', 'invalid')}", EXCERPT)}, 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException) -> Response:
+        return JSONResponse({"error": one_line(str(e.detail), EXCERPT)}, e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, e: Exception) -> Response:
+        import logging
+
+        logging.getLogger("cmdare.analytics.http").error("internal error: %s", type(e).__name__, exc_info=True)
+        return JSONResponse({"error": f"internal error ({type(e).__name__}): see the collector's log"}, 500)
+
+    def table(t: api.Table) -> dict[str, Any]:
+        return codec.table_json(t.columns, t.rows)
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["service"])
+    def readyz() -> Response:
+        ok = ready()
+        return JSONResponse({"ready": ok}, 200 if ok else 503)
+
+    @app.get("/metrics", tags=["service"], response_class=Response)
+    def metrics_() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics() if metrics else b"", media_type=CONTENT_TYPE_LATEST)
+
+    # telemetry
+    def Since() -> Any:  # a Query object per parameter: FastAPI must not share one
+        return Query(None, description="only rows newer than this (ISO 8601, UTC)")
+
+    @app.get("/api/v1/nodes", response_model=TableOut, tags=["telemetry"])
+    def nodes(lost_after: float = Query(3, ge=1, le=1e6)) -> Any:
+        return table(api.nodes(db, lost_after))
+
+    @app.get("/api/v1/instances", response_model=TableOut, tags=["telemetry"])
+    def instances(lost_after: float = Query(3, ge=1, le=1e6), since: dt.datetime | None = Since(),
+                  region: str | None = Query(None, max_length=256),
+                  gpu_type: str | None = Query(None, max_length=256)) -> Any:
+        return table(api.instances(db, lost_after, since, region, gpu_type))
+
+    @app.get("/api/v1/revocations", response_model=TableOut, tags=["telemetry"])
+    def revocations(since: dt.datetime | None = Since(), region: str | None = Query(None, max_length=256),
+                    gpu_type: str | None = Query(None, max_length=256)) -> Any:
+        return table(api.revocations(db, since, region, gpu_type))
+
+    @app.get("/api/v1/gpus", response_model=TableOut, tags=["telemetry"])
+    def gpus(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since()) -> Any:
+        return table(api.gpu(db, node, since))
+
+    @app.get("/api/v1/hosts", response_model=TableOut, tags=["telemetry"])
+    def hosts(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since()) -> Any:
+        return table(api.host(db, node, since))
+
+    @app.get("/api/v1/jobs", response_model=TableOut, tags=["jobs"])
+    def jobs(since: dt.datetime | None = Since()) -> Any:
+        return table(api.jobs(db, since))
+
+    @app.get("/api/v1/jobs/{job}", tags=["jobs"])
+    def job_detail(job: str = Path(max_length=512)) -> Any:
+        d = api.job_detail(db, job)
+        return {"job": job, **{k: table(v) for k, v in d.items()}}
+
+    @app.get("/api/v1/jobs/{job}/steps", response_model=TableOut, tags=["jobs"])
+    def steps(job: str = Path(max_length=512), node: str | None = Query(None, max_length=512),
+              since: dt.datetime | None = Since()) -> Any:
+        return table(api.steps(db, job, node, since))
+
+    @app.get("/api/v1/jobs/{job}/goodput", response_model=TableOut, tags=["jobs"])
+    def goodput(job: str = Path(max_length=512)) -> Any:
+        return table(api.goodput(db, job))
+
+    @app.post("/api/v1/sql", tags=["sql"], responses={200: {"content": {ARROW: {}}}})
+    def sql(request: Request, body: SqlBody) -> Any:
+        rows = min(body.max_rows or 10_000, lim.max_rows)
+        timeout = min(body.timeout or lim.default_timeout, lim.max_timeout)
+        r = api.sql(db, body.query, rows, timeout, lim.max_bytes)
+        if ARROW in request.headers.get("accept", ""):
+            return Response(_arrow(r), media_type=ARROW)
+        return {**codec.table_json(r.columns, r.rows), "truncated": r.truncated, "cut_by": r.cut_by}
+
+    # findings
+    @app.get("/api/v1/findings", response_model=TableOut, tags=["findings"])
+    def findings(job: str | None = Query(None, max_length=512), since: dt.datetime | None = Since()) -> Any:
+        return table(api.stored_findings(db, job, since))
+
+    @app.post("/api/v1/findings/run", tags=["findings"])
+    def findings_run(body: FindingsRun) -> Any:
+        since = body.since.replace(tzinfo=None) if body.since and body.since.tzinfo else body.since
+        out = api.bottlenecks(db, body.job, since, body.kinds, body.options, body.store)
+        return {"findings": [codec.finding_json(f) for f in out.findings], "skipped": out.skipped, "ran": out.ran,
+                "stored": out.stored, "not_stored": out.not_stored}
+
+    # alerts
+    @app.get("/api/v1/alerts", tags=["alerts"])
+    def alerts(rule: str | None = Query(None, max_length=512)) -> Any:
+        a = api.alerts(db, rule)
+        health_cols = ["rule", "health", "last_error", "last_eval", "eval_seconds", "instances"]
+        return {"alerts": codec.table_json(a.columns, a.rows), "rules": codec.table_json(health_cols, a.health)}
+
+    @app.post("/api/v1/alerts/check", tags=["alerts"])
+    def alerts_check(body: RulesCheck) -> Any:
+        r = api.check_rules(db, [(f.name, f.text) for f in body.files])
+        return {"files": r.files, "groups": r.groups, "rules": r.rules}
+
+    # models
+    @app.post("/api/v1/fits/{kind}", tags=["models"])
+    def fit(kind: Literal["speed", "cluster", "overhead", "lifetime"],
+            body: FitBody = Body(default_factory=FitBody)) -> Any:
+        f = api.fit(db, kind, body.lost_after)
+        return codec.plain({"kind": f.kind, "summary": f.summary, "cv": f.cv, "model": f.model})
+
+    def model(flops_per_step: float | None, params: float | None, tensors: int | None,
+              batch_size: int | None, from_job: str | None) -> api.ModelSpec | None:
+        if from_job:
+            return None
+        if flops_per_step is None or params is None:
+            raise AnalyticsError("give flops_per_step and params, or from_job")
+        return api.ModelSpec(flops_per_step, params, tensors or max(1, round(params / 1e5)), batch_size)
+
+    def Pos() -> Any:
+        return Query(None, gt=0, lt=1e30)
+
+    @app.get("/api/v1/predictions/speed", tags=["models"])
+    def predict_speed(gpu_type: str = Query(max_length=128), from_job: str | None = Query(None, max_length=512),
+                      flops_per_step: float | None = Pos(), params: float | None = Pos(),
+                      tensors: int | None = Query(None, ge=1, le=1 << 31),
+                      batch_size: int | None = Query(None, ge=1, le=1 << 31)) -> Any:
+        m = model(flops_per_step, params, tensors, batch_size, from_job)
+        return codec.plain(api.predict_speed(db, gpu_type, m, from_job, batch_size))
+
+    @app.get("/api/v1/predictions/cluster", tags=["models"])
+    def predict_cluster(gpus: str = Query(max_length=1024, description="TYPE:COUNT,... ('-': the job's)"),
+                        ps: int = Query(ge=1, le=4096), from_job: str | None = Query(None, max_length=512),
+                        flops_per_step: float | None = Pos(), params: float | None = Pos(),
+                        tensors: int | None = Query(None, ge=1, le=1 << 31),
+                        batch_size: int | None = Query(None, ge=1, le=1 << 31)) -> Any:
+        spec: list[tuple[str, int]] = []
+        for part in gpus.split(","):
+            name, _, n = part.strip().rpartition(":")
+            if not name or not n.isdigit() or not 1 <= int(n) <= 65536:
+                raise AnalyticsError(f"gpus: expected TYPE:COUNT[,TYPE:COUNT...], got {one_line(part, 40)!r}")
+            spec.append(("" if name == "-" else name, int(n)))
+        m = model(flops_per_step, params, tensors, batch_size, from_job)
+        return codec.plain(api.predict_cluster(db, spec, ps, m, from_job, batch_size))
+
+    @app.get("/api/v1/predictions/revocation", tags=["models"])
+    def predict_revocation(region: str = Query(max_length=128), gpu_type: str = Query(max_length=128),
+                           hours: float = Query(gt=0, le=1e6)) -> Any:
+        return codec.plain(api.predict_revocation(db, region, gpu_type, hours))
+
+    # recommendations: the options are the recommender's own option table, as query parameters
+    @app.get("/api/v1/recommendations/{kind}", tags=["recommendations"])
+    def recommendations(request: Request, kind: str = Path(max_length=64)) -> Any:
+        try:
+            table_ = api.recommender_options(kind)
+        except Exception:
+            raise AnalyticsError(f"no recommender {one_line(kind, 40)!r}") from None
+        opts: dict[str, Any] = {}
+        for k in request.query_params:
+            o = table_.get(k)
+            if o is not None and o.kind == "str" and k in api.PATH_OPTIONS:
+                raise AnalyticsError(f"{k}: names a file, which the API does not read (send the data instead)")
+            vals = request.query_params.getlist(k)
+            opts[k] = vals if o is not None and o.kind == "list" else vals[-1]
+        return [codec.recommendation_json(r) for r in api.recommend(db, kind, **opts)]
+
+    # imports
+    @app.post("/api/v1/imports", tags=["imports"])
+    def imports(body: ImportBody) -> Any:
+        return api.import_events(db, body.job, [e.encode() for e in body.events])
+
+    return app
+
+
+def _arrow(r: Any) -> bytes:
+    import pyarrow as pa
+
+    cols = {c: [row[i] for row in r.rows] for i, c in enumerate(r.columns)}
+    t = pa.table(cols) if r.columns else pa.table({})
+    t = t.replace_schema_metadata({"truncated": str(r.truncated).lower()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()

@@ -1,0 +1,308 @@
+"""The collector's HTTP API server: cmdare.analytics.http's app on uvicorn, in a thread of
+the collector's process, over the collector's own database connection.
+
+On ``127.0.0.1`` by default; off loopback it needs a bearer token (``--http-token-file`` or
+``$CMDARE_HTTP_TOKEN``) and can serve TLS. The server itself is bounded so that nothing a
+client does reaches ingest: at most ``max_connections`` open connections (more are closed
+at once), a request must arrive whole (headers and body) within ``request_timeout`` seconds
+of its connection or of the previous response, idle keep-alive connections close after 5 s.
+``DB.service.json`` (mode 0644, beside the database) tells ``analyze`` where the API is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from .client import TOKEN_ENV, service_file
+from .db import Database
+from .http import Limits, create_app
+
+log = logging.getLogger("cmdare.analytics.service")
+MAX_CONNECTIONS = 256
+REQUEST_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    host: str
+    port: int
+    token: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    max_connections: int = MAX_CONNECTIONS
+    request_timeout: float = REQUEST_TIMEOUT
+    limits: Limits = Limits()
+
+    @property
+    def loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+
+def parse_http(value: str, token_file: str | None = None, tls_cert: str | None = None,
+               tls_key: str | None = None) -> HttpConfig | None:
+    """``--http ADDR:PORT`` (or ``off``); a one-line ValueError for anything else, or for an
+    address off loopback without a token."""
+    if value.strip().lower() == "off":
+        return None
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--http: expected ADDR:PORT (e.g. 127.0.0.1:8765) or off, got {value!r}")
+    token = None
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise ValueError(f"--http-token-file {token_file}: cannot read: {e.strerror}") from None
+        if not token:
+            raise ValueError(f"--http-token-file {token_file}: the file is empty")
+    elif os.environ.get(TOKEN_ENV):
+        token = os.environ[TOKEN_ENV].strip()
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("--http-tls-cert and --http-tls-key go together")
+    cfg = HttpConfig(host, int(port), token, tls_cert, tls_key)
+    if not cfg.loopback and not token:
+        raise ValueError(
+            f"--http {value}: off loopback the API needs a bearer token (--http-token-file or ${TOKEN_ENV})"
+        )
+    return cfg
+
+
+class Service:
+    """The API of one collector process over its database connection ``con``."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, db: str | Path, cfg: HttpConfig,
+                 totals: Callable[[], Any] | None = None) -> None:
+        self.db = str(db)
+        self.cfg = cfg
+        self.totals = totals
+        self.ready = False
+        # user SQL, rule SQL and every read: no file, network or extension access, no Python
+        # objects, for the whole instance (ingest reads only its own tables)
+        for k in ("enable_external_access", "autoinstall_known_extensions", "autoload_known_extensions",
+                  "python_enable_replacements"):
+            con.execute(f"SET {k} = false")
+        con.execute(f"SET memory_limit = '{_memory_limit()}'")
+        self.database = Database.served(con, db)  # made here, in the caller's (ingest) thread
+        self.server: Any = None
+        self.thread: threading.Thread | None = None
+        self.url = ""
+        self.requests = 0
+        self.alerting: Any = None  # the rule evaluation (Alerting), when --rules
+
+    def app(self) -> Any:
+        def count() -> None:
+            self.requests += 1
+
+        from starlette.middleware import Middleware  # noqa: F401  (the app's own stack)
+
+        from .http import Guard
+
+        app = create_app(self.database, self.cfg.token, self.cfg.limits, lambda: self.ready, self.metrics_text)
+        return Guard(app, self.cfg.token, self.cfg.limits, count)
+
+    def metrics_text(self) -> bytes:
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+        svc = self
+
+        class Totals:
+            def collect(self) -> Iterator[Any]:
+                t = svc.totals() if svc.totals else None
+                if t is not None:
+                    for name, v, doc in (
+                        ("cmdare_collector_events_stored", t.events, "events stored in the database"),
+                        ("cmdare_collector_duplicates", t.duplicates, "events delivered again and skipped"),
+                        ("cmdare_collector_dead_letters", t.dead, "messages stored as dead letters"),
+                        ("cmdare_collector_batches", t.batches, "write transactions committed"),
+                        ("cmdare_collector_messages", t.messages, "messages read"),
+                    ):
+                        yield CounterMetricFamily(name, doc, value=v)
+                    dt = max(1e-9, time.monotonic() - t.started)
+                    yield GaugeMetricFamily("cmdare_collector_ingest_rate_events_per_second",
+                                            "events stored per second since start", value=t.events / dt)
+                    if t.last_stored:
+                        yield GaugeMetricFamily("cmdare_collector_last_batch_age_seconds",
+                                                "seconds since the last batch was committed",
+                                                value=time.monotonic() - t.last_stored)
+                    yield SummaryMetricFamily("cmdare_collector_batch_seconds",
+                                              "write transactions' wall time (count: batches)",
+                                              count_value=t.batches, sum_value=t.batch_seconds)
+                    yield GaugeMetricFamily("cmdare_collector_last_batch_seconds",
+                                            "the last write transaction's wall time", value=t.last_batch_seconds)
+                    lag = GaugeMetricFamily("cmdare_collector_kafka_lag_messages",
+                                            "records behind the partition's end at the last fetch",
+                                            labels=("topic", "partition"))
+                    for (topic, part), n in sorted(dict(t.lag).items()):
+                        lag.add_metric([topic, str(part)], n)
+                    yield lag
+                    if t.lag_seconds is not None:
+                        yield GaugeMetricFamily("cmdare_collector_kafka_lag_seconds",
+                                                "age of the newest record fetched (its Kafka timestamp) when fetched",
+                                                value=t.lag_seconds)
+                al = getattr(svc, "alerting", None)
+                if al is not None:
+                    states = GaugeMetricFamily("cmdare_collector_alerts", "alert instances by state", labels=("state",))
+                    snap = al.engine.snapshot()
+                    for st in ("pending", "firing", "inhibited", "resolved"):
+                        states.add_metric([st], sum(a.state == st for a in snap))
+                    yield states
+                    bad = GaugeMetricFamily("cmdare_collector_alert_rules_unhealthy",
+                                            "rules whose last evaluation failed")
+                    bad.add_metric([], sum(h.health == "error" for h in al.engine.health.values()))
+                    yield bad
+                    sent = CounterMetricFamily("cmdare_collector_alert_notifications",
+                                               "deliveries to a receiver", labels=("receiver",))
+                    failed = CounterMetricFamily("cmdare_collector_alert_notification_failures",
+                                                 "failed delivery attempts (retried)", labels=("receiver",))
+                    for r in al.receivers:
+                        if hasattr(r, "sent_total"):
+                            sent.add_metric([r.name], r.sent_total)
+                            failed.add_metric([r.name], r.failed_total)
+                    yield sent
+                    yield failed
+                yield CounterMetricFamily("cmdare_collector_http_requests", "API requests served", value=svc.requests)
+                yield GaugeMetricFamily("cmdare_collector_ready", "1 once ingest runs", value=1.0 if svc.ready else 0.0)
+
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(Totals())  # type: ignore[arg-type]
+        return generate_latest(reg)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> str:
+        """Serve in a thread; the URL it listens on (the real port for port 0), written to
+        the service file beside the database."""
+        import uvicorn
+
+        _raise_nofile()
+        cfg = uvicorn.Config(
+            self.app(), host=self.cfg.host, port=self.cfg.port, log_level="warning", access_log=False,
+            ssl_certfile=self.cfg.tls_cert, ssl_keyfile=self.cfg.tls_key, lifespan="off",
+            http=_guarded(self.cfg.max_connections, self.cfg.request_timeout), timeout_keep_alive=5,
+            h11_max_incomplete_event_size=64 * 1024,
+        )
+        self.server = uvicorn.Server(cfg)
+        self.server.install_signal_handlers = lambda: None  # the collector owns SIGTERM / SIGINT
+        self.thread = threading.Thread(target=self.server.run, name="cmdare-http", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise OSError(f"cannot serve the API on {self.cfg.host}:{self.cfg.port} (address in use?)")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        host = self.cfg.host if ":" not in self.cfg.host else f"[{self.cfg.host}]"
+        scheme = "https" if self.cfg.tls_cert else "http"
+        if self.cfg.host in ("0.0.0.0", "::"):
+            host = "127.0.0.1" if self.cfg.host == "0.0.0.0" else "[::1]"
+        self.url = f"{scheme}://{host}:{port}"
+        f = service_file(self.db)
+        tmp = f.with_name(f.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        with os.fdopen(fd, "w") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(json.dumps({"url": self.url, "pid": os.getpid(), "db": str(Path(self.db).resolve()),
+                                 "token": bool(self.cfg.token)}) + "\n")
+        tmp.replace(f)
+        return self.url
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            f = service_file(self.db)
+            if f.exists() and json.loads(f.read_text()).get("pid") == os.getpid():
+                f.unlink()
+        if self.server is not None:
+            self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        self.database.close()
+
+
+def _memory_limit() -> str:
+    """DuckDB's memory limit for the collector: $CMDARE_MEMORY_LIMIT, else half the machine."""
+    v = os.environ.get("CMDARE_MEMORY_LIMIT", "").strip()
+    if v:
+        if not v.replace(".", "", 1).rstrip("KMGTiBkmgtb ").isdigit():
+            raise ValueError(f"$CMDARE_MEMORY_LIMIT: expected a size like 4GB, got {v[:40]!r}")
+        return v
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return "4GB"
+    return f"{max(1, total // 2 // (1 << 20))}MB"
+
+
+def _raise_nofile() -> None:
+    """The soft open-file limit up to the hard one (the unit sets LimitNOFILE)."""
+    import resource
+
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 20
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _guarded(max_connections: int, request_timeout: float) -> type:
+    """uvicorn's h11 protocol with a cap on open connections (one past it is closed at
+    once: no file descriptor held) and a deadline for each request to arrive whole."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Guarded(H11Protocol):  # type: ignore[misc]
+        refused = 0
+        timed_out = 0
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            if len(self.connections) >= max_connections:
+                Guarded.refused += 1
+                transport.abort()
+                return
+            super().connection_made(transport)
+            self._deadline = self.loop.call_later(request_timeout, self._too_slow)
+
+        def _too_slow(self) -> None:
+            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and (self.cycle is None or not self.cycle.response_started):
+                Guarded.timed_out += 1
+                self.transport.abort()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
+                self._stop_deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._stop_deadline()
+            if not self.transport.is_closing():
+                self._deadline = self.loop.call_later(request_timeout, self._too_slow)
+
+        def _stop_deadline(self) -> None:
+            d = getattr(self, "_deadline", None)
+            if d is not None:
+                d.cancel()
+                self._deadline = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_deadline()
+            if self in self.connections or getattr(self, "transport", None) is not None:
+                super().connection_lost(exc)
+
+    return Guarded
