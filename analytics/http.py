@@ -136,7 +136,7 @@ class Guard:
             await _too_large(limit)(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
+class _BodyTooLarge(BaseException):  # noqa: N818  (not an Exception: no handler on the way may turn it into a 400)
     pass
 
 

@@ -92,6 +92,7 @@ def tensorboard(
         "flops_per_step": flops_per_step,
         "batch_size": batch_size,
     }
+    call(db, "import_events", job=job, lines=[])  # the database first: a bad --db says so before any reading
     try:  # read and check every file here; then one call stores them (locally, or in the collector)
         lines, res = prepare_tensorboard(
             paths, job, node=node, role=role, run=run, rank=rank, csv_tag_=csv_tag_, steps_tag=steps_tag,

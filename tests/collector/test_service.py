@@ -122,8 +122,8 @@ def test_a_write_runs_inside_the_collector(live) -> None:
     assert r.returncode == 0, r.stderr
     n = len(json.loads(r.stdout))
     assert r.stderr.strip().endswith(f"stored {n} finding{'s' if n != 1 else ''} in {db} (table findings)")
-    code, body = call(url, "/api/v1/analyze", {"argv": ["sql", "SELECT count(*) AS n FROM findings", "--json"]})
-    assert code == 200 and json.loads(json.loads(body)["stdout"])[0]["n"] == n
+    code, body = call(url, "/api/v1/sql", {"query": "SELECT count(*) AS n FROM findings"})
+    assert code == 200 and json.loads(body)["rows"] == [[n]]
 
 
 @pytest.mark.parametrize(("query", "message"), HOSTILE)
@@ -149,9 +149,10 @@ def test_the_sql_endpoint_returns_json_or_arrow_within_limits(live) -> None:
     assert code == 200 and t.column_names == ["node", "n"] and t.column("node").to_pylist() == ["live-1"]
     for bad in ({"query": 5}, {"query": "SELECT 1", "max_rows": 0}, {"query": "SELECT 1", "timeout": "x"}):
         code, body = call(url, "/api/v1/sql", bad)
-        assert code == 400 and "error" in json.loads(body)
-    code, body = call(url, "/api/v1/analyze", {"argv": "nodes"})
-    assert code == 400 and "must be a non-empty list of strings" in json.loads(body)["error"]
+        err = json.loads(body)["error"]
+        assert code == 422 and "\n" not in err and len(err) < 300, err
+    code, body = call(url, "/api/v1/analyze", {"argv": ["nodes"]})
+    assert code == 404  # no argv endpoint: commands are resources
 
 
 def test_token_off_loopback_and_http_off(tmp_path: Path) -> None:
@@ -169,13 +170,16 @@ def test_token_off_loopback_and_http_off(tmp_path: Path) -> None:
     try:
         url = service(db, col)
         assert call(url, "/healthz")[0] == 200  # liveness stays open for probes
-        code, body = call(url, "/api/v1/analyze", {"argv": ["nodes"]})
-        assert code == 401 and body == b"unauthorized\n"
+        code, body = call(url, "/api/v1/nodes")
+        assert code == 401 and json.loads(body) == {"error": "unauthorized"}
         assert call(url, "/metrics")[0] == 401
-        code, _ = call(url, "/api/v1/analyze", {"argv": ["nodes"]}, token="wrong")
+        code, _ = call(url, "/api/v1/nodes", token="wrong")
         assert code == 401
-        code, body = call(url, "/api/v1/analyze", {"argv": ["nodes", "--json"]}, token="s3cret-token")
-        assert code == 200 and json.loads(body)["exit_code"] == 0
+        code, body = call(url, "/api/v1/nodes", token="s3cret-token")
+        assert code == 200 and json.loads(body)["columns"][0] == "node"
+        req = urllib.request.Request(url + "/api/v1/nodes", headers={"Authorization": "bEaReR s3cret-token"})
+        with urllib.request.urlopen(req, timeout=30) as r:  # the scheme is case-insensitive (RFC 7235)
+            assert r.status == 200
         r = analyze("nodes", "--db", str(db))
         assert r.returncode == 1 and "unauthorized: set $CMDARE_HTTP_TOKEN" in r.stderr
         r = analyze("nodes", "--db", str(db), env={**agent_env(), "CMDARE_HTTP_TOKEN": "s3cret-token"})

@@ -178,7 +178,7 @@ def test_unit_tests_of_rules_as_promtool_runs_them(tmp_path: Path) -> None:
 
 
 def test_the_shipped_example_tests_pass() -> None:
-    from cmdare.analytics.cli import _empty_db
+    from cmdare.analytics.api import empty_db as _empty_db
 
     results = alerts.run_tests(Path(alerts.__file__).parent / "rules" / "cmdare.test.yml", _empty_db)
     assert len(results) == 2 and all(not r.failures for r in results), results

@@ -11,7 +11,7 @@ import pytest
 from cmdare.collector import views
 from cmdare.collector.db import connect
 
-SQL = Path(views.__file__).parent / "sql"
+SQL = Path(views.__file__).parent / "schema" / "views"
 
 
 def test_every_sql_file_is_applied_in_order() -> None:

@@ -1,0 +1,230 @@
+"""The collector's API and ``analyze`` tried as an attacker would (issue 31): each attack gets
+a one-line refusal or a bounded answer, the database is unchanged, and the service still
+answers. In-process: a real database file served by the real app on uvicorn."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics.cli import cli
+from cmdare.analytics.http import Limits
+from cmdare.analytics.service import HttpConfig, Service
+from cmdare.collector.db import connect
+from tests.analytics.test_golden_output import build
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("attacks") / "base.duckdb")
+
+
+@pytest.fixture()
+def served(base: Path, tmp_path: Path) -> Iterator[tuple[Path, str, Service]]:
+    db = tmp_path / "fleet.duckdb"
+    shutil.copy(base, db)
+    con = connect(db)
+    svc = Service(con, db, HttpConfig("127.0.0.1", 0, max_connections=40, request_timeout=2.0,
+                                      limits=Limits(max_body=64 << 10, max_bytes=1 << 20, max_timeout=5.0)))
+    url = svc.start()
+    svc.ready = True
+    try:
+        yield db, url, svc
+    finally:
+        svc.stop()
+        con.close()
+
+
+def call(url: str, path: str, body: object = None, raw: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url + path, data=data, method="GET" if data is None else "POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def counts(url: str) -> list:
+    code, out = call(url, "/api/v1/sql", {"query": "SELECT (SELECT count(*) FROM heartbeats), (SELECT count(*) FROM nodes),"
+                                                   " (SELECT count(*) FROM schema_migrations)"})
+    assert code == 200, out
+    return out["rows"]
+
+
+WRITES = [
+    "WITH x AS (DELETE FROM heartbeats WHERE node LIKE 'sim-%' RETURNING 1) SELECT count(*) FROM x",
+    "WITH x AS (DELETE FROM schema_migrations RETURNING 1) SELECT count(*) FROM x",
+    "WITH x AS (INSERT INTO nodes (node) VALUES ('evil') RETURNING 1) SELECT * FROM x",
+    "WITH x AS (UPDATE nodes SET role = 'evil' RETURNING 1) SELECT * FROM x",
+]
+
+
+@pytest.mark.parametrize("query", WRITES)
+def test_data_modifying_ctes_are_refused_through_the_api_and_the_cli(served, query: str) -> None:
+    db, url, _ = served
+    before = counts(url)
+    code, out = call(url, "/api/v1/sql", {"query": query})
+    assert code == 400 and "only SELECT queries may run here" in out["error"] and "\n" not in out["error"]
+    r = CliRunner().invoke(cli, ["sql", query, "--db", str(db)], obj={"server": url})
+    assert r.exit_code == 1 and r.stderr.startswith("Error: only SELECT queries may run here")
+    assert counts(url) == before
+
+
+def test_even_past_the_check_a_read_cannot_write(served) -> None:
+    """The second wall: reads run in READ ONLY transactions (a check that missed a write
+    would still fail, and roll back)."""
+    from cmdare.analytics import safesql
+
+    db, url, svc = served
+    before = counts(url)
+    with svc.database.read() as con, pytest.raises(Exception, match="read-only"):
+        con.execute("DELETE FROM heartbeats")
+    with svc.database.read() as con, pytest.raises(Exception, match="read-only"):
+        con.execute(WRITES[0]).fetchall()
+    assert counts(url) == before
+    with pytest.raises(safesql.SqlRefused):
+        with svc.database.read() as con:
+            safesql.run(con, WRITES[2])
+
+
+def test_rule_sql_cannot_read_files(served, tmp_path: Path) -> None:
+    db, url, _ = served
+    secret = tmp_path / "secret.key"
+    secret.write_text("TOPSECRETLINE,x\n1,2\n")
+    secret.chmod(0o600)
+    rule = ("groups:\n- name: g\n  rules:\n  - alert: A\n"
+            f"    expr: SELECT * FROM read_csv('{secret}', header=true)\n"
+            "    annotations: {summary: '{{ $labels.missing }}'}\n")
+    code, out = call(url, "/api/v1/alerts/check", {"files": [{"name": "x.yml", "text": rule}]})
+    assert code == 400 and "TOPSECRET" not in out["error"] and "\n" not in out["error"], out
+    f = tmp_path / "x.yml"
+    f.write_text(rule)
+    for args in (["alerts", "check", str(f), "--db", str(tmp_path / "nonexistent.duckdb")],
+                 ["alerts", "check", str(f), "--db", str(db)]):
+        r = CliRunner().invoke(cli, args, obj={"server": url})
+        assert r.exit_code == 1 and "TOPSECRET" not in r.output, r.output
+
+
+def test_no_request_names_another_path(served, tmp_path: Path) -> None:
+    db, url, _ = served
+    other = tmp_path / "other.duckdb"
+    code, out = call(url, "/api/v1/sql", {"query": "SELECT count(*) FROM nodes", "db": str(other)})
+    assert code == 200 and not other.exists()  # the served database answered; the field is nothing
+    for k, v in (("trace", "/etc/passwd"), ("profile", "/etc/passwd")):
+        kind = "placement" if k == "trace" else "provision"
+        code, out = call(url, f"/api/v1/recommendations/{kind}?{k}={v}&host_price=1&worker_price=1")
+        assert code == 400 and "names a file" in out["error"], out
+    code, out = call(url, "/api/v1/imports", {"job": "j", "events": ['{"type": "revocation", "job": "j"}']})
+    assert code == 400 and "is not a train_job/train_steps/train_scalar event" in out["error"]
+
+
+def test_bodies_results_and_errors_are_bounded(served) -> None:
+    _, url, _ = served
+    code, out = call(url, "/api/v1/sql", raw=b'{"query": "' + b"x" * (200 << 10) + b'"}')
+    assert code == 413 and out == {"error": f"request body over {64 << 10:,} bytes"}
+    # a lying Content-Length is caught while reading, too
+    s = socket.create_connection((url.split("//")[1].split(":")[0], int(url.rsplit(":", 1)[1])), timeout=10)
+    s.sendall(b"POST /api/v1/sql HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n" + (b"4000\r\n" + b"y" * 0x4000 + b"\r\n") * 8 + b"0\r\n\r\n")
+    assert b"413" in s.recv(4096).split(b"\r\n")[0]
+    s.close()
+    code, out = call(url, "/api/v1/sql", {"query": "SELECT repeat('x', 100000) AS s FROM range(100)"})
+    assert code == 200 and out["truncated"] and out["cut_by"] == "bytes" and len(out["rows"]) < 11
+    code, out = call(url, "/api/v1/sql", {"query": "SELECT " + "nope_" * 5000})
+    assert code == 400 and len(out["error"]) <= 500 and "\n" not in out["error"]
+    code, out = call(url, "/api/v1/nodes?lost_after=nan")
+    assert code == 422 and "lost_after" in out["error"]
+
+
+def test_a_slow_query_holds_back_no_other_request(served) -> None:
+    _, url, _ = served
+    slow: dict = {}
+
+    def run() -> None:
+        t = time.monotonic()
+        slow["r"] = call(url, "/api/v1/sql", {"query": "SELECT count(*) FROM range(100000000000) a", "timeout": 600})
+        slow["t"] = time.monotonic() - t
+
+    th = threading.Thread(target=run)
+    th.start()
+    time.sleep(0.5)
+    t = time.monotonic()
+    code, _ = call(url, "/api/v1/nodes")
+    fast = time.monotonic() - t
+    th.join(30)
+    assert code == 200 and fast < 3.0, fast
+    assert slow["r"][0] == 400 and "stopped after 5 s" in slow["r"][1]["error"]  # the server's cap, not 600
+    assert slow["t"] < 15
+
+
+def test_slow_connections_are_capped_and_timed_out(served) -> None:
+    _, url, svc = served
+    host, port = "127.0.0.1", int(url.rsplit(":", 1)[1])
+    socks = []
+    for _ in range(120):  # three times the cap of 40
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(b"GET /api/v1/nodes HTTP/1.1\r\n")
+        socks.append(s)
+    time.sleep(0.5)
+    open_fds = len(os.listdir("/proc/self/fd"))
+    assert open_fds < 40 + 120 + 200  # ours (120) + the server's (at most the cap) + the rest
+    t = time.monotonic()
+    while time.monotonic() - t < 6:  # the request deadline (2 s) closes the slow ones
+        try:
+            code, _ = call(url, "/api/v1/nodes")
+            if code == 200:
+                break
+        except (urllib.error.URLError, ConnectionError, OSError):
+            time.sleep(0.2)
+    else:
+        pytest.fail("the API did not answer again once the slow connections were closed")
+    for s in socks:
+        s.close()
+
+
+class _Catch(http.server.BaseHTTPRequestHandler):
+    seen: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802
+        _Catch.seen.append(self.headers.get("Authorization", ""))
+        self.send_response(500)
+        self.end_headers()
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("plant", ["other-owner", "world-writable", "other-db"])
+def test_a_planted_service_file_gets_no_token(base: Path, tmp_path: Path, monkeypatch, plant: str) -> None:
+    db = tmp_path / "fleet.duckdb"
+    shutil.copy(base, db)
+    srv = http.server.HTTPServer(("127.0.0.1", 0), _Catch)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    f = db.with_name(db.name + ".service.json")
+    f.write_text(json.dumps({"url": f"http://127.0.0.1:{srv.server_port}", "pid": 1,
+                             "db": str(tmp_path / "elsewhere.duckdb") if plant == "other-db" else str(db)}))
+    if plant == "other-owner":
+        os.chown(f, 4242, 4242)
+    f.chmod(0o666 if plant == "world-writable" else 0o644)
+    monkeypatch.setenv("CMDARE_HTTP_TOKEN", "operator-token")
+    _Catch.seen = []
+    r = CliRunner().invoke(cli, ["nodes", "--db", str(db)])
+    srv.shutdown()
+    assert _Catch.seen == []  # nothing was sent there, the token least of all
+    assert r.exit_code == 0 and r.stdout.startswith("node"), r.output  # read locally
+    assert "service.json" in r.stderr and "ignored" in r.stderr
