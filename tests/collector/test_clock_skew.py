@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from cmdare.analytics import queries
-from cmdare.collector import views
 from cmdare.analytics.cli import cli as analyze
+from cmdare.collector import views
 from cmdare.collector.cli import cli as collector
 from cmdare.collector.db import connect, migrate
 from cmdare.collector.writer import Writer
