@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -99,11 +100,17 @@ def url_of(db: Path, p: subprocess.Popen) -> str:
     return json.loads(f.read_text())["url"]
 
 
-def api(url: str, argv: list[str]) -> tuple[float, dict]:
-    req = urllib.request.Request(url + "/api/v1/analyze", data=json.dumps({"argv": argv}).encode(), method="POST")
+def api(url: str, route: str, body: dict | None = None) -> tuple[float, dict]:
+    """One resource of the collector's API (GET, or POST with a JSON body): seconds, answer."""
+    req = urllib.request.Request(url + route, method="GET" if body is None else "POST",
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
     t = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=120) as r:
-        out = json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            out = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        out = {"error": e.read()[:300].decode(errors="replace")}
     return time.perf_counter() - t, out
 
 
@@ -116,14 +123,15 @@ def stored(url: str) -> int:
 
 
 def query_loop(url: str, stop: threading.Event, lat: dict[str, list[float]]) -> None:
-    cmds = {"nodes": ["nodes", "--json"], "bottlenecks --job bench": ["bottlenecks", "--job", "bench", "--no-store", "--json"]}
+    cmds = {"nodes": ("/api/v1/nodes", None),
+            "bottlenecks --job bench": ("/api/v1/findings/run", {"job": "bench", "store": False})}
     while not stop.is_set():
-        for name, argv in cmds.items():
+        for name, (route, body) in cmds.items():
             if stop.is_set():
                 break
-            dt, out = api(url, argv)
-            if out["exit_code"] != 0:
-                raise SystemExit(f"{name} failed: {out['stderr']}")
+            dt, out = api(url, route, body)
+            if isinstance(out, dict) and "error" in out:
+                raise SystemExit(f"{name} failed: {out['error']}")
             lat[name].append(dt)
 
 

@@ -107,6 +107,31 @@ class Alerting:
 
 
 # -- receivers that deliver -----------------------------------------------------------------------
+def receiver_label(spec: str) -> tuple[str, str, str]:
+    """``NAME=URL`` or ``URL`` -> (the name shown in metrics and logs: NAME, else the URL's
+    host and port only; the URL without user:password; that user:password as a Basic
+    credential, base64, or ""). Paths and query strings often hold tokens (Slack-style
+    hooks): they are never part of the name."""
+    import base64
+    import urllib.parse
+
+    name, eq, url = spec.partition("=")
+    if not eq or "://" in name:
+        name, url = "", spec
+    u = urllib.parse.urlsplit(url)
+    basic = ""
+    if u.username is not None or u.password is not None:
+        cred = f"{urllib.parse.unquote(u.username or '')}:{urllib.parse.unquote(u.password or '')}"
+        basic = base64.b64encode(cred.encode()).decode()
+        host = u.hostname or ""
+        netloc = (f"[{host}]" if ":" in host else host) + (f":{u.port}" if u.port else "")
+        url = urllib.parse.urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
+    if not name:
+        name = (u.hostname or "?") + (f":{u.port}" if u.port else "")
+    return name.strip()[:64], url, basic
+
+
+
 def _iso(t: Any) -> str:
     return t.isoformat(timespec="milliseconds") + "Z"
 
@@ -121,6 +146,7 @@ class HttpReceiver:
 
     def __init__(self, kind: str, url: str, resend: float = 60.0, timeout: float = 5.0, backoff_max: float = 30.0,
                  generator: str = "http://localhost/cmdare", token: str | None = None) -> None:
+        self.label, url, self.basic = receiver_label(url)
         self.kind, self.url = kind, url.rstrip("/")
         self.endpoint = self.url + "/api/v2/alerts" if kind == "alertmanager" else self.url  # kafka: unused
         self.resend, self.timeout, self.backoff_max = resend, timeout, backoff_max
@@ -138,7 +164,8 @@ class HttpReceiver:
 
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.url}"
+        """What metrics and logs call it: never its URL's credentials, path or query."""
+        return f"{self.kind}:{self.label}"
 
     def restore(self, engine: alerts.Engine) -> None:
         self.engine = engine
@@ -203,6 +230,8 @@ class HttpReceiver:
                                      headers={"Content-Type": "application/json"})
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
+        elif self.basic:
+            req.add_header("Authorization", f"Basic {self.basic}")
         with urllib.request.urlopen(req, timeout=self.timeout) as r:
             if r.status >= 300:
                 raise OSError(f"HTTP {r.status}")

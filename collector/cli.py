@@ -80,10 +80,12 @@ def _alert_options(f):
     f = click.option("--alert-kafka", "alert_kafka", multiple=True, metavar="URL",
                      help="publish alerts to this Kafka topic, kafka://host:port/topic (repeatable; the kafka "
                           "command's SASL / TLS options apply)")(f)
-    f = click.option("--alert-webhook", "alert_webhooks", multiple=True, metavar="URL",
-                     help="POST alerts to this URL in Alertmanager's webhook format (repeatable)")(f)
-    f = click.option("--alertmanager", "alertmanagers", multiple=True, metavar="URL", envvar="CMDARE_ALERTMANAGER",
-                     help="deliver alerts to this Alertmanager (its v2 API; repeatable; $CMDARE_ALERTMANAGER)")(f)
+    f = click.option("--alert-webhook", "alert_webhooks", multiple=True, metavar="[NAME=]URL",
+                     help="POST alerts to this URL in Alertmanager's webhook format (repeatable; metrics and logs "
+                          "name it NAME, else its host only; user:password in the URL goes as Basic auth)")(f)
+    f = click.option("--alertmanager", "alertmanagers", multiple=True, metavar="[NAME=]URL", envvar="CMDARE_ALERTMANAGER",
+                     help="deliver alerts to this Alertmanager (its v2 API; repeatable; $CMDARE_ALERTMANAGER; "
+                          "named as --alert-webhook)")(f)
     f = click.option("--inhibit-window", default="30m", show_default=True,
                      help="after a revocation notice, how long rules marked inhibit_on_revocation stay quiet for "
                           "that node and its job")(f)

@@ -85,3 +85,39 @@ sys.exit(main())
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert any(tmp_path.glob("*.ndjson"))
+
+
+def _relative_imports(path: Path) -> list[str]:
+    """Modules a file imports, relative ones resolved against its package."""
+    pkg = ".".join(["cmdare", *path.relative_to(ROOT).with_suffix("").parts[:-1]])
+    tree = ast.parse(path.read_text(), str(path))
+    out = [m for m, _ in _imports(path)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = pkg.rsplit(".", node.level - 1)[0] if node.level > 1 else pkg
+            out.append(f"{base}.{node.module}" if node.module else base)
+    return out
+
+
+# The collector's composition root wires ingest, the API and alerting: the only collector
+# files that may import the analytics side. (alerting.py still holds the receivers: to move
+# into an alerting package of analytics, issue 31's layout part.)
+COLLECTOR_ROOTS = {"cli.py", "alerting.py"}
+
+
+def test_the_collector_core_does_not_import_analytics() -> None:
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in (ROOT / "collector").rglob("*.py")
+           if p.name not in COLLECTOR_ROOTS for m in _relative_imports(p) if m.startswith("cmdare.analytics")]
+    assert bad == []
+
+
+def test_front_ends_are_thin_and_the_library_knows_no_front_end() -> None:
+    lib = [ROOT / "analytics" / n for n in ("api.py", "db.py", "queries.py", "codec.py")]
+    for p in lib:
+        mods = _relative_imports(p)
+        assert not any(m == "click" or m.startswith(("fastapi", "starlette", "cmdare.analytics.cli",
+                                                      "cmdare.analytics.http")) for m in mods), p
+    http = _relative_imports(ROOT / "analytics" / "http.py")
+    assert "click" not in http and not any(m.startswith("cmdare.analytics.cli") for m in http)
+    for p in (ROOT / "analytics" / "cli").glob("*.py"):  # small command modules
+        assert len(p.read_text().splitlines()) <= 600, p

@@ -97,3 +97,16 @@ def test_a_bad_rule_file_stops_the_collector_with_one_line(tmp_path: Path) -> No
     lines = [x for x in r.stderr.splitlines() if x.startswith("Error:")]
     assert lines == [f"Error: {rules}: group 'live': rule 'NeverTrue': expr: Catalog Error: Table with name "
                      "heartbeat does not exist!"], r.stderr
+
+
+def test_receiver_names_never_carry_secrets() -> None:
+    from cmdare.collector.alerting import receiver_label
+
+    assert receiver_label("https://hooks.example/services/T0/B0/s3cr3t") == (
+        "hooks.example", "https://hooks.example/services/T0/B0/s3cr3t", "")
+    name, url, basic = receiver_label("http://user:pa%3Ass@am.example:9093")
+    assert name == "am.example:9093" and url == "http://am.example:9093" and "pass" not in name + url
+    import base64
+
+    assert base64.b64decode(basic) == b"user:pa:ss"
+    assert receiver_label("oncall=https://hooks.example/x?token=abc")[0] == "oncall"
