@@ -111,6 +111,11 @@ class Guard:
                 await JSONResponse({"error": "unauthorized"}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
         self.counter()
+        ctype = headers.get(b"content-type", b"")
+        if scope["method"] == "POST" and (not ctype or ctype.startswith(b"application/x-www-form-urlencoded")):
+            # every body here is JSON: a client that did not say so (curl -d) is read as JSON
+            scope = dict(scope, headers=[(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                         + [(b"content-type", b"application/json")])
         limit = self.limits.max_import_body if scope["path"] == "/api/v1/imports" else self.limits.max_body
         try:
             declared = int(headers.get(b"content-length", b"0") or 0)
@@ -161,7 +166,7 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
     async def _invalid(_: Request, e: RequestValidationError) -> Response:
         errs = e.errors()
         first = errs[0] if errs else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "body"
         return JSONResponse({"error": one_line(f"{where}: {first.get('msg', 'invalid')}", EXCERPT)}, 422)
 
     @app.exception_handler(StarletteHTTPException)
