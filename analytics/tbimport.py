@@ -82,22 +82,10 @@ def find_files(paths: Sequence[str | Path]) -> list[tuple[Path, str, str]]:
 
 
 def import_tensorboard(
-    con: duckdb.DuckDBPyConnection,
-    paths: Sequence[str | Path],
-    job: str,
-    node: str = "import",
-    role: str = "worker",
-    run: str | None = None,
-    rank: int = 0,
-    csv_tag_: str | None = None,
-    steps_tag: str = STEPS_TAG,
-    examples_tag: str = EXAMPLES_TAG,
-    declare: dict[str, Any] | None = None,
-    progress: Callable[[Path], None] | None = None,
+    con: duckdb.DuckDBPyConnection, paths: Sequence[str | Path], job: str, **options: Any
 ) -> ImportResult:
     """Read, check and store; raises AnalyticsError (one line) with nothing written."""
-    lines, res = prepare_tensorboard(paths, job, node, role, run, rank, csv_tag_, steps_tag, examples_tag,
-                                     declare, progress)
+    lines, res = prepare_tensorboard(paths, job, **options)  # the options: prepare_tensorboard's
     w = Writer(con).write([(f"import:{job}", b"".join(lines))])
     if w.dead:  # validated above, so this is a bug; the rows went to dead_letters, not lost
         raise AnalyticsError(f"{w.dead} imported events were rejected by the writer; see dead_letters")
