@@ -167,7 +167,7 @@ def test_a_slow_query_holds_back_no_other_request(served) -> None:
     code, _ = call(url, "/api/v1/nodes")
     fast = time.monotonic() - t
     th.join(30)
-    assert code == 200 and fast < 3.0, fast
+    assert code == 200 and fast < 4.0, fast  # behind the slow one it would wait for its 5 s cap
     assert slow["r"][0] == 400 and "stopped after 5 s" in slow["r"][1]["error"]  # the server's cap, not 600
     assert slow["t"] < 15
 
