@@ -114,13 +114,11 @@ def _known_job(con: Any, job: str) -> None:
 
 
 def detector_options(config: dict[str, dict[str, Any]] | None, sets: list[str] | None) -> dict[str, dict[str, Any]]:
-    """Detector options: a config file's tables, then ``DETECTOR.OPTION=VALUE`` overrides,
-    checked (one line naming the bad one)."""
+    """Detector options: a config file's tables, then ``DETECTOR.OPTION=VALUE`` overrides
+    (``bottlenecks`` checks them, before it opens anything)."""
     from . import findings
 
-    options = findings.merged(config or {}, findings.parse_set(list(sets or [])))
-    findings.check_options(options)
-    return options
+    return findings.merged(config or {}, findings.parse_set(list(sets or [])))
 
 
 def bottlenecks(db: Database, job: str | None = None, since: dt.datetime | None = None,
@@ -275,6 +273,12 @@ class ModelSpec:
     params: float
     tensors: int
     batch_size: int | None = None
+
+    @classmethod
+    def of(cls, flops_per_step: float, params: float, tensors: int | None = None,
+           batch_size: int | None = None) -> ModelSpec:
+        """With the default tensor count (params / 1e5, at least 1) when none is given."""
+        return cls(flops_per_step, params, tensors or max(1, round(params / 1e5)), batch_size)
 
 
 def _measured(a: Any) -> dict[str, Any]:

@@ -72,6 +72,7 @@ class Database:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._live: duckdb.DuckDBPyConnection | None = None
+        self._catalog = ""  # the served connection's database name (a cursor starts elsewhere)
         self._lock = threading.Lock()  # cursors are made one at a time
         self._write_lock = threading.Lock()
 
@@ -80,8 +81,8 @@ class Database:
         """The live database of a collector: ``con`` is its own connection (made on the
         thread calling this); requests take cursors of it."""
         d = cls(path)
+        d._catalog = _q(con.execute("SELECT current_database()").fetchall()[0][0])
         d._live = con.cursor()
-        d._live.execute(f"USE {_q(con.execute('SELECT current_database()').fetchall()[0][0])}")
         return d
 
     @property
@@ -104,7 +105,7 @@ class Database:
         assert self._live is not None
         with self._lock:
             c = self._live.cursor()
-        c.execute(f"USE {_q(self._live.execute('SELECT current_database()').fetchall()[0][0])}")
+        c.execute(f"USE {self._catalog}")
         return c
 
     @contextlib.contextmanager

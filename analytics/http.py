@@ -289,7 +289,7 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
             return None
         if flops_per_step is None or params is None:
             raise AnalyticsError("give flops_per_step and params, or from_job")
-        return api.ModelSpec(flops_per_step, params, tensors or max(1, round(params / 1e5)), batch_size)
+        return api.ModelSpec.of(flops_per_step, params, tensors, batch_size)
 
     def Pos() -> Any:
         return Query(None, gt=0, lt=1e30)

@@ -24,12 +24,11 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from .db import AnalyticsError, open_ro
+from .db import AnalyticsError
 
 CONFIG: dict[str, object] = {
     "enable_external_access": False,
@@ -58,11 +57,6 @@ class SqlResult:
     rows: list[tuple[Any, ...]]
     truncated: bool  # more rows than max_rows (or bytes than max_bytes): the first ones are in rows
     cut_by: str = ""  # "rows" or "bytes" when truncated
-
-
-def open_safe(path: str | Path) -> duckdb.DuckDBPyConnection:
-    """A read-only connection with the guards above (locking errors as ``open_ro``'s)."""
-    return open_ro(path, CONFIG)
 
 
 def check(con: duckdb.DuckDBPyConnection, query: str) -> None:

@@ -109,8 +109,6 @@ class Service:
         def count() -> None:
             self.requests += 1
 
-        from starlette.middleware import Middleware  # noqa: F401  (the app's own stack)
-
         from .http import Guard
 
         app = create_app(self.database, self.cfg.token, self.cfg.limits, lambda: self.ready, self.metrics_text)

@@ -88,8 +88,8 @@ def _model_opts(f: Callable[..., Any]) -> Callable[..., Any]:
             return f(*args, model=None, from_job=from_job, batch_size=batch_size, **kw)
         if flops_per_step is None or params is None:
             raise click.UsageError("give --flops-per-step and --params, or --from-job JOB")
-        t = tensors or max(1, round(params / 1e5))
-        return f(*args, model=api.ModelSpec(flops_per_step, params, t, batch_size), from_job=None, batch_size=batch_size, **kw)
+        return f(*args, model=api.ModelSpec.of(flops_per_step, params, tensors, batch_size), from_job=None,
+                 batch_size=batch_size, **kw)
 
     for o in reversed(model_options):
         command = o(command)
