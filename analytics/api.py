@@ -156,7 +156,7 @@ class Alerts:
 
 
 def alerts(db: Database, rule: str | None = None) -> Alerts:
-    from . import alerts as al
+    from . import alerting as al
 
     try:
         with db.read() as con:
@@ -181,7 +181,7 @@ def check_rules(db: Database | None, files: list[tuple[str, str]]) -> RulesCheck
     """Validate rule files given as (name, text): structure, durations, templates, and each
     rule's SQL bound against ``db``'s tables (None: an empty database of the current
     schema). Nothing is read but the texts and the database."""
-    from . import alerts as al
+    from . import alerting as al
 
     groups = al.load_texts(files)
     if db is not None and db.exists():

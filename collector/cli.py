@@ -75,6 +75,10 @@ def _kafka_security_options(f):
 
 
 def _alert_options(f):
+    f = click.option("--alert-password-file", "alert_password_files", multiple=True, metavar="NAME=FILE",
+                     help="send Basic auth to receiver NAME, user:password read from FILE (repeatable)")(f)
+    f = click.option("--alert-token-file", "alert_token_files", multiple=True, metavar="NAME=FILE",
+                     help="send a bearer token to receiver NAME, read from FILE (repeatable)")(f)
     f = click.option("--alert-resend", default="1m", show_default=True,
                      help="re-send firing alerts to the receivers this often")(f)
     f = click.option("--alert-kafka", "alert_kafka", multiple=True, metavar="URL",
@@ -96,12 +100,12 @@ def _alert_options(f):
 
 def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...] = (),
               webhooks: tuple[str, ...] = (), resend: str = "1m", kafka_topics: tuple[str, ...] = (),
-              security=None):
+              security=None, token_files: tuple[str, ...] = (), password_files: tuple[str, ...] = ()):
     """Load, validate (against this database) and start the rule evaluation; None without
     --rules.  A bad rule file stops the collector before it consumes anything."""
-    from cmdare.analytics.alerts import RuleError
-
-    from .alerting import load
+    from cmdare.analytics.alerting import RuleError
+    from cmdare.analytics.alerting.notify import read_secret
+    from cmdare.analytics.alerting.schedule import load
 
     if (alertmanagers or webhooks or kafka_topics) and not rules:
         raise click.UsageError("--alertmanager / --alert-webhook / --alert-kafka: give the rules to evaluate with --rules")
@@ -121,7 +125,13 @@ def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: t
     try:
         iw = parse_duration("--inhibit-window", inhibit_window)
         rs = parse_duration("--alert-resend", resend)
-        al = load(con, rules, iw, alertmanagers, webhooks, rs, kafka_topics=tuple(topics))
+        secrets = {}
+        for opt, how, specs in (("--alert-token-file", "bearer", token_files),
+                                ("--alert-password-file", "basic", password_files)):
+            for spec in specs:
+                name, secret = read_secret(opt, spec)
+                secrets[name] = (how, secret)
+        al = load(con, rules, iw, alertmanagers, webhooks, rs, kafka_topics=tuple(topics), secrets=secrets)
     except (ConfigError, RuleError) as e:
         raise click.UsageError(str(e)) from None
     n = al.start()
@@ -141,8 +151,10 @@ def _http_config(http: str, token_file, cert, key):
         raise click.UsageError(str(e)) from None
 
 
-def _serve(con, db: str, cfg, totals):
-    """The API on the collector's connection, or None with --http off."""
+def _serve(con, db: str, cfg, totals, al=None):
+    """The API on the collector's connection, or None with --http off. When it cannot
+    start, the rule evaluation already running is stopped first (no thread left in a query
+    while the process exits)."""
     from cmdare.analytics.service import Service
 
     if cfg is None:
@@ -152,6 +164,9 @@ def _serve(con, db: str, cfg, totals):
         url = svc.start()
     except OSError as e:
         svc.stop()
+        if al:
+            al.stop()
+        con.close()
         raise click.ClickException(str(e)) from None
     click.echo(f"cmdare-collector: API on {url} (analyze finds it through {db}.service.json)", err=True)
     return svc
@@ -230,6 +245,8 @@ def kafka(
     alert_webhooks: tuple[str, ...],
     alert_kafka: tuple[str, ...],
     alert_resend: str,
+    alert_token_files: tuple[str, ...],
+    alert_password_files: tuple[str, ...],
 ) -> None:
     """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
 
@@ -264,14 +281,14 @@ def kafka(
     con = _open(db)
     try:
         al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend, alert_kafka,
-                       u.security)
+                       u.security, alert_token_files, alert_password_files)
     except click.UsageError:
         con.close()
         raise
     ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe, max_skew=skew)
     if al:
         ing.totals.on_batch = al.on_batch
-    svc = _serve(con, db, hc, lambda: ing.totals)
+    svc = _serve(con, db, hc, lambda: ing.totals, al)
     if svc:
         svc.alerting = al
     try:
@@ -316,7 +333,8 @@ def kafka(
 def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str, http: str,
           http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None,
           rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...],
-          alert_webhooks: tuple[str, ...], alert_kafka: tuple[str, ...], alert_resend: str) -> None:
+          alert_webhooks: tuple[str, ...], alert_kafka: tuple[str, ...], alert_resend: str,
+          alert_token_files: tuple[str, ...], alert_password_files: tuple[str, ...]) -> None:
     """Load an agent's spool DIRECTORY (the embedded default: no Kafka) into --db.
 
     The position reached is stored in the database, so running it again loads only what
@@ -339,14 +357,15 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
         raise click.UsageError("--rules: alert rules are evaluated while collecting: add --follow")
     con = _open(db)
     try:
-        al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend, alert_kafka)
+        al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend, alert_kafka,
+                       None, alert_token_files, alert_password_files)
     except click.UsageError:
         con.close()
         raise
     ing = SpoolIngest(con, directory, progress=_progress, max_skew=skew)
     if al:
         ing.totals.on_batch = al.on_batch
-    svc = _serve(con, db, hc, lambda: ing.totals) if follow else None
+    svc = _serve(con, db, hc, lambda: ing.totals, al) if follow else None
     if svc:
         svc.alerting = al
     for sig in (signal.SIGTERM, signal.SIGINT):

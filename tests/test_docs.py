@@ -68,7 +68,7 @@ def test_readme_has_the_two_commands_and_ci_runs_the_second() -> None:
 
 
 def test_every_shipped_alert_rule_has_a_docs_heading_and_a_test() -> None:
-    from cmdare.analytics.alerts import load_files
+    from cmdare.analytics.alerting import load_files
 
     doc = (ROOT / "docs" / "alerts.md").read_text()
     tests = (ROOT / "tests" / "analytics" / "alerts" / "test_default_rules.py").read_text()

@@ -100,9 +100,8 @@ def _relative_imports(path: Path) -> list[str]:
 
 
 # The collector's composition root wires ingest, the API and alerting: the only collector
-# files that may import the analytics side. (alerting.py still holds the receivers: to move
-# into an alerting package of analytics, issue 31's layout part.)
-COLLECTOR_ROOTS = {"cli.py", "alerting.py"}
+# file that may import the analytics side.
+COLLECTOR_ROOTS = {"cli.py"}
 
 
 def test_the_collector_core_does_not_import_analytics() -> None:
@@ -121,3 +120,34 @@ def test_front_ends_are_thin_and_the_library_knows_no_front_end() -> None:
     assert "click" not in http and not any(m.startswith("cmdare.analytics.cli") for m in http)
     for p in (ROOT / "analytics" / "cli").glob("*.py"):  # small command modules
         assert len(p.read_text().splitlines()) <= 600, p
+
+
+def test_no_module_of_the_server_side_over_600_lines() -> None:
+    long = [f"{p.relative_to(ROOT)}: {n}" for folder in ("analytics", "collector") for p in _files(folder)
+            if (n := len(p.read_text().splitlines())) > 600]
+    assert long == []
+
+
+def test_alerting_is_one_package_and_the_collector_holds_none_of_it() -> None:
+    pkg = ROOT / "analytics" / "alerting"
+    have = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py")}
+    assert {"rulefmt.py", "evaluate.py", "state.py", "schedule.py", "ruletest.py", "notify/__init__.py",
+            "notify/http.py", "notify/kafka.py", "notify/log.py"} <= have
+    assert not (ROOT / "collector" / "alerting.py").exists() and not (ROOT / "analytics" / "alerts.py").exists()
+    # the rule format and evaluation know nothing of delivery or threads
+    for name in ("rulefmt.py", "evaluate.py"):
+        mods = _relative_imports(pkg / name)
+        assert not any(".notify" in m or ".schedule" in m or m == "threading" for m in mods), name
+
+
+def test_one_home_for_opening_a_database_file() -> None:
+    """duckdb.connect appears in collector/db.py only (and the in-memory empty database)."""
+    bad = []
+    for folder in ("analytics", "collector"):
+        for p in _files(folder):
+            text = p.read_text()
+            if "duckdb.connect(" in text and p.relative_to(ROOT).as_posix() != "collector/db.py":
+                lines = [x.strip() for x in text.splitlines() if "duckdb.connect(" in x]
+                if not all(":memory:" in x for x in lines):
+                    bad.append(f"{p.relative_to(ROOT)}: {lines}")
+    assert bad == []

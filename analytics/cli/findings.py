@@ -113,7 +113,7 @@ def alerts_check(files: tuple[str, ...], db: str) -> None:
       analyze alerts check my-rules.yml --db fleet.duckdb
       analyze alerts check default          # the shipped pack
     """
-    from .. import alerts
+    from .. import alerting as alerts
 
     try:
         texts = alerts.read_files(files)
@@ -141,7 +141,7 @@ def alerts_test(file: str) -> None:
     Example:
       analyze alerts test rules/gpu.test.yml
     """
-    from .. import alerts
+    from .. import alerting as alerts
 
     try:
         results = alerts.run_tests(file, api.empty_db)

@@ -100,7 +100,7 @@ def test_a_bad_rule_file_stops_the_collector_with_one_line(tmp_path: Path) -> No
 
 
 def test_receiver_names_never_carry_secrets() -> None:
-    from cmdare.collector.alerting import receiver_label
+    from cmdare.analytics.alerting.notify import receiver_label
 
     assert receiver_label("https://hooks.example/services/T0/B0/s3cr3t") == (
         "hooks.example", "https://hooks.example/services/T0/B0/s3cr3t", "")
@@ -110,3 +110,57 @@ def test_receiver_names_never_carry_secrets() -> None:
 
     assert base64.b64decode(basic) == b"user:pa:ss"
     assert receiver_label("oncall=https://hooks.example/x?token=abc")[0] == "oncall"
+
+
+SLOW = """
+groups:
+  - name: slow
+    interval: 1s
+    rules:
+      - alert: Slow
+        expr: SELECT 'a' AS k, count(*) AS value FROM range(300000) a, range(300000) b
+"""
+
+
+def _slow_collector(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    spool, rules, log = tmp_path / "spool", tmp_path / "slow.yml", tmp_path / "c.log"
+    spool.mkdir()
+    rules.write_text(SLOW)
+    p = subprocess.Popen(
+        [str(BIN / "cmdare-collector"), "spool", str(spool), "--follow", "--interval", "0.3s",
+         "--db", str(tmp_path / "a.duckdb"), "--rules", str(rules), *extra],
+        stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+    )
+    return p, log
+
+
+def test_sigterm_during_a_slow_round_stops_cleanly(tmp_path: Path) -> None:
+    p, log = _slow_collector(tmp_path, "--http", "off")
+    try:
+        wait_for(lambda: "evaluating 1 alert rules" in log.read_text(), 60, what="the rules running")
+        import time
+
+        time.sleep(1.5)  # inside the slow rule's first round
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=30)
+    finally:
+        p.kill()
+    text = log.read_text()
+    assert rc == 0, text[-2000:]
+    assert "Traceback" not in text and " -> " in text, text[-2000:]
+
+
+def test_a_failed_start_during_a_round_exits_with_one_line_not_an_abort(tmp_path: Path) -> None:
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        p, log = _slow_collector(tmp_path, "--http", f"127.0.0.1:{busy.getsockname()[1]}")
+        rc = p.wait(timeout=60)
+    finally:
+        busy.close()
+    text = log.read_text()
+    assert rc == 1, (rc, text[-2000:])  # not -6 (SIGABRT with a thread inside DuckDB)
+    assert "Traceback" not in text and "Error:" in text, text[-2000:]

@@ -157,7 +157,7 @@ def test_webhook_retried_until_it_takes_them_and_a_dead_receiver_blocks_nothing(
         hang.close()
     log = (tmp_path / "collector.log").read_text()
     dead_name = "webhook:" + dead.split("//", 1)[1].split("/", 1)[0]
-    assert f"alert receiver {dead_name}: URLError" in log and "retrying with backoff" in log and "/nobody" not in log
+    assert f"alert receiver {dead_name}: ConnectionRefusedError" in log and "retrying with backoff" in log and "/nobody" not in log
 
 
 def test_kafka_topic_receives_firing_and_resolved(kafka_broker: KafkaBroker, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from cmdare.analytics import alerts
+from cmdare.analytics import alerting as alerts
 from cmdare.collector import views
 from cmdare.collector.db import migrate
 
@@ -66,7 +66,7 @@ def step(e: alerts.Engine, con: duckdb.DuckDBPyConnection, when: dt.datetime) ->
 
 
 def default_engine(con: duckdb.DuckDBPyConnection, inhibit_window: float = 1800.0) -> alerts.Engine:
-    from cmdare.collector.alerting import rule_paths
+    from cmdare.analytics.alerting import resolve_paths as rule_paths
 
     groups = alerts.load_files(rule_paths(("default",)))
     alerts.validate(con, groups)

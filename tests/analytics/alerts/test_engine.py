@@ -9,7 +9,7 @@ from pathlib import Path
 
 import duckdb
 
-from cmdare.analytics import alerts
+from cmdare.analytics import alerting as alerts
 from tests.analytics.alerts.conftest import at, engine, insert, step
 
 HOT = """

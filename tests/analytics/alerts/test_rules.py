@@ -11,7 +11,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from cmdare.analytics import alerts
+from cmdare.analytics import alerting as alerts
 from cmdare.analytics.cli import cli
 from tests.analytics.alerts.conftest import at, engine, insert
 
@@ -75,7 +75,7 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
 
 
 def test_the_shipped_pack_validates(con: duckdb.DuckDBPyConnection) -> None:
-    from cmdare.collector.alerting import rule_paths
+    from cmdare.analytics.alerting import resolve_paths as rule_paths
 
     groups = alerts.load_files(rule_paths(("default",)))
     alerts.validate(con, groups)
@@ -180,5 +180,5 @@ def test_unit_tests_of_rules_as_promtool_runs_them(tmp_path: Path) -> None:
 def test_the_shipped_example_tests_pass() -> None:
     from cmdare.analytics.api import empty_db as _empty_db
 
-    results = alerts.run_tests(Path(alerts.__file__).parent / "rules" / "cmdare.test.yml", _empty_db)
+    results = alerts.run_tests(Path(alerts.__file__).parents[1] / "rules" / "cmdare.test.yml", _empty_db)
     assert len(results) == 2 and all(not r.failures for r in results), results

@@ -1,0 +1,206 @@
+"""Evaluating one rule: its instances at a time, bound and run on a connection that cannot
+write (the collector's read cursor, or a rolled-back read-only transaction)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from ..db import AnalyticsError
+from .rulefmt import (
+    FINDING_LABELS,
+    MAX_TEXT,
+    SEVERITIES,
+    T_LABEL,
+    T_PRINTF,
+    T_SUMMARY,
+    T_VALUE,
+    TEMPLATE,
+    Group,
+    Rule,
+    RuleError,
+)
+
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+MAX_INSTANCES = 10_000
+
+
+def prepare(con: duckdb.DuckDBPyConnection, at: dt.datetime) -> None:
+    """``eval_time()`` on this connection: the evaluation's time."""
+    con.execute(f"SET VARIABLE cmdare_eval_time = TIMESTAMP '{at.isoformat(sep=' ')}'")
+    con.execute("CREATE OR REPLACE TEMP MACRO eval_time() AS getvariable('cmdare_eval_time')")
+
+
+def columns_of(con: duckdb.DuckDBPyConnection, rule: Rule) -> list[str]:
+    """The columns the rule's instances will have (its labels, and value); RuleError when
+    its SQL is not one SELECT or does not bind (an unknown table or column)."""
+    if rule.finding:
+        return [*FINDING_LABELS, "value"]
+    from ..safesql import SqlRefused, check
+
+    assert rule.expr is not None
+    try:
+        check(con, rule.expr)
+    except SqlRefused as e:
+        raise RuleError(f"{rule.where()}: expr: {e}") from None
+    try:
+        desc = con.execute(f"DESCRIBE {rule.expr}").fetchall()
+    except duckdb.Error as e:
+        raise RuleError(f"{rule.where()}: expr: {_first(e)}") from None
+    cols = [d[0] for d in desc]
+    for c in cols:
+        if c != "value" and not _LABEL.match(c):
+            raise RuleError(f"{rule.where()}: expr: column {c!r} is not a valid label name (alias it: AS name)")
+    if "value" in cols:
+        t = dict((d[0], d[1]) for d in desc)["value"]
+        if not any(x in t for x in ("INT", "DOUBLE", "FLOAT", "DECIMAL", "REAL", "BOOLEAN")):
+            raise RuleError(f"{rule.where()}: expr: the value column must be a number, not {t}")
+    return cols
+
+
+def validate(con: duckdb.DuckDBPyConnection, groups: list[Group]) -> None:
+    """Every rule's SQL parses and binds against this database, and its templates name
+    columns it has."""
+    prepare(con, utcnow())
+    for g in groups:
+        for r in g.rules:
+            cols = columns_of(con, r)
+            have = set(cols) | set(r.labels) | {"alertname"}
+            for k, text in {**r.labels, **r.annotations}.items():
+                for m in TEMPLATE.finditer(text):
+                    lm = T_LABEL.match(m.group(1))
+                    if lm and lm.group(1) not in have:
+                        raise RuleError(f"{r.where()}: {k}: $labels.{lm.group(1)} is not a column of the "
+                                        f"expression (columns: {', '.join(c for c in cols if c != 'value')})")
+
+
+def _first(e: BaseException) -> str:
+    lines = [x for x in str(e).splitlines() if x.strip()] or [type(e).__name__]
+    return lines[0][:300]
+
+
+@dataclass
+class Instance:
+    labels: dict[str, str]
+    value: float
+    summary: str = ""
+
+
+def evaluate(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, timeout: float = 30.0) -> list[Instance]:
+    """The rule's instances at ``at`` (raises duckdb.Error / RuleError when it cannot run)."""
+    if rule.finding:
+        return _findings(con, rule, at)
+    from ..safesql import interrupt_after
+
+    prepare(con, at)
+    with interrupt_after(con, timeout) as fired:
+        try:
+            cur = con.execute(rule.expr)  # type: ignore[arg-type]
+            cols = [d[0] for d in cur.description or []]
+            rows = cur.fetchmany(MAX_INSTANCES + 1)
+        except duckdb.Error as e:
+            if fired.is_set():
+                raise RuleError(f"expr stopped after {timeout:g} s") from None
+            raise RuleError(f"expr failed: {_first(e)}") from None
+    if len(rows) > MAX_INSTANCES:
+        raise RuleError("expr returned more than 10,000 rows (alert instances): narrow it")
+    out = []
+    vi = cols.index("value") if "value" in cols else None
+    for row in rows:
+        v = 1.0 if vi is None else row[vi]
+        if v is None:
+            continue  # no value: no instance (as a PromQL comparison that filtered it)
+        v = float(v)
+        if math.isnan(v):
+            continue
+        labels = {c: "" if x is None else str(x)[:MAX_TEXT] for i, (c, x) in enumerate(zip(cols, row, strict=True)) if i != vi}
+        out.append(Instance(labels, v))
+    return out
+
+
+_SEV = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+def _findings(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime) -> list[Instance]:
+    from ..detectors import DETECTORS
+    from ..units import Scope, check_requirements, run_unit
+
+    f = rule.filters
+    scope = Scope(job=f.get("job"), since=at - dt.timedelta(seconds=rule.window), until=at)
+    assert rule.finding is not None
+    try:
+        check_requirements(DETECTORS, rule.finding, con)
+    except AnalyticsError:
+        return []  # nothing to detect from yet (e.g. no rows in checkpoints): no instances
+    found = run_unit(DETECTORS, rule.finding, con, scope, {})
+    out = []
+    for x in found:
+        if "node" in f and x.node != f["node"]:
+            continue
+        if "min_severity" in f and _SEV.get(x.severity, 0) < _SEV[f["min_severity"]]:
+            continue
+        if x.confidence < float(f.get("min_confidence", 0)):
+            continue
+        labels = {"kind": x.kind, "job": x.job or "", "node": getattr(x, "node", None) or "",
+                  "rank": "" if getattr(x, "rank", None) is None else str(x.rank),
+                  "subject": getattr(x, "subject", None) or "", "severity": x.severity}
+        out.append(Instance(labels, float(x.confidence), x.summary))
+    return out
+
+
+def render(text: str, labels: dict[str, str], value: float, summary: str = "") -> str:
+    """A label or annotation template filled in: never raises (a conversion the value
+    cannot take, ``%d`` of an infinite value, prints the value as ``{{ $value }}`` does),
+    and the result is cut at MAX_TEXT characters."""
+    def sub(m: re.Match[str]) -> str:
+        body = m.group(1)
+        if lm := T_LABEL.match(body):
+            return labels.get(lm.group(1), "")
+        if T_VALUE.match(body):
+            return f"{value:g}"
+        if pm := T_PRINTF.match(body):
+            try:
+                return pm.group(1) % value
+            except (TypeError, ValueError, OverflowError):
+                return f"{value:g}"
+        if T_SUMMARY.match(body):
+            return summary
+        return m.group(0)
+
+    return TEMPLATE.sub(sub, text)[:MAX_TEXT]
+
+
+def fingerprint(rule: Rule, labels: dict[str, str]) -> str:
+    text = json.dumps([rule.id, sorted(labels.items())], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- state ----------------------------------------------------------------------------------------
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def listing(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """``analyze alerts``: the stored alerts and the rules' health."""
+    cols = ["rule", "state", "since", "value", "labels", "summary", "inhibited_by"]
+    rows = con.execute(
+        """
+        SELECT rule, state, strftime(coalesce(fired_at, active_at), '%Y-%m-%d %H:%M:%S') AS since, value,
+               labels, json_extract_string(annotations, '$.summary'), inhibited_by
+        FROM alerts
+        ORDER BY CASE state WHEN 'firing' THEN 0 WHEN 'pending' THEN 1 WHEN 'inhibited' THEN 2 ELSE 3 END, rule
+        """
+    ).fetchall()
+    health = con.execute(
+        "SELECT rule, health, last_error, strftime(last_eval, '%Y-%m-%d %H:%M:%S'), eval_seconds, instances "
+        "FROM alert_rules ORDER BY rule"
+    ).fetchall()
+    return cols, rows, health

@@ -1,0 +1,212 @@
+"""Rules evaluated inside the collector (``--rules FILE...``): each group on its own thread
+and its own cursor of the collector's connection, reading what was committed, so that a
+slow or failing group never delays another (a revocation rule never waits behind a slow
+user rule). State is restored from the ``alerts`` table at start and saved after each
+group's round; what a round hands to the receivers is saved before it is sent.
+
+A group reading an urgent table (revocations, lifecycle or GPU events) is evaluated as soon
+as ingest stores rows of it, at most every ``min_gap`` seconds, not at its next interval."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import duckdb
+
+from .evaluate import utcnow, validate
+from .notify.log import LogReceiver
+from .rulefmt import Group, load_files, resolve_paths
+from .state import Engine
+
+log = logging.getLogger("cmdare.alerts")
+
+URGENT_TABLES = ("revocations", "lifecycle_events", "gpu_events")
+STOP_GRACE = 2.0  # seconds a round may take to finish on stop before its query is interrupted
+
+
+def urgent_tables(group: Group) -> set[str]:
+    """The urgent tables the group's SQL rules read (instance_lives reads them all)."""
+    out: set[str] = set()
+    for r in group.rules:
+        text = (r.expr or "").lower()
+        for t in URGENT_TABLES:
+            if re.search(rf"\b{t}\b", text) or "instance_lives" in text:
+                out.add(t)
+    return out
+
+
+class GroupRunner:
+    """One group's loop: a round every ``interval``, or sooner when poked."""
+
+    def __init__(self, alerting: Alerting, group: Group, cur: duckdb.DuckDBPyConnection, min_gap: float) -> None:
+        self.alerting, self.group, self.cur, self.min_gap = alerting, group, cur, min_gap
+        self.urgent = False
+        self.wake = threading.Event()
+        self.busy = False
+        self.rounds = 0
+        self.thread = threading.Thread(target=self._run, name=f"cmdare-alerts-{group.name}"[:60], daemon=True)
+
+    def poke(self) -> None:
+        self.urgent = True
+        self.wake.set()
+
+    def _run(self) -> None:
+        stop = self.alerting.stop_event
+        due, last = 0.0, float("-inf")
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= due or (self.urgent and now - last >= self.min_gap):
+                self.urgent = False
+                due, last = now + self.group.interval, now
+                self.busy = True
+                try:
+                    self.alerting.round(self.group, self.cur)
+                except Exception as e:  # never stop evaluating: next round
+                    if not stop.is_set():
+                        log.error("alert group %s: %s: %s", self.group.name, type(e).__name__, str(e)[:300])
+                finally:
+                    self.busy = False
+                    self.rounds += 1
+                continue
+            wait = due - now
+            if self.urgent:
+                wait = min(wait, self.min_gap - (now - last))
+            self.wake.wait(max(0.01, min(wait, 1.0)))
+            self.wake.clear()
+
+
+class Alerting:
+    """The collector's rule evaluation: the engine, its receivers and a runner per group."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, groups: list[Group], inhibit_window: float,
+                 clock: Callable[[], dt.datetime] = utcnow, min_gap: float = 0.2) -> None:
+        from cmdare.collector.db import cursor
+
+        self.con = con
+        self.engine = Engine(groups, inhibit_window)
+        self.log = LogReceiver()
+        self.receivers: list[Any] = [self.log]
+        self.senders: list[Any] = []  # receivers that deliver
+        self.clock = clock
+        self.stop_event = threading.Event()
+        self._urgent_of = {g.name: urgent_tables(g) for g in groups}
+        # cursors made here, on the thread that owns con: DuckDB refuses a connection used by
+        # two threads at once (cursor() runs a statement on it)
+        self._cur = cursor(con)
+        self.runners = {g.name: GroupRunner(self, g, cursor(con), min_gap) for g in groups}
+        self.started = False
+
+    def on_batch(self, result: Any) -> None:
+        """Called by ingest after each committed batch (its thread: cheap)."""
+        tables = {t for t, n in getattr(result, "rows", {}).items() if n}
+        if not tables & set(URGENT_TABLES):
+            return
+        for g, ts in self._urgent_of.items():
+            if ts & tables:
+                self.runners[g].poke()
+
+    def add(self, receiver: Any) -> None:
+        self.receivers.append(receiver)
+        self.senders.append(receiver)
+        self.engine.receivers.append(receiver)
+
+    def start(self, run: bool = True) -> int:
+        """Restore the previous run's alerts and start a runner per group (``run=False``:
+        restore only, rounds called by hand): how many alerts were restored."""
+        restored = self.engine.restore(self._cur)
+        for r in self.receivers:
+            r.restore(self.engine)
+        if run:
+            for runner in self.runners.values():
+                runner.thread.start()
+            self.started = True
+        return restored
+
+    def round(self, group: Group, con: duckdb.DuckDBPyConnection) -> None:
+        """Evaluate the group, hand what is due to the receivers (marked and saved first, so
+        a resolution is owed even after SIGKILL), then send it."""
+        at = self.clock()
+        ids = {r.id for r in group.rules}
+        self.engine.eval_group(con, group, at)
+        due = [(r, r.due(self.engine, ids)) for r in self.senders]
+        self.engine.mark_notified([it.key for _, items in due for it in items if not it.resolved])
+        for attempt in range(3):  # a write conflict with another group's save: again
+            try:
+                self.engine.save(con, group, at)
+                break
+            except duckdb.TransactionException:
+                if attempt == 2:
+                    raise
+                time.sleep(0.05)
+        for r, items in due:
+            r.send(items)
+        self.log.round(self.engine, ids)
+
+    def stop(self) -> None:
+        """Let rounds in progress finish (STOP_GRACE), interrupt the queries of those that
+        do not, join every thread; then the receivers get their last chance to deliver."""
+        self.stop_event.set()
+        for runner in self.runners.values():
+            runner.wake.set()
+        if self.started:
+            deadline = time.monotonic() + STOP_GRACE
+            for runner in self.runners.values():
+                runner.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            for runner in self.runners.values():
+                if runner.thread.is_alive():
+                    runner.cur.interrupt()
+            for runner in self.runners.values():
+                runner.thread.join(timeout=10)
+        for r in self.senders:
+            r.stop()
+        for runner in self.runners.values():
+            if not runner.thread.is_alive():
+                runner.cur.close()
+        self._cur.close()
+
+
+def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window: float,
+         alertmanagers: tuple[str, ...] = (), webhooks: tuple[str, ...] = (), resend: float = 60.0,
+         generator: str | None = None, kafka_topics: tuple[Any, ...] = (),
+         secrets: dict[str, tuple[str, str]] | None = None) -> Alerting:
+    """Load and validate the rule files against the collector's database (RuleError: one
+    line) and build the evaluation; ``start()`` runs it. ``secrets``: receiver name ->
+    ("bearer" | "basic", the token or user:password read from a file)."""
+    from cmdare.collector.db import cursor
+
+    from . import RuleError
+    from .notify import receiver_label
+    from .notify.http import HttpReceiver
+    from .notify.kafka import KafkaReceiver
+
+    groups = load_files(resolve_paths(given))
+    c = cursor(con)
+    try:
+        validate(c, groups)
+    finally:
+        c.close()
+    secrets = dict(secrets or {})
+    names = [receiver_label(u)[0] for u in (*alertmanagers, *webhooks)]
+    unknown = sorted(set(secrets) - set(names))
+    if unknown:
+        raise RuleError(f"receiver {unknown[0]!r}: no --alertmanager / --alert-webhook of that name "
+                        f"(names: {', '.join(names) or 'none'})")
+    al = Alerting(con, groups, inhibit_window)
+    if generator is None:  # where the alert came from, as Alertmanager shows it
+        import socket
+
+        generator = f"http://{socket.gethostname()}/cmdare"
+    for kind, urls in (("alertmanager", alertmanagers), ("webhook", webhooks)):
+        for u in urls:
+            how, secret = secrets.get(receiver_label(u)[0], ("", ""))
+            al.add(HttpReceiver(kind, u, resend, generator=generator, token=secret if how == "bearer" else None,
+                                basic=secret if how == "basic" else None))
+    for k in kafka_topics:
+        al.add(KafkaReceiver(k, resend, generator=generator))
+    return al

@@ -1,0 +1,269 @@
+"""Delivery and scheduling as an operator relies on them (issue 32): every firing episode
+sent, its resolution owed across a kill, a trickling receiver cut at its deadline, a slow
+group never delaying another, a failing template costing one rule. Real DuckDB files and
+real HTTP servers on loopback; rounds driven by hand at chosen times where timing matters."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from cmdare.analytics import alerting
+from cmdare.analytics.alerting.notify.http import HttpReceiver
+from cmdare.analytics.alerting.schedule import Alerting
+from cmdare.collector.db import connect
+
+T0 = dt.datetime(2026, 3, 1, 12, 0, 0)
+# fires for 20 s, clears for 20 s, from T0 on
+FLAPPING = f"""
+groups:
+  - name: flap
+    interval: 5s
+    rules:
+      - alert: Flapping
+        expr: >
+          SELECT 'x' AS k, 1 AS value
+          WHERE (epoch(eval_time()) - epoch(TIMESTAMP '{T0:%Y-%m-%d %H:%M:%S}'))::BIGINT // 20 % 2 = 0
+"""
+
+
+class Hook(BaseHTTPRequestHandler):
+    posts: list[dict] = []
+    on_post = None
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if type(self).on_post:
+            type(self).on_post(body)
+        type(self).posts.append(body)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+@pytest.fixture
+def hook():
+    h = type("H", (Hook,), {"posts": [], "on_post": None})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), h)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield h, f"http://127.0.0.1:{srv.server_port}/hook"
+    srv.shutdown()
+
+
+def _alerting(db: Path, text: str, url: str | None, clock) -> tuple[Alerting, HttpReceiver | None]:
+    con = connect(str(db))
+    f = db.parent / "rules.yml"
+    f.write_text(text)
+    groups = alerting.load_files([f])
+    al = Alerting(con, groups, 1800, clock=clock)
+    r = None
+    if url:
+        r = HttpReceiver("webhook", url, resend=60, timeout=2)
+        al.add(r)
+    al.start(run=False)
+    return al, r
+
+
+def _round(al: Alerting, r: HttpReceiver | None) -> None:
+    g = al.engine.groups[0]
+    al.round(g, al.runners[g.name].cur)
+    deadline = time.monotonic() + 10
+    while r is not None and not r.idle() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _events(posts: list[dict]) -> list[tuple[str, str]]:
+    return [(a["status"], a["startsAt"]) for p in posts for a in p["alerts"]]
+
+
+def test_every_firing_episode_is_sent_and_each_resolution_follows_its_own_firing(tmp_path, hook) -> None:
+    h, url = hook
+    now = [T0]
+    al, r = _alerting(tmp_path / "a.duckdb", FLAPPING, url, lambda: now[0])
+    try:
+        for s in range(0, 96, 5):
+            now[0] = T0 + dt.timedelta(seconds=s)
+            _round(al, r)
+    finally:
+        al.stop()
+        al.con.close()
+    ev = _events(h.posts)
+    # three episodes (0-19 s, 40-59 s, 80-95 s): each firing sent at once, each of the two
+    # that ended resolved once, naming its own start
+    assert [s for s, _ in ev] == ["firing", "resolved", "firing", "resolved", "firing"]
+    starts = [t for _, t in ev]
+    assert starts[0] == starts[1] and starts[2] == starts[3] and len(set(starts)) == 3
+
+
+def test_a_resolution_is_owed_after_a_kill_right_after_the_firing_was_sent(tmp_path, hook) -> None:
+    h, url = hook
+    db = tmp_path / "a.duckdb"
+    now = [T0]
+    al, r = _alerting(db, FLAPPING, url, lambda: now[0])
+    seen: list[bool] = []
+
+    def check(body: dict) -> None:  # what is on disk when the receiver gets the firing
+        c = al.con.cursor()
+        seen.append(bool(c.execute("SELECT bool_and(notified) FROM cmdare.alerts").fetchone()[0]))
+        c.close()
+
+    h.on_post = check
+    _round(al, r)
+    assert [s for s, _ in _events(h.posts)] == ["firing"] and seen == [True]  # saved before it was sent
+    # "SIGKILL": nothing more of this process runs (no delivery acknowledged, no stop)
+    r.stop(grace=0)
+    al.con.close()
+    h.on_post = None
+    now[0] = T0 + dt.timedelta(seconds=25)  # the condition cleared while it was down
+    al2, r2 = _alerting(db, FLAPPING, url, lambda: now[0])
+    try:
+        _round(al2, r2)
+    finally:
+        al2.stop()
+        al2.con.close()
+    ev = _events(h.posts)
+    assert [s for s, _ in ev] == ["firing", "resolved"] and ev[0][1] == ev[1][1]
+
+
+def test_a_trickling_receiver_is_cut_at_its_deadline_counted_and_logged(tmp_path, caplog) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    stop = threading.Event()
+
+    def trickle() -> None:  # reads the request, then answers one byte every 0.3 s
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.recv(65536)
+            for b in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n":
+                if stop.is_set():
+                    break
+                try:
+                    c.send(bytes([b]))
+                except OSError:
+                    break
+                time.sleep(0.3)
+            c.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    r = HttpReceiver("webhook", f"http://127.0.0.1:{srv.getsockname()[1]}/slow", timeout=1.0, backoff_max=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="within 1 s"):
+            r._post(b"{}")
+        assert time.monotonic() - t0 < 2.5  # not 40 bytes x 0.3 s
+        r.send([alerting_item()])
+        deadline = time.monotonic() + 10
+        while r.failed_total < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r.failed_total >= 1 and "within 1 s" in (r.last_error or "")
+    finally:
+        stop.set()
+        r.stop(grace=1)
+        srv.close()
+
+
+def alerting_item():
+    from cmdare.analytics.alerting.notify.http import Item
+
+    return Item(("g/r", "f"), T0, False, {"labels": {}, "annotations": {}, "status": "firing"})
+
+
+SLOW_AND_FAST = """
+groups:
+  - name: slow
+    interval: 1s
+    rules:
+      - alert: Slow
+        expr: SELECT 'a' AS k, count(*) AS value FROM range(200000) a, range(200000) b
+  - name: fast
+    interval: 1s
+    rules:
+      - alert: Fast
+        expr: SELECT 'b' AS k, 1 AS value
+"""
+
+
+def test_a_slow_group_delays_no_other_and_stop_interrupts_it(tmp_path) -> None:
+    con = connect(str(tmp_path / "a.duckdb"))
+    f = tmp_path / "rules.yml"
+    f.write_text(SLOW_AND_FAST)
+    al = Alerting(con, alerting.load_files([f]), 1800)
+    al.start()
+    try:
+        deadline = time.monotonic() + 20
+        while al.runners["fast"].rounds < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # the fast group went round four times while the slow one was still on its first
+        assert al.runners["fast"].rounds >= 4 and al.runners["slow"].rounds == 0 and al.runners["slow"].busy
+        assert [a.labels["alertname"] for a in al.engine.snapshot()] == ["Fast"]
+    finally:
+        t0 = time.monotonic()
+        al.stop()
+        took = time.monotonic() - t0
+        con.close()
+    assert took < 8  # the slow query was interrupted, not waited for
+    assert not any(r.thread.is_alive() for r in al.runners.values())
+
+
+TEMPLATES = """
+groups:
+  - name: g
+    interval: 5s
+    rules:
+      - alert: Infinite
+        expr: SELECT 'x' AS k, 'inf'::DOUBLE AS value
+        annotations: {summary: 'value {{ printf "%d" $value }}'}
+      - alert: Broken
+        expr: SELECT 'y' AS k, 2 AS value
+      - alert: Healthy
+        expr: SELECT 'z' AS k, 3 AS value
+"""
+
+
+def test_a_failing_rule_costs_that_rule_only(tmp_path, monkeypatch) -> None:
+    from cmdare.analytics.alerting import state
+
+    real = state.render
+
+    def render(text, labels, value, summary=""):
+        if value == 2:
+            raise RuntimeError("template blew up")
+        return real(text, labels, value, summary)
+
+    monkeypatch.setattr(state, "render", render)
+    now = [T0]
+    rules = TEMPLATES.replace("alert: Broken\n", "alert: Broken\n        labels: {v: '{{ $value }}'}\n")
+    al, _ = _alerting(tmp_path / "a.duckdb", rules, None, lambda: now[0])
+    try:
+        _round(al, None)
+        firing = {a.labels["alertname"]: a for a in al.engine.snapshot() if a.state == "firing"}
+        health = {k.split("/")[1]: h for k, h in al.engine.health.items()}
+    finally:
+        al.stop()
+        al.con.close()
+    assert set(firing) == {"Infinite", "Healthy"}
+    assert firing["Infinite"].annotations["summary"] == "value inf"  # %d of inf: printed, not raised
+    assert health["Broken"].health == "error" and "template blew up" in health["Broken"].last_error
+    assert health["Healthy"].health == "ok" and health["Infinite"].health == "ok"
+
+
+@pytest.mark.parametrize("template", ['{{ printf "%%" $value }}', '{{ printf "%999999999d" $value }}',
+                                      '{{ printf "%d %d" $value }}'])
+def test_check_refuses_templates_that_could_fail_at_run_time(tmp_path, template) -> None:
+    f = tmp_path / "r.yml"
+    f.write_text(TEMPLATES.replace('value {{ printf "%d" $value }}', template))
+    with pytest.raises(alerting.RuleError, match="unsupported template"):
+        alerting.load_files([f])
