@@ -10,6 +10,7 @@ import click
 from .. import api
 from ..db import AnalyticsError, default_db
 from . import call, cli, db_option, json_option, render
+from .options import table_options, table_values
 
 
 def _recommend(db: str | None, kind: str, **options: Any) -> list[Any]:
@@ -35,26 +36,15 @@ def recommend() -> None:
     """
 
 
-def _csv(value: str | None) -> list[str]:
-    return [x.strip() for x in (value or "").split(",") if x.strip()]
+def _table(kind: str) -> dict[str, Any]:
+    return api.recommender_options(kind)
 
 
 @recommend.command(name="data-workers")
-@click.option("--consumer-ms", help="each consumer's target time per element, ms, comma-separated (e.g. 10,10)")
-@click.option("--worker-ms", help="each data worker's processing time per element, ms (e.g. 40,40,40,400)")
-@click.option("--current", type=click.IntRange(0), default=0, help="data workers running now (bounds the growth)")
-@click.option("--batch-ms", help="batch time at each worker count, WORKERS:MS,... (Cachew's knee), e.g. 1:120,2:70,3:62")
-@click.option("--knee", type=click.FloatRange(0, 1), default=0.07, show_default=True,
-              help="Cachew: stop when one more worker improves batch time by this share or less")
-@click.option("--worker-price", type=click.FloatRange(0), default=0.0, help="$/hour of one data worker (adds the cost)")
-@click.option("--job", help="a job in --db: consumers' and workers' times from its telemetry (input workers report with role data)")
-@click.option("--window", default="10m", show_default=True, help="with --job: the telemetry window read, ending at the job's last report")
+@table_options(_table("data_workers"))
 @db_option
 @json_option
-def recommend_data_workers(
-    consumer_ms: str | None, worker_ms: str | None, current: int, batch_ms: str | None, knee: float,
-    worker_price: float, job: str | None, window: str, db: str, as_json_: bool,
-) -> None:
+def recommend_data_workers(db: str, as_json_: bool, **given: Any) -> None:
     """How many input (data) workers: the tf.data service auto-scaler's rule on consumers'
     target times and workers' processing times (values outside mean +/- 1 standard
     deviation replaced by the median; N = max(1, ceil(sum of consumption rates / mean
@@ -74,33 +64,18 @@ def recommend_data_workers(
     element where both report examples; and Cachew's knee when the job ran at several
     input-worker counts.
     """
-    def run(db_: str | None) -> list[Any]:
-        return _recommend(db_, "data_workers", consumer_ms=_csv(consumer_ms), worker_ms=_csv(worker_ms), current=current,
-            batch_ms=_csv(batch_ms), knee=knee, worker_price=worker_price, job=job or "", window=window,
-        )
-
-    recs = run(db if job else None)
+    o = table_values(_table("data_workers"), given)
+    recs = _recommend(db if o["job"] else None, "data_workers", **o)
     for r in recs:
         render.recommendation(r, as_json_)
 
 
 @recommend.command(name="placement")
-@click.option("--trace", type=click.Path(dir_okay=False), help="CSV of observed batch times: remote,local,batch_ms")
-@click.option("--job", help="instead of --trace: the job's configurations and batch times from its telemetry in --db")
-@click.option("--host-price", type=click.FloatRange(0), required=True, help="$/hour of the accelerator host")
-@click.option("--worker-price", type=click.FloatRange(0), required=True, help="$/hour of one remote input worker")
-@click.option("--threshold", type=click.FloatRange(0, 1), default=0.03, show_default=True,
-              help="least improvement for another remote worker")
-@click.option("--local-stop", type=click.FloatRange(-1, 0), default=-0.10, show_default=True,
-              help="improvement below which adding local workers stops")
-@click.option("--local-limit", type=click.IntRange(0), default=8, show_default=True,
-              help="most local workers (idle CPUs on the accelerator host)")
+@table_options(_table("placement"), trace={"type": click.Path(dir_okay=False)},
+               host_price={"required": True}, worker_price={"required": True})
 @db_option
 @json_option
-def recommend_placement(
-    trace: str | None, job: str | None, host_price: float, worker_price: float, threshold: float, local_stop: float,
-    local_limit: int, db: str, as_json_: bool,
-) -> None:
+def recommend_placement(db: str, as_json_: bool, **given: Any) -> None:
     """Local versus remote input workers: Pecan's AutoPlacement replayed over the batch times
     a job observed per (remote, local) configuration. Scale remote workers up while the
     batch time improves by more than --threshold, then add local workers (free) while it
@@ -118,29 +93,19 @@ def recommend_placement(
     median batch time; a configuration held two minutes or more counts (its first minute
     left out).
     """
-    def run(db_: str | None) -> list[Any]:
-        return _recommend(db_, "placement", trace=trace or "", job=job or "", host_price=host_price,
-            worker_price=worker_price, threshold=threshold, local_stop=local_stop, local_limit=local_limit,
-        )
-
-    recs = run(db if job else None)
+    o = table_values(_table("placement"), given)
+    recs = _recommend(db if o["job"] else None, "placement", **o)
     for r in recs:
         render.recommendation(r, as_json_)
 
 
 @recommend.command(name="region")
-@click.option("--gpu-type", required=True, help="the accelerator (catalogue name or alias, e.g. v100)")
-@click.option("--min-lives", type=click.IntRange(1), default=10, show_default=True,
-              help="VM lives a region needs before it is ranked")
-@click.option("--hours", type=click.FloatRange(0), default=0.0, help="plan length: adds the expected revocations over it")
-@click.option("--price", "prices", multiple=True, metavar="REGION=DOLLARS",
-              help="spot $/hour in a region (repeatable; default: the price catalogue's cheapest spot VM, per accelerator)")
-@click.option("--zones/--no-zones", default=True, show_default=True, help="also rank the zones of the best region")
+@table_options(_table("region"), gpu_type={"required": True},
+               prices={"decls": ["--price"], "multiple": True, "metavar": "REGION=DOLLARS",
+                       "help": "spot $/hour in a region (repeatable; default: the price catalogue's, per accelerator)"})
 @db_option
 @json_option
-def recommend_region(
-    gpu_type: str, min_lives: int, hours: float, prices: tuple[str, ...], zones: bool, db: str, as_json_: bool
-) -> None:
+def recommend_region(db: str, as_json_: bool, **given: Any) -> None:
     """Where to run spot VMs of an accelerator: regions ranked by expected revocations per
     hour (the lifetime fit: the cumulative hazard -ln S(t) over t at the survival curve's
     last point with lives at risk, with a 95 % interval), then spot VM start-up time (the
@@ -152,30 +117,17 @@ def recommend_region(
     Example:
       analyze recommend region --gpu-type v100 --hours 12 --price us-central1=0.74
     """
-    recs = _recommend(db, "region", gpu_type=gpu_type, min_lives=min_lives, hours=hours, prices=list(prices),
-                      zones=zones)
+    recs = _recommend(db, "region", **table_values(_table("region"), given))
     for r in recs:
         render.recommendation(r, as_json_)
 
 
 @recommend.command(name="provision")
-@click.option("--profile", required=True, type=click.Path(dir_okay=False),
-              help="the provisioning profile, TOML (docs/recommendations.md#provision)")
-@click.option("--loss", type=click.FloatRange(min=0, min_open=True), help="loss target (default: the profile's [job] loss_target)")
-@click.option("--deadline", help="training must finish within this, e.g. 90m or 6h (default: the profile's)")
-@click.option("--confidence", type=click.FloatRange(0, 1), default=0.9, show_default=True,
-              help="P(meeting the deadline) a spot plan needs, with the lifetime fit's revocations")
-@click.option("--on-demand/--no-on-demand", default=True, show_default=True,
-              help="fall back to on-demand prices when no spot plan meets the deadline")
-@click.option("--max-plans", type=click.IntRange(1), default=20_000_000, show_default=True,
-              help="largest search space (the product of quota + 1 over the types)")
+@table_options(_table("provision"), profile={"required": True, "type": click.Path(dir_okay=False)})
 @click.option("--db", default=None, show_default="$CMDARE_DB or ./cmdare.duckdb where it exists",
               help="database with lifetime / overhead fits (revocation-aware plans); without one, revocations are not counted")
 @json_option
-def recommend_provision(
-    profile: str, loss: float | None, deadline: str | None, confidence: float, on_demand: bool, max_plans: int,
-    db: str | None, as_json_: bool,
-) -> None:
+def recommend_provision(db: str | None, as_json_: bool, **given: Any) -> None:
     """The cheapest mix of spot instance types within quotas that reaches a loss target by a
     deadline, under spotDNN's model (heterogeneous iteration time T_exp = 1 / sum 1/T_i, PS
     bandwidth contention, the loss model): an exact search over every count vector. With a
@@ -189,43 +141,17 @@ def recommend_provision(
     Example:
       analyze recommend provision --profile resnet.toml --loss 0.8 --deadline 1h
     """
-    def run(db_: str | None) -> list[Any]:
-        return _recommend(db_, "provision", profile=profile, loss=loss or 0.0, deadline=deadline or 0.0,
-            confidence=confidence, on_demand=on_demand, max_plans=max_plans,
-        )
-
-    recs = run(None if db is None and not Path(default_db()).exists() else db or default_db())
+    o = table_values(_table("provision"), given)
+    recs = _recommend(None if db is None and not Path(default_db()).exists() else db or default_db(), "provision", **o)
     for r in recs:
         render.recommendation(r, as_json_)
 
 
 @recommend.command(name="cluster")
-@click.option("--from-job", help="the job whose model and accelerator to size (see analyze jobs)")
-@click.option("--gpu-type", help="size for this accelerator (default: the job's; with a declaration: required)")
-@click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), help="instead of --from-job: the model's FLOPs per step")
-@click.option("--params", type=click.FloatRange(min=0, min_open=True), help="instead of --from-job: the model's parameter count")
-@click.option("--tensors", type=click.IntRange(1), help="instead of --from-job: parameter tensors (default params / 1e5)")
-@click.option("--max-workers", type=click.IntRange(1, 4096), default=16, show_default=True)
-@click.option("--max-ps", type=click.IntRange(1, 64), default=4, show_default=True)
-@click.option("--knee", type=click.FloatRange(0, 1), default=0.07, show_default=True,
-              help="one more worker must add more than this share of speed")
-@click.option("--steps", type=click.FloatRange(0), default=0.0, help="training steps to run")
-@click.option("--deadline", help="time the steps must finish in (e.g. 6h): the cheapest counts that do")
-@click.option("--worker-price", type=click.FloatRange(0), default=0.0, help="$/hour of one worker VM")
-@click.option("--ps-price", type=click.FloatRange(0), default=0.0, help="$/hour of one parameter-server VM")
-@click.option("--worker-type", help="instead of --worker-price: the worker VM type in the price catalogue ($CMDARE_PRICES)")
-@click.option("--ps-type", help="instead of --ps-price: the PS VM type in the price catalogue")
-@click.option("--region", help="with --worker-type / --ps-type: the catalogue region")
-@click.option("--purchase", type=click.Choice(["on-demand", "spot"]), default="on-demand", show_default=True,
-              help="with --worker-type / --ps-type: which catalogue price")
+@table_options(_table("cluster"))
 @db_option
 @json_option
-def recommend_cluster(
-    from_job: str | None, gpu_type: str | None, flops_per_step: float | None, params: float | None,
-    tensors: int | None, max_workers: int, max_ps: int, knee: float, steps: float, deadline: str | None,
-    worker_price: float, ps_price: float, worker_type: str | None, ps_type: str | None, region: str | None,
-    purchase: str, db: str, as_json_: bool,
-) -> None:
+def recommend_cluster(db: str, as_json_: bool, **given: Any) -> None:
     """How many workers and parameter servers for job J's model and accelerator: per PS
     count, the knee (the count past which one more worker adds 7 % or less), from the
     model's measured runs at several worker counts where they show it, else from the
@@ -243,15 +169,8 @@ def recommend_cluster(
       analyze recommend cluster --flops-per-step 3.1e12 --params 25.6e6 --gpu-type v100
       analyze recommend cluster --from-job resnet-1gpu --steps 1e6 --deadline 8h --worker-price 0.9 --ps-price 0.2
     """
-    if deadline and not steps:
+    o = table_values(_table("cluster"), given)
+    if o["deadline"] and not o["steps"]:
         raise click.UsageError("--deadline needs --steps")
-
-    def run(db_: str | None) -> list[Any]:
-        return _recommend(db_, "cluster", from_job=from_job or "", gpu_type=gpu_type or "", flops_per_step=flops_per_step or 0.0,
-            params=params or 0.0, tensors=tensors or 0, max_workers=max_workers, max_ps=max_ps, knee=knee,
-            steps=steps, deadline=deadline or 0.0, worker_price=worker_price, ps_price=ps_price,
-            worker_type=worker_type or "", ps_type=ps_type or "", region=region or "", purchase=purchase,
-        )
-
-    for r in run(db):
+    for r in _recommend(db, "cluster", **o):
         render.recommendation(r, as_json_)

@@ -267,3 +267,43 @@ def test_check_refuses_templates_that_could_fail_at_run_time(tmp_path, template)
     f.write_text(TEMPLATES.replace('value {{ printf "%d" $value }}', template))
     with pytest.raises(alerting.RuleError, match="unsupported template"):
         alerting.load_files([f])
+
+
+def test_receiver_auth_comes_from_files_and_never_reaches_errors(tmp_path, hook) -> None:
+    from cmdare.analytics.alerting.notify import read_secret
+
+    h, url = hook
+    seen: list[str] = []
+    h.on_post = lambda body: None
+    tok = tmp_path / "tok"
+    tok.write_text("s3cr3t-token\n")
+    name, secret = read_secret("--alert-token-file", f"oncall={tok}")
+    assert (name, secret) == ("oncall", "s3cr3t-token")
+
+    class Capture(Hook):
+        posts: list[dict] = []
+
+        def do_POST(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization", ""))
+            super().do_POST()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Capture)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for kw, want in (({"token": secret}, "Bearer s3cr3t-token"), ({"basic": "u:p w"}, "Basic dTpwIHc=")):
+            r = HttpReceiver("webhook", f"oncall=http://127.0.0.1:{srv.server_port}/h", timeout=2, **kw)
+            r.send([alerting_item()])
+            deadline = time.monotonic() + 10
+            while r.sent_total < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            r.stop()
+            assert seen[-1] == want and r.name == "webhook:oncall"
+    finally:
+        srv.shutdown()
+    big = tmp_path / "big"
+    big.write_text("x" * 10000)
+    for spec, match in ((f"oncall={tmp_path / 'none'}", "cannot read"), (f"oncall={big}", "larger than"),
+                        ("no-equals", "expected NAME=FILE")):
+        with pytest.raises(alerting.RuleError, match=match) as e:
+            read_secret("--alert-token-file", spec)
+        assert "xxxx" not in str(e.value)
