@@ -188,12 +188,15 @@ class Service:
         the service file beside the database."""
         import uvicorn
 
-        _raise_nofile()
+        cap = _connection_cap(_raise_nofile(), self.cfg.max_connections)
         cfg = uvicorn.Config(
             self.app(), host=self.cfg.host, port=self.cfg.port, log_level="warning", access_log=False,
             ssl_certfile=self.cfg.tls_cert, ssl_keyfile=self.cfg.tls_key, lifespan="off",
-            http=_guarded(self.cfg.max_connections, self.cfg.request_timeout), timeout_keep_alive=5,
+            http=_guarded(cap, self.cfg.request_timeout), timeout_keep_alive=5,
             h11_max_incomplete_event_size=64 * 1024,
+            # asyncio accepts up to `backlog` connections per wake-up before any is closed:
+            # the burst is bounded as the open connections are
+            backlog=cap,
         )
         self.server = uvicorn.Server(cfg)
         self.server.install_signal_handlers = lambda: None  # the collector owns SIGTERM / SIGINT
@@ -246,16 +249,35 @@ def _memory_limit() -> str:
     return f"{max(1, total // 2 // (1 << 20))}MB"
 
 
-def _raise_nofile() -> None:
-    """The soft open-file limit up to the hard one (the unit sets LimitNOFILE)."""
+def _raise_nofile() -> int:
+    """The soft open-file limit up to the hard one (the unit sets LimitNOFILE): the limit
+    now in force."""
     import resource
 
-    with contextlib.suppress(ValueError, OSError):
+    try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY:
-            hard = 1 << 20
-        if soft < hard:
+    except (ValueError, OSError):
+        return 1024
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+FD_RESERVE = 256  # descriptors kept for ingest, DuckDB, Kafka and alert delivery
+
+
+def _connection_cap(nofile: int, wanted: int) -> int:
+    """The API's connection cap within the open-file limit: open connections plus one
+    accept burst (each at most the cap) leave FD_RESERVE descriptors to ingest."""
+    cap = max(8, min(wanted, (nofile - FD_RESERVE) // 2))
+    if cap < wanted:
+        logging.getLogger("cmdare.service").warning(
+            "API: at most %d connections (not %d): the open-file limit is %d (raise LimitNOFILE)", cap, wanted, nofile)
+    return cap
 
 
 def _guarded(max_connections: int, request_timeout: float) -> type:
