@@ -66,6 +66,7 @@ class PrometheusConfig:
     host: str = ""
     port: int = 0
     stale_after: float = 300.0  # drop a series not updated for this long
+    max_series: int = 20_000  # live series at most; new ones past it are refused and counted
     tls_cert: str = ""
     tls_key: str = ""
 
@@ -125,7 +126,7 @@ _SINK_KEYS = {
     "retry_backoff_max",
     *SECURITY_KEYS,  # SASL / TLS (cmdare.wire.kafka.KafkaSecurity)
 }
-_PROMETHEUS_KEYS = {"listen", "stale_after", "tls_cert", "tls_key"}
+_PROMETHEUS_KEYS = {"listen", "stale_after", "max_series", "tls_cert", "tls_key"}
 _OTLP_KEYS = {"endpoint", "protocol", "interval", "timeout", "headers", "ca_file"}
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 MESSAGE_FORMATS = ("columns", "lines")
@@ -325,6 +326,11 @@ def _exports(cfg: AgentConfig, tree: dict[str, Any]) -> None:
         p.listen = _str("prometheus.listen", pr["listen"]).strip()
     if "stale_after" in pr:
         p.stale_after = parse_duration("prometheus.stale_after", pr["stale_after"])
+    if "max_series" in pr:
+        v = pr["max_series"]
+        if type(v) is not int or not 100 <= v <= 10_000_000:
+            raise ConfigError(f"prometheus.max_series: expected a whole number from 100 to 10000000, got {str(v)[:40]!r}")
+        p.max_series = v
     for k in ("tls_cert", "tls_key"):
         if k in pr:
             setattr(p, k, _str(f"prometheus.{k}", pr[k]).strip())

@@ -41,6 +41,7 @@ from cmdare.wire.registry import DATA_FIELDS
 
 log = logging.getLogger("cmdare.agent.exporters")
 
+REFUSED = "cmdare_agent_series_refused_total"
 DOMAINS = {"host": "host", "gpu": "gpu", "tpu": "tpu", "train_steps": "train", "train_data": "data", "heartbeat": "agent"}
 # fields that become labels (field -> label name), per event type
 LABEL_FIELDS: dict[str, dict[str, str]] = {
@@ -123,6 +124,7 @@ class MetricStore:
         labels: dict[str, str] | None = None,
         stale_after: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        max_series: int = 20_000,
     ) -> None:
         self.static = {label_name(k): str(v) for k, v in (labels or {}).items() if label_name(k) not in COMMON_LABELS}
         self.node, self.role, self.job = node, role, job
@@ -130,6 +132,12 @@ class MetricStore:
         self.families: dict[str, Family] = {}
         self.lock = threading.Lock()
         self.on_new_family: list[Callable[[Family], None]] = []
+        # a bound on live series (each distinct label set: a flood of job / run / rank
+        # values must not grow /metrics and the agent's memory without end)
+        self.max_series = max_series
+        self.nseries = 0
+        self.refused = 0
+        self._refused_logged = float("-inf")
 
     # -- feeding
     def _family(self, name: str, kind: str, help: str, labelnames: tuple[str, ...]) -> Family:
@@ -145,12 +153,27 @@ class MetricStore:
     def _set(self, f: Family, values: tuple[str, ...], v: float, now: float, add: bool = False) -> None:
         key = (self.node, self.role, *values[:1], *self.static.values(), *values[1:])
         cur = f.series.get(key)
+        if cur is None:
+            if self.nseries >= self.max_series and f.name != REFUSED:
+                self._refuse(now)
+                return
+            self.nseries += 1
         if add:
             f.series[key] = [(cur[0] if cur else 0.0) + v, now]
         elif cur is None:
             f.series[key] = [v, now]
         else:
             cur[0], cur[1] = v, now
+
+    def _refuse(self, now: float) -> None:
+        """A new series past ``max_series``: counted (itself a series), logged once a minute."""
+        self.refused += 1
+        f = self._family(REFUSED, "counter", "new series refused: the agent's max_series was reached", ())
+        self._set(f, (self.job,), 1.0, now, add=True)
+        if now - self._refused_logged >= 60:
+            self._refused_logged = now
+            log.warning("metrics: %d series live, the limit (prometheus.max_series): new series refused "
+                        "(%d so far)", self.nseries, self.refused)
 
     def observe(self, type_: str, data: dict[str, Any], job: str | None = None) -> None:
         """One emitted event (any type: the ones without metrics are ignored)."""
@@ -244,6 +267,7 @@ class MetricStore:
         with self.lock:
             for f in list(self.families.values()):
                 dead = [k for k, (_, t) in f.series.items() if now - t > self.stale_after]
+                self.nseries -= len(dead)
                 for k in dead:
                     del f.series[k]
                 out.append((f, [(k, v[0]) for k, v in f.series.items()]))

@@ -123,7 +123,8 @@ class Agent:
         self.prometheus: PrometheusExporter | None = None
         self.otlp: OtlpExporter | None = None
         if cfg.prometheus.listen or cfg.otlp.endpoint:
-            self.metrics = MetricStore(cfg.node, cfg.role, cfg.job, cfg.labels, cfg.prometheus.stale_after)
+            self.metrics = MetricStore(cfg.node, cfg.role, cfg.job, cfg.labels, cfg.prometheus.stale_after,
+                                       max_series=cfg.prometheus.max_series)
         if cfg.prometheus.listen:
             p = cfg.prometheus
             self.prometheus = PrometheusExporter(

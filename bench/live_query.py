@@ -7,7 +7,9 @@
    real ``cmdare-collector kafka ... --http 127.0.0.1:0`` process consumes them; a client
    meanwhile runs ``analyze nodes`` and ``analyze bottlenecks --job bench`` through the API
    back to back. Prints p50 / p99 / max per command, and whether ingest kept up (stored vs
-   produced at the end). Target: p99 under 1 s.
+   produced at the end). Target: p99 under 1 s. Run a third time with a deliberately slow
+   SQL query (``POST /api/v1/sql``, a count over 10^11 rows, cut by its timeout) running
+   beside them, again and again: reads must not wait behind it.
 2. Slowdown: a backlog of ``--backlog`` samples is loaded by a fresh collector alone, then
    (same topic, a new group and database) with the query client running; prints both
    times and the slowdown. Target: under 10 %.
@@ -135,6 +137,16 @@ def query_loop(url: str, stop: threading.Event, lat: dict[str, list[float]]) -> 
             lat[name].append(dt)
 
 
+SLOW_SQL = "SELECT count(*) FROM range(100000000000) a"
+
+
+def slow_loop(url: str, stop: threading.Event, runs: list[float]) -> None:
+    """The slow query, again and again (each stopped by its 20 s timeout)."""
+    while not stop.is_set():
+        dt, _ = api(url, "/api/v1/sql", {"query": SLOW_SQL, "timeout": 20})
+        runs.append(dt)
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process so far (all threads), from /proc."""
     import os
@@ -159,8 +171,8 @@ def main() -> None:
         # 1. latency under a steady rate; the same load without queries for the lag
         msgs = messages(int(a.rate * a.seconds))
         total = sum(m[2] for m in msgs)
-        for with_queries in (False, True):
-            topic = f"live-{int(with_queries)}"
+        for with_queries, with_slow in ((False, False), (True, False), (True, True)):
+            topic = f"live-{int(with_queries)}{int(with_slow)}"
             db = d / f"{topic}.duckdb"
             col = collector(b.bootstrap, topic, db)
             url = url_of(db, col)
@@ -171,6 +183,11 @@ def main() -> None:
             prod.start()
             time.sleep(2.0)  # some data first
             q = threading.Thread(target=query_loop, args=(url, stop, lat), daemon=True)
+            slow_runs: list[float] = []
+            sq = threading.Thread(target=slow_loop, args=(url, stop, slow_runs), daemon=True)
+            if with_slow:
+                sq.start()
+                time.sleep(0.5)  # it is running before the first read
             if with_queries:
                 q.start()
             prod.join()
@@ -186,9 +203,13 @@ def main() -> None:
             cpu = _cpu_seconds(col.pid)
             col.terminate()
             col.wait(timeout=60)
+            what = ("with queries and a slow SQL query beside them" if with_slow
+                    else "with queries" if with_queries else "without queries")
             print(f"steady {a.rate:,.0f} samples/s for {sent_s:.1f} s ({total:,} events), "
-                  f"{'with' if with_queries else 'without'} queries: stored {n:,}, the last {caught_up:.2f} s after "
+                  f"{what}: stored {n:,}, the last {caught_up:.2f} s after "
                   f"the producer's last send; collector CPU {cpu:.1f} s")
+            if with_slow:
+                print(f"  slow SQL: {len(slow_runs)} runs ended (each cut at its 20 s timeout) while the reads ran")
             for name, xs in lat.items():
                 if xs:
                     print(f"  {name:<24} through the API: {len(xs)} runs, p50 {statistics.median(xs) * 1000:.0f} ms, "

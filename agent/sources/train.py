@@ -13,8 +13,12 @@ queue never fills between ticks. Per tick it emits, per (job, run, rank):
 - ``train_job`` and ``train_checkpoint``: each declaration and checkpoint at once (the
   receiver wakes the agent, which emits and flushes them between ticks).
 
-Events carry the training job's id in the envelope ``job`` field. Malformed datagrams are
-counted and logged once per tick, never fatal.
+Events carry the training job's id in the envelope ``job`` field. Every datagram is hostile
+until checked: at most 1 MiB and 64 levels of nesting, names bounded, every number finite
+and in range (a record outside is dropped whole). A malformed datagram, and one for a new
+(job, run, rank) past the cardinality limits (``max_ranks_per_job``, ``max_ranks``), is
+dropped and counted per job, and logged once per tick: never fatal, never another job's
+data. The receiver thread is supervised: restarted if it ever ends, counted, logged.
 """
 
 from __future__ import annotations
@@ -45,6 +49,31 @@ PROTOCOL = 1
 WINDOW = 256  # recent step times per rank for the slow-step median
 MIN_WINDOW = 20  # no slow-step verdicts before this many steps
 IDLE_FORGET = 3600.0  # seconds without a message before a rank's state is dropped
+MAX_DATAGRAM = 1 << 20
+MAX_DEPTH = 64
+MAX_NAME = 256  # characters of a job or run id
+MAX_RECORDS = 100_000  # records in one datagram
+# bounds of a record's fields: [ts, seconds, seconds, examples, step]
+_LIMITS = ((0.0, 1e11), (0.0, 1e7), (0.0, 1e7), (0.0, 1e12), (0.0, 2.0**53))
+
+
+def _depth_ok(data: bytes) -> bool:
+    """Brackets nested at most MAX_DEPTH deep (a cheap upper bound: brackets inside strings
+    count too), checked before the JSON decoder recurses."""
+    depth = 0
+    for b in data:
+        if b in (91, 123):  # [ {
+            depth += 1
+            if depth > MAX_DEPTH:
+                return False
+        elif b in (93, 125):
+            depth -= 1
+    return True
+
+
+def _record_ok(rec: Any) -> bool:
+    return (type(rec) is list and len(rec) == 5
+            and all(type(x) in (int, float) and lo <= x <= hi for x, (lo, hi) in zip(rec, _LIMITS, strict=True)))
 
 
 def _pct(sorted_vals: list[float], q: float) -> float:
@@ -76,6 +105,10 @@ class TrainSource(Source):
         "max_slow_per_tick": Option("int", 20, "slow steps kept per rank per tick (the rest are counted)"),
         "socket_mode": Option("str", "0660", "permission bits of the socket (octal); 0666 lets any local user send"),
         "socket_group": Option("str", "", "group of the socket: users in it may send (empty: the agent's own group)"),
+        "max_ranks_per_job": Option("int", 4096, "live (run, rank) pairs one job may have; more are refused and counted",
+                                    lo=1, hi=1_000_000),
+        "max_ranks": Option("int", 16384, "live (job, run, rank) triples in all; more are refused and counted",
+                            lo=1, hi=10_000_000),
     }
 
     @classmethod
@@ -98,6 +131,9 @@ class TrainSource(Source):
         self.urgent: list[tuple[str, str, dict[str, Any], float]] = []  # (type, job, data, ts)
         self.bad = 0
         self.bad_example = ""
+        self.bad_by_job: dict[str, int] = {}  # dropped datagrams per job (bounded: see _count_bad)
+        self.refused = 0  # datagrams of new ranks past the cardinality limits
+        self.restarts = 0  # receiver threads restarted by the supervisor
         self.received = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -152,14 +188,27 @@ class TrainSource(Source):
         s.settimeout(0.2)
         self.sock = s
         self._stop.clear()
+        self._start_thread()
+
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._receive, name="cmdare-train-recv", daemon=True)
         self._thread.start()
 
+    def _supervise(self) -> None:
+        """The receiver thread restarted if it ended (it should not: every datagram is
+        caught), counted and logged: training telemetry never stops silently."""
+        if self.sock is not None and self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            self.restarts += 1
+            log.error("train: the socket receiver ended; restarted (%d so far)", self.restarts)
+            self._start_thread()
+
     def _receive(self) -> None:
-        assert self.sock is not None
         while not self._stop.is_set():
+            sock = self.sock
+            if sock is None:
+                return
             try:
-                data = self.sock.recv(1 << 20)
+                data = sock.recv(MAX_DATAGRAM + 1)
             except TimeoutError:
                 continue
             except OSError:
@@ -167,36 +216,56 @@ class TrainSource(Source):
                     return
                 time.sleep(0.05)
                 continue
-            self._take(data)
+            try:
+                self._take(data)
+            except Exception as e:  # never the thread: one datagram, counted
+                self._count_bad("", f"{type(e).__name__}: {e}")
+
+    def _count_bad(self, job: str, why: str) -> None:
+        with self.lock:
+            self.bad += 1
+            self.bad_example = why[:200]
+            if job in self.bad_by_job or len(self.bad_by_job) < 1000:
+                self.bad_by_job[job] = self.bad_by_job.get(job, 0) + 1
 
     def _take(self, data: bytes) -> None:
+        job = ""
         try:
+            if len(data) > MAX_DATAGRAM:
+                raise ValueError(f"datagram larger than {MAX_DATAGRAM} bytes")
+            if not _depth_ok(data):
+                raise ValueError(f"nested more than {MAX_DEPTH} levels")
             m = json.loads(data)
             if type(m) is not dict or m.get("v") != PROTOCOL:
                 raise ValueError(f"not a protocol v{PROTOCOL} message")
             job, run, rank, kind = m["job"], m.get("run", ""), m["rank"], m["k"]
             if type(job) is not str or not job or type(run) is not str or type(rank) is not int:
+                job = job if type(job) is str else ""
                 raise ValueError("job, run or rank of the wrong type")
-            dropped = int(m.get("dropped", 0))
+            if len(job) > MAX_NAME or len(run) > MAX_NAME or not 0 <= rank < 1 << 31:
+                job = job[:MAX_NAME]
+                raise ValueError("job or run longer than 256 characters, or rank out of range")
+            dropped = m.get("dropped", 0)
+            if type(dropped) is not int or not 0 <= dropped < 1 << 63:
+                raise ValueError("dropped is not a whole number from 0")
             key = (job, run, rank)
             head = {"run": run, "rank": rank}
             if kind in ("steps", "data"):
                 recs = m["s"]
+                if type(recs) is not list or len(recs) > MAX_RECORDS:
+                    raise ValueError(f"s is not a list of at most {MAX_RECORDS} records")
                 for rec in recs:
-                    if (
-                        type(rec) is not list
-                        or len(rec) != 5
-                        or not all(type(x) in (int, float) and math.isfinite(x) for x in rec)
-                        or rec[1] < 0
-                        or rec[2] < 0
-                    ):
+                    if not _record_ok(rec):
                         raise ValueError(
-                            "step record is not [ts, step_s, wait_s, examples, step]" if kind == "steps"
-                            else "data record is not [ts, process_s, idle_s, elements, batch]"
+                            "step record is not [ts, step_s, wait_s, examples, step] in range" if kind == "steps"
+                            else "data record is not [ts, process_s, idle_s, elements, batch] in range"
                         )
             with self.lock:
                 r = self.ranks.get(key)
                 if r is None:
+                    if not self._room_for(job):
+                        self.refused += 1
+                        raise ValueError("a new rank past max_ranks_per_job / max_ranks: refused")
                     r = self.ranks[key] = _Rank()
                 r.dropped, r.last = max(r.dropped, dropped), time.time()
                 if kind == "steps":
@@ -214,10 +283,14 @@ class TrainSource(Source):
                 self.received += 1
             if kind not in ("steps", "data"):
                 self.wake()  # declarations and checkpoints go out at once, not next tick
-        except (ValueError, KeyError, TypeError) as e:
-            with self.lock:
-                self.bad += 1
-                self.bad_example = f"{type(e).__name__}: {e}"[:200]
+        except (ValueError, KeyError, TypeError, RecursionError, OverflowError) as e:
+            self._count_bad(job, f"{type(e).__name__}: {e}")
+
+    def _room_for(self, job: str) -> bool:
+        """Whether a new (job, run, rank) fits the cardinality limits (under the lock)."""
+        if len(self.ranks) >= self.config["max_ranks"]:
+            return False
+        return sum(1 for k in self.ranks if k[0] == job) < self.config["max_ranks_per_job"]
 
     def collect_urgent(self, emit: Emit) -> None:
         with self.lock:
@@ -228,6 +301,7 @@ class TrainSource(Source):
     def collect(self, emit: Emit) -> None:
         if self.sock is None:
             self.start()
+        self._supervise()
         self.collect_urgent(emit)
         now = time.time()
         with self.lock:
@@ -244,12 +318,19 @@ class TrainSource(Source):
                     r.produced = []
                 r.since = now
             bad, self.bad = self.bad, 0
-        for (job, run, rank), r, recs, since in work:
-            self._aggregate(emit, job, run, rank, r, recs, max(now - since, 1e-3))
-        for (job, run, rank), r, recs, since in produced:
-            self._aggregate_data(emit, job, run, rank, r, recs, max(now - since, 1e-3))
+            by_job, self.bad_by_job = self.bad_by_job, {}
+        for agg, items in ((self._aggregate, work), (self._aggregate_data, produced)):
+            for (job, run, rank), r, recs, since in items:
+                try:  # one rank's interval costs that interval only
+                    agg(emit, job, run, rank, r, recs, max(now - since, 1e-3))
+                except (ValueError, TypeError, OverflowError, ZeroDivisionError) as e:
+                    bad += 1
+                    by_job[job] = by_job.get(job, 0) + 1
+                    self.bad_example = f"{type(e).__name__}: {e}"[:200]
         if bad:
-            log.warning("train: %d malformed datagrams this tick (e.g. %s)", bad, self.bad_example)
+            jobs = ", ".join(f"{j or '?'}: {n}" for j, n in sorted(by_job.items(), key=lambda x: -x[1])[:5])
+            log.warning("train: %d malformed or refused datagrams this tick (%s; e.g. %s)", bad, jobs,
+                        self.bad_example)
 
     def _aggregate(
         self, emit: Emit, job: str, run: str, rank: int, r: _Rank, recs: list[list[float]], interval: float
