@@ -150,6 +150,10 @@ class Service:
                     for (topic, part), n in sorted(dict(t.lag).items()):
                         lag.add_metric([topic, str(part)], n)
                     yield lag
+                    if t.caught_up_at is not None:
+                        yield GaugeMetricFamily("cmdare_collector_caught_up_timestamp_seconds",
+                                                "when ingest last held everything its source had (the liveness "
+                                                "horizon)", value=t.caught_up_at)
                     if t.lag_seconds is not None:
                         yield GaugeMetricFamily("cmdare_collector_kafka_lag_seconds",
                                                 "age of the newest record fetched (its Kafka timestamp) when fetched",

@@ -90,6 +90,9 @@ def _alert_options(f):
     f = click.option("--alertmanager", "alertmanagers", multiple=True, metavar="[NAME=]URL", envvar="CMDARE_ALERTMANAGER",
                      help="deliver alerts to this Alertmanager (its v2 API; repeatable; $CMDARE_ALERTMANAGER; "
                           "named as --alert-webhook)")(f)
+    f = click.option("--liveness-grace", default="45s", show_default=True,
+                     help="after the collector was behind (a restart, a Kafka outage, a backlog), node-loss verdicts "
+                          "wait this long once it has caught up, for agents to re-send what they spooled")(f)
     f = click.option("--inhibit-window", default="30m", show_default=True,
                      help="after a revocation notice, how long rules marked inhibit_on_revocation stay quiet for "
                           "that node and its job")(f)
@@ -100,7 +103,8 @@ def _alert_options(f):
 
 def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...] = (),
               webhooks: tuple[str, ...] = (), resend: str = "1m", kafka_topics: tuple[str, ...] = (),
-              security=None, token_files: tuple[str, ...] = (), password_files: tuple[str, ...] = ()):
+              security=None, token_files: tuple[str, ...] = (), password_files: tuple[str, ...] = (),
+              grace: str = "45s"):
     """Load, validate (against this database) and start the rule evaluation; None without
     --rules.  A bad rule file stops the collector before it consumes anything."""
     from cmdare.analytics.alerting import RuleError
@@ -117,9 +121,12 @@ def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: t
             raise click.UsageError(str(e)) from None
         ku.security = security
         topics.append(ku)
+    from cmdare.analytics.alerting.notify import receiver_label
+
     for u in (*alertmanagers, *webhooks):
-        if not u.startswith(("http://", "https://")):
-            raise click.UsageError(f"{u!r}: alert receivers are http:// or https:// URLs")
+        name, url, _ = receiver_label(u)
+        if not url.startswith(("http://", "https://")):
+            raise click.UsageError(f"receiver {name!r}: alert receivers are [NAME=]http:// or https:// URLs")
     if not rules:
         return None
     try:
@@ -132,6 +139,7 @@ def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: t
                 name, secret = read_secret(opt, spec)
                 secrets[name] = (how, secret)
         al = load(con, rules, iw, alertmanagers, webhooks, rs, kafka_topics=tuple(topics), secrets=secrets)
+        al.grace = parse_duration("--liveness-grace", grace)
     except (ConfigError, RuleError) as e:
         raise click.UsageError(str(e)) from None
     n = al.start()
@@ -247,6 +255,7 @@ def kafka(
     alert_resend: str,
     alert_token_files: tuple[str, ...],
     alert_password_files: tuple[str, ...],
+    liveness_grace: str,
 ) -> None:
     """Consume URL (kafka://host:port[,host:port]/topic) as a consumer group into --db.
 
@@ -281,13 +290,14 @@ def kafka(
     con = _open(db)
     try:
         al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend, alert_kafka,
-                       u.security, alert_token_files, alert_password_files)
+                       u.security, alert_token_files, alert_password_files, liveness_grace)
     except click.UsageError:
         con.close()
         raise
     ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe, max_skew=skew)
     if al:
         ing.totals.on_batch = al.on_batch
+        al.caught_up = lambda: ing.totals.caught_up_at
     svc = _serve(con, db, hc, lambda: ing.totals, al)
     if svc:
         svc.alerting = al
@@ -334,7 +344,7 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
           http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None,
           rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...],
           alert_webhooks: tuple[str, ...], alert_kafka: tuple[str, ...], alert_resend: str,
-          alert_token_files: tuple[str, ...], alert_password_files: tuple[str, ...]) -> None:
+          alert_token_files: tuple[str, ...], alert_password_files: tuple[str, ...], liveness_grace: str) -> None:
     """Load an agent's spool DIRECTORY (the embedded default: no Kafka) into --db.
 
     The position reached is stored in the database, so running it again loads only what
@@ -358,13 +368,14 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
     con = _open(db)
     try:
         al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend, alert_kafka,
-                       None, alert_token_files, alert_password_files)
+                       None, alert_token_files, alert_password_files, liveness_grace)
     except click.UsageError:
         con.close()
         raise
     ing = SpoolIngest(con, directory, progress=_progress, max_skew=skew)
     if al:
         ing.totals.on_batch = al.on_batch
+        al.caught_up = lambda: ing.totals.caught_up_at
     svc = _serve(con, db, hc, lambda: ing.totals, al) if follow else None
     if svc:
         svc.alerting = al

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,9 @@ class Totals:
     # (high watermark - next offset), and the newest fetched record's age (its timestamp)
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     lag_seconds: float | None = None
+    # when ingest last held everything its source had (epoch seconds): the collector's
+    # horizon for liveness verdicts; None until it first caught up after starting
+    caught_up_at: float | None = None
     on_batch: Callable[[WriteResult], None] | None = field(default=None, repr=False, compare=False)
 
     def add(self, r: WriteResult, messages: int) -> None:
@@ -169,6 +173,10 @@ class KafkaIngest:
         self.rejoins = 0
         self.consumer: Any = None
         self._mean_size = float(256 << 10)  # bytes per record (the agent packs 256 KiB), then learnt
+        # per batch in flight, in order: the time its last fetch found every partition at
+        # its end (None: it did not); the horizon moves there once the batch is committed
+        self._horizons: deque[float | None] = deque()
+        self.horizon_every = 2.0  # idle: ask the broker whether we are at the end this often
 
     def open(self) -> None:
         from kafka import KafkaConsumer
@@ -215,11 +223,12 @@ class KafkaIngest:
         return self.totals
 
     def _run(self, idle_exit: float | None) -> None:
-        last_data = last_report = last_check = time.monotonic()
+        last_data = last_report = last_check = last_horizon = time.monotonic()
         unassigned_since: float | None = None
         while not self.stop_event.is_set():
             batch = Batch()  # messages are read into it here, while the writer runs SQL
             offsets: dict[Any, int] = {}
+            at_end: float | None = None
             t0 = time.monotonic()
             while (
                 batch.bytes < self.batch_bytes
@@ -231,6 +240,7 @@ class KafkaIngest:
                 # size so far: a poll may otherwise return 256 x 256 KiB and overshoot
                 # --batch-bytes (the memory bound) 4-fold
                 room = max(1, int((self.batch_bytes - batch.bytes) / self._mean_size))
+                poll_wall = time.time()
                 try:
                     polled = self.consumer.poll(timeout_ms=100, max_records=min(room, _MAX_POLL))
                 except Exception as e:
@@ -249,16 +259,21 @@ class KafkaIngest:
                         self._lag(tp, records[-1])
                 if n:
                     self._mean_size = 0.5 * self._mean_size + 0.5 * max(1.0, (batch.bytes - got) / n)
+                    at_end = poll_wall if self._at_end() else None
                 if not polled and batch:
                     break  # caught up: write what we have
             now = time.monotonic()
             if self.consumer is None:  # stopped while reconnecting
                 break
             if batch:
+                self._horizons.append(at_end)
                 self._pipe.submit(batch, offsets)  # blocks while one batch waits and one is written
                 last_data = now
             else:
                 self._commit_done()
+                if now - last_horizon >= self.horizon_every and self._pipe.idle():
+                    last_horizon = now
+                    self._check_at_end()
                 # kafka-python can stay out of its group for good after a broker restart
                 # (seen in CI: no assignment for minutes); rejoin with a fresh consumer.  A
                 # stable member without partitions (more collectors than partitions) is fine.
@@ -291,6 +306,39 @@ class KafkaIngest:
                 self.progress(self.totals)
                 last_report = now
 
+    def _at_end(self) -> bool:
+        """Whether the last fetch of every assigned partition reached its end."""
+        try:
+            assigned = self.consumer.assignment()
+        except Exception:
+            return False
+        return bool(assigned) and all(self.totals.lag.get((tp.topic, tp.partition)) == 0 for tp in assigned)
+
+    def _check_at_end(self) -> None:
+        """Idle and everything written: ask the broker for the partitions' ends; at them,
+        the horizon is now. A broker that cannot be asked (an outage) moves nothing."""
+        t = time.time()
+        try:
+            assigned = list(self.consumer.assignment())
+            if not assigned:
+                return
+            ends = self.consumer.end_offsets(assigned, timeout_ms=2000)
+            if all(self.consumer.position(tp, timeout_ms=2000) >= ends.get(tp, 0) for tp in assigned):
+                self.totals.caught_up_at = t
+                for tp in assigned:
+                    self.totals.lag[(tp.topic, tp.partition)] = 0
+        except Exception:
+            return
+
+    def _done(self) -> list[tuple[Any, dict[Any, int], int]]:
+        """The batches committed since the last call; the horizon moves with them."""
+        out = self._pipe.done()
+        for _ in out:
+            h = self._horizons.popleft() if self._horizons else None
+            if h is not None:
+                self.totals.caught_up_at = max(self.totals.caught_up_at or 0.0, h)
+        return out
+
     def _lag(self, tp: Any, rec: Any) -> None:
         """Consumer lag from what the last fetch said (no request of its own)."""
         try:
@@ -316,7 +364,7 @@ class KafkaIngest:
         from kafka.structs import OffsetAndMetadata
 
         offsets: dict[Any, int] = {}
-        for result, batch_offsets, messages in self._pipe.done():
+        for result, batch_offsets, messages in self._done():
             self.totals.add(result, messages)
             offsets.update(batch_offsets)
         if not offsets or self.consumer is None:
@@ -370,7 +418,7 @@ class KafkaIngest:
         pipe = getattr(self, "_pipe", None)
         if pipe is not None:  # let the batches in flight land; their offsets are best effort
             pipe.wait()
-            for result, _, messages in pipe.done():
+            for result, _, messages in self._done():
                 self.totals.add(result, messages)
         self.close()
         delay = 1.0
@@ -502,12 +550,14 @@ class SpoolIngest:
         stored, last_report = 0, time.monotonic()
         pos = self.position()
         while not self.stop_event.is_set():
+            read_at = time.time()
             chunks, nxt, skipped = read_lines(self.dir, pos, self.batch_bytes)
             if skipped:
                 log.warning("%s: skipped %d torn line(s) left by a crash", self.dir, skipped)
             if not chunks:
                 if nxt != pos:
                     self.writer.write([], position=(self.source, nxt.segment, nxt.offset))
+                self.totals.caught_up_at = read_at  # everything spooled by then is stored
                 break
             msgs = []
             for data, end in chunks:

@@ -32,10 +32,15 @@ _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 MAX_INSTANCES = 10_000
 
 
-def prepare(con: duckdb.DuckDBPyConnection, at: dt.datetime) -> None:
-    """``eval_time()`` on this connection: the evaluation's time."""
+def prepare(con: duckdb.DuckDBPyConnection, at: dt.datetime, horizon: dt.datetime | None = None) -> None:
+    """``eval_time()`` on this connection: the evaluation's time; ``ingest_horizon()``: the
+    time up to which the collector is known to hold everything sent (``horizon``; the
+    evaluation's time when it is not behind, or outside a collector)."""
+    h = at if horizon is None or horizon > at else horizon
     con.execute(f"SET VARIABLE cmdare_eval_time = TIMESTAMP '{at.isoformat(sep=' ')}'")
+    con.execute(f"SET VARIABLE cmdare_horizon = TIMESTAMP '{h.isoformat(sep=' ')}'")
     con.execute("CREATE OR REPLACE TEMP MACRO eval_time() AS getvariable('cmdare_eval_time')")
+    con.execute("CREATE OR REPLACE TEMP MACRO ingest_horizon() AS getvariable('cmdare_horizon')")
 
 
 def columns_of(con: duckdb.DuckDBPyConnection, rule: Rule) -> list[str]:
@@ -93,13 +98,14 @@ class Instance:
     summary: str = ""
 
 
-def evaluate(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, timeout: float = 30.0) -> list[Instance]:
+def evaluate(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, timeout: float = 30.0,
+             horizon: dt.datetime | None = None) -> list[Instance]:
     """The rule's instances at ``at`` (raises duckdb.Error / RuleError when it cannot run)."""
     if rule.finding:
         return _findings(con, rule, at)
     from ..safesql import interrupt_after
 
-    prepare(con, at)
+    prepare(con, at, horizon)
     with interrupt_after(con, timeout) as fired:
         try:
             cur = con.execute(rule.expr)  # type: ignore[arg-type]
@@ -140,8 +146,15 @@ def _findings(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime) -> li
     except AnalyticsError:
         return []  # nothing to detect from yet (e.g. no rows in checkpoints): no instances
     found = run_unit(DETECTORS, rule.finding, con, scope, {})
+    live_jobs, live_nodes = _live(con, at, rule.window)
     out = []
     for x in found:
+        # a finding whose job stopped stepping, or whose node went quiet, has lost its
+        # cause: its alert resolves instead of firing on the window's old telemetry
+        if x.job and x.job not in live_jobs:
+            continue
+        if getattr(x, "node", None) and x.node not in live_nodes:
+            continue
         if "node" in f and x.node != f["node"]:
             continue
         if "min_severity" in f and _SEV.get(x.severity, 0) < _SEV[f["min_severity"]]:
@@ -153,6 +166,27 @@ def _findings(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime) -> li
                   "subject": getattr(x, "subject", None) or "", "severity": x.severity}
         out.append(Instance(labels, float(x.confidence), x.summary))
     return out
+
+
+def _live(con: duckdb.DuckDBPyConnection, at: dt.datetime, window: float) -> tuple[set[str], set[str]]:
+    """Jobs still stepping (or feeding input) at ``at``, heard within three of their own
+    intervals (at least a minute), and nodes heard from within two minutes."""
+    since = at - dt.timedelta(seconds=window)
+    jobs = con.execute(
+        """
+        SELECT job FROM (
+            SELECT job, ts, interval_seconds FROM steps WHERE ts > ? AND ts <= ? AND job IS NOT NULL
+            UNION ALL
+            SELECT job, ts, interval_seconds FROM data_batches WHERE ts > ? AND ts <= ? AND job IS NOT NULL)
+        GROUP BY job
+        HAVING epoch(?::TIMESTAMP) - epoch(max(ts)) <= greatest(60, 3 * coalesce(median(interval_seconds), 10))
+        """,
+        [since, at, since, at, at],
+    ).fetchall()
+    nodes = con.execute(  # any event of the node counts (not every source sends heartbeats)
+        "SELECT node FROM nodes WHERE last_seen >= ?::TIMESTAMP - INTERVAL 2 MINUTE", [at]
+    ).fetchall()
+    return {j for (j,) in jobs}, {n for (n,) in nodes}
 
 
 def render(text: str, labels: dict[str, str], value: float, summary: str = "") -> str:

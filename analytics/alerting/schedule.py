@@ -27,6 +27,12 @@ from .state import Engine
 log = logging.getLogger("cmdare.alerts")
 
 URGENT_TABLES = ("revocations", "lifecycle_events", "gpu_events")
+GAP = 10.0  # seconds the ingest horizon may trail before it counts as a gap
+DEFAULT_GRACE = 45.0  # seconds verdicts still wait after a gap ends (agents' resend backoff)
+
+
+def _utc(t: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).replace(tzinfo=None)
 STOP_GRACE = 2.0  # seconds a round may take to finish on stop before its query is interrupted
 
 
@@ -101,6 +107,17 @@ class Alerting:
         self._cur = cursor(con)
         self.runners = {g.name: GroupRunner(self, g, cursor(con), min_gap) for g in groups}
         self.started = False
+        # the ingest side's caught-up time (epoch seconds, None until it first caught up);
+        # before that, the newest heartbeat stored when the collector started
+        self.caught_up: Callable[[], float | None] = lambda: None
+        self.start_horizon: dt.datetime | None = None
+        # after a gap (a restart, an outage, a backlog) agents re-send what they spooled,
+        # each after its own backoff: the horizon stays where the gap began this long after
+        # ingest caught up again
+        self.grace = DEFAULT_GRACE
+        self._gap_from: float | None = None  # the horizon when the gap began (epoch seconds)
+        self._settle_until = 0.0
+        self._hlock = threading.Lock()
 
     def on_batch(self, result: Any) -> None:
         """Called by ingest after each committed batch (its thread: cheap)."""
@@ -120,6 +137,10 @@ class Alerting:
         """Restore the previous run's alerts and start a runner per group (``run=False``:
         restore only, rounds called by hand): how many alerts were restored."""
         restored = self.engine.restore(self._cur)
+        try:
+            self.start_horizon = self._cur.execute("SELECT max(ts) FROM heartbeats").fetchone()[0]
+        except duckdb.Error:
+            self.start_horizon = None
         for r in self.receivers:
             r.restore(self.engine)
         if run:
@@ -128,12 +149,37 @@ class Alerting:
             self.started = True
         return restored
 
+    def horizon(self) -> dt.datetime | None:
+        """Up to when the collector holds everything sent: what ``ingest_horizon()`` gives
+        rules (node-loss verdicts judge silence only up to it, never a gap of the
+        collector's own making: a restart, a Kafka outage, a backlog)."""
+        with self._hlock:
+            return self._horizon(time.time(), self.caught_up())
+
+    def _horizon(self, now: float, t: float | None) -> dt.datetime | None:
+        if t is None:  # not caught up since the start: the newest heartbeat stored then
+            if self.start_horizon is not None and self._gap_from is None:
+                self._gap_from = self.start_horizon.replace(tzinfo=dt.timezone.utc).timestamp()
+            return self.start_horizon
+        if now - t > GAP:
+            if self._gap_from is None:
+                self._gap_from = t
+            self._settle_until = 0.0
+            return _utc(t)
+        if self._gap_from is not None:  # caught up after a gap: let agents re-send first
+            if not self._settle_until:
+                self._settle_until = now + self.grace
+            if now < self._settle_until:
+                return _utc(self._gap_from)
+            self._gap_from, self._settle_until = None, 0.0
+        return _utc(t)
+
     def round(self, group: Group, con: duckdb.DuckDBPyConnection) -> None:
         """Evaluate the group, hand what is due to the receivers (marked and saved first, so
         a resolution is owed even after SIGKILL), then send it."""
         at = self.clock()
         ids = {r.id for r in group.rules}
-        self.engine.eval_group(con, group, at)
+        self.engine.eval_group(con, group, at, self.horizon())
         due = [(r, r.due(self.engine, ids)) for r in self.senders]
         self.engine.mark_notified([it.key for _, items in due for it in items if not it.resolved])
         for attempt in range(3):  # a write conflict with another group's save: again

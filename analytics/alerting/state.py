@@ -135,13 +135,16 @@ class Engine:
             raise
 
     # evaluation
-    def eval_group(self, con: duckdb.DuckDBPyConnection, group: Group, at: dt.datetime) -> None:
+    def eval_group(self, con: duckdb.DuckDBPyConnection, group: Group, at: dt.datetime,
+                   horizon: dt.datetime | None = None) -> None:
+        """Every rule of the group at ``at``; ``horizon``: the collector's ingest horizon
+        (``ingest_horizon()``), None when it is not behind."""
         revoked = self._revoked(con, at) if any(r.inhibit_on_revocation for r in group.rules) else None
         for rule in group.rules:
             t0 = time.perf_counter()
             h = self.health[rule.id]
             try:
-                found = evaluate(con, rule, at, self.rule_timeout)
+                found = evaluate(con, rule, at, self.rule_timeout, horizon)
                 self._apply(rule, found, at, revoked)
             except Exception as e:  # this rule only: the rest of the group runs
                 h.health = "error"

@@ -307,3 +307,30 @@ def test_receiver_auth_comes_from_files_and_never_reaches_errors(tmp_path, hook)
         with pytest.raises(alerting.RuleError, match=match) as e:
             read_secret("--alert-token-file", spec)
         assert "xxxx" not in str(e.value)
+
+
+def test_the_ingest_horizon_waits_out_gaps_and_their_grace(tmp_path) -> None:
+    """ingest_horizon(): the newest heartbeat stored at start until ingest catches up, then
+    that for the grace; frozen while ingest is behind; the gap's start for the grace after."""
+    con = connect(str(tmp_path / "a.duckdb"))
+    al = Alerting(con, [], 1800)
+    al.grace = 45
+    start = dt.datetime(2026, 3, 1, 12, 0, 0)
+    al.start_horizon = start
+    e = start.replace(tzinfo=dt.timezone.utc).timestamp()
+    try:
+        assert al._horizon(e + 60, None) == start  # restarted, not caught up yet
+        assert al._horizon(e + 70, e + 69) == start  # caught up: agents get the grace to re-send
+        assert al._horizon(e + 114, e + 113) == start
+        assert al._horizon(e + 116, e + 115) == start + dt.timedelta(seconds=115)  # grace over
+        assert al._horizon(e + 120, e + 119) == start + dt.timedelta(seconds=119)
+        # Kafka unreachable from 119 s: the horizon stays there
+        assert al._horizon(e + 150, e + 119) == start + dt.timedelta(seconds=119)
+        assert al._horizon(e + 180, e + 119) == start + dt.timedelta(seconds=119)
+        # reachable again and caught up at 185 s: still 119 s for the grace, then the present
+        assert al._horizon(e + 186, e + 185) == start + dt.timedelta(seconds=119)
+        assert al._horizon(e + 230, e + 229) == start + dt.timedelta(seconds=119)
+        assert al._horizon(e + 232, e + 231) == start + dt.timedelta(seconds=231)
+    finally:
+        al.stop()
+        con.close()
