@@ -198,12 +198,30 @@ class Remote:
 
     def _recommend(self, kind: str, **options: Any) -> list[Any]:
         table = api.recommender_options(kind)  # what equals its default need not travel
+        for k in api.PATH_OPTIONS:  # the service reads no client-named file: send its text
+            if options.get(k) and f"{k}_text" in table:
+                options[f"{k}_text"] = _read_local(options[k])  # the path then only names it
         sent = {k: v for k, v in options.items() if k not in table or v != table[k].default}
         d = self.request("GET", f"/api/v1/recommendations/{_seg(kind.replace('_', '-'))}", _params(sent))
         return [codec.recommendation(r) for r in d]
 
     def _import_events(self, job: str, lines: list[bytes]) -> dict[str, Any]:
         return self.request("POST", "/api/v1/imports", body={"job": job, "events": [x.decode() for x in lines]})
+
+
+def _read_local(path: str, limit: int = 64 << 10) -> str:
+    """A file the user named, read here to be sent (at most 64 KiB: it travels in a URL)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise AnalyticsError(f"{path}: cannot read: {e.strerror}") from None
+    if len(raw) > limit:
+        raise AnalyticsError(f"{path}: larger than {limit >> 10} KiB: too large to send to the collector")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise AnalyticsError(f"{path}: not a text file") from None
 
 
 def _seg(s: str) -> str:

@@ -332,7 +332,7 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         opts: dict[str, Any] = {}
         for k in request.query_params:
             o = table_.get(k)
-            if o is not None and o.kind == "str" and k in api.PATH_OPTIONS:
+            if o is not None and o.kind == "str" and k in api.PATH_OPTIONS and f"{k}_text" not in request.query_params:
                 raise AnalyticsError(f"{k}: names a file, which the API does not read (send the data instead)")
             vals = request.query_params.getlist(k)
             opts[k] = vals if o is not None and o.kind == "list" else vals[-1]

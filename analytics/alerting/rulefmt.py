@@ -110,18 +110,22 @@ def read_files(paths: Iterable[str | Path]) -> list[tuple[str, str]]:
     return out
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, limit: int = MAX_FILE_BYTES, what: str = "a rule file", where: str = "") -> str:
+    """A text file of at most ``limit`` bytes; RuleError (``where``: what the error starts
+    with, default the path) that never quotes the file's content."""
+    where = where or str(path)
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = f.read(limit + 1)
     except OSError as e:
-        raise RuleError(f"{path}: cannot read: {e.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise RuleError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a rule file")
+        raise RuleError(f"{where}: cannot read: {e.strerror}") from None
+    if len(data) > limit:
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+        raise RuleError(f"{where}: larger than {size}: not {what}")
     try:
         return data.decode()
     except UnicodeDecodeError:
-        raise RuleError(f"{path}: not a text file") from None
+        raise RuleError(f"{where}: not a text file") from None
 
 
 def parse_yaml(name: str, text: str) -> Any:

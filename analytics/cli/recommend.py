@@ -123,7 +123,8 @@ def recommend_region(db: str, as_json_: bool, **given: Any) -> None:
 
 
 @recommend.command(name="provision")
-@table_options(_table("provision"), profile={"required": True, "type": click.Path(dir_okay=False)})
+@table_options(_table("provision"), profile={"required": True, "type": click.Path(dir_okay=False)},
+               profile_text={"hidden": True})
 @click.option("--db", default=None, show_default="$CMDARE_DB or ./cmdare.duckdb where it exists",
               help="database with lifetime / overhead fits (revocation-aware plans); without one, revocations are not counted")
 @json_option

@@ -145,16 +145,27 @@ class _P:
         return v.strip()
 
 
-def load_profile(path: str | Path) -> Profile:
-    """The provisioning profile (TOML, docs/recommendations.md#provision); a one-line error
-    naming the file, table and key for anything missing, unknown or out of range."""
+MAX_PROFILE = 1 << 20
+
+
+def load_profile(path: str | Path, text: str | None = None) -> Profile:
+    """The provisioning profile (TOML, docs/recommendations.md#provision), read from
+    ``path`` or given as ``text`` (``path`` then only names it: what the API is sent); a
+    one-line error naming the file, table and key for anything missing, unknown or out of
+    range."""
     p = Path(path)
     try:
-        doc = tomllib.loads(p.read_text())
+        if text is None:
+            with open(p, "rb") as f:
+                raw = f.read(MAX_PROFILE + 1)
+            if len(raw) > MAX_PROFILE:
+                raise AnalyticsError(f"{p}: larger than 1 MiB: not a profile")
+            text = raw.decode()
+        doc = tomllib.loads(text)
     except OSError as e:
         raise AnalyticsError(f"{p}: cannot read: {e.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise AnalyticsError(f"{p}: not valid TOML: {e}") from None
+        raise AnalyticsError(f"{p}: not valid TOML: {str(e)[:200]}") from None
     for k in doc:
         if k not in _KEYS:
             raise AnalyticsError(f"{p}: unknown table [{k}] (expected [job], [ps], [loss], [[instance]])")
@@ -385,6 +396,8 @@ class Provision(Recommender):
     name = "provision"
     OPTIONS = {
         "profile": Option("str", "", "the provisioning profile, TOML (required)"),
+        "profile_text": Option("str", "", "the profile's TOML itself, instead of profile naming a file (what a client "
+                                          "sends the API; profile then only names it)"),
         "loss": Option("float", 0.0, "loss target (default: the profile's [job] loss_target)"),
         "deadline": Option("duration", 0.0, "training must finish within this (default: the profile's; 0: none)"),
         "confidence": Option("float", 0.9, "P(meeting the deadline) a spot plan needs, with revocations", lo=0, hi=1),
@@ -395,9 +408,9 @@ class Provision(Recommender):
 
     def run(self, con: duckdb.DuckDBPyConnection | None, scope: Scope) -> list[Recommendation]:
         o = self.options
-        if not o["profile"]:
+        if not o["profile"] and not o["profile_text"]:
             raise AnalyticsError("provision: give --profile FILE.toml (docs/recommendations.md#provision)")
-        prof = load_profile(o["profile"])
+        prof = load_profile(o["profile"] or "profile", o["profile_text"] or None)
         loss = o["loss"] or prof.loss_target
         if prof.gammas is not None and prof.iterations is None:
             if loss is None:

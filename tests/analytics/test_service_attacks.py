@@ -231,3 +231,28 @@ def test_a_planted_service_file_gets_no_token(base: Path, tmp_path: Path, monkey
     assert _Catch.seen == []  # nothing was sent there, the token least of all
     assert r.exit_code == 0 and r.stdout.startswith("node"), r.output  # read locally
     assert "service.json" in r.stderr and "ignored" in r.stderr
+
+
+def test_provision_through_the_api_sends_the_profile_and_the_service_reads_no_path(served, tmp_path: Path) -> None:
+    """`analyze recommend provision --profile P` against a live collector: the client reads
+    P and sends its text; the answer is the local one. The service never opens a path a
+    request names: with text given, the name only names it."""
+    from tests.analytics.recommend.test_provision import SPOTDNN
+
+    db, url, _ = served
+    prof = tmp_path / "resnet.toml"
+    prof.write_text(SPOTDNN)
+    args = ["recommend", "provision", "--profile", str(prof), "--loss", "0.8", "--deadline", "2h", "--json"]
+    remote = CliRunner().invoke(cli, [*args, "--db", str(db)])
+    assert remote.exit_code == 0, remote.output
+    local = CliRunner().invoke(cli, args, env={"CMDARE_DB": str(tmp_path / "none.duckdb")})  # no database
+    assert local.exit_code == 0, local.output
+    got, want = json.loads(remote.stdout), json.loads(local.stdout)
+    assert got["action"] == want["action"] and got["why"].split("(")[0] == want["why"].split("(")[0]
+    secret = tmp_path / "secret.toml"
+    secret.write_text("TOPSECRET = 1\n")
+    import urllib.parse
+
+    q = urllib.parse.urlencode({"profile": str(secret), "profile_text": "not [toml", "loss": "0.8"})
+    code, out = call(url, f"/api/v1/recommendations/provision?{q}")
+    assert code == 400 and "not valid TOML" in out["error"] and "TOPSECRET" not in out["error"]

@@ -11,7 +11,7 @@ import base64
 import urllib.parse
 from pathlib import Path
 
-from ..rulefmt import RuleError
+from ..rulefmt import RuleError, read_text
 
 MAX_SECRET_BYTES = 4096
 
@@ -43,17 +43,7 @@ def read_secret(option: str, spec: str) -> tuple[str, str]:
     name, eq, path = spec.partition("=")
     if not eq or not name.strip() or not path:
         raise RuleError(f"{option}: expected NAME=FILE (NAME: the receiver's name), got {spec[:40]!r}")
-    try:
-        with open(Path(path), "rb") as f:
-            data = f.read(MAX_SECRET_BYTES + 1)
-    except OSError as e:
-        raise RuleError(f"{option}: {path}: cannot read: {e.strerror}") from None
-    if len(data) > MAX_SECRET_BYTES:
-        raise RuleError(f"{option}: {path}: larger than {MAX_SECRET_BYTES} bytes: not a secret file")
-    try:
-        lines = data.decode().splitlines()
-    except UnicodeDecodeError:
-        raise RuleError(f"{option}: {path}: not a text file") from None
+    lines = read_text(Path(path), MAX_SECRET_BYTES, "a secret file", f"{option}: {path}").splitlines()
     secret = lines[0].strip() if lines else ""
     if not secret or any(ord(c) < 32 for c in secret):
         raise RuleError(f"{option}: {path}: empty, or holds control characters")
