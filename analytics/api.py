@@ -15,6 +15,8 @@ from typing import Any
 
 import duckdb
 
+from cmdare.wire.plugin import Option
+
 from . import queries
 from .db import AnalyticsError, Database
 from .queries import needs_schema
@@ -293,6 +295,33 @@ def _measured(a: Any) -> dict[str, Any]:
         "single_worker_step_seconds": a.t1,
         "single_worker_from": "cluster fit" if a.derived else "measured",
     }
+
+
+# each prediction's options, declared once: the CLI's options are generated from these
+# tables, and the HTTP API's query parameters carry the same names and bounds
+MODEL_OPTIONS: dict[str, Any] = {
+    "from_job": Option("str", "", "a job in the database: its model, accelerator and measured steady-state speed "
+                                  "(instead of the options below)"),
+    "flops_per_step": Option("float", 0.0, "FLOPs per training step", lo=0, lo_open=True),
+    "params": Option("float", 0.0, "parameter count", lo=0, lo_open=True),
+    "tensors": Option("int", 0, "parameter tensors (default: params / 1e5, at least 1)", lo=1, hi=1 << 31),
+    "batch_size": Option("int", 0, "per-worker batch size (adds examples/s)", lo=1, hi=1 << 31),
+}
+PREDICTIONS: dict[str, dict[str, Any]] = {
+    "speed": {"gpu_type": Option("str", "", "accelerator (catalogue name or alias, e.g. v100)"), **MODEL_OPTIONS},
+    "cluster": {
+        "gpu_type": Option("str", "", "accelerator of every worker (with workers)"),
+        "workers": Option("int", 0, "number of workers (with gpu_type)", lo=1, hi=65536),
+        "gpus": Option("str", "", "heterogeneous workers, TYPE:COUNT,... e.g. k80:2,p100:2"),
+        "ps": Option("int", 0, "parameter servers", lo=1, hi=4096),
+        **MODEL_OPTIONS,
+    },
+    "revocation": {
+        "region": Option("str", "", "the region (e.g. us-central1)"),
+        "gpu_type": Option("str", "", "the accelerator (catalogue name or alias)"),
+        "hours": Option("float", 0.0, "hours after boot", lo=0, lo_open=True, hi=1e6),
+    },
+}
 
 
 def predict_speed(db: Database, gpu_type: str, model: ModelSpec | None = None, from_job: str | None = None,

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import click
 
 from .. import api
 from . import call, cli, db_option, json_option, lost_after_option, render
+from .options import table_options
 
 
 @cli.command(name="fit")
@@ -50,60 +49,26 @@ def predict() -> None:
     """
 
 
-model_options = [
-    click.option(
-        "--from-job",
-        help="a job in the database: its model, accelerator and measured steady-state speed (instead of the options below)",
-    ),
-    click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), help="FLOPs per training step"),
-    click.option("--params", type=click.FloatRange(min=0, min_open=True), help="parameter count"),
-    click.option(
-        "--tensors",
-        type=click.IntRange(1),
-        default=None,
-        help="parameter tensors (default: params / 1e5, at least 1)",
-    ),
-    click.option("--batch-size", type=click.IntRange(1), help="per-worker batch size (adds examples/s)"),
-]
-
-
-def _model_opts(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The model options, handed to the command as one ``model`` argument."""
-
-    @functools.wraps(f)
-    def command(
-        *args: Any,
-        from_job: str | None,
-        flops_per_step: float | None,
-        params: float | None,
-        tensors: int | None,
-        batch_size: int | None,
-        **kw: Any,
-    ) -> Any:
-        if from_job is not None:
-            if flops_per_step or params or tensors:
-                raise click.UsageError("give either --from-job, or the model's --flops-per-step and --params")
-            if not from_job.strip():
-                raise click.UsageError("--from-job must name a job")
-            return f(*args, model=None, from_job=from_job, batch_size=batch_size, **kw)
-        if flops_per_step is None or params is None:
-            raise click.UsageError("give --flops-per-step and --params, or --from-job JOB")
-        return f(*args, model=api.ModelSpec.of(flops_per_step, params, tensors, batch_size), from_job=None,
-                 batch_size=batch_size, **kw)
-
-    for o in reversed(model_options):
-        command = o(command)
-    return command
+def _model(given: dict[str, Any]) -> tuple[api.ModelSpec | None, str | None, int | None]:
+    """(model, from_job, batch_size) from the model options: a job, or a declaration."""
+    from_job, fps, params = given.get("from_job"), given.get("flops_per_step"), given.get("params")
+    tensors, batch = given.get("tensors"), given.get("batch_size")
+    if from_job is not None:
+        if fps or params or tensors:
+            raise click.UsageError("give either --from-job, or the model's --flops-per-step and --params")
+        if not from_job.strip():
+            raise click.UsageError("--from-job must name a job")
+        return None, from_job, batch
+    if fps is None or params is None:
+        raise click.UsageError("give --flops-per-step and --params, or --from-job JOB")
+    return api.ModelSpec.of(fps, params, tensors, batch), None, batch
 
 
 @predict.command(name="speed")
-@click.option("--gpu-type", required=True, help="accelerator (catalogue name or alias, e.g. v100)")
-@_model_opts
+@table_options(api.PREDICTIONS["speed"], gpu_type={"required": True})
 @db_option
 @json_option
-def predict_speed(
-    gpu_type: str, model: api.ModelSpec | None, from_job: str | None, batch_size: int | None, db: str, as_json_: bool
-) -> None:
+def predict_speed(db: str, as_json_: bool, **given: Any) -> None:
     """Single-worker steps/s of a model on an accelerator, with a 95% interval.
 
     With --from-job J: the model of job J, from J's measured steady-state speed and the
@@ -115,7 +80,8 @@ def predict_speed(
       analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6 --json
       analyze predict speed --from-job resnet-k80 --gpu-type p100
     """
-    out = call(db, "predict_speed", gpu_type=gpu_type, model=model, from_job=from_job, batch_size=batch_size)
+    model, from_job, batch_size = _model(given)
+    out = call(db, "predict_speed", gpu_type=given["gpu_type"], model=model, from_job=from_job, batch_size=batch_size)
     render.prediction(out, as_json_, "steps/s")
 
 
@@ -132,24 +98,10 @@ def _parse_gpus(spec: str) -> list[tuple[str, int]]:
 
 
 @predict.command(name="cluster")
-@click.option("--gpu-type", help="accelerator of every worker (with --workers)")
-@click.option("--workers", type=click.IntRange(1), help="number of workers (with --gpu-type)")
-@click.option("--gpus", help="heterogeneous workers, TYPE:COUNT,... e.g. k80:2,p100:2")
-@click.option("--ps", type=click.IntRange(1), required=True, help="parameter servers")
-@_model_opts
+@table_options(api.PREDICTIONS["cluster"], ps={"required": True})
 @db_option
 @json_option
-def predict_cluster(
-    gpu_type: str | None,
-    workers: int | None,
-    gpus: str | None,
-    ps: int,
-    model: api.ModelSpec | None,
-    from_job: str | None,
-    batch_size: int | None,
-    db: str,
-    as_json_: bool,
-) -> None:
+def predict_cluster(db: str, as_json_: bool, **given: Any) -> None:
     """Cluster steps/s of a parameter-server job, homogeneous (--gpu-type and --workers) or
     heterogeneous (--gpus k80:2,p100:2: T_exp = 1 / sum(1/T_i), spotDNN), with a 95%
     interval, the speed the parameter servers cap it at, and the workers that reach 90% of it.
@@ -164,6 +116,8 @@ def predict_cluster(
       analyze predict cluster --gpus k80:2,p100:2 --ps 1 --flops-per-step 3.1e12 --params 25.6e6
       analyze predict cluster --from-job resnet-1gpu --workers 8 --ps 2 --json
     """
+    gpu_type, workers, gpus, ps = given.get("gpu_type"), given.get("workers"), given.get("gpus"), given["ps"]
+    model, from_job, batch_size = _model(given)
     if gpus and (gpu_type or workers):
         raise click.UsageError("give either --gpus, or --gpu-type with --workers")
     if not gpus and not workers:
@@ -177,12 +131,11 @@ def predict_cluster(
 
 
 @predict.command(name="revocation")
-@click.option("--region", required=True)
-@click.option("--gpu-type", required=True)
-@click.option("--hours", type=click.FloatRange(min=0, min_open=True), required=True)
+@table_options(api.PREDICTIONS["revocation"], region={"required": True}, gpu_type={"required": True},
+               hours={"required": True})
 @db_option
 @json_option
-def predict_revocation(region: str, gpu_type: str, hours: float, db: str, as_json_: bool) -> None:
+def predict_revocation(db: str, as_json_: bool, **given: Any) -> None:
     """Probability that a spot VM of this region and accelerator is revoked within HOURS of
     its boot (Kaplan-Meier), with a 95% interval.
 
@@ -190,5 +143,5 @@ def predict_revocation(region: str, gpu_type: str, hours: float, db: str, as_jso
     Example:
       analyze predict revocation --region us-central1 --gpu-type v100 --hours 6
     """
-    out = call(db, "predict_revocation", region=region, gpu_type=gpu_type, hours=hours)
+    out = call(db, "predict_revocation", region=given["region"], gpu_type=given["gpu_type"], hours=given["hours"])
     render.prediction(out, as_json_, "probability")

@@ -7,6 +7,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from cmdare.analytics import api
 from cmdare.analytics.cli import cli
 from cmdare.analytics.recommend import RECOMMENDERS
 
@@ -33,3 +34,27 @@ def test_a_bound_from_the_table_is_enforced_on_the_command_line() -> None:
     r = CliRunner().invoke(cli, ["recommend", "data-workers", "--knee", "1.5", "--consumer-ms", "10",
                                  "--worker-ms", "40"])
     assert r.exit_code == 2 and "--knee" in r.output and "0<=x<=1" in r.output
+
+
+@pytest.mark.parametrize("kind", sorted(api.PREDICTIONS))
+def test_every_prediction_option_comes_from_its_table_and_the_api_takes_the_same_names(kind: str, tmp_path) -> None:
+    cmd = cli.commands["predict"].commands[kind]
+    params = {p.name: p for p in cmd.params}
+    table = api.PREDICTIONS[kind]
+    assert set(table) <= set(params) and set(params) - set(table) <= {"db", "as_json_"}
+    for name, opt in table.items():
+        if opt.kind in ("int", "float") and (opt.lo is not None or opt.hi is not None):
+            assert (params[name].type.min, params[name].type.max) == (opt.lo, opt.hi), name
+    # the HTTP resource takes the same names (cluster's gpu_type and workers travel inside
+    # gpus, TYPE:COUNT, as the CLI sends them)
+    from cmdare.analytics.db import Database
+    from cmdare.analytics.http import create_app
+
+    spec = create_app(Database(tmp_path / "x.duckdb")).openapi()
+    names = {p["name"] for p in spec["paths"][f"/api/v1/predictions/{kind}"]["get"]["parameters"]}
+    assert names == set(table) - ({"gpu_type", "workers"} if kind == "cluster" else set()), names
+
+
+def test_a_prediction_bound_is_enforced_on_the_command_line() -> None:
+    r = CliRunner().invoke(cli, ["predict", "cluster", "--gpus", "k80:2", "--ps", "5000", "--from-job", "j"])
+    assert r.exit_code == 2 and "--ps" in r.output and "1<=x<=4096" in r.output
