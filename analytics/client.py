@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import api, codec
-from .db import AnalyticsError, Database
+from .db import AnalyticsError, Database, read_text_file
 
 SERVICE_SUFFIX = ".service.json"
 TOKEN_ENV = "CMDARE_HTTP_TOKEN"
@@ -211,17 +211,7 @@ class Remote:
 
 def _read_local(path: str, limit: int = 64 << 10) -> str:
     """A file the user named, read here to be sent (at most 64 KiB: it travels in a URL)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(limit + 1)
-    except OSError as e:
-        raise AnalyticsError(f"{path}: cannot read: {e.strerror}") from None
-    if len(raw) > limit:
-        raise AnalyticsError(f"{path}: larger than {limit >> 10} KiB: too large to send to the collector")
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        raise AnalyticsError(f"{path}: not a text file") from None
+    return read_text_file(path, limit, "a file to send to the collector")
 
 
 def _seg(s: str) -> str:

@@ -168,3 +168,22 @@ def since_cutoff(since: str | None, now: dt.datetime | None = None) -> dt.dateti
         raise AnalyticsError(f"--since: expected a duration like 30s, 10m, 2h or 7d, got {since!r}")
     now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     return now - dt.timedelta(seconds=seconds)
+
+
+def read_text_file(path: str | Path, limit: int, what: str, where: str = "",
+                   error: type[AnalyticsError] = AnalyticsError) -> str:
+    """A text file of at most ``limit`` bytes (read no further); ``error`` (one line,
+    starting with ``where``, default the path) never quotes the file's content."""
+    where = where or str(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"{where}: cannot read: {e.strerror}") from None
+    if len(data) > limit:
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB" if limit >= 1 << 10 else f"{limit} bytes"
+        raise error(f"{where}: larger than {size}: not {what}")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise error(f"{where}: not a text file") from None

@@ -14,7 +14,7 @@ from typing import Any
 
 from cmdare.wire.units import duration_seconds
 
-from ..db import AnalyticsError
+from ..db import AnalyticsError, read_text_file
 
 DEFAULT_INTERVAL = 15.0
 DEFAULT_WINDOW = 900.0
@@ -113,19 +113,7 @@ def read_files(paths: Iterable[str | Path]) -> list[tuple[str, str]]:
 def read_text(path: Path, limit: int = MAX_FILE_BYTES, what: str = "a rule file", where: str = "") -> str:
     """A text file of at most ``limit`` bytes; RuleError (``where``: what the error starts
     with, default the path) that never quotes the file's content."""
-    where = where or str(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as e:
-        raise RuleError(f"{where}: cannot read: {e.strerror}") from None
-    if len(data) > limit:
-        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
-        raise RuleError(f"{where}: larger than {size}: not {what}")
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        raise RuleError(f"{where}: not a text file") from None
+    return read_text_file(path, limit, what, where, RuleError)
 
 
 def parse_yaml(name: str, text: str) -> Any:

@@ -37,7 +37,7 @@ from cmdare.wire.plugin import Option
 from cmdare.wire.units import ConfigError, parse_duration
 
 from .. import catalog, evidence, prices
-from ..db import AnalyticsError
+from ..db import AnalyticsError, read_text_file
 from ..units import RECOMMENDERS, Recommendation, Recommender, Scope
 from .region import revocation_rate
 
@@ -156,15 +156,9 @@ def load_profile(path: str | Path, text: str | None = None) -> Profile:
     p = Path(path)
     try:
         if text is None:
-            with open(p, "rb") as f:
-                raw = f.read(MAX_PROFILE + 1)
-            if len(raw) > MAX_PROFILE:
-                raise AnalyticsError(f"{p}: larger than 1 MiB: not a profile")
-            text = raw.decode()
+            text = read_text_file(p, MAX_PROFILE, "a profile")
         doc = tomllib.loads(text)
-    except OSError as e:
-        raise AnalyticsError(f"{p}: cannot read: {e.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except tomllib.TOMLDecodeError as e:
         raise AnalyticsError(f"{p}: not valid TOML: {str(e)[:200]}") from None
     for k in doc:
         if k not in _KEYS:
