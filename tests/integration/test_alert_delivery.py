@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -182,3 +183,47 @@ def test_kafka_topic_receives_firing_and_resolved(kafka_broker: KafkaBroker, tmp
     res = [x for x in got if x["status"] == "resolved"]
     assert firing and firing[0]["labels"] == {"alertname": "AgentRunning", "node": "n-1", "severity": "info"}
     assert res[0]["fingerprint"] == firing[0]["fingerprint"] and res[0]["startsAt"] == firing[0]["startsAt"]
+
+
+def test_a_resolution_reaches_alertmanager_after_a_sigkill_right_after_the_firing(tmp_path: Path) -> None:
+    """Issue 32: the collector is SIGKILLed as soon as Alertmanager lists the firing alert,
+    and restarted after the condition cleared: the resolution is delivered (the hand-over
+    was saved before the firing was sent)."""
+    import datetime as dt
+
+    am = Alertmanager(go_tool("alertmanager"), tmp_path)
+    until = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) + dt.timedelta(seconds=12)
+    rules = tmp_path / "until.yml"
+    rules.write_text(f"""
+groups:
+  - name: g
+    interval: 1s
+    rules:
+      - alert: UntilT
+        expr: SELECT 'x' AS k, 1 AS value WHERE eval_time() < TIMESTAMP '{until:%Y-%m-%d %H:%M:%S}'
+""")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    log = tmp_path / "collector.log"
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(
+            [str(BIN / "cmdare-collector"), "spool", str(spool), "--follow", "--db", str(tmp_path / "a.duckdb"),
+             "--http", "off", "--rules", str(rules), "--alertmanager", am.url, "--alert-resend", "1h"],
+            stdout=subprocess.DEVNULL, stderr=open(log, "a"),
+        )
+
+    col = start()
+    try:
+        wait_for(lambda: [x for x in am.alerts() if x["labels"].get("alertname") == "UntilT"], 30,
+                 interval=0.05, what="the firing alert in Alertmanager")
+        col.send_signal(signal.SIGKILL)
+        col.wait(timeout=10)
+        while dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) < until + dt.timedelta(seconds=1):
+            time.sleep(0.2)
+        col = start()
+        wait_for(lambda: received(am, "resolved") >= 1, 30, what="the resolution in Alertmanager")
+        assert not [x for x in am.alerts() if x["labels"].get("alertname") == "UntilT"]
+    finally:
+        col.kill()
+        am.stop()
