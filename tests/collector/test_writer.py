@@ -493,3 +493,26 @@ def test_a_cursor_of_a_writable_connection_sees_the_tables(tmp_path: Path) -> No
     Writer(con).write([("t:1", encode(F.make("heartbeat", {"seq": 1})))])
     assert cursor(con).execute("SELECT count(*) FROM heartbeats").fetchall() == [(1,)]
     con.close()
+
+
+@pytest.mark.parametrize("form", ["json", "rows", "blocks"])
+def test_different_events_at_the_same_instant_are_all_stored(db, form: str) -> None:
+    """De-duplication is by id: events of one tick share its timestamp (a GPU sample per
+    device, a host sample, a heartbeat), and every one of them is stored whether they come
+    in one batch or in several; only a true repeat (same id) is dropped."""
+    f = EventFactory("node-a", "worker", "job-1", rows=form != "json")
+
+    def msg(lines: list[bytes]) -> bytes:
+        text = b"".join(lines)
+        return columns.encode(text) if form == "blocks" else text
+
+    t = 1.75e9
+    first = [f.line("gpu", {"index": i, "uuid": f"G{i}", "util_gpu_ratio": 0.5}, t) for i in range(3)]
+    later = [f.line("gpu", {"index": i, "uuid": f"G{i}", "util_gpu_ratio": 0.7}, t) for i in range(3, 5)]
+    w = Writer(db)
+    assert w.write([("t:1", msg(first))]).rows["gpu_samples"] == 3
+    r = w.write([("t:2", msg(later))])  # same ts, other ids, a later batch
+    assert (r.rows["gpu_samples"], r.duplicates) == (2, 0)
+    r = w.write([("t:3", msg(first[:1] + later[1:]))])  # true repeats, same ts
+    assert (r.inserted, r.duplicates) == (0, 2)
+    assert db.execute('SELECT list("index" ORDER BY "index") FROM gpu_samples').fetchone()[0] == [0, 1, 2, 3, 4]

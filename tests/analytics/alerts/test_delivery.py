@@ -334,3 +334,158 @@ def test_the_ingest_horizon_waits_out_gaps_and_their_grace(tmp_path) -> None:
     finally:
         al.stop()
         con.close()
+
+
+ONCE = f"""
+groups:
+  - name: once
+    interval: 5s
+    rules:
+      - alert: Once
+        expr: >
+          SELECT 'x' AS k, 1 AS value WHERE eval_time() < TIMESTAMP '{T0 + dt.timedelta(seconds=20):%Y-%m-%d %H:%M:%S}'
+"""
+
+
+def test_a_firing_alert_is_sent_again_every_resend_and_not_in_between(tmp_path, hook) -> None:
+    """Alertmanager forgets an alert whose endsAt passed: a firing alert goes again every
+    ``resend`` (the same episode, a later endsAt), not on every round."""
+    h, url = hook
+    now = [T0]
+    al, r = _alerting(tmp_path / "a.duckdb", FLAPPING, url, lambda: now[0])
+    r.resend = 0.5
+    try:
+        _round(al, r)
+        _round(al, r)  # at once: nothing new to say
+        assert len(h.posts) == 1
+        time.sleep(0.6)
+        _round(al, r)
+    finally:
+        al.stop()
+        al.con.close()
+    ev = [a for p in h.posts for a in p["alerts"]]
+    assert [a["status"] for a in ev] == ["firing", "firing"] and ev[0]["startsAt"] == ev[1]["startsAt"]
+    assert ev[1]["endsAt"] > ev[0]["endsAt"]
+
+
+def test_a_resolution_is_kept_past_retention_until_every_receiver_has_it(tmp_path, hook) -> None:
+    """Two receivers; one refuses everything. Past the 15 minutes a resolved alert is kept,
+    it stays in the database while that receiver is owed its resolution, so a restart still
+    delivers it; once every receiver has it, it goes."""
+    from cmdare.analytics.alerting.state import RESOLVED_RETENTION
+
+    h, url = hook
+    down = type("Down", (Hook,), {"posts": [], "on_post": None, "refuse": True})
+
+    class Refusing(down):  # type: ignore[valid-type,misc]
+        def do_POST(self) -> None:  # noqa: N802
+            if type(self).refuse:
+                self.send_response(503)
+                self.end_headers()
+                return
+            super().do_POST()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    db = tmp_path / "a.duckdb"
+    now = [T0]
+
+    def two() -> tuple[Alerting, list[HttpReceiver]]:
+        al, r1 = _alerting(db, ONCE, url, lambda: now[0])
+        r2 = HttpReceiver("webhook", f"down=http://127.0.0.1:{srv.server_port}/h", resend=60, timeout=2,
+                          backoff_max=0.2)
+        al.add(r2)
+        r2.restore(al.engine)
+        return al, [r1, r2]
+
+    def rows(al: Alerting) -> list[tuple]:
+        c = al.con.cursor()
+        try:
+            return c.execute("SELECT state, sent_resolved FROM cmdare.alerts").fetchall()
+        finally:
+            c.close()
+
+    try:
+        al, (r1, r2) = two()
+        _round(al, r1)  # firing: r1 has it, r2 refuses
+        now[0] = T0 + dt.timedelta(seconds=25)
+        _round(al, r1)  # resolved: r1 has the resolution
+        deadline = time.monotonic() + 10
+        while not any(it.resolved for it in r2._batch.values()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        now[0] = T0 + dt.timedelta(seconds=25 + RESOLVED_RETENTION + 60)
+        _round(al, r1)
+        assert rows(al) == [("resolved", False)]  # past retention, kept: r2 is owed it
+        assert [a["status"] for p in h.posts for a in p["alerts"]] == ["firing", "resolved"]
+        # "SIGKILL", then a restart with r2 answering again
+        r1.stop(grace=0)
+        r2.stop(grace=0)
+        al.con.close()
+        Refusing.refuse = False
+        al, (r1, r2) = two()
+        _round(al, r1)
+        deadline = time.monotonic() + 10
+        while not Refusing.posts and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [a["status"] for p in Refusing.posts for a in p["alerts"]] == ["resolved"]
+        while not r2.idle() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        _round(al, r1)
+        assert rows(al) == []  # every receiver has it: gone
+        # the other receiver may get the resolution again after the restart (delivery is at
+        # least once: which receivers had it is saved only as "all of them"), never the firing
+        assert [a["status"] for p in h.posts for a in p["alerts"]][:2] == ["firing", "resolved"]
+        assert "firing" not in [a["status"] for p in h.posts[2:] for a in p["alerts"]]
+    finally:
+        al.stop()
+        al.con.close()
+        srv.shutdown()
+
+
+URGENT = """
+groups:
+  - name: notices
+    interval: 1h
+    rules:
+      - alert: Revoked
+        expr: SELECT node, 1 AS value FROM revocations
+  - name: other
+    interval: 1h
+    rules:
+      - alert: Always
+        expr: SELECT 'x' AS k, 1 AS value
+"""
+
+
+def test_a_group_reading_an_urgent_table_is_evaluated_as_soon_as_rows_of_it_are_stored(tmp_path) -> None:
+    """A revocation notice gives about 30 s: its group is evaluated when ingest stores one,
+    not at its interval (an hour here); groups that do not read it are left alone."""
+    from types import SimpleNamespace
+
+    from cmdare.wire.events import EventFactory, encode_many
+    from cmdare.collector.writer import Writer
+
+    con = connect(str(tmp_path / "a.duckdb"))
+    f = tmp_path / "rules.yml"
+    f.write_text(URGENT)
+    al = Alerting(con, alerting.load_files([f]), 1800)
+    al.start()
+    try:
+        deadline = time.monotonic() + 10
+        while min(r.rounds for r in al.runners.values()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert {n: r.rounds for n, r in al.runners.items()} == {"notices": 1, "other": 1}
+        fac = EventFactory("spot-1", "worker", "j")
+        res = Writer(con).write([("t", encode_many([fac.make("revocation", {"source": "gce"})]))])
+        al.on_batch(res)
+        al.on_batch(SimpleNamespace(rows={"heartbeats": 5}))  # not urgent: nobody poked
+        deadline = time.monotonic() + 5
+        while not al.engine.snapshot()[1:] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        names = sorted(a.labels["alertname"] for a in al.engine.snapshot())
+        assert names == ["Always", "Revoked"] and al.runners["notices"].rounds == 2
+        time.sleep(0.5)
+        assert al.runners["other"].rounds == 1
+    finally:
+        al.stop()
+        con.close()

@@ -67,6 +67,27 @@ def test_pending_that_clears_goes_and_a_return_starts_over(con: duckdb.DuckDBPyC
     assert (a.state, a.active_at) == ("pending", at(60))
 
 
+def test_a_resolved_alert_that_comes_back_is_a_new_episode_pending_first(con: duckdb.DuckDBPyConnection,
+                                                                         tmp_path: Path) -> None:
+    """Within the 15 minutes a resolved alert is kept, the condition returns: the instance
+    starts over as pending (its own ``active_at``), fires only after ``for`` again, and the
+    new firing has its own ``fired_at`` (receivers tell episodes apart by it)."""
+    e = engine(con, tmp_path, HOT)
+    for t in range(0, 50, 10):
+        hot(con, "n1", t)
+    step(e, con, at(10))
+    assert step(e, con, at(40))["Hot"].state == "firing"
+    assert step(e, con, at(85))["Hot"].state == "resolved"
+    for t in range(200, 260, 10):
+        hot(con, "n1", t)
+    a = step(e, con, at(200))["Hot"]
+    assert (a.state, a.active_at, a.fired_at, a.resolved_at) == ("pending", at(200), None, None)
+    assert step(e, con, at(220))["Hot"].state == "pending"  # 20 s held: for is 30 s
+    a = step(e, con, at(230))["Hot"]
+    assert (a.state, a.active_at, a.fired_at) == ("firing", at(200), at(230))
+    assert not a.notified and not a.sent_resolved  # owed nothing of the first episode
+
+
 def test_one_instance_per_label_set_however_often_evaluated(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
     e = engine(con, tmp_path, """
         groups:
