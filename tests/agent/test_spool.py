@@ -72,8 +72,23 @@ def test_torn_tail_is_cut_when_reopened_after_a_crash(tmp_path: Path) -> None:
     (tmp_path / seg_name(1)).write_bytes(b'{"a":1}\n{"b":')
     sp = Spool(tmp_path, fsync=False)
     sp.open()
+    # cut on disk at open, not merely skipped by readers: the segment ends at a line again
+    assert (tmp_path / seg_name(1)).read_bytes() == b'{"a":1}\n'
+    assert sp.pending == 1 and sp.size_bytes() == 8
     sp.append(b'{"c":3}\n', 1)
     assert all_read(tmp_path) == [b'{"a":1}', b'{"c":3}']
+    chunks, _, skipped = read_lines(tmp_path, Position(0, 0), 1 << 20)
+    assert skipped == 0  # nothing torn left for a reader to count as damage
+
+
+def test_a_segment_that_is_all_torn_line_is_emptied_and_whole_lines_are_kept(tmp_path: Path) -> None:
+    (tmp_path / seg_name(1)).write_bytes(b'{"a":1}\n{"b":2}\n')
+    (tmp_path / seg_name(2)).write_bytes(b'{"half":')  # the crash came before any newline
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    assert (tmp_path / seg_name(1)).read_bytes() == b'{"a":1}\n{"b":2}\n'  # only the last segment
+    assert (tmp_path / seg_name(2)).read_bytes() == b""
+    assert sp.pending == 2
 
 
 def test_torn_tail_in_a_sealed_segment_is_skipped_and_counted(tmp_path: Path) -> None:

@@ -94,3 +94,31 @@ def test_row_and_time_limits_say_what_they_did(db: Path) -> None:
     assert "note: more than 10 rows: showing the first 10 (--max-rows; or add LIMIT)" in err
     code, out, err = sql(db, "SELECT count(*) FROM range(1000000000000) a", "--timeout", "0.5")
     assert code == 1 and "query stopped after 0.5 s (the time limit" in err and err.count("\n") == 1
+
+
+def test_each_guard_holds_on_its_own(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth: DuckDB turns Python replacement scans off with external access, so
+    a test of the whole configuration cannot tell whether the guard's own switch is set.
+    Here each switch is checked with the others relaxed: a Python object in the frame that
+    runs the query (safesql's globals, where DuckDB looks) is not a table, and with
+    replacement scans allowed it would be."""
+    import duckdb
+    import pyarrow as pa
+
+    from cmdare.analytics import safesql
+
+    monkeypatch.setattr(safesql, "leaked_rows", pa.table({"secret": ["s3cr3t"]}), raising=False)
+    relaxed = {k: v for k, v in safesql.CONFIG.items() if k != "lock_configuration"}
+    relaxed["enable_external_access"] = True
+    con = duckdb.connect(str(db), read_only=True, config=relaxed)
+    try:
+        with pytest.raises(safesql.SqlRefused, match="leaked_rows does not exist"):
+            safesql.run(con, "SELECT * FROM leaked_rows")
+    finally:
+        con.close()
+    con = duckdb.connect(str(db), read_only=True, config={**relaxed, "python_enable_replacements": True})
+    try:  # the control: the same query finds the object once the switch is off
+        assert safesql.run(con, "SELECT * FROM leaked_rows").rows == [("s3cr3t",)]
+    finally:
+        con.close()
+    assert safesql.CONFIG["enable_external_access"] is False and safesql.CONFIG["lock_configuration"] is True

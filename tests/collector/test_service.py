@@ -6,6 +6,7 @@ read-only and refuses the hostile-query table; tokens off loopback; Arrow result
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import urllib.error
@@ -246,3 +247,55 @@ def test_tls_with_a_certificate_the_client_trusts(tmp_path: Path) -> None:
     r = subprocess.run([str(BIN / "cmdare-collector"), "spool", str(spool), "--follow", "--db", str(db),
                         "--http-tls-cert", str(cert)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--http-tls-cert and --http-tls-key go together" in r.stderr
+
+
+def test_a_service_file_left_by_a_killed_collector_is_ignored(tmp_path: Path) -> None:
+    """A collector killed with SIGKILL leaves its service file; analyze must read the file
+    itself, not try a dead URL. The control: the same file naming a live process is
+    followed (and that URL refuses, said in one line)."""
+    from cmdare.collector.db import connect
+    from tests.conftest import free_port
+
+    db = tmp_path / "c.duckdb"
+    connect(db).close()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    f = db.with_name(db.name + ".service.json")
+
+    def leave(pid: int) -> None:
+        f.write_text(json.dumps({"url": f"http://127.0.0.1:{free_port()}", "pid": pid, "db": str(db.resolve()),
+                                 "token": False}) + "\n")
+        f.chmod(0o644)
+
+    leave(dead.pid)
+    r = analyze("nodes", "--db", str(db), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == [] and r.stderr == "", r.stderr
+    leave(os.getpid())  # alive: trusted, so analyze goes there
+    r = analyze("nodes", "--db", str(db), "--json")
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_not_ready_until_ingest_runs(tmp_path: Path) -> None:
+    """The API answers while the collector is still reaching Kafka, and says it is not ready
+    (a load balancer or systemd probe must not send queries to a collector that stores
+    nothing); then the collector gives up in one line and exits 1."""
+    from tests.conftest import free_port
+
+    db = tmp_path / "c.duckdb"
+    p = subprocess.Popen(
+        [str(BIN / "cmdare-collector"), "kafka", f"kafka://127.0.0.1:{free_port()}/t", "--db", str(db)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = service(db, p)
+        assert call(url, "/healthz")[0] == 200
+        code, body = call(url, "/readyz")
+        assert (code, json.loads(body)) == (503, {"ready": False})
+        assert b"cmdare_collector_ready 0.0" in call(url, "/metrics")[1]
+        assert p.wait(timeout=60) == 1
+        err = p.stderr.read() if p.stderr else ""
+        errors = [x for x in err.splitlines() if x.startswith("Error:")]
+        assert len(errors) == 1 and "cannot reach a broker" in errors[0], err
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -489,3 +489,59 @@ def test_a_group_reading_an_urgent_table_is_evaluated_as_soon_as_rows_of_it_are_
     finally:
         al.stop()
         con.close()
+
+
+METRICS_RULES = """
+groups:
+  - name: m
+    interval: 5s
+    rules:
+      - alert: Now
+        expr: SELECT 'x' AS k, 1 AS value
+      - alert: Later
+        expr: SELECT 'y' AS k, 1 AS value
+        for: 1h
+      - alert: Fails
+        expr: SELECT 'z' AS k, error('boom')::DOUBLE AS value
+"""
+
+
+def test_the_collectors_metrics_count_alerts_by_state_bad_rules_and_deliveries(tmp_path, hook) -> None:
+    """What an operator alerts on about alerting itself: /metrics' alert states, unhealthy
+    rules, and deliveries and failed attempts per receiver (named, never by URL)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cmdare.analytics.http import Limits
+    from cmdare.analytics.service import HttpConfig, Service
+
+    h, url = hook
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), type("R", (BaseHTTPRequestHandler,), {
+        "do_POST": lambda self: (self.send_response(500), self.end_headers()),
+        "log_message": lambda self, *a: None}))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    now = [T0]
+    al, r = _alerting(tmp_path / "a.duckdb", METRICS_RULES, f"ok={url}", lambda: now[0])
+    bad = HttpReceiver("alertmanager", f"http://user:pw@127.0.0.1:{srv.server_port}", timeout=2, backoff_max=0.2)
+    al.add(bad)
+    svc = Service(al.con, tmp_path / "a.duckdb", HttpConfig("127.0.0.1", 0, limits=Limits()))
+    svc.alerting = al
+    try:
+        _round(al, r)
+        deadline = time.monotonic() + 10
+        while bad.failed_total < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        text = svc.metrics_text().decode()
+    finally:
+        bad.stop(grace=0)
+        al.stop()
+        al.con.close()
+        srv.shutdown()
+    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
+         for f in text_string_to_metric_families(text) for s in f.samples}
+    state = {k[1][0][1]: v for k, v in m.items() if k[0] == "cmdare_collector_alerts"}
+    assert state == {"pending": 1, "firing": 1, "inhibited": 0, "resolved": 0}
+    assert m[("cmdare_collector_alert_rules_unhealthy", ())] == 1
+    sent = {k[1][0][1]: v for k, v in m.items() if k[0] == "cmdare_collector_alert_notifications_total"}
+    failed = {k[1][0][1]: v for k, v in m.items() if k[0] == "cmdare_collector_alert_notification_failures_total"}
+    assert sent["webhook:ok"] == 1 and failed["webhook:ok"] == 0
+    assert failed[bad.name] >= 2 and sent[bad.name] == 0 and "pw" not in text and "user" not in text

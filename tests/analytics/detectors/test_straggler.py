@@ -27,3 +27,45 @@ def test_the_noise_floor_is_an_option(fleet) -> None:
     assert found(con, "straggler") == {}
     got = found(con, "straggler", min_slowdown="1.1")["sim-mild-1"][0]
     assert got.rank == 0 and 1.1 <= got.evidence["slowdown"] < 1.25
+
+
+def _ranks(s, job: str, times: list[list[float]]) -> None:
+    """Steps of ``job``: ``times[rank][window]`` seconds a step, three records a 300 s window."""
+    from cmdare.wire.events import EventFactory
+
+    t0 = 1.75e9 - (1.75e9 % 300)
+    for rank, per_window in enumerate(times):
+        f = EventFactory(f"{job}-n{rank}", "worker", job)
+        for w, t in enumerate(per_window):
+            for k in range(3):
+                s.events.append(f.make("train_steps", {"run": "r", "rank": rank, "steps": 10,
+                                                       "steps_per_second": 1 / t, "interval_seconds": 10.0},
+                                       t0 + w * 300 + 60 * k + 5))
+
+
+def test_a_slow_rank_among_noisy_peers_is_not_a_straggler_until_its_z_score_says_so(fleet) -> None:
+    """Past the 1.2 slowdown floor a rank must also stand out of its peers' spread (robust
+    z >= 3.5): among ranks that differ by +-15 %, one 1.3x the median is noise; among ranks
+    in near lock-step, the same 1.3x is a straggler."""
+    noisy = [[x] * 4 for x in (1.0, 1.15, 0.85, 1.1, 0.9)] + [[1.3] * 4]
+    steady = [[x] * 4 for x in (1.0, 1.01, 0.99, 1.02, 0.98)] + [[1.3] * 4]
+    con, _ = fleet(lambda s: (_ranks(s, "noisy", noisy), _ranks(s, "steady", steady)))
+    f = found(con, "straggler")
+    assert set(f) == {"steady"} and f["steady"][0].rank == 5
+    assert 3.5 <= f["steady"][0].evidence["max_z"]
+    assert set(found(con, "straggler", z="1.0")) == {"noisy", "steady"}  # the gate is what kept it out
+
+
+def test_one_slow_window_is_not_enough_and_persistence_is_a_share_of_windows(fleet) -> None:
+    base = [[1.0, 1.01, 0.99, 1.0, 1.02] for _ in range(5)]
+    once = [list(r) for r in base] + [[1.0, 1.6, 1.0, 1.0, 1.0]]  # slow in 1 of 5 windows
+    half = [list(r) for r in base] + [[1.6, 1.6, 1.6, 1.0, 1.0]]  # 3 of 5: persistent
+    some = [list(r) for r in base] + [[1.6, 1.6, 1.0, 1.0, 1.0]]  # 2 of 5: transient
+    con, _ = fleet(lambda s: (_ranks(s, "once", once), _ranks(s, "half", half), _ranks(s, "some", some)))
+    f = found(con, "straggler")
+    assert set(f) == {"half", "some"}  # min_windows 2
+    assert (f["half"][0].evidence["slow_windows"], f["half"][0].evidence["persistent"]) == (3, True)
+    assert (f["some"][0].evidence["slow_windows"], f["some"][0].evidence["persistent"]) == (2, False)
+    assert f["half"][0].severity == "warning" and f["some"][0].severity == "info"
+    assert set(found(con, "straggler", min_windows="1")) == {"once", "half", "some"}
+    assert found(con, "straggler", persistent_share="0.7")["half"][0].evidence["persistent"] is False
