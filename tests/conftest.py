@@ -17,6 +17,38 @@ KAFKA = ROOT / "scripts" / "kafka"
 BIN = Path(sys.executable).parent
 
 
+def under_ci() -> bool:
+    """Whether the suite runs in CI (``CI=true``, as CI services set it; .ci/run sets it)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _ci_failure(rep: pytest.CollectReport | pytest.TestReport, where: str) -> None:
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+    rep.outcome = "failed"
+    rep.longrepr = (f"{where} would be skipped, and CI=true does not pass without it: {reason.removeprefix('Skipped: ')} "
+                    "(install what it names, or run outside CI)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Under CI a test that cannot run (a tool, a data set, a permission missing) fails with
+    its reason instead of skipping; outside CI it skips as before. Tests marked ``gpu`` may
+    skip anywhere (CI has no GPU; they run on a GPU machine: ``pytest -m gpu``)."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and under_ci() and not hasattr(rep, "wasxfail") and item.get_closest_marker("gpu") is None:
+        _ci_failure(rep, "this test")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """The same for a whole module skipped at import (``pytest.importorskip``)."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and under_ci():
+        _ci_failure(rep, f"{collector.nodeid or 'a module'}")
+
+
 class KafkaBroker:
     """A real single-node KRaft broker.  stop()/start() keep its port and data."""
 

@@ -12,7 +12,12 @@ from click.testing import CliRunner
 from cmdare.analytics.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("CMDARE_REAL_DATA", ROOT.parent / "shared" / "data" / "cmdare"))
+# CM-DARE's shared half: $CMDARE_REAL_DATA (another copy, the held-out half), else the
+# checkout's sibling ../shared/data/cmdare, else the copy in tests/fixtures/cmdare
+# (Apache-2.0, unchanged), so that the real-data tests run on every clone
+_SHARED = ROOT.parent / "shared" / "data" / "cmdare"
+DATA = Path(os.environ.get("CMDARE_REAL_DATA")
+            or (_SHARED if (_SHARED / "jobs.csv").is_file() else ROOT / "tests" / "fixtures" / "cmdare"))
 
 
 @pytest.fixture(scope="session")

@@ -164,7 +164,10 @@ def test_lifetime_fit_and_revocation_probability(fleet_db: Path) -> None:
     out = cli_json("fit", "lifetime", "--db", str(fleet_db))
     assert out["groups"] == 3 and out["family"] == "kaplan-meier"
     hr = out["coefficients"]
-    assert 1.5 < hr["hazard_ratio[acc_v100]"] < 5  # truth 0.08 / 0.03 = 2.7
+    # truth 0.08 / 0.03 = 2.67; with 60 lives a group the Cox estimate's standard error on
+    # the log scale is ~0.22 (this seed gives 4.05, 1.9 standard errors off): the bound is
+    # the fit's own 99 % interval; the large-sample test below holds it to 15 %
+    assert abs(math.log(hr["hazard_ratio[acc_v100]"] / (0.08 / 0.03))) < 2.58 * 0.22
     for region, gpu, hours in (("europe-west4", "v100", 4), ("us-central1", "k80", 10)):
         rate = TRUTH.hazard_per_hour[(region, gpu)]
         p = cli_json(
@@ -337,3 +340,23 @@ def test_tensorboard_exports_feed_the_speed_fit(tmp_path: Path) -> None:
     out = cli_json("fit", "speed", "--db", str(db))
     assert out["rows"] == n and out["groups"] == 6
     assert out["cv_mape"] < 0.1
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_hazard_ratios_converge_to_the_truth_with_many_lives(tmp_path: Path, seed: int) -> None:
+    """600 lives a group: the Cox fit's hazard ratios land within 15 % of the simulator's
+    (accelerator 0.08 / 0.03, region 0.08 / 0.15) and inside their own 95 % intervals."""
+    from cmdare.analytics.models.lifetime import fit_lifetime
+
+    f = Fleet(TRUTH, seed=seed)
+    f.vm_lives(per_group=600)
+    con = connect(tmp_path / "lives.duckdb")
+    assert Writer(con).write([("sim", encode_many(f.events))]).dead == 0
+    fit = fit_lifetime(con)
+    con.close()
+    truth = {"acc_v100": 0.08 / 0.03, "region_us-central1": 0.08 / 0.15}
+    ph = fit.model["phreg"]
+    assert sorted(ph["columns"]) == sorted(truth)
+    for col, b, se in zip(ph["columns"], ph["params"], ph["bse"], strict=True):
+        assert fit.model["coefficients"][f"hazard_ratio[{col}]"] == pytest.approx(truth[col], rel=0.15), col
+        assert abs(b - math.log(truth[col])) < 1.96 * se and se < 0.08, col

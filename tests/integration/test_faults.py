@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.fault]
 
 def test_three_agents_through_a_broker_killed_for_30s(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
     """Agents resume about 10 s after the restart: the broker's recovery plus their backoff."""
-    broker_outage(kafka_broker, tmp_path, down=30, duration=65, interval="0.2s", kill=True)
+    broker_outage(kafka_broker, tmp_path, down=30, duration=65, interval="0.2s", kill=True, resume_within=12)
 
 
 def test_an_agent_killed_and_restarted_on_its_spool_stores_each_event_once(

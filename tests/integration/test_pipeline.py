@@ -127,11 +127,22 @@ def check_database(db: Path, agents: list[AgentRun]) -> None:
 
 
 def broker_outage(
-    broker: KafkaBroker, tmp: Path, down: float, duration: float, interval: str, kill: bool = False
+    broker: KafkaBroker, tmp: Path, down: float, duration: float, interval: str, kill: bool = False,
+    resume_within: float | None = None,
 ) -> None:
     """Three agents and a collector through ``down`` seconds without the broker (stopped,
-    or SIGKILLed with ``kill``): every event each agent spooled is stored exactly once."""
-    url = broker.url(f"it-outage-{uuid.uuid4().hex[:6]}")
+    or SIGKILLed with ``kill``): every event each agent spooled is stored exactly once.
+    ``resume_within``: each agent's first message after the restart reaches the broker
+    within this many seconds of the broker answering again (the topic stamps messages
+    with the broker's append time)."""
+    topic = f"it-outage-{uuid.uuid4().hex[:6]}"
+    url = broker.url(topic)
+    if resume_within is not None:
+        from kafka.admin import KafkaAdminClient, NewTopic
+
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"message.timestamp.type": "LogAppendTime"})])
+        admin.close()
     db = tmp / "fleet.duckdb"
     agents = start_agents(tmp, url, n=3, duration=duration, interval=interval)
     collector = start_collector(url, db, idle_exit=f"{down + 30:.0f}s", log=tmp / "collector.log")
@@ -140,6 +151,7 @@ def broker_outage(
         broker.kill() if kill else broker.stop()
         time.sleep(down)
         broker.start()
+        up = time.time()  # scripts/kafka start returns once the broker answers
         for a in agents:
             assert a.proc.wait(timeout=90) == 0, a.log.read_text()[-2000:]
         assert collector.wait(timeout=120) == 0, (tmp / "collector.log").read_text()[-3000:]
@@ -149,6 +161,27 @@ def broker_outage(
     check_database(db, agents)
     # the outage really happened and was seen by the agents
     assert any("kafka sink failing" in a.log.read_text() for a in agents)
+    if resume_within is not None:
+        resumed = first_append_after(broker, topic, up)
+        assert set(resumed) == {a.node for a in agents}, resumed
+        assert max(resumed.values()) <= resume_within, resumed
+
+
+def first_append_after(broker: KafkaBroker, topic: str, t: float) -> dict[str, float]:
+    """node -> seconds from ``t`` to the broker's first append of its messages after ``t``."""
+    from kafka import KafkaConsumer
+
+    c = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                      enable_auto_commit=False, consumer_timeout_ms=5000)
+    out: dict[str, float] = {}
+    try:
+        for rec in c:
+            node = (rec.key or b"").decode()
+            if rec.timestamp / 1000 >= t and node not in out:
+                out[node] = round(rec.timestamp / 1000 - t, 2)
+    finally:
+        c.close()
+    return out
 
 
 def test_three_agents_through_a_15s_broker_outage(kafka_broker: KafkaBroker, tmp_path: Path) -> None:

@@ -1,0 +1,149 @@
+"""The safe-SQL guard's own contract, on a real read-only DuckDB file, at its documented
+bounds (docs/service.md, docs/database.md): exactly one SELECT that modifies nothing, the
+text at most 100,000 characters, rows and bytes cut where they say with the cut said, the
+time limit said, errors in one line. (tests/analytics/test_sql_safety.py drives the same
+guard through ``analyze sql`` with hostile queries.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from cmdare.analytics import safesql
+from cmdare.analytics.safesql import SqlRefused, check, interrupt_after, run
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("safesql") / "s.duckdb"
+    c = duckdb.connect(str(p))
+    c.execute("CREATE TABLE t AS SELECT range AS i, repeat('x', 10) AS s FROM range(5000)")
+    c.close()
+    return p
+
+
+@pytest.fixture()
+def con(path: Path):
+    c = duckdb.connect(str(path), read_only=True, config=safesql.CONFIG)
+    yield c
+    c.close()
+
+
+def test_the_documented_defaults() -> None:
+    assert (safesql.MAX_ROWS, safesql.TIMEOUT, safesql.MAX_BYTES, safesql.MAX_QUERY) == (10_000, 30.0, 64 << 20, 100_000)
+    assert {k: safesql.CONFIG[k] for k in ("threads", "memory_limit")} == {"threads": 2, "memory_limit": "2GB"}
+    assert all(safesql.CONFIG[k] is False for k in ("enable_external_access", "autoinstall_known_extensions",
+                                                   "autoload_known_extensions", "python_enable_replacements"))
+    assert safesql.CONFIG["lock_configuration"] is True
+
+
+def test_the_connection_is_locked_and_bounded(con) -> None:
+    assert con.execute("SELECT current_setting('threads'), current_setting('memory_limit')").fetchone()[0] == 2
+    with pytest.raises(duckdb.Error, match="lock"):
+        con.execute("SET threads = 8")
+    with pytest.raises(duckdb.Error):
+        con.execute("SELECT * FROM read_csv('/etc/hostname')")
+
+
+@pytest.mark.parametrize("n, max_rows, want, truncated", [
+    (3, 3, 3, False), (4, 3, 3, True), (0, 3, 0, False),
+    (5000, 4999, 4999, True), (5000, 5000, 5000, False),  # past one 2,048-row chunk
+    (2049, 2048, 2048, True), (2048, 2048, 2048, False),
+])
+def test_rows_are_cut_at_max_rows_and_the_cut_is_said(con, n: int, max_rows: int, want: int, truncated: bool) -> None:
+    r = run(con, f"SELECT i FROM t WHERE i < {n} ORDER BY i", max_rows=max_rows)
+    assert len(r.rows) == want and r.truncated is truncated and r.cut_by == ("rows" if truncated else "")
+    assert [x[0] for x in r.rows] == list(range(want)) and r.columns == ["i"]
+
+
+def test_bytes_count_strings_by_length_and_other_values_as_eight(con) -> None:
+    # a row is 8 (i) + 10 (s) = 18 bytes
+    q = "SELECT i, s FROM t ORDER BY i LIMIT 10"
+    r = run(con, q, max_bytes=18 * 10)
+    assert (len(r.rows), r.truncated, r.cut_by) == (10, False, "")
+    r = run(con, q, max_bytes=18 * 10 - 1)
+    assert (len(r.rows), r.truncated, r.cut_by) == (9, True, "bytes")
+    r = run(con, "SELECT NULL AS a, 1.5::DOUBLE AS b LIMIT 1", max_bytes=16)
+    assert (len(r.rows), r.truncated) == (1, False)
+    r = run(con, "SELECT NULL AS a, 1.5::DOUBLE AS b LIMIT 1", max_bytes=15)
+    assert (len(r.rows), r.cut_by) == (0, "bytes")
+    r = run(con, "SELECT 'abc'::BLOB AS b", max_bytes=3)
+    assert (len(r.rows), r.truncated) == (1, False)
+
+
+def test_the_text_is_bounded_at_max_query(con) -> None:
+    q = "SELECT 1 AS x"
+    pad = safesql.MAX_QUERY - len(q)
+    assert run(con, q + " " * pad).rows == [(1,)]  # exactly the bound: runs
+    with pytest.raises(SqlRefused) as e:
+        check(con, q + " " * (pad + 1))
+    assert str(e.value) == "the query is 100,001 characters: at most 100,000"
+
+
+@pytest.mark.parametrize("query, message", [
+    ("", "empty query"), ("  \n ", "empty query"), (";", "empty query"), ("-- nothing\n;", "empty query"),
+    ("SELECT 1; SELECT 2; SELECT 3", "one statement at a time: the query has 3"),
+    ("UPDATE t SET i = 0", "not UPDATE"),
+    ("WITH x AS (DELETE FROM t RETURNING 1) SELECT * FROM x", "not DELETE inside a SELECT"),
+    ("WITH x AS (INSERT INTO t VALUES (1, 'a') RETURNING 1) SELECT * FROM x", "not INSERT inside a SELECT"),
+    ("WITH x AS (UPDATE t SET i = 1 RETURNING 1) SELECT * FROM (SELECT * FROM x)", "not UPDATE inside a SELECT"),
+    ("SELECT FROM WHERE", "query does not parse"),
+])
+def test_refusals_name_what_they_refused_in_one_line(con, query: str, message: str) -> None:
+    with pytest.raises(SqlRefused) as e:
+        check(con, query)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT 1 UNION ALL SELECT 2",
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) SELECT * FROM r",
+    "WITH a AS (SELECT 1 AS x), b AS (SELECT x FROM a) SELECT * FROM b",
+    "FROM t SELECT count(*)",
+    "SELECT (SELECT max(i) FROM t) AS m",
+])
+def test_reads_of_every_shape_pass(con, query: str) -> None:
+    check(con, query)
+    assert run(con, query).rows
+
+
+def test_failures_and_permission_errors_are_one_line(con) -> None:
+    with pytest.raises(SqlRefused) as e:
+        run(con, "SELECT * FROM tt")
+    assert str(e.value).startswith("query failed: Catalog Error: Table with name tt does not exist!")
+    assert 'Did you mean "t"' in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(SqlRefused) as e:
+        run(con, "SELECT * FROM read_text('/etc/hostname')")
+    assert str(e.value).startswith("the query may read the database only: file, network and extension access are off (")
+    assert "\n" not in str(e.value)
+
+
+def test_the_time_limit_interrupts_and_says_so(con) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(SqlRefused) as e:
+        run(con, "SELECT count(*) FROM range(1000000000000) a", timeout=0.3)
+    assert time.monotonic() - t0 < 10
+    assert str(e.value) == "query stopped after 0.3 s (the time limit; narrow it with WHERE or LIMIT)"
+
+
+def test_interrupt_after_fires_only_past_its_timeout() -> None:
+    class Con:
+        interrupted = 0
+
+        def interrupt(self) -> None:
+            self.interrupted += 1
+
+    c = Con()
+    with interrupt_after(c, 5.0) as fired:  # type: ignore[arg-type]
+        time.sleep(0.05)
+    assert not fired.is_set() and c.interrupted == 0
+    time.sleep(0.05)
+    assert c.interrupted == 0  # cancelled on leaving: never fires later
+    with interrupt_after(c, 0.05) as fired:  # type: ignore[arg-type]
+        fired.wait(5)
+    assert fired.is_set() and c.interrupted == 1
+    assert not any(t.name.startswith("Timer") and t.is_alive() for t in threading.enumerate() if t.daemon is False)
