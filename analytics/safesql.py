@@ -76,8 +76,12 @@ def check(con: duckdb.DuckDBPyConnection, query: str) -> None:
         raise SqlRefused(f"one statement at a time: the query has {len(stmts)}")
     kind = stmts[0].type
     if kind != duckdb.StatementType.SELECT:
+        # the user's own word (INSTALL, RESET, CHECKPOINT say more than DuckDB's LOAD, SET,
+        # CALL), except a WITH: then what the statement does (WITH ... DELETE: DELETE)
         words = (getattr(stmts[0], "query", "") or query).split()
-        name = words[0].upper() if words and words[0].isalpha() else str(kind).rsplit(".", 1)[-1]
+        name = words[0].upper() if words and words[0].isalpha() else ""
+        if name in ("", "WITH"):
+            name = str(kind).rsplit(".", 1)[-1]
         raise SqlRefused(f"only SELECT queries may run here (read-only, database only), not {name}")
     inner = _writing_node(con, query)
     if inner:
@@ -91,7 +95,9 @@ def _writing_node(con: duckdb.DuckDBPyConnection, query: str) -> str | None:
 
     try:
         tree = json.loads(con.execute("SELECT json_serialize_sql($q::VARCHAR)", {"q": query}).fetchall()[0][0])
-    except (duckdb.Error, ValueError, RecursionError) as e:
+    except RecursionError:
+        raise SqlRefused("the query nests too deeply to be checked: write it flatter (a CTE per level)") from None
+    except (duckdb.Error, ValueError) as e:
         raise SqlRefused(f"query does not parse: {_first(e)}") from None
     if tree.get("error"):
         raise SqlRefused(f"query does not parse: {str(tree.get('error_message', ''))[:200]}")

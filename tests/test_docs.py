@@ -77,3 +77,20 @@ def test_every_shipped_alert_rule_has_a_docs_heading_and_a_test() -> None:
             assert re.search(rf"^## {r.name}$", doc, re.M), f"rule {r.name}: no '## {r.name}' heading in docs/alerts.md"
             snake = re.sub(r"(?<!^)(?=[A-Z])", "_", r.name).lower()
             assert f"def test_{snake}(" in tests, f"rule {r.name}: no test_{snake} in test_default_rules.py"
+
+
+def test_every_mutation_target_is_in_the_testing_doc_with_modules_and_tests_that_exist() -> None:
+    """scripts/mutation's targets (the core modules whose bugs lose data or page people)
+    each have a row in docs/testing.md's score table; their modules and tests exist."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("mutation_script", str(ROOT / "scripts" / "mutation"))
+    spec = importlib.util.spec_from_loader("mutation_script", loader)
+    assert spec is not None
+    m = importlib.util.module_from_spec(spec)
+    loader.exec_module(m)
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    for name, (module, tests) in m.TARGETS.items():
+        assert (ROOT / module).is_file() and all((ROOT / t).is_file() for t in tests), name
+        assert re.search(rf"^\| `{name}` \| `{re.escape(module)}` \|", doc, re.M), f"{name}: no row in docs/testing.md"

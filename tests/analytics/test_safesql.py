@@ -147,3 +147,39 @@ def test_interrupt_after_fires_only_past_its_timeout() -> None:
         fired.wait(5)
     assert fired.is_set() and c.interrupted == 1
     assert not any(t.name.startswith("Timer") and t.is_alive() for t in threading.enumerate() if t.daemon is False)
+
+
+@pytest.mark.parametrize("query, name", [
+    ("INSTALL httpfs", "INSTALL"), ("RESET threads", "RESET"), ("CHECKPOINT", "CHECKPOINT"),
+    ("/* a comment */ DELETE FROM t", "DELETE"), ("  -- a comment\nUPDATE t SET i = 1", "UPDATE"),
+    ("WITH a AS (SELECT 1) DELETE FROM t", "DELETE"), ("WITH a AS (SELECT 1) UPDATE t SET i = 1", "UPDATE"),
+])
+def test_a_refused_statement_is_named_as_the_user_wrote_it_or_by_what_it_does(con, query: str, name: str) -> None:
+    with pytest.raises(SqlRefused) as e:
+        check(con, query)
+    assert str(e.value) == f"only SELECT queries may run here (read-only, database only), not {name}"
+
+
+def test_a_query_too_deep_to_check_is_refused_saying_so(con) -> None:
+    check(con, "SELECT " + "abs(" * 100 + "1" + ")" * 100)
+    with pytest.raises(SqlRefused) as e:
+        check(con, "SELECT " + "abs(" * 600 + "1" + ")" * 600)
+    assert str(e.value) == "the query nests too deeply to be checked: write it flatter (a CTE per level)"
+
+
+def test_the_permission_error_keeps_duckdbs_reason_without_its_prefix(con) -> None:
+    with pytest.raises(SqlRefused) as e:
+        run(con, "SELECT * FROM read_text('/etc/hostname')")
+    assert str(e.value) == ("the query may read the database only: file, network and extension access are off "
+                            '(Cannot access file "/etc/hostname" - file system operations are disabled by configuration)')
+
+
+@pytest.mark.parametrize("text, first", [
+    ("one line", "one line"),
+    ("Catalog Error: no x\nDid you mean \"y\"?", 'Catalog Error: no x Did you mean "y"?'),
+    ("Catalog Error: no x\n\nDid you mean \"y\"?\nLINE 1: ...", 'Catalog Error: no x Did you mean "y"?'),
+    ("Parser Error: bad\nLINE 1: SELECT\n        ^", "Parser Error: bad"),
+    ("", "ValueError"),
+])
+def test_errors_are_cut_to_their_first_line_and_duckdbs_hint(text: str, first: str) -> None:
+    assert safesql._first(ValueError(text)) == first
