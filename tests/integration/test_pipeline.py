@@ -150,6 +150,7 @@ def broker_outage(
         time.sleep(6)
         broker.kill() if kill else broker.stop()
         time.sleep(down)
+        restart = time.time()
         broker.start()
         up = time.time()  # scripts/kafka start returns once the broker answers
         for a in agents:
@@ -162,23 +163,32 @@ def broker_outage(
     # the outage really happened and was seen by the agents
     assert any("kafka sink failing" in a.log.read_text() for a in agents)
     if resume_within is not None:
-        resumed = first_append_after(broker, topic, up)
-        assert set(resumed) == {a.node for a in agents}, resumed
+        first = first_append_after(broker, topic, restart)  # seconds after the restart began
+        resumed = {n: round(t - (up - restart), 2) for n, t in first.items()}  # after it answered
+        assert set(resumed) == {a.node for a in agents}, (first, up - restart)
         assert max(resumed.values()) <= resume_within, resumed
 
 
 def first_append_after(broker: KafkaBroker, topic: str, t: float) -> dict[str, float]:
     """node -> seconds from ``t`` to the broker's first append of its messages after ``t``."""
-    from kafka import KafkaConsumer
+    from kafka import KafkaConsumer, TopicPartition
 
-    c = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
-                      enable_auto_commit=False, consumer_timeout_ms=5000)
+    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
     out: dict[str, float] = {}
     try:
-        for rec in c:
-            node = (rec.key or b"").decode()
-            if rec.timestamp / 1000 >= t and node not in out:
-                out[node] = round(rec.timestamp / 1000 - t, 2)
+        c.topics()  # loads the metadata partitions_for_topic reads
+        parts = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or [])]
+        assert parts, f"no partitions of {topic}"
+        c.assign(parts)
+        c.seek_to_beginning(*parts)
+        ends = c.end_offsets(parts)
+        deadline = time.monotonic() + 60
+        while any(c.position(tp) < ends[tp] for tp in parts) and time.monotonic() < deadline:
+            for recs in c.poll(timeout_ms=1000).values():
+                for rec in recs:
+                    node = (rec.key or b"").decode()
+                    if rec.timestamp / 1000 >= t and node not in out:
+                        out[node] = round(rec.timestamp / 1000 - t, 2)
     finally:
         c.close()
     return out

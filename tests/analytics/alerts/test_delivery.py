@@ -462,8 +462,8 @@ def test_a_group_reading_an_urgent_table_is_evaluated_as_soon_as_rows_of_it_are_
     not at its interval (an hour here); groups that do not read it are left alone."""
     from types import SimpleNamespace
 
-    from cmdare.wire.events import EventFactory, encode_many
     from cmdare.collector.writer import Writer
+    from cmdare.wire.events import EventFactory, encode_many
 
     con = connect(str(tmp_path / "a.duckdb"))
     f = tmp_path / "rules.yml"
