@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,113 @@ def test_pack_cuts_messages_at_line_boundaries() -> None:
     assert msgs[-1][2] == Position(3, 5000) and msgs[0][2] == Position(3, 5000 - 1000 + 300)
     big = pack([(b"x" * 500 + b"\n", Position(1, 501))], 100)
     assert [c for _, c, _ in big] == [1]  # a single event longer than a message travels alone
+
+
+def test_the_documented_defaults(tmp_path: Path) -> None:
+    """docs/sources.md [spool]: 1 GiB, 7 days, 8 MiB segments, fsync on every write."""
+    sp = Spool(tmp_path / "a" / "b")  # parents made
+    assert (sp.max_bytes, sp.max_age, sp.segment_bytes, sp.fsync, sp.fsync_interval) == (
+        1 << 30, 7 * 86400, 8 << 20, True, 0.0)
+    sp.open()
+    assert (sp.pending, sp.dropped_total, sp.spooled_total, sp.size_bytes(), sp.problem) == (0, 0, 0, 0, None)
+    assert list_segments(tmp_path / "a" / "b") == [1]
+
+
+def test_every_write_is_fsynced_by_default_and_grouped_with_an_interval(tmp_path: Path, monkeypatch) -> None:
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    sp = Spool(tmp_path / "a")
+    sp.open()
+    for i in range(3):
+        sp.append(lines(1, i), 1)
+    assert len(synced) == 3
+    sp2 = Spool(tmp_path / "b", fsync_interval=3600)
+    sp2.open()
+    for i in range(3):
+        sp2.append(lines(1, i), 1)
+    assert len(synced) == 4  # the first write, then none within the hour
+
+
+def test_reopening_continues_after_the_last_segment_numbering_without_gaps(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, segment_bytes=250, fsync=False)
+    sp.open()
+    for i in range(5):
+        sp.append(lines(1, i), 1)  # 101 bytes: two lines fit a 250-byte segment
+    assert list_segments(tmp_path) == [1, 2, 3]
+    assert [len(all_read(tmp_path, Position(s, 0))) for s in (1, 2, 3)] == [5, 3, 1]
+    sp.close()
+    sp = Spool(tmp_path, segment_bytes=250, fsync=False)
+    sp.open()
+    sp.append(lines(1, 5), 1)
+    assert list_segments(tmp_path) == [1, 2, 3, 4] and sp.pending == 6
+    assert all_read(tmp_path)[-1].startswith(b'{"n":5}')
+
+
+def test_a_segment_fills_to_exactly_its_size_before_rotating(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, segment_bytes=202, fsync=False)
+    sp.open()
+    sp.append(lines(1), 1)
+    sp.append(lines(1, 1), 1)  # 202 bytes: exactly full, same segment
+    assert list_segments(tmp_path) == [1] and sp.size_bytes() == 202
+    sp.append(lines(1, 2), 1)
+    assert list_segments(tmp_path) == [1, 2]
+
+
+@pytest.mark.parametrize("content, kept", [
+    (b"", b""),
+    (b'\n{"b":', b"\n"),  # the only newline is the first byte
+    (b"x" * (1 << 20), b""),  # a torn line of exactly the 1 MiB looked at: cut whole
+    (b"x" * ((1 << 20) + 1), b"x" * ((1 << 20) + 1)),  # its start is further back: left as it is
+    (b'{"a":1}\n' + b"x" * ((1 << 20) + 100), b'{"a":1}\n' + b"x" * ((1 << 20) + 100)),
+    (b'{"a":1}\n' + b"y" * (3 << 18), b'{"a":1}\n'),  # 0.75 MiB torn: found and cut
+])
+def test_the_torn_line_repair_looks_at_the_last_mebibyte(tmp_path: Path, content: bytes, kept: bytes) -> None:
+    (tmp_path / seg_name(1)).write_bytes(content)
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    assert (tmp_path / seg_name(1)).read_bytes() == kept
+    assert sp.size_bytes() == len(kept)
+
+
+def test_a_cursor_moved_by_another_process_updates_pending_and_frees_segments(tmp_path: Path) -> None:
+    """Embedded mode: the collector reading the directory moves the cursor itself."""
+    from cmdare.wire.spool import write_cursor
+
+    sp = Spool(tmp_path, segment_bytes=4096, fsync=False)
+    sp.open()
+    for i in range(4):
+        sp.append(lines(30, i * 30), 30)
+    assert sp.pending == 120 and len(list_segments(tmp_path)) >= 3
+    chunks, nxt, _ = read_lines(tmp_path, Position(0, 0), 6000)
+    write_cursor(tmp_path, "shipped", nxt, fsync=False)
+    sp.gc()
+    left = sum(1 for _ in all_read(tmp_path, nxt))
+    assert sp.pending == left < 120 and sp.dropped_total == 0
+    assert min(list_segments(tmp_path)) == nxt.segment  # wholly consumed ones went
+
+
+def test_the_age_bound_drops_only_old_unconsumed_segments_and_does_not_carry_notices(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, max_age=60, segment_bytes=4096, fsync=False)
+    sp.open()
+    notice = b'{"type":"revocation","n":1}\n'
+    sp.append(notice + lines(30), 31)
+    sp.append(lines(30, 30), 30)  # rotates: segment 1 sealed
+    sp.append(lines(30, 60), 30)
+    segs = list_segments(tmp_path)
+    os.utime(tmp_path / seg_name(segs[0]), (time.time() - 59, time.time() - 59))  # not yet too old
+    sp.gc()
+    assert list_segments(tmp_path) == segs and sp.dropped_total == 0
+    os.utime(tmp_path / seg_name(segs[0]), (time.time() - 61, time.time() - 61))
+    sp.gc()
+    assert list_segments(tmp_path) == segs[1:]
+    assert sp.dropped_total == 31 and sp.pending == 60  # a stale notice goes with its segment
+    assert notice.strip() not in b"".join(all_read(tmp_path))
+
+
+def test_closing_writes_carried_notices_and_counts_what_it_cannot(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    sp._carry = [b'{"type":"lifecycle","n":1}\n']
+    sp.pending = 1
+    sp.close()
+    assert all_read(tmp_path) == [b'{"type":"lifecycle","n":1}'] and sp.dropped_total == 0
