@@ -92,5 +92,29 @@ def test_every_mutation_target_is_in_the_testing_doc_with_modules_and_tests_that
     loader.exec_module(m)
     doc = (ROOT / "docs" / "testing.md").read_text()
     for name, (module, tests) in m.TARGETS.items():
-        assert (ROOT / module).is_file() and all((ROOT / t).is_file() for t in tests), name
+        assert (ROOT / module).is_file() and all((ROOT / t.split("::")[0]).is_file() for t in tests), name
         assert re.search(rf"^\| `{name}` \| `{re.escape(module)}` \|", doc, re.M), f"{name}: no row in docs/testing.md"
+
+
+@pytest.mark.parametrize("registry, doc", [(DETECTORS, "docs/detectors.md"), (RECOMMENDERS, "docs/recommendations.md")],
+                         ids=["detector", "recommender"])
+def test_every_documented_default_is_the_units_default(registry, doc) -> None:
+    """A user reads the default in the docs' option table: it must be the one the unit uses."""
+    text = (ROOT / doc).read_text()
+    for name, cls in registry.items():
+        section = re.split(rf"^## {name}(?: .*)?$", text, flags=re.M)[1].split("\n## ")[0]
+        rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]*?) \|", section, re.M))
+        for opt, o in cls.OPTIONS.items():
+            if opt not in rows:
+                continue
+            shown = rows[opt].strip()
+            if o.kind in ("duration", "size"):
+                shown = shown.replace(" ", "").replace("min", "m")
+            if not re.fullmatch(r"[\w.:, -]+", shown):
+                continue  # prose ("(or a declaration)", "(none)"): no value to compare
+            if o.kind == "list":
+                shown = [x.strip() for x in shown.split(",")]
+            elif o.kind in ("int", "float"):
+                shown = shown.replace(",", "")
+            assert o.parse(f"{name}.{opt}", shown) == o.parse(f"{name}.{opt}", o.default), (
+                f"{doc} says {name}.{opt} defaults to {rows[opt].strip()!r}; the code has {o.default!r}")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from .conftest import found
 
 
@@ -69,3 +71,37 @@ def test_one_slow_window_is_not_enough_and_persistence_is_a_share_of_windows(fle
     assert f["half"][0].severity == "warning" and f["some"][0].severity == "info"
     assert set(found(con, "straggler", min_windows="1")) == {"once", "half", "some"}
     assert found(con, "straggler", persistent_share="0.7")["half"][0].evidence["persistent"] is False
+
+
+def test_the_finding_states_its_numbers_exactly(fleet) -> None:
+    """One straggler with known step times: every evidence number, the summary, severity,
+    confidence and window are what the documented rule gives."""
+    import datetime as dt
+
+    # ranks at 1.0, 1.01, 0.99, 1.02, 0.98 s a step; rank 5 at 2.0 s in 3 of 5 windows
+    times = [[x] * 5 for x in (1.0, 1.01, 0.99, 1.02, 0.98)] + [[2.0, 2.0, 2.0, 1.0, 1.0]]
+    con, _ = fleet(lambda s: _ranks(s, "exact", times))
+    (f,) = found(con, "straggler")["exact"]
+    med = (1.0 + 1.01) / 2  # the median of six step times
+    mad = 1.4826 * ((0.015 + 0.015) / 2)  # deviations 0.005 0.005 0.015 0.015 0.025 0.995
+    assert f.evidence == {
+        "slowdown": round(2.0 / med, 3), "slow_windows": 3, "windows": 5, "slow_share": 0.6,
+        "max_z": round((2.0 - med) / mad, 2), "ratio_all_windows": round(2.0 / med, 3), "ranks": 6,
+        "persistent": True,
+    }
+    assert f.summary == f"rank 5 on exact-n5: persistent straggler, steps {2.0 / med:.2f}x its 5 peers' median in 3 of 5 windows"
+    assert (f.severity, f.rank, f.node) == ("warning", 5, "exact-n5")  # 1.99x: under the 2x of critical
+    assert f.confidence == pytest.approx(0.6 + 0.35 * 0.6)
+    t0 = dt.datetime.fromtimestamp(1.75e9 - (1.75e9 % 300), dt.timezone.utc).replace(tzinfo=None)
+    assert (f.window_start, f.window_end) == (t0, t0 + dt.timedelta(seconds=900))
+
+
+def test_severity_is_critical_from_twice_the_median_and_transients_are_info_at_half_confidence(fleet) -> None:
+    twice = [[1.0] * 4 for _ in range(4)] + [[2.0] * 4]  # 2x in every window
+    brief = [[1.0] * 7 for _ in range(4)] + [[3.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0]]  # 2 of 7
+    con, _ = fleet(lambda s: (_ranks(s, "twice", twice), _ranks(s, "brief", brief)))
+    f = found(con, "straggler")
+    assert (f["twice"][0].severity, f["twice"][0].evidence["slowdown"]) == ("critical", 2.0)
+    b = f["brief"][0]
+    assert (b.severity, b.confidence, b.evidence["persistent"]) == ("info", 0.5, False)
+    assert "transient straggler" in b.summary and b.evidence["slow_share"] == round(2 / 7, 3)
