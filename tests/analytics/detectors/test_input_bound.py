@@ -35,3 +35,59 @@ def test_thresholds_are_options(fleet) -> None:
     assert set(found(con, "input_bound", busy_cpu="0.75")) == {"sim-hwonly-1"}
     with pytest.raises(AnalyticsError, match=r"input_bound.busy_cpu: must be a number from 0 to 1, got '2'"):
         found(con, "input_bound", busy_cpu="2")
+
+
+def _job(s, job: str, steps: int, wait: float | None, util: float | None = None, cpu: float | None = None) -> None:
+    """``steps`` steps of 1 s over ten 10 s intervals, ``wait`` of each waiting for input;
+    the node's GPU at ``util`` and host CPU at ``cpu`` meanwhile."""
+    from cmdare.wire.events import EventFactory
+
+    f = EventFactory(f"{job}-n0", "worker", job)
+    t0 = 1.75e9
+    for k in range(10):
+        n = steps // 10 + (1 if k < steps % 10 else 0)
+        d = {"run": "r", "rank": 0, "steps": n, "interval_seconds": 10.0, "step_mean_seconds": 1.0}
+        if wait is not None:
+            d["wait_mean_seconds"] = wait
+        s.events.append(f.make("train_steps", d, t0 + 10 * k))
+        if util is not None:
+            s.events.append(f.make("gpu", {"index": 0, "uuid": f"G-{job}", "util_gpu_ratio": util}, t0 + 10 * k))
+        if cpu is not None:
+            s.events.append(f.make("host", {"cpu_util_ratio": cpu}, t0 + 10 * k))
+
+
+def test_min_steps_and_the_hardware_thresholds_are_inclusive_where_documented(fleet) -> None:
+    """Judged from exactly ``min_steps`` (20) steps; the hardware points at input when the
+    accelerators are below ``max_gpu_util`` (0.5) and the host CPU at ``busy_cpu`` (0.85)
+    or more."""
+    def build(s):
+        _job(s, "few", 19, 0.5)
+        _job(s, "enough", 20, 0.5)
+        _job(s, "edge", 40, None, util=0.25, cpu=0.75)  # hardware only: the CPU at its edge
+        _job(s, "busy", 40, None, util=0.5, cpu=0.99)  # accelerators not below 0.5: no finding
+
+    con, _ = fleet(build)
+    f = found(con, "input_bound")
+    assert set(f) == {"enough"}
+    f = found(con, "input_bound", busy_cpu="0.75")  # binary-exact values: the edge itself
+    assert set(f) == {"enough", "edge"} and f["edge"][0].evidence["evidence"] == "hardware only"
+
+
+def test_the_finding_states_its_numbers_exactly(fleet) -> None:
+    def build(s):
+        _job(s, "waits", 30, 0.12345)  # no hardware samples
+        _job(s, "backed", 30, 0.3, util=0.4321, cpu=0.8766)
+        _job(s, "unbacked", 30, 0.3, util=0.9, cpu=0.2)
+
+    con, _ = fleet(build)
+    f = {j: v[0] for j, v in found(con, "input_bound").items()}
+    w, b, u = f["waits"], f["backed"], f["unbacked"]
+    assert w.evidence == {"input_wait_share": 0.1235, "gpu_util_ratio": None, "host_cpu_util_ratio": None,
+                          "steps": 30, "profiler_class": "moderately input-bound", "evidence": "input wait"}
+    assert (w.confidence, w.severity) == (0.8, "info")
+    assert w.summary == "input-bound: 12% of step time waiting for input (moderately input-bound)"
+    assert b.evidence["gpu_util_ratio"] == 0.432 and b.evidence["host_cpu_util_ratio"] == 0.877
+    assert (b.confidence, b.severity, b.evidence["evidence"]) == (0.95, "warning", "input wait + hardware")
+    assert b.summary == ("input-bound: 30% of step time waiting for input (highly input-bound); "
+                         "accelerators 43% busy, host CPU 88% (saturated)")
+    assert u.confidence == 0.7 and u.summary.endswith("accelerators 90% busy, host CPU 20%")
