@@ -106,9 +106,13 @@ class Straggler(Detector):
                     SELECT s.*, m.med, m.k FROM s JOIN m USING (job, w) WHERE s.t > 0),
                 mad AS (SELECT job, w, median(abs(t - med)) AS mad FROM d GROUP BY job, w),
                 dm AS (SELECT d.*, mad.mad FROM d JOIN mad USING (job, w)),
+                sp AS (SELECT *, greatest(1.4826 * mad, {float(o['min_spread'])} * med) AS spread FROM dm),
+                -- no spread at all (min_spread 0, ranks in lock-step): any slower rank is
+                -- infinitely far out, the others not at all
                 z AS (
                     SELECT *, t / med AS ratio,
-                           (t - med) / greatest(1.4826 * mad, {float(o['min_spread'])} * med) AS zs FROM dm)
+                           CASE WHEN spread > 0 THEN (t - med) / spread
+                                WHEN t > med THEN 'inf'::DOUBLE ELSE 0 END AS zs FROM sp)
                 SELECT job, rank, any_value(node), count(*) AS windows,
                        count(*) FILTER {slow} AS slow, median(ratio) FILTER {slow} AS slowdown,
                        max(zs), median(ratio), make_timestamp(min(w) FILTER {slow} * {win * 1_000_000}),
