@@ -28,7 +28,7 @@ class InputBound(Detector):
             f"""SELECT job, sum(steps), sum(wait_mean_seconds * steps) / nullif(sum(step_mean_seconds * steps)
                        FILTER (wait_mean_seconds IS NOT NULL), 0),
                        count(wait_mean_seconds), min(ts), max(ts)
-                FROM steps WHERE job IS NOT NULL AND job <> '' AND {where} GROUP BY job""",
+                FROM steps WHERE job IS NOT NULL AND job <> '' AND {where} GROUP BY job ORDER BY job""",
             params,
         ).fetchall()
         gpu: dict[str, float] = {}

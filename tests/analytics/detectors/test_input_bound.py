@@ -91,3 +91,19 @@ def test_the_finding_states_its_numbers_exactly(fleet) -> None:
     assert b.summary == ("input-bound: 30% of step time waiting for input (highly input-bound); "
                          "accelerators 43% busy, host CPU 88% (saturated)")
     assert u.confidence == 0.7 and u.summary.endswith("accelerators 90% busy, host CPU 20%")
+
+
+def test_one_job_judged_healthy_or_with_half_its_hardware_costs_no_other_job(fleet) -> None:
+    """Jobs are judged in name order, each on its own: a healthy one before, and one whose
+    node sent GPU samples but no host samples (the hardware then backs nothing)."""
+    def build(s):
+        _job(s, "a-healthy", 30, 0.01, util=0.9, cpu=0.2)
+        _job(s, "b-gpu-only", 30, 0.3, util=0.2)
+        _job(s, "c-waits", 30, 0.3)
+
+    con, _ = fleet(build)
+    f = {j: v[0] for j, v in found(con, "input_bound").items()}
+    assert set(f) == {"b-gpu-only", "c-waits"}
+    g = f["b-gpu-only"]
+    assert (g.confidence, g.evidence["evidence"], g.evidence["gpu_util_ratio"], g.evidence["host_cpu_util_ratio"]) == (
+        0.8, "input wait", 0.2, None)
