@@ -98,7 +98,7 @@ class Engine:
         """Load the alerts a previous run left (of rules still loaded)."""
         rows = con.execute(
             "SELECT rule, fingerprint, labels, annotations, state, value, active_at, fired_at, last_seen, "
-            "resolved_at, last_sent, sent_resolved, inhibited_by, notified FROM alerts"
+            "resolved_at, last_sent, sent_resolved, inhibited_by, notified FROM alerts ORDER BY rule, fingerprint"
         ).fetchall()
         n = 0
         with self.lock:

@@ -191,3 +191,48 @@ def test_rendering_and_fingerprints() -> None:
     r = alerts.Rule("A", "g", "f")
     assert alerts.fingerprint(r, {"a": "1", "b": "2"}) == alerts.fingerprint(r, {"b": "2", "a": "1"})
     assert alerts.fingerprint(r, {"a": "1"}) != alerts.fingerprint(alerts.Rule("B", "g", "f"), {"a": "1"})
+
+
+def test_a_restart_restores_every_field_of_every_alert_and_skips_rules_no_longer_loaded(
+        con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    import dataclasses
+    import datetime as dt
+
+    e = engine(con, tmp_path, HOT)
+    for t in range(0, 50, 10):
+        hot(con, "n1", t)
+        hot(con, "n2", t, temp=95.5)
+    step(e, con, at(10))
+    step(e, con, at(40))
+    a = e.alerts[next(k for k in e.alerts if "n2" in e.alerts[k].labels.values())]
+    a.state, a.inhibited_by, a.last_sent, a.notified = "inhibited", "revocation of n2 at x", at(41), True
+    step(e, con, at(85))  # n1 and n2 resolve (n2 from inhibited)
+    for key in list(e.alerts)[:1]:
+        e.alerts[key].sent_resolved = True
+    for g in e.groups:
+        e.save(con, g, at(85))
+    # an alert of a rule no longer in the files, sorted before the others
+    con.execute("INSERT INTO alerts SELECT 'a-gone/Old', fingerprint, labels, annotations, state, value, active_at, "
+                "fired_at, last_seen, resolved_at, last_sent, sent_resolved, inhibited_by, updated_at, notified "
+                "FROM alerts LIMIT 1")
+    e2 = engine(con, tmp_path, HOT)
+    assert e2.restore(con) == 2
+    assert {k: dataclasses.asdict(v) for k, v in e2.alerts.items()} == {
+        k: dataclasses.asdict(v) for k, v in e.alerts.items()}
+    assert {a.value for a in e2.alerts.values()} == {90.0, 95.5}
+    assert all(isinstance(a.resolved_at, dt.datetime) for a in e2.alerts.values())
+
+
+def test_an_undelivered_resolution_is_kept_one_day_at_most(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    import datetime as dt
+
+    e = engine(con, tmp_path, HOT)
+    e.receivers.append(object())  # a receiver that never takes it
+    for t in range(0, 50, 10):
+        hot(con, "n1", t)
+    step(e, con, at(10))
+    step(e, con, at(40)).get("Hot").notified = True
+    assert step(e, con, at(85))["Hot"].state == "resolved"
+    day = 85 + 86400
+    assert step(e, con, at(day))["Hot"].state == "resolved"  # a day exactly: still owed
+    assert step(e, con, at(day) + dt.timedelta(seconds=0.5)) == {}
