@@ -303,3 +303,75 @@ def test_closing_writes_carried_notices_and_counts_what_it_cannot(tmp_path: Path
     sp.pending = 1
     sp.close()
     assert all_read(tmp_path) == [b'{"type":"lifecycle","n":1}'] and sp.dropped_total == 0
+
+
+def test_a_write_the_disk_refuses_counts_the_events_and_any_carried_notices_as_dropped(tmp_path: Path, monkeypatch) -> None:
+    """Not a full disk (a read-only remount): nothing can be dropped to make room, so the
+    write and the urgent lines carried from a dropped segment are lost, and counted."""
+    import errno
+
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    sp.append(lines(3), 3)
+    sp._carry = [b'{"type":"lifecycle","n":1}\n']  # carried, and still counted as pending
+    sp.pending += 1
+
+    def refuse(data: bytes) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(sp, "_write", refuse)
+    assert sp.append(lines(2, 3), 2) is False
+    assert (sp.dropped_total, sp.pending, sp._carry) == (3, 3, [])
+    assert sp.problem is not None and sp.problem.startswith("Read-only file system") and not sp._no_room
+    sp._carry = [b'{"type":"lifecycle","n":2}\n']  # carried but no longer pending: never below 0
+    sp.pending = 0
+    assert sp.append(lines(1, 5), 1) is False
+    assert (sp.dropped_total, sp.pending) == (5, 0)
+
+
+@pytest.mark.parametrize("free_segments, recovered", [(2, True), (1.99, False)])
+def test_a_full_disk_counts_as_recovered_once_two_segments_are_free(tmp_path: Path, monkeypatch, caplog,
+                                                                   free_segments: float, recovered: bool) -> None:
+    import errno
+    import logging
+
+    sp = Spool(tmp_path, segment_bytes=1 << 20, fsync=False)
+    sp.open()
+    sp._trouble(OSError(errno.ENOSPC, "No space left on device"))
+    assert sp._no_room
+
+    class Vfs:
+        f_frsize = 4096
+        f_bavail = int(free_segments * (1 << 20)) // 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda p: Vfs())
+    caplog.set_level(logging.WARNING, logger="cmdare.agent.spool")
+    assert sp.append(lines(1), 1) is True
+    assert (sp.problem is None) is recovered
+    assert any("writing again after" in r.getMessage() for r in caplog.records) is recovered
+    monkeypatch.setattr(os, "statvfs", lambda p: (_ for _ in ()).throw(OSError(errno.EIO, "gone")))
+    sp._trouble(OSError(errno.ENOSPC, "No space left on device"))
+    assert sp.append(lines(1, 1), 1) is True and sp.problem is not None  # cannot tell: still in trouble
+
+
+def test_closing_survives_a_disk_that_fails_fsync_and_close(tmp_path: Path, monkeypatch, caplog) -> None:
+    import errno
+    import logging
+
+    sp = Spool(tmp_path)  # fsync on
+    sp.open()
+    sp.append(lines(1), 1)
+    caplog.set_level(logging.WARNING, logger="cmdare.agent.spool")
+
+    def eio(*a):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", eio)
+    sp._carry = [b'{"type":"lifecycle","n":1}\n']
+    monkeypatch.setattr(sp, "_write", eio)
+    sp.pending += 1
+    sp.close()  # must not raise
+    said = [r.getMessage() for r in caplog.records]
+    assert any("1 urgent events (notices, lifecycle) could not be written: dropped" in m for m in said)
+    assert any(m.startswith("spool: the last writes may not be on disk") for m in said)
+    assert sp.dropped_total == 1 and sp.pending == 1 and sp._f is None
