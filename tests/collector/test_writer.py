@@ -516,3 +516,34 @@ def test_different_events_at_the_same_instant_are_all_stored(db, form: str) -> N
     r = w.write([("t:3", msg(first[:1] + later[1:]))])  # true repeats, same ts
     assert (r.inserted, r.duplicates) == (0, 2)
     assert db.execute('SELECT list("index" ORDER BY "index") FROM gpu_samples').fetchone()[0] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("form", ["json", "rows", "blocks"])
+def test_every_line_of_a_batch_is_accounted_for_exactly(db, form: str) -> None:
+    """What the summary line and the metrics say: every line stored, a duplicate, or dead
+    (bytes that are not UTF-8 count as dead, not as lines); empty messages counted apart;
+    events far off the collector's clock stored and counted as skewed."""
+    import time
+
+    f = EventFactory("n", "worker", "j", rows=form != "json")
+    t = time.time()
+    g = [f.line("gpu", {"index": i, "uuid": f"G{i}"}, t) for i in range(5)]
+    hb = f.line("heartbeat", {"seq": 1}, t)
+    old = f.line("host", {"cpu_util_ratio": 0.5}, t - 3 * 86400)  # three days off
+
+    def m(ls: list[bytes]) -> bytes:
+        x = b"".join(ls)
+        return columns.encode(x) if form == "blocks" else x
+
+    unknown = (b'{"v":1,"id":"u1","ts":%.1f,"node":"n","role":"worker","type":"futuristic","data":{"x":1}}\n' % t)
+    w = Writer(db, max_skew=86400)
+    r = w.write([("a", m(g)), ("b", m(g[:2] + [hb, old])), ("c", b""), ("d", b"not json\n\xff\xfe bad\n"),
+                 ("e", unknown)])
+    assert {k: v for k, v in r.rows.items() if v} == {"gpu_samples": 5, "heartbeats": 1, "host_samples": 1,
+                                                      "unknown_events": 1}
+    assert (r.inserted, r.duplicates, r.dead, r.not_utf8, r.empty, r.skewed, r.lines) == (8, 2, 2, 1, 1, 1, 11)
+    assert r.lines + r.not_utf8 == r.inserted + r.duplicates + r.dead
+    assert count(db, "clock_skew") == 1 and count(db, "dead_letters") == 2
+    again = w.write([("a", m(g)), ("b", m([hb, old])), ("e", unknown)])  # a replay: all of it once more
+    assert (again.inserted, again.duplicates, again.dead, again.skewed) == (0, 8, 0, 0)
+    assert count(db, "clock_skew") == 1
