@@ -31,7 +31,7 @@ def test_the_noise_floor_is_an_option(fleet) -> None:
     assert got.rank == 0 and 1.1 <= got.evidence["slowdown"] < 1.25
 
 
-def _ranks(s, job: str, times: list[list[float]], hw: dict[int, tuple[float, float, int]] | None = None) -> None:
+def _ranks(s, job: str, times: list[list[float]], hw: dict[int, tuple[float, float | None, int]] | None = None) -> None:
     """Steps of ``job``: ``times[rank][window]`` seconds a step, three records a 300 s window;
     ``hw``: rank -> (GPU utilisation, host CPU, GPU samples of 8 throttled) on its node."""
     from cmdare.wire.events import EventFactory
@@ -45,7 +45,8 @@ def _ranks(s, job: str, times: list[list[float]], hw: dict[int, tuple[float, flo
                 s.events.append(f.make("gpu", {"index": 0, "uuid": f"G-{job}-{rank}", "util_gpu_ratio": util,
                                                "throttle_mask": 0x20 if k < throttled else 0},
                                        t0 + 5 + 10 * k))
-                s.events.append(f.make("host", {"cpu_util_ratio": cpu}, t0 + 5 + 10 * k))
+                if cpu is not None:
+                    s.events.append(f.make("host", {"cpu_util_ratio": cpu}, t0 + 5 + 10 * k))
         for w, t in enumerate(per_window):
             for k in range(3):
                 s.events.append(f.make("train_steps", {"run": "r", "rank": rank, "steps": 10,
@@ -138,3 +139,14 @@ def test_persistence_counts_from_exactly_the_share_and_max_z_is_capped(fleet) ->
     assert found(con, "straggler")["half"][0].evidence["persistent"] is True
     capped = found(con, "straggler", min_spread="0")["lockstep"][0]
     assert capped.evidence["max_z"] == 1e6  # an infinite z-score, shown as a million
+
+
+def test_host_cpu_is_noted_only_when_it_stands_out_and_a_node_without_host_samples_is_fine(fleet) -> None:
+    times = [[1.0] * 4 for _ in range(4)] + [[1.5] * 4]
+    calm = {r: (0.75, 0.25, 0) for r in range(4)} | {4: (0.75, 0.375, 0)}  # 0.125 above its peers: no note
+    nohost = {r: (0.75, 0.25, 0) for r in range(4)} | {4: (0.75, None, 0)}
+    con, _ = fleet(lambda s: (_ranks(s, "calm", times, calm), _ranks(s, "nohost", times, nohost)))
+    f = {j: v[0] for j, v in found(con, "straggler").items()}
+    assert f["calm"].evidence["peer_host_cpu_util_ratio"] == 0.25 and "its node showed" not in f["calm"].summary
+    n = f["nohost"]
+    assert n.evidence["host_cpu_util_ratio"] is None and "peer_host_cpu_util_ratio" not in n.evidence
