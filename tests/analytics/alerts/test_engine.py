@@ -236,3 +236,93 @@ def test_an_undelivered_resolution_is_kept_one_day_at_most(con: duckdb.DuckDBPyC
     day = 85 + 86400
     assert step(e, con, at(day))["Hot"].state == "resolved"  # a day exactly: still owed
     assert step(e, con, at(day) + dt.timedelta(seconds=0.5)) == {}
+
+
+def test_retention_edges_timings_and_error_texts(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    e = engine(con, tmp_path, HOT + """
+      - alert: Broken
+        expr: SELECT node, 1 / 0 AS value, error('boom at ' || node) AS x FROM gpu_samples
+""")
+    for t in range(0, 50, 10):
+        hot(con, "n1", t)
+    step(e, con, at(10))
+    step(e, con, at(40))
+    assert step(e, con, at(85))["Hot"].state == "resolved"
+    assert step(e, con, at(85 + 900))["Hot"].state == "resolved"  # 15 minutes exactly: still kept
+    h = e.health["g/Broken"]
+    assert (h.health, h.last_error) == ("error", "expr failed: Invalid Input Error: boom at n1")
+    ok = e.health["g/Hot"]
+    assert 0 <= ok.eval_seconds < 10 and 0 <= h.eval_seconds < 10
+
+
+def test_a_late_delivery_of_an_earlier_episode_does_not_count_for_the_current_one(con: duckdb.DuckDBPyConnection,
+                                                                                  tmp_path: Path) -> None:
+    e = engine(con, tmp_path, HOT)
+    r = type("R", (), {"resolved_sent": set()})()
+    e.receivers.append(r)
+    for t in list(range(0, 50, 10)) + list(range(200, 260, 10)):
+        hot(con, "n1", t)
+    step(e, con, at(10))
+    first = step(e, con, at(40))["Hot"].fired_at
+    step(e, con, at(85))
+    step(e, con, at(200))
+    a = step(e, con, at(230))["Hot"]
+    key = (a.rule, a.fingerprint)
+    assert a.fired_at != first
+    r.resolved_sent.add((key, first))
+    e.delivered([(key, first, True), (key, a.fired_at, False)], at(231))  # the old one's first
+    assert a.last_sent == at(231) and not a.sent_resolved  # only the current episode's delivery counted
+
+
+TWO = """
+groups:
+  - name: g
+    interval: 10s
+    rules:
+      - alert: A
+        expr: SELECT 'a' AS k, 1 AS value
+      - alert: B
+        expr: SELECT node, 1 AS value FROM heartbeats WHERE ts > eval_time() - INTERVAL 30 SECOND AND ts <= eval_time()
+"""
+
+
+def test_one_rule_clearing_resolves_its_alerts_whatever_the_others_hold(con: duckdb.DuckDBPyConnection,
+                                                                        tmp_path: Path) -> None:
+    e = engine(con, tmp_path, TWO)
+    insert(con, "heartbeats", ts=at(0), node="n1", seq=1)
+    assert {a.labels["alertname"]: a.state for a in e.snapshot() or []} == {}
+    got = step(e, con, at(10))
+    assert {k: v.state for k, v in got.items()} == {"A": "firing", "B": "firing"}
+    got = step(e, con, at(60))  # B's heartbeat is older than 30 s now; A's alert comes first
+    assert {k: v.state for k, v in got.items()} == {"A": "firing", "B": "resolved"}
+
+
+def test_inhibition_follows_each_nodes_own_revocation(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    """Two revoked nodes: one revoked long ago (its inhibition lifts) while another's is
+    recent (inhibited), and a window that ends exactly at the notice still counts."""
+    import datetime as dt
+
+    e = engine(con, tmp_path, INHIBIT, inhibit_window=600)
+    boot = at(0).replace(tzinfo=dt.timezone.utc).timestamp()
+    for n, job in (("n1", "j1"), ("n3", "j3")):
+        insert(con, "nodes", node=n, role="worker", job=job, first_seen=at(0), last_seen=at(900))
+        insert(con, "lifecycle_events", ts=at(1), node=n, job=job, event="agent_start", boot_time=boot,
+               interval_seconds=10.0, instance=f"i-{n}")
+        insert(con, "heartbeats", ts=at(100), node=n, job=job, seq=10)
+    insert(con, "revocations", ts=at(90), node="n1", job="j1", cloud="gce", kind="preemption", revokes=True,
+           boot_time=boot)
+    for n, job in (("n1", "j1"), ("n3", "j3")):
+        insert(con, "gpu_samples", ts=at(100), node=n, job=job, **{"index": 0}, uuid=f"G-{n}", util_gpu_ratio=0.0)
+    step(e, con, at(110))
+    assert {a.labels["node"]: a.state for a in e.snapshot() if a.rule == "g/Idle"} == {"n1": "inhibited",
+                                                                                       "n3": "firing"}
+    insert(con, "revocations", ts=at(650), node="n3", job="j3", cloud="gce", kind="preemption", revokes=True,
+           boot_time=boot)
+    for n, job in (("n1", "j1"), ("n3", "j3")):
+        insert(con, "gpu_samples", ts=at(690), node=n, job=job, **{"index": 0}, uuid=f"G-{n}", util_gpu_ratio=0.0)
+    step(e, con, at(690))  # n1's notice 600 s ago exactly: still inhibited
+    assert {a.labels["node"]: a.state for a in e.snapshot() if a.rule == "g/Idle"} == {"n1": "inhibited",
+                                                                                       "n3": "inhibited"}
+    step(e, con, at(700))  # n1's notice is past the window; n3's is recent
+    assert {a.labels["node"]: a.state for a in e.snapshot() if a.rule == "g/Idle"} == {"n1": "firing",
+                                                                                       "n3": "inhibited"}
