@@ -204,6 +204,7 @@ def test_a_restart_restores_every_field_of_every_alert_and_skips_rules_no_longer
         hot(con, "n2", t, temp=95.5)
     step(e, con, at(10))
     step(e, con, at(40))
+    step(e, con, at(60))  # still seen (its window reaches back to 40): last_seen after fired_at
     a = e.alerts[next(k for k in e.alerts if "n2" in e.alerts[k].labels.values())]
     a.state, a.inhibited_by, a.last_sent, a.notified = "inhibited", "revocation of n2 at x", at(41), True
     step(e, con, at(85))  # n1 and n2 resolve (n2 from inhibited)
@@ -326,3 +327,27 @@ def test_inhibition_follows_each_nodes_own_revocation(con: duckdb.DuckDBPyConnec
     step(e, con, at(700))  # n1's notice is past the window; n3's is recent
     assert {a.labels["node"]: a.state for a in e.snapshot() if a.rule == "g/Idle"} == {"n1": "firing",
                                                                                        "n3": "inhibited"}
+
+
+def test_documented_defaults_and_a_zero_value_survive(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    """docs/alerts.md: a rule's query may run 30 s; --inhibit-window defaults to 30 minutes.
+    A rule whose value is 0 is restored as 0 (not as "no value")."""
+    e = engine(con, tmp_path, ZERO)
+    assert (e.rule_timeout, e.inhibit_window, alerts.Engine([]).inhibit_window) == (30.0, 1800.0, 1800.0)
+    assert e.health["g/Zero"].instances == 0
+    a = step(e, con, at(10))["Zero"]
+    assert a.value == 0.0 and a.annotations == {}  # a SQL rule gets no summary of its own
+    for g in e.groups:
+        e.save(con, g, at(10))
+    e2 = engine(con, tmp_path, ZERO)
+    e2.restore(con)
+    assert [x.value for x in e2.snapshot()] == [0.0]
+
+
+ZERO = """
+groups:
+  - name: g
+    rules:
+      - alert: Zero
+        expr: SELECT 'z' AS k, 0 AS value
+"""
