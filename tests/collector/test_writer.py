@@ -547,3 +547,14 @@ def test_every_line_of_a_batch_is_accounted_for_exactly(db, form: str) -> None:
     again = w.write([("a", m(g)), ("b", m([hb, old])), ("e", unknown)])  # a replay: all of it once more
     assert (again.inserted, again.duplicates, again.dead, again.skewed) == (0, 8, 0, 0)
     assert count(db, "clock_skew") == 1
+
+
+@pytest.mark.parametrize("form", ["json", "rows", "blocks"])
+def test_a_single_event_repeated_once_in_a_batch_is_stored_once(db, form: str) -> None:
+    f = EventFactory("n", "worker", "j", rows=form != "json")
+    t = 1.75e9
+    one = f.line("gpu", {"index": 0, "uuid": "G0"}, t)
+    other = f.line("host", {"cpu_util_ratio": 0.5}, t)
+    text = one + other + one
+    r = Writer(db).write([("a", columns.encode(text) if form == "blocks" else text)])
+    assert (r.inserted, r.duplicates) == (2, 1) and count(db, "gpu_samples") == 1
