@@ -99,14 +99,19 @@ def test_every_mutation_target_is_in_the_testing_doc_with_modules_and_tests_that
 @pytest.mark.parametrize("registry, doc", [(DETECTORS, "docs/detectors.md"), (RECOMMENDERS, "docs/recommendations.md")],
                          ids=["detector", "recommender"])
 def test_every_documented_default_is_the_units_default(registry, doc) -> None:
-    """A user reads the default in the docs' option table: it must be the one the unit uses."""
+    """A user reads the default and the range of each option in the docs' option table:
+    they must be the ones the unit uses (a bound loosened or tightened in code fails here)."""
     text = (ROOT / doc).read_text()
     for name, cls in registry.items():
         section = re.split(rf"^## {name}(?: .*)?$", text, flags=re.M)[1].split("\n## ")[0]
-        rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]*?) \|", section, re.M))
+        assert "| option | default | range | meaning |" in section, f"{doc} {name}: no option table with a range"
+        table = re.findall(r"^\| `(\w+)` \| ([^|]*?) \| ([^|]*?) \|", section, re.M)
+        rows = {opt: default for opt, default, _ in table}
+        ranges = {opt: rng for opt, _, rng in table}
+        assert set(rows) == set(cls.OPTIONS), f"{doc} {name}: the table has {sorted(rows)}, the unit {sorted(cls.OPTIONS)}"
         for opt, o in cls.OPTIONS.items():
-            if opt not in rows:
-                continue
+            assert ranges[opt].strip() == o.accepts(), (
+                f"{doc} says {name}.{opt} accepts {ranges[opt].strip()!r}; the code accepts {o.accepts()!r}")
             shown = rows[opt].strip()
             if o.kind in ("duration", "size"):
                 shown = shown.replace(" ", "").replace("min", "m")
@@ -118,3 +123,33 @@ def test_every_documented_default_is_the_units_default(registry, doc) -> None:
                 shown = shown.replace(",", "")
             assert o.parse(f"{name}.{opt}", shown) == o.parse(f"{name}.{opt}", o.default), (
                 f"{doc} says {name}.{opt} defaults to {rows[opt].strip()!r}; the code has {o.default!r}")
+
+
+def test_the_range_said_is_the_range_parsed() -> None:
+    """Option.accepts() (the docs' range column, the refusal message) says what parse
+    accepts: each bound itself accepted (unless open) and a step past it refused."""
+    from cmdare.wire.plugin import ConfigError
+
+    seen = 0
+    for registry in (DETECTORS, RECOMMENDERS):
+        for name, cls in registry.items():
+            for opt, o in cls.OPTIONS.items():
+                if o.kind not in ("int", "float"):
+                    continue
+                step = 1 if o.kind == "int" else 1e-9
+                lo = 0 if o.kind == "int" and o.lo is None else o.lo
+                key = f"{name}.{opt}"
+                for bound, past, is_open, word in ((lo, -step, o.lo_open, "above" if o.lo_open else "at least"),
+                                                   (o.hi, step, False, "to")):
+                    if bound is None:
+                        continue
+                    seen += 1
+                    assert f"{bound:g}" in o.accepts(), key
+                    with pytest.raises(ConfigError, match=re.escape(key)):
+                        o.parse(key, bound + past)
+                    if is_open:
+                        with pytest.raises(ConfigError):
+                            o.parse(key, bound)
+                    else:
+                        assert o.parse(key, bound) == bound, key
+    assert seen > 30

@@ -86,13 +86,25 @@ class Option:
             return f
         if lo is None and hi is None:
             raise ConfigError(f"{key}: expected a number, got {v!r}")
+        raise ConfigError(f"{key}: must be a number {self.accepts()}, got {v!r}")
+
+    def accepts(self) -> str:
+        """The values this option accepts, in words: the docs' option tables show it in
+        their ``range`` column (tests/test_docs.py holds the two equal) and a refused float
+        says it."""
+        k, lo, hi = self.kind, self.lo, self.hi
+        if k == "int":
+            lo = 0 if lo is None else lo
+        elif k != "float":
+            return {"bool": "true or false", "duration": "at least 0", "size": "at least 0",
+                    "list": "names"}.get(k) or (f"one of {', '.join(self.choices)}" if self.choices else "text")
+        if lo is None and hi is None:
+            return "any number"
         if hi is None:
-            where = f"above {lo:g}" if self.lo_open else f"at least {lo:g}"
-        elif lo is None:
-            where = f"at most {hi:g}"
-        else:
-            where = f"{'above' if self.lo_open else 'from'} {lo:g} {'and at most' if self.lo_open else 'to'} {hi:g}"
-        raise ConfigError(f"{key}: must be a number {where}, got {v!r}")
+            return f"above {lo:g}" if self.lo_open else f"at least {lo:g}"
+        if lo is None:
+            return f"at most {hi:g}"
+        return f"{'above' if self.lo_open else 'from'} {lo:g} {'and at most' if self.lo_open else 'to'} {hi:g}"
 
 
 def parse_str(key: str, v: Any) -> str:
