@@ -74,14 +74,14 @@ def check(con: duckdb.DuckDBPyConnection, query: str) -> None:
         raise SqlRefused("empty query: give one SELECT statement, e.g. SELECT count(*) FROM nodes")
     if len(stmts) > 1:
         raise SqlRefused(f"one statement at a time: the query has {len(stmts)}")
-    kind = stmts[0].type
-    if kind != duckdb.StatementType.SELECT:
+    (stmt,) = stmts
+    if stmt.type != duckdb.StatementType.SELECT:
         # the user's own word (INSTALL, RESET, CHECKPOINT say more than DuckDB's LOAD, SET,
         # CALL), except a WITH: then what the statement does (WITH ... DELETE: DELETE)
-        words = (getattr(stmts[0], "query", "") or query).split()
+        words = stmt.query.split()
         name = words[0].upper() if words and words[0].isalpha() else ""
         if name in ("", "WITH"):
-            name = str(kind).rsplit(".", 1)[-1]
+            name = stmt.type.name
         raise SqlRefused(f"only SELECT queries may run here (read-only, database only), not {name}")
     inner = _writing_node(con, query)
     if inner:
@@ -94,7 +94,8 @@ def _writing_node(con: duckdb.DuckDBPyConnection, query: str) -> str | None:
     import json
 
     try:
-        tree = json.loads(con.execute("SELECT json_serialize_sql($q::VARCHAR)", {"q": query}).fetchall()[0][0])
+        (text,) = con.execute("SELECT json_serialize_sql($q::VARCHAR)", {"q": query}).fetchone() or ("",)
+        tree = json.loads(text)
     except RecursionError:
         raise SqlRefused("the query nests too deeply to be checked: write it flatter (a CTE per level)") from None
     except (duckdb.Error, ValueError) as e:
@@ -107,7 +108,7 @@ def _writing_node(con: duckdb.DuckDBPyConnection, query: str) -> str | None:
         if isinstance(x, dict):
             t = x.get("type")
             if isinstance(t, str) and t.endswith("_NODE") and t not in READ_NODES:
-                return t.split("_", 1)[0]
+                return t.partition("_")[0]
             stack.extend(x.values())
         elif isinstance(x, list):
             stack.extend(x)
@@ -124,8 +125,7 @@ def interrupt_after(con: duckdb.DuckDBPyConnection, timeout: float) -> Iterator[
         fired.set()
         con.interrupt()
 
-    timer = threading.Timer(timeout, stop)
-    timer.daemon = True
+    timer = threading.Timer(timeout, stop)  # cancelled below, whatever happens
     timer.start()
     try:
         yield fired
@@ -144,6 +144,8 @@ def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, ti
             rows: list[tuple[Any, ...]] = []
             size = 0
             while len(rows) <= max_rows:
+                # mutation-equivalent: NumberReplacer, ReplaceBinaryOperator_Sub_Add: how many rows one fetch
+                # asks for (at most 2,048), never which rows are kept
                 chunk = cur.fetchmany(min(2048, max_rows + 1 - len(rows)))
                 if not chunk:
                     break
@@ -158,7 +160,7 @@ def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, ti
             if isinstance(e, duckdb.PermissionException):
                 raise SqlRefused(
                     "the query may read the database only: file, network and extension access are off "
-                    f"({_first(e).split(': ', 1)[-1]})"
+                    f"({_first(e).rpartition(': ')[2]})"
                 ) from None
             raise SqlRefused(f"query failed: {_first(e)}") from None
     return SqlResult(cols, rows[:max_rows], len(rows) > max_rows, "rows" if len(rows) > max_rows else "")

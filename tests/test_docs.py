@@ -139,8 +139,7 @@ def test_the_range_said_is_the_range_parsed() -> None:
                 step = 1 if o.kind == "int" else 1e-9
                 lo = 0 if o.kind == "int" and o.lo is None else o.lo
                 key = f"{name}.{opt}"
-                for bound, past, is_open, word in ((lo, -step, o.lo_open, "above" if o.lo_open else "at least"),
-                                                   (o.hi, step, False, "to")):
+                for bound, past, is_open in ((lo, -step, o.lo_open), (o.hi, step, False)):
                     if bound is None:
                         continue
                     seen += 1

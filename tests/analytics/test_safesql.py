@@ -183,3 +183,37 @@ def test_the_permission_error_keeps_duckdbs_reason_without_its_prefix(con) -> No
 ])
 def test_errors_are_cut_to_their_first_line_and_duckdbs_hint(text: str, first: str) -> None:
     assert safesql._first(ValueError(text)) == first
+
+
+class _Serialised:
+    """A connection whose ``json_serialize_sql`` answers ``text`` (None: no row): the tree
+    reader's defensive paths, which a healthy DuckDB does not take."""
+
+    def __init__(self, text: str | None) -> None:
+        self.text = text
+
+    def execute(self, sql: str, params: dict) -> _Serialised:
+        assert sql.startswith("SELECT json_serialize_sql(") and set(params) == {"q"}
+        return self
+
+    def fetchone(self) -> tuple[str] | None:
+        return None if self.text is None else (self.text,)
+
+
+@pytest.mark.parametrize("text", ['{"statements": [', "", None, "[1, 2"])
+def test_a_parse_tree_that_cannot_be_read_is_refused_not_a_crash(text: str | None) -> None:
+    with pytest.raises(SqlRefused, match=r"^query does not parse: \S"):
+        safesql._writing_node(_Serialised(text), "SELECT 1")
+
+
+def test_a_serialiser_error_is_refused_with_its_message_cut_at_200_characters() -> None:
+    import json
+
+    tree = json.dumps({"error": True, "error_message": "Not implemented: " + "x" * 500})
+    with pytest.raises(SqlRefused) as e:
+        safesql._writing_node(_Serialised(tree), "SELECT 1")
+    assert str(e.value) == "query does not parse: " + ("Not implemented: " + "x" * 500)[:200]
+    assert safesql._writing_node(_Serialised(json.dumps({"statements": [{"node": {"type": "SELECT_NODE"}}]})),
+                                 "SELECT 1") is None
+    assert safesql._writing_node(_Serialised(json.dumps({"statements": [{"node": {"type": "DELETE_QUERY_NODE"}}]})),
+                                 "SELECT 1") == "DELETE"
