@@ -13,6 +13,8 @@ from .. import evidence
 from ..evidence import BUCKET_SECONDS
 from ..units import DETECTORS, Detector, Finding, Scope
 
+HOUR = dt.timedelta(hours=1).total_seconds()
+
 
 def _gpus(rows: list[tuple]) -> str:
     return ",".join(str(r) for r in sorted(rows))
@@ -56,7 +58,7 @@ class GpuIdle(Detector):
                     by_node.setdefault(r[1], []).append(r)
                 for node, rs in by_node.items():
                     on_node = [r for r in gpus if r[1] == node]
-                    hours = sum(r[4] * r[9] for r in rs) / 3600
+                    hours = sum(r[4] * r[9] for r in rs) / HOUR
                     util = sum((r[5] or 0) for r in rs) / len(rs)
                     out.append(
                         Finding(
@@ -109,7 +111,7 @@ class GpuIdle(Detector):
             by_node.setdefault(r[0], []).append(r)
         out = []
         for node, rs in by_node.items():
-            hours = sum(r[2] for r in rs) / 3600
+            hours = sum(r[2] for r in rs) / HOUR
             mem = sum(r[3] for r in rs) / len(rs)
             job = self._job_of(con, scope, node, min(r[4] for r in rs))
             if scope.job is not None and job != scope.job:
@@ -141,13 +143,13 @@ class GpuIdle(Detector):
         else the agent's job on the GPU samples."""
         if evidence.has_rows(con, "steps"):
             s = evidence.spans(con, scope)
-            r = con.execute(
+            (job,) = con.execute(
                 f"SELECT arg_max(job, t1) FROM {s} WHERE node = ? AND t0 <= ? + INTERVAL {BUCKET_SECONDS} SECOND",
                 [node, since],
-            ).fetchall()
-            if r and r[0][0]:
-                return r[0][0]
-        r = con.execute(
+            ).fetchone() or (None,)
+            if job:
+                return job
+        (job,) = con.execute(
             "SELECT arg_max(job, ts) FROM gpu_samples WHERE node = ? AND job IS NOT NULL AND job <> ''", [node]
-        ).fetchall()
-        return r[0][0] if r and r[0][0] else None
+        ).fetchone() or (None,)
+        return job or None

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from cmdare.analytics.units import Scope
+
 from .conftest import found
 
 
@@ -26,4 +28,97 @@ def test_every_gpu_idle_is_a_stalled_job_and_options_apply(fleet) -> None:
     con, _ = fleet(lambda s: s.sim_job(kind="stalled", nodes=1, gpus=2, idle=((0, 0), (0, 1))))
     f = found(con, "gpu_idle")["sim-stalled-1"][0]
     assert f.severity == "critical" and f.evidence["job_stalled"] is True
+    assert f.summary.endswith("GPU-hours wasted); every GPU of the job is idle: stalled?")
     assert found(con, "gpu_idle", min_idle="2h") == {}
+
+
+T0 = 1.75e9 - (1.75e9 % 300)  # a 5-minute bucket's start
+GIB = 2**30
+
+
+def _steps(s, node: str, job: str, start: float, end: float) -> None:
+    """``job`` steps on ``node`` from ``start`` to ``end`` (one record a minute)."""
+    from cmdare.wire.events import EventFactory
+
+    f = EventFactory(node, "worker", job)
+    for ts in range(int(start) + 60, int(end) + 1, 60):
+        s.events.append(f.make("train_steps", {"run": "r", "steps": 60, "steps_per_second": 1.0,
+                                               "interval_seconds": 60.0}, float(ts)))
+
+
+def _gpu(s, node: str, index: int, buckets: dict[int, float], mem: int | None = None, job: str = "") -> None:
+    """GPU ``index`` of ``node`` sampled every 10 s: ``buckets``: bucket number -> utilisation."""
+    from cmdare.wire.events import EventFactory
+
+    f = EventFactory(node, "worker", job)
+    for b, util in buckets.items():
+        for k in range(30):
+            data = {"index": index, "uuid": f"G-{node}-{index}", "util_gpu_ratio": util}
+            if mem is not None:
+                data["mem_used_bytes"] = mem
+            s.events.append(f.make("gpu", data, T0 + 300 * b + 10 * k + 5))
+
+
+def _utc(ts: float):
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).replace(tzinfo=None)
+
+
+def test_an_idle_gpu_finding_states_its_numbers_exactly(fleet) -> None:
+    """Job "exact" steps for three buckets (900 s) on two nodes. On n0, GPU 0 is idle the
+    whole time (900 s), GPU 1 exactly min_idle (600 s, 2 of 3 buckets), GPU 2 idle one
+    bucket of the two it reported (300 s: half its time but under min_idle); n1's GPU is busy."""
+    def build(s):
+        for node in ("exact-n0", "exact-n1"):
+            _steps(s, node, "exact", T0, T0 + 900)
+        _gpu(s, "exact-n0", 0, {0: 0.0, 1: 0.0, 2: 0.0}, mem=3 * GIB + 2)
+        _gpu(s, "exact-n0", 1, {0: 0.01, 1: 0.03, 2: 0.5})  # no memory reported
+        _gpu(s, "exact-n0", 2, {0: 0.0, 1: 0.9})
+        _gpu(s, "exact-n1", 0, {0: 0.9, 1: 0.9, 2: 0.9}, mem=5 * GIB)
+
+    con, _ = fleet(build)
+    (f,) = found(con, "gpu_idle")["exact"]  # nothing reported as memory held outside a job
+    util = (0.0 + (0.01 + 0.03 + 0.5) / 3) / 2
+    assert f.evidence == {
+        "idle_gpus": 2, "gpus": 3, "gpu_hours_wasted": 0.417, "mean_util_ratio": round(util, 4),
+        "idle_share": 0.833, "mem_used_bytes": (3 * GIB + 2) // 2, "job_stalled": False,
+    } and round(1500 / 3600, 4) == 0.4167 and round(150 / 180, 4) == 0.8333  # kept to 3 places
+    assert f.summary == "2 of 3 GPUs on exact-n0 idle while the job ran (mean 9% busy; 0.4 GPU-hours wasted)"
+    assert (f.node, f.subject, f.severity, f.confidence, f.suggests) == ("exact-n0", "0,1", "warning", 0.9, ("cluster",))
+    assert (f.window_start, f.window_end) == (_utc(T0), _utc(T0 + 900))
+    # GPU 1 at exactly 2/3 of its time idle: min_share is "at least"
+    assert found(con, "gpu_idle", min_share=repr(2 / 3))["exact"][0].subject == "0,1"
+    assert found(con, "gpu_idle", min_share="0.67")["exact"][0].subject == "0"
+    assert found(con, "gpu_idle", min_idle="601s")["exact"][0].subject == "0"
+    assert found(con, "gpu_idle", idle_util="0.02")["exact"][0].subject == "0"  # GPU 1's second bucket: busy
+
+
+def test_memory_held_with_no_job_stepping_is_named_with_the_job_that_left_it(fleet) -> None:
+    """Node left-n0: job "left-a" steps in bucket 0, its two GPUs then hold memory idle in
+    buckets 1 and 2, when job "left-b" starts at bucket 3's first instant; left-b's bucket is
+    its own, and GPU 0 holds memory idle again after it (bucket 4: 900 s in all, GPU 1 600 s). The finding names left-a (the last job to step before the
+    memory was left), not left-b nor the agent's own job label. Node lone-n0 never ran a
+    job: its finding is the agent's job."""
+    def build(s):
+        _steps(s, "left-n0", "left-a", T0, T0 + 240)
+        _steps(s, "left-n0", "left-b", T0 + 900, T0 + 1140)
+        _gpu(s, "left-n0", 0, {0: 0.9, 1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}, mem=2 * GIB, job="agent-label")
+        _gpu(s, "left-n0", 1, {0: 0.9, 1: 0.0, 2: 0.0}, mem=4 * GIB + 2, job="agent-label")
+        _gpu(s, "lone-n0", 0, {0: 0.0, 1: 0.0}, mem=GIB, job="lone")
+        _gpu(s, "none-n0", 0, {0: 0.0, 1: 0.0}, mem=GIB)  # no job anywhere: none named
+
+    con, _ = fleet(build)
+    f = found(con, "gpu_idle")
+    assert set(f) == {"left-a", "lone", ""}
+    (left,) = f["left-a"]
+    assert left.evidence == {"idle_gpus": 2, "gpu_hours_wasted": 0.417, "mem_used_bytes": 3 * GIB + 1,
+                             "in_job": False}
+    assert left.summary == "2 GPUs on left-n0 hold 3.0 GiB each with no work and no job stepping (0.4 GPU-hours)"
+    assert (left.node, left.subject, left.severity, left.confidence) == ("left-n0", "0,1", "warning", 0.8)
+    assert (left.window_start, left.window_end) == (_utc(T0 + 300), _utc(T0 + 1500))
+    (lone,) = f["lone"]
+    assert (lone.node, lone.evidence["gpu_hours_wasted"], lone.evidence["mem_used_bytes"]) == ("lone-n0", 0.167, GIB)
+    assert f[""][0].node == "none-n0" and f[""][0].job is None
+    assert found(con, "gpu_idle", min_mem="1025MiB").keys() == {"left-a"}
+    assert set(found(con, "gpu_idle", Scope(job="lone"))) == {"lone"}
