@@ -92,7 +92,8 @@ def test_every_mutation_target_is_in_the_testing_doc_with_modules_and_tests_that
     loader.exec_module(m)
     doc = (ROOT / "docs" / "testing.md").read_text()
     for name, (module, tests) in m.TARGETS.items():
-        assert (ROOT / module).is_file() and all((ROOT / t.split("::")[0]).is_file() for t in tests), name
+        paths = [t for i, t in enumerate(tests) if not t.startswith("-") and not tests[i - 1].startswith("-")]
+        assert (ROOT / module).is_file() and all((ROOT / t.split("::")[0]).is_file() for t in paths), name
         assert re.search(rf"^\| `{name}` \| `{re.escape(module)}` \|", doc, re.M), f"{name}: no row in docs/testing.md"
 
 

@@ -146,13 +146,12 @@ class PsBound(Detector):
             used.append(f"marginal gain {gain:.2f} per worker from {w0} to {j.workers} workers")
             votes += gain < o["max_marginal_gain"]
         if cluster_fit is not None:
-            from ..models.cluster import predict_cluster
+            from ..models.cluster import ps_limit
 
             try:
-                p = predict_cluster(cluster_fit, [1.0 / s1] * j.workers, j.ps, j.params)
-            except Exception:  # noqa: BLE001
-                p = {}
-            lim = p.get("ps_limit_steps_per_second")
+                lim = ps_limit(cluster_fit, j.ps, j.params)
+            except Exception:  # noqa: BLE001 - a fit of another family layout: go without
+                lim = None
             if lim:
                 share = j.speed / lim
                 ev.update(ps_limit_steps_per_second=round(lim, 4), share_of_ps_limit=round(share, 3))

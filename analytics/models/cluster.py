@@ -74,13 +74,22 @@ def predict_cluster(fit: dict[str, Any], workers: list[float], ps: int, params: 
         hi += 1.0 / max(tl, 1e-9) if tl > 0 else float("inf")
     a, b, c, d = lin.params
     s = 4.0 * params / 1e9
-    k = c * s / max(ps, 1)
     out = {"steps_per_second": v, "lower": lo, "upper": hi, "expected_step_seconds": 1.0 / v}
-    if k > 0:
+    limit = ps_limit(fit, ps, params)
+    if limit is not None:
         base = sum(a * t1 for t1 in workers) / w + b * s + d
-        out["ps_limit_steps_per_second"] = 1.0 / k  # the asymptote as workers grow
-        out["workers_at_90pct_of_limit"] = 9.0 * base / k
+        out["ps_limit_steps_per_second"] = limit  # the asymptote as workers grow
+        out["workers_at_90pct_of_limit"] = 9.0 * base * limit
     return out
+
+
+def ps_limit(fit: dict[str, Any], ps: int, params: float) -> float | None:
+    """The cluster steps/s that ``ps`` parameter servers cap a model of ``params``
+    parameters at, whatever the workers (the fit's contention term: 1 / k, k = c x GB moved
+    a step / PS); None when the fit has no contention for it."""
+    c = Linear(**fit["model"]["linear"]).params[2]
+    k = c * (4.0 * params / 1e9) / max(ps, 1)
+    return 1.0 / k if k > 0 else None
 
 
 def single_worker_seconds(fit: dict[str, Any], speed: float, workers: int, ps: int, params: float) -> float | None:

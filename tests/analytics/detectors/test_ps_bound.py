@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import csv
+import datetime as dt
 
 import pytest
 from click.testing import CliRunner
 
+from cmdare.analytics import catalog
 from cmdare.analytics.cli import cli
+from cmdare.analytics.detectors.ps_bound import PsBound
+from cmdare.analytics.models.steady import JobSpeed
 from tests.analytics.conftest import DATA
 
 from .conftest import found
@@ -94,3 +98,136 @@ def test_the_cluster_fits_ps_limit_is_evidence_and_named(tmp_path) -> None:
     # the truth's contention grows with the weights moved: the big VGGs are flagged at fewer workers
     assert any(x.job.startswith("vgg") and x.evidence["workers"] == 2 for x in got)
     assert not any(x.job.startswith(("resnet18", "resnet34")) and x.evidence["workers"] < 8 for x in got)
+
+
+# the decision rule itself (docs/detectors.md#ps_bound), on steady-state speeds given exactly
+
+T0 = dt.datetime(2026, 1, 1)
+T1 = T0 + dt.timedelta(hours=1)
+
+
+def _js(job: str, workers: int, speed: float, ps: int = 1, acc: str = "k80") -> JobSpeed:
+    return JobSpeed(job, "m", acc, workers, ps, 3e12, 25e6, 160, None, speed, T0, T1, catalog.lookup(acc))
+
+
+def _judge(target: JobSpeed, others: list[JobSpeed], ps_hw=(), speed_fit=None, cluster_fit=None, **options):
+    d = PsBound(PsBound.parse_options("ps_bound", options))
+    return d._judge(target, [target, *others], speed_fit, cluster_fit, list(ps_hw), ["t-ps0"] if ps_hw else [])
+
+
+# single workers at 1.0, 1.8, 2.0, 4.0 steps/s (the reference: the upper median, 2.0), two
+# runs at 4 workers (the slower one counts), one other at 6 and one with two PS
+REFS = [_js("s1", 1, 1.0), _js("s2", 1, 4.0), _js("s3", 1, 1.8), _js("s4", 1, 2.0),
+        _js("w4a", 4, 6.2), _js("w4b", 4, 5.8), _js("w6", 6, 6.4), _js("w4ps2", 4, 7.9, ps=2)]
+
+
+def test_the_rule_states_its_numbers_exactly() -> None:
+    f = _judge(_js("t", 6, 6.6), REFS, ps_hw=[(0.9, 1e8)])  # PS CPU at exactly ps_busy_cpu
+    assert f.evidence == {
+        "workers": 6, "ps": 1, "steps_per_second": 6.6, "single_worker_steps_per_second": 2.0,
+        "single_worker_from": "measured", "efficiency": 0.55, "marginal_from_workers": 4, "marginal_gain": 0.2,
+        "ps_cpu_util_ratio": 0.9, "ps_nic_bytes_per_second": 100_000_000, "evidence_available": 2,
+        "evidence_agreeing": 2,
+    }
+    assert f.summary == ("6 workers x 1 PS on k80 run at 55% of linear scaling (6.6 vs 12 steps/s); marginal gain "
+                         "0.20 per worker from 4 to 6 workers; PS host CPU 90% (saturated)")
+    assert (f.job, f.severity, f.confidence, f.subject, f.suggests, f.fit_ids) == (
+        "t", "warning", 0.95, "t-ps0", ("cluster",), ())
+    assert (f.window_start, f.window_end) == (T0, T1)
+    # one of two pieces of evidence agreeing
+    half = _judge(_js("t", 6, 6.6), REFS, ps_hw=[(0.89, None)])
+    assert half.evidence["evidence_agreeing"] == 1 and half.confidence == pytest.approx(0.55 + 0.4 / 2)
+    assert half.summary.endswith("PS host CPU 89%") and "ps_nic_bytes_per_second" not in half.evidence
+
+
+def test_efficiency_gates_and_severity_at_their_bounds() -> None:
+    assert _judge(_js("t", 5, 8.0), REFS, ps_hw=[(1.0, None)]) is None  # 80 %: min_efficiency is "below"
+    assert _judge(_js("t", 5, 8.0), REFS, ps_hw=[(1.0, None)], min_efficiency="0.81").evidence["efficiency"] == 0.8
+    # critical under 50 % of linear (exactly 50 % is a warning), or when the last workers added nothing
+    assert _judge(_js("t", 6, 6.0), REFS).severity == "warning"
+    assert _judge(_js("t", 6, 5.9), REFS).severity == "critical"
+    flat = _judge(_js("t", 6, 6.6), [*REFS, _js("w5", 5, 6.6)])
+    assert (flat.evidence["marginal_from_workers"], flat.evidence["marginal_gain"], flat.severity) == (5, 0.0, "critical")
+    # a marginal gain at max_marginal_gain is not "too little"; nothing else points at the PS: no finding
+    assert _judge(_js("t", 6, 7.8), REFS, ps_hw=[(0.5, None)]) is None  # gain (7.8 - 5.8) / 4 = 0.5
+    assert _judge(_js("t", 6, 7.8), REFS, ps_hw=[(0.5, None)], max_marginal_gain="0.51").evidence[
+        "evidence_agreeing"] == 1
+
+
+def test_the_nic_is_judged_from_its_capacity_at_exactly_nic_busy() -> None:
+    f = _judge(_js("t", 6, 6.6), REFS, ps_hw=[(0.5, 1e8), (0.2, 5e7)], nic_gbps="1")  # 0.8 Gbit/s of 1
+    assert (f.evidence["ps_cpu_util_ratio"], f.evidence["ps_nic_share"], f.evidence["evidence_agreeing"]) == (0.5, 0.8, 2)
+    assert f.summary.endswith("PS host CPU 50% (saturated)")
+    g = _judge(_js("t", 6, 6.6), REFS, ps_hw=[(0.5, 1e8)], nic_gbps="1", nic_busy="0.81")
+    assert g.evidence["evidence_agreeing"] == 1 and g.summary.endswith("PS host CPU 50%")
+
+
+def test_with_single_workers_only_the_marginal_gain_is_from_the_slowest_of_them() -> None:
+    f = _judge(_js("t", 6, 6.6), REFS[:4], max_marginal_gain="0.6")
+    assert (f.evidence["marginal_from_workers"], f.evidence["marginal_gain"]) == (1, 0.56)  # (6.6 - 1.0) / 5 / 2.0
+    assert _judge(_js("t", 6, 6.6), REFS[:4]) is None  # 0.56 is not too little: nothing points at the PS
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory):
+    """Speed and cluster fits of the fleet simulator's PS runs (as stored)."""
+    from cmdare.analytics import evidence, models
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import encode_many
+    from tests.fakes.fleet import MODELS, Fleet
+
+    f = Fleet(seed=3)
+    for m in MODELS[:6]:
+        for a in ("k80", "v100"):
+            f.job(m, a)
+            for w in (2, 4):
+                f.job(m, a, workers=w, ps=1, intervals=15)
+    con = connect(tmp_path_factory.mktemp("fits") / "c.duckdb")
+    Writer(con).write([("sim", encode_many(f.events))])
+    jobs, _ = models.job_speeds(con)
+    models.save(con, models.fit_speed(jobs))
+    models.save(con, models.fit_cluster(jobs, models.latest(con, "speed")))
+    out = evidence.latest_fit(con, "speed"), evidence.latest_fit(con, "cluster")
+    con.close()
+    return out
+
+
+def test_without_measured_single_workers_the_speed_fit_is_the_reference(fits) -> None:
+    from cmdare.analytics.models.speed import predict_speed
+
+    speed_fit, _ = fits
+    probe = _js("t", 6, 1.0)
+    s1 = predict_speed(speed_fit, probe.acc, probe.flops_per_step, probe.params, probe.tensors)[0]
+    t = _js("t", 6, round(3.6 * s1, 4))  # about 60 % of linear
+    eff = t.speed / (6 * s1)
+    f = _judge(t, [], speed_fit=speed_fit)
+    assert f.evidence == {
+        "workers": 6, "ps": 1, "steps_per_second": t.speed, "single_worker_steps_per_second": round(s1, 4),
+        "single_worker_from": "speed fit", "efficiency": round(eff, 3), "evidence_available": 0,
+        "evidence_agreeing": 0,
+    } and f.fit_ids == (speed_fit["fit_id"],)
+    # no runs at other counts, no cluster fit, no PS agent: info at confidence 0.5 (critical under 50 %)
+    assert (f.severity, f.confidence) == ("info", 0.5) and 0.55 < eff < 0.65
+    assert f.summary.endswith("no other evidence (no runs at other worker counts, no cluster fit, no PS agent)")
+    assert _judge(t, [], speed_fit=speed_fit, min_efficiency=repr(eff)) is None
+    # a fit it cannot read (another layout): no reference, no finding, no crash
+    assert _judge(t, [], speed_fit={"fit_id": "odd", "model": {}}, min_efficiency="1") is None
+    assert _judge(t, [], min_efficiency="1") is None
+
+
+def test_the_cluster_fits_ps_limit_votes_from_near_limit(fits) -> None:
+    from cmdare.analytics.models.cluster import ps_limit
+
+    _, cluster_fit = fits
+    t = _js("t", 6, 6.6)
+    lim = ps_limit(cluster_fit, 1, t.params)
+    assert lim and lim > 0
+    share = 6.6 / lim
+    f = _judge(t, REFS, cluster_fit=cluster_fit, near_limit=repr(share))
+    assert (f.evidence["ps_limit_steps_per_second"], f.evidence["share_of_ps_limit"]) == (round(lim, 4), round(share, 3))
+    assert f.evidence["evidence_available"] == 2 and f.evidence["evidence_agreeing"] == 2
+    assert f.fit_ids == (cluster_fit["fit_id"],) and f"{share:.0%} of the cluster fit's PS limit" in f.summary
+    g = _judge(t, REFS, cluster_fit=cluster_fit, near_limit=repr(min(1.0, share * 1.01)))
+    assert g.evidence["evidence_agreeing"] == 1
+    assert _judge(t, REFS, cluster_fit={"fit_id": "odd", "model": {}}).evidence["evidence_available"] == 1
