@@ -178,7 +178,7 @@ class PsBound(Detector):
         ev["evidence_available"] = available
         ev["evidence_agreeing"] = votes
         conf = 0.5 if not available else min(0.95, 0.55 + 0.4 * votes / available)
-        critical = eff < 0.5 or ev.get("marginal_gain", 1.0) <= 0
+        critical = eff < 0.5 or ("marginal_gain" in ev and ev["marginal_gain"] <= 0)
         severity = "critical" if critical else "warning" if available else "info"
         how = "; ".join(used) if used else "no other evidence (no runs at other worker counts, no cluster fit, no PS agent)"
         acc = j.acc.name if j.acc else j.accelerator

@@ -19,6 +19,9 @@ def test_a_saturating_ps_is_found_from_scaling_marginal_gain_and_the_ps_host(fle
     def build(s):
         s.ps_family(saturating=True, ps_agent=True)  # jobs 1 (one worker), 2..5: 2, 4, 6, 8 workers
         s.ps_family(saturating=False, ps_agent=True)  # jobs 6..10
+        # data-parallel (no PS) at a quarter of linear: not ps_bound's to judge
+        s.sim_job({}, kind="ar", nodes=1, gpus=1, rank_speed=4.0, model="ar-model", accelerator="v100")
+        s.sim_job({}, kind="ar", nodes=6, gpus=1, rank_speed=1.0, model="ar-model", accelerator="v100")
 
     con, s = fleet(build)
     f = found(con, "ps_bound")
@@ -231,3 +234,31 @@ def test_the_cluster_fits_ps_limit_votes_from_near_limit(fits) -> None:
     g = _judge(t, REFS, cluster_fit=cluster_fit, near_limit=repr(min(1.0, share * 1.01)))
     assert g.evidence["evidence_agreeing"] == 1
     assert _judge(t, REFS, cluster_fit={"fit_id": "odd", "model": {}}).evidence["evidence_available"] == 1
+
+
+def test_the_steady_speed_is_kept_to_four_places() -> None:
+    f = _judge(_js("t", 6, 6.61234), REFS, ps_hw=[(0.95, None)])
+    assert (f.evidence["steps_per_second"], f.evidence["efficiency"]) == (6.6123, 0.551)
+
+
+def test_ps_host_samples_whose_net_cannot_be_read_are_skipped_not_fatal(tmp_path) -> None:
+    """A host sample whose stored ``net`` is not the expected JSON (written by another
+    version, or edited) costs that sample's NIC reading only: the CPU still counts."""
+    from cmdare.analytics.detectors.ps_bound import _nic_rates
+    from cmdare.analytics.units import Scope
+    from cmdare.collector.db import connect
+
+    con = connect(tmp_path / "n.duckdb")
+    rows = [("ps0", 0, 0.5, '[{"rx_bytes_total": 0, "tx_bytes_total": 0}]'),
+            ("ps0", 10, 0.7, '[{"rx_bytes_total": "lots"}]'),  # not a number: skipped
+            ("ps0", 20, 0.9, '[{"rx_bytes_total": null}]'),
+            ("ps0", 30, 0.3, '[{"rx_bytes_total": 3000, "tx_bytes_total": 1000}]'),
+            ("ps0", 40, None, "[1, 2]"),
+            ("ps1", 0, 0.2, None)]
+    for node, t, cpu, net in rows:
+        con.execute("INSERT INTO host_samples (id, ts, node, cpu_util_ratio, net) VALUES "
+                    "(?, make_timestamp(CAST(? AS BIGINT) * 1000000), ?, ?, ?)",
+                    [f"{node}-{t}", 1_750_000_000 + t, node, cpu, net])
+    got = _nic_rates(con, Scope(), ["ps0", "ps1"])
+    con.close()
+    assert got == {"ps0": (pytest.approx((0.5 + 0.7 + 0.9 + 0.3) / 4), 4000 / 30), "ps1": (0.2, None)}
