@@ -53,3 +53,70 @@ def test_mtbf_comes_from_the_lifetime_fit_of_the_jobs_vms(fleet) -> None:
     # the simulator's truth: 0.15 revocations per hour there (a 6.7 h mean), owner stops censoring some lives
     assert 3 * 3600 < c.evidence["mtbf_seconds"] < 14 * 3600
     assert c.confidence == 0.9
+
+
+T0 = 1.75e9 - (1.75e9 % 300)
+
+
+def _job(s, job: str, wall: int, saves: dict[int, list[float]]) -> None:
+    """``job`` steps for ``wall`` seconds on one node; ``saves``: rank -> save durations
+    (spread over the run), plus a failed save, an empty one and a restore that never count."""
+    from cmdare.wire.events import EventFactory
+
+    f = EventFactory(f"{job}-n0", "worker", job)
+    for ts in range(int(T0) + 60, int(T0) + wall + 1, 60):
+        s.events.append(f.make("train_steps", {"run": "r", "steps": 60, "steps_per_second": 1.0,
+                                               "interval_seconds": 60.0}, float(ts)))
+    for rank, secs in saves.items():
+        for i, sec in enumerate(secs):
+            s.events.append(f.make("train_checkpoint", {"run": "r", "rank": rank, "action": "save", "seconds": sec,
+                                                        "ok": True}, T0 + 30 + i * 60 + rank))
+    for data in ({"action": "save", "seconds": 500.0, "ok": False}, {"action": "save", "seconds": 0.0},
+                 {"action": "restore", "seconds": 500.0, "ok": True}):
+        s.events.append(f.make("train_checkpoint", {"run": "r", "rank": 0, **data}, T0 + 45))
+
+
+def test_the_finding_states_its_numbers_exactly(fleet) -> None:
+    def build(s):
+        _job(s, "at-share", 3600, {0: [45.0] * 4, 1: [50.0] * 3})  # rank 0: 180 s of 3600, exactly max_share
+        _job(s, "under", 3600, {0: [44.0] * 4})
+        _job(s, "critical", 3600, {0: [300.0] * 3})  # exactly critical_share
+        _job(s, "digits", 600, {0: [12.3456] * 3})
+        _job(s, "once", 600, {0: [400.0]})  # fewer than min_saves
+
+    con, _ = fleet(build)
+    f = found(con, "checkpoint_overhead")
+    assert set(f) == {"at-share", "critical", "digits"}
+    (a,) = f["at-share"]
+    best = math.sqrt(2 * 45 * 86400)
+    assert a.evidence == {
+        "save_share": 0.05, "saves": 4, "mean_save_seconds": 45.0, "interval_seconds": 900.0, "mtbf_seconds": 86400.0,
+        "mtbf_from": "assumed (default_mtbf)", "young_daly_interval_seconds": round(best, 1),
+        "share_at_young_daly": round(45 / best, 4),
+    }
+    assert a.summary == ("checkpoint saves take 5% of wall time (4 saves of 45.0 s, every 15 min); with 24.0 h "
+                         "between revocations (assumed (default_mtbf)) save every 46 min")
+    assert (a.severity, a.confidence, a.fit_ids) == ("warning", 0.75, ())
+    assert (a.window_start, a.window_end) == (_utc(T0), _utc(T0 + 3600))
+    assert f["critical"][0].severity == "critical" and f["critical"][0].evidence["save_share"] == 0.25
+    d = f["digits"][0].evidence
+    assert (d["save_share"], d["mean_save_seconds"], d["interval_seconds"]) == (0.0617, 12.346, 200.0)
+    assert "every 3 min" in f["digits"][0].summary
+    assert "once" in found(con, "checkpoint_overhead", min_saves="1")
+    # durations as the summary writes them: seconds under 90 s, minutes under 1.5 h, then hours
+    for mtbf, said in (("60s", "60 s"), ("90s", "2 min"), ("5399s", "90 min"), ("5400s", "1.5 h")):
+        (x,) = found(con, "checkpoint_overhead", default_mtbf=mtbf)["at-share"]
+        assert f"with {said} between revocations" in x.summary, (mtbf, x.summary)
+
+
+def _utc(ts: float):
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).replace(tzinfo=None)
+
+
+def test_mtbf_of_a_curve_exactly() -> None:
+    # area under the steps: 1 h at 1.0, 1 h at 0.5; 75 % gone by then: 1.5 / 0.75
+    assert mtbf_hours({"times": [1.0, 2.0], "surv": [0.5, 0.25]}) == 2.0
+    assert mtbf_hours({"times": [1.0, 2.0], "surv": [1.0, 1.0]}) is None  # nobody revoked: unknown
+    assert mtbf_hours({}) is None
