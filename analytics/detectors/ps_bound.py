@@ -133,10 +133,9 @@ class PsBound(Detector):
         if eff >= o["min_efficiency"]:
             return None
         votes, available = 0, 0
-        # marginal gain: the next smaller worker count with the same model, accelerator and PS
-        lower = [k for k in same if k.ps == j.ps and 1 < k.workers < j.workers] or [
-            k for k in same if k.workers == 1
-        ]
+        # marginal gain: from the next smaller worker count with the same model, accelerator
+        # and PS count, else from single workers (whatever their PS)
+        lower = [k for k in same if k.workers < j.workers and (k.ps == j.ps or k.workers == 1)]
         if lower:
             w0 = max(k.workers for k in lower)
             v0 = sorted(k.speed for k in lower if k.workers == w0)[0]

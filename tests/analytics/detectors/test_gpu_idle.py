@@ -73,18 +73,17 @@ def test_an_idle_gpu_finding_states_its_numbers_exactly(fleet) -> None:
         for node in ("exact-n0", "exact-n1"):
             _steps(s, node, "exact", T0, T0 + 900)
         _gpu(s, "exact-n0", 0, {0: 0.0, 1: 0.0, 2: 0.0}, mem=3 * GIB + 2)
-        _gpu(s, "exact-n0", 1, {0: 0.01, 1: 0.03, 2: 0.5})  # no memory reported
+        _gpu(s, "exact-n0", 1, {0: 0.01, 1: 0.03, 2: 0.7})  # no memory reported
         _gpu(s, "exact-n0", 2, {0: 0.0, 1: 0.9})
         _gpu(s, "exact-n1", 0, {0: 0.9, 1: 0.9, 2: 0.9}, mem=5 * GIB)
 
     con, _ = fleet(build)
     (f,) = found(con, "gpu_idle")["exact"]  # nothing reported as memory held outside a job
-    util = (0.0 + (0.01 + 0.03 + 0.5) / 3) / 2
     assert f.evidence == {
-        "idle_gpus": 2, "gpus": 3, "gpu_hours_wasted": 0.417, "mean_util_ratio": round(util, 4),
+        "idle_gpus": 2, "gpus": 3, "gpu_hours_wasted": 0.417, "mean_util_ratio": 0.1233,  # (0 + (0.01 + 0.03 + 0.7) / 3) / 2, to 4 places
         "idle_share": 0.833, "mem_used_bytes": (3 * GIB + 2) // 2, "job_stalled": False,
     } and round(1500 / 3600, 4) == 0.4167 and round(150 / 180, 4) == 0.8333  # kept to 3 places
-    assert f.summary == "2 of 3 GPUs on exact-n0 idle while the job ran (mean 9% busy; 0.4 GPU-hours wasted)"
+    assert f.summary == "2 of 3 GPUs on exact-n0 idle while the job ran (mean 12% busy; 0.4 GPU-hours wasted)"
     assert (f.node, f.subject, f.severity, f.confidence, f.suggests) == ("exact-n0", "0,1", "warning", 0.9, ("cluster",))
     assert (f.window_start, f.window_end) == (_utc(T0), _utc(T0 + 900))
     # GPU 1 at exactly 2/3 of its time idle: min_share is "at least"

@@ -10,6 +10,7 @@ from cmdare.analytics import catalog
 from cmdare.analytics.cli import cli
 from cmdare.analytics.detectors.ps_bound import PsBound
 from cmdare.analytics.models.steady import JobSpeed
+from cmdare.analytics.units import Scope
 from tests.analytics.conftest import DATA
 
 from .conftest import found
@@ -37,6 +38,8 @@ def test_a_saturating_ps_is_found_from_scaling_marginal_gain_and_the_ps_host(fle
     # the NIC is judged when its capacity is given: 1.8 GB/s of a 10 Gbit/s link
     nic = found(con, "ps_bound", nic_gbps="10")["sim-ps-4"][0]
     assert nic.evidence["ps_nic_share"] > 0.8
+    # only jobs stepping in the scope are judged
+    assert found(con, "ps_bound", Scope(since=dt.datetime(2100, 1, 1))) == {}
 
 
 def test_without_a_single_worker_reference_it_says_nothing(fleet) -> None:
@@ -109,8 +112,8 @@ T0 = dt.datetime(2026, 1, 1)
 T1 = T0 + dt.timedelta(hours=1)
 
 
-def _js(job: str, workers: int, speed: float, ps: int = 1, acc: str = "k80") -> JobSpeed:
-    return JobSpeed(job, "m", acc, workers, ps, 3e12, 25e6, 160, None, speed, T0, T1, catalog.lookup(acc))
+def _js(job: str, workers: int, speed: float, ps: int = 1, acc: str = "k80", model: str = "m") -> JobSpeed:
+    return JobSpeed(job, model, acc, workers, ps, 3e12, 25e6, 160, None, speed, T0, T1, catalog.lookup(acc))
 
 
 def _judge(target: JobSpeed, others: list[JobSpeed], ps_hw=(), speed_fit=None, cluster_fit=None, **options):
@@ -118,10 +121,13 @@ def _judge(target: JobSpeed, others: list[JobSpeed], ps_hw=(), speed_fit=None, c
     return d._judge(target, [target, *others], speed_fit, cluster_fit, list(ps_hw), ["t-ps0"] if ps_hw else [])
 
 
-# single workers at 1.0, 1.8, 2.0, 4.0 steps/s (the reference: the upper median, 2.0), two
-# runs at 4 workers (the slower one counts), one other at 6 and one with two PS
-REFS = [_js("s1", 1, 1.0), _js("s2", 1, 4.0), _js("s3", 1, 1.8), _js("s4", 1, 2.0),
-        _js("w4a", 4, 6.2), _js("w4b", 4, 5.8), _js("w6", 6, 6.4), _js("w4ps2", 4, 7.9, ps=2)]
+# single workers (no PS) at 1.0, 1.8, 2.0, 4.0 steps/s (the reference: the upper median, 2.0),
+# two runs at 4 workers (the slower one counts), one other at 6, one with two PS, and runs of
+# another model and another accelerator (never compared)
+REFS = [_js("s1", 1, 1.0, ps=0), _js("s2", 1, 4.0, ps=0), _js("s3", 1, 1.8, ps=0), _js("s4", 1, 2.0, ps=0),
+        _js("w4a", 4, 6.2), _js("w4b", 4, 5.8), _js("w6", 6, 6.4), _js("w4ps2", 4, 7.9, ps=2),
+        _js("w5ps2", 5, 9.0, ps=2), _js("o1", 1, 100.0, model="other"), _js("o2", 1, 100.0, acc="v100"),
+        _js("o4", 5, 1.0, model="other")]
 
 
 def test_the_rule_states_its_numbers_exactly() -> None:
@@ -245,7 +251,6 @@ def test_ps_host_samples_whose_net_cannot_be_read_are_skipped_not_fatal(tmp_path
     """A host sample whose stored ``net`` is not the expected JSON (written by another
     version, or edited) costs that sample's NIC reading only: the CPU still counts."""
     from cmdare.analytics.detectors.ps_bound import _nic_rates
-    from cmdare.analytics.units import Scope
     from cmdare.collector.db import connect
 
     con = connect(tmp_path / "n.duckdb")
