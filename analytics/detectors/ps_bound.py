@@ -117,6 +117,7 @@ class PsBound(Detector):
         s1, s1_from = None, None
         if singles:
             s1, s1_from = singles[len(singles) // 2], "measured"
+        # mutation-equivalent: ReplaceAndWithOr: without a fit predict_speed raises, caught below as "no fit"
         elif speed_fit is not None and j.acc is not None:
             try:
                 from ..models.speed import predict_speed

@@ -112,7 +112,7 @@ T0 = dt.datetime(2026, 1, 1)
 T1 = T0 + dt.timedelta(hours=1)
 
 
-def _js(job: str, workers: int, speed: float, ps: int = 1, acc: str = "k80", model: str = "m") -> JobSpeed:
+def _js(job: str, workers: int, speed: float, ps: int = 1, acc: str = "nvidia-tesla-k80", model: str = "m") -> JobSpeed:
     return JobSpeed(job, model, acc, workers, ps, 3e12, 25e6, 160, None, speed, T0, T1, catalog.lookup(acc))
 
 
@@ -126,7 +126,7 @@ def _judge(target: JobSpeed, others: list[JobSpeed], ps_hw=(), speed_fit=None, c
 # another model and another accelerator (never compared)
 REFS = [_js("s1", 1, 1.0, ps=0), _js("s2", 1, 4.0, ps=0), _js("s3", 1, 1.8, ps=0), _js("s4", 1, 2.0, ps=0),
         _js("w4a", 4, 6.2), _js("w4b", 4, 5.8), _js("w6", 6, 6.4), _js("w4ps2", 4, 7.9, ps=2),
-        _js("w5ps2", 5, 9.0, ps=2), _js("o1", 1, 100.0, model="other"), _js("o2", 1, 100.0, acc="v100"),
+        _js("w5ps2", 5, 9.0, ps=2), _js("o1", 1, 100.0, model="other"), _js("o2", 1, 100.0, acc="nvidia-tesla-v100"),
         _js("o4", 5, 1.0, model="other")]
 
 
@@ -243,8 +243,9 @@ def test_the_cluster_fits_ps_limit_votes_from_near_limit(fits) -> None:
 
 
 def test_the_steady_speed_is_kept_to_four_places() -> None:
-    f = _judge(_js("t", 6, 6.61234), REFS, ps_hw=[(0.95, None)])
-    assert (f.evidence["steps_per_second"], f.evidence["efficiency"]) == (6.6123, 0.551)
+    f = _judge(_js("t", 6, 6.61234), REFS, ps_hw=[(0.91234, None)])
+    assert (f.evidence["steps_per_second"], f.evidence["efficiency"], f.evidence["ps_cpu_util_ratio"]) == (
+        6.6123, 0.551, 0.912)
 
 
 def test_ps_host_samples_whose_net_cannot_be_read_are_skipped_not_fatal(tmp_path) -> None:
@@ -257,13 +258,18 @@ def test_ps_host_samples_whose_net_cannot_be_read_are_skipped_not_fatal(tmp_path
     rows = [("ps0", 0, 0.5, '[{"rx_bytes_total": 0, "tx_bytes_total": 0}]'),
             ("ps0", 10, 0.7, '[{"rx_bytes_total": "lots"}]'),  # not a number: skipped
             ("ps0", 20, 0.9, '[{"rx_bytes_total": null}]'),
-            ("ps0", 30, 0.3, '[{"rx_bytes_total": 3000, "tx_bytes_total": 1000}]'),
+            ("ps0", 30, 0.3, '[{"rx_bytes_total": 3000}, {"tx_bytes_total": 1000}]'),  # two NICs
             ("ps0", 40, None, "[1, 2]"),
-            ("ps1", 0, 0.2, None)]
+            ("ps1", 0, 0.2, None),
+            ("ps2", 0, 0.4, '[{"rx_bytes_total": 5000, "tx_bytes_total": 0}]'),
+            ("ps2", 10, 0.4, '[{"rx_bytes_total": 10, "tx_bytes_total": 0}]'),  # counters reset: no rate
+            ("ps3", 0, 0.6, '[{"rx_bytes_total": 0, "tx_bytes_total": 0}]'),
+            ("ps3", 0, 0.6, '[{"rx_bytes_total": 900, "tx_bytes_total": 0}]')]  # the same instant: no rate
     for node, t, cpu, net in rows:
         con.execute("INSERT INTO host_samples (id, ts, node, cpu_util_ratio, net) VALUES "
                     "(?, make_timestamp(CAST(? AS BIGINT) * 1000000), ?, ?, ?)",
                     [f"{node}-{t}", 1_750_000_000 + t, node, cpu, net])
-    got = _nic_rates(con, Scope(), ["ps0", "ps1"])
+    got = _nic_rates(con, Scope(), ["ps0", "ps1", "ps2", "ps3"])
     con.close()
-    assert got == {"ps0": (pytest.approx((0.5 + 0.7 + 0.9 + 0.3) / 4), 4000 / 30), "ps1": (0.2, None)}
+    assert got == {"ps0": (pytest.approx((0.5 + 0.7 + 0.9 + 0.3) / 4), 4000 / 30), "ps1": (0.2, None),
+                   "ps2": (0.4, None), "ps3": (0.6, None)}
