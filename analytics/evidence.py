@@ -184,7 +184,7 @@ def declarations(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, Decl
         rows = con.execute(
             f"""SELECT job, arg_max(model, ts), arg_max(accelerator, ts), arg_max(world_size, ts), arg_max(ps, ts),
                       arg_max(flops_per_step, ts), arg_max(params, ts), arg_max(tensors, ts)
-               FROM jobs WHERE job IS NOT NULL AND {where} GROUP BY job""",
+               FROM jobs WHERE job IS NOT NULL AND {where} GROUP BY job ORDER BY job""",
             params,
         ).fetchall()
         scope.cache[key] = {

@@ -23,6 +23,10 @@ def test_a_saturating_ps_is_found_from_scaling_marginal_gain_and_the_ps_host(fle
         # data-parallel (no PS) at a quarter of linear: not ps_bound's to judge
         s.sim_job({}, kind="ar", nodes=1, gpus=1, rank_speed=4.0, model="ar-model", accelerator="v100")
         s.sim_job({}, kind="ar", nodes=6, gpus=1, rank_speed=1.0, model="ar-model", accelerator="v100")
+        # one worker with a PS at a quarter of the single workers' speed: scaling is not in question
+        s.sim_job({}, kind="ar", nodes=1, gpus=1, rank_speed=1.0, ps=1, model="ar-model", accelerator="v100")
+        # a PS job on an accelerator the catalogue does not know, judged first (by name): skipped
+        s.sim_job({}, kind="aaa", nodes=4, gpus=1, rank_speed=0.5, ps=1, model="odd", accelerator="abacus-9")
 
     con, s = fleet(build)
     f = found(con, "ps_bound")
@@ -167,8 +171,10 @@ def test_the_nic_is_judged_from_its_capacity_at_exactly_nic_busy() -> None:
     f = _judge(_js("t", 6, 6.6), REFS, ps_hw=[(0.5, 1e8), (0.2, 5e7)], nic_gbps="1")  # 0.8 Gbit/s of 1
     assert (f.evidence["ps_cpu_util_ratio"], f.evidence["ps_nic_share"], f.evidence["evidence_agreeing"]) == (0.5, 0.8, 2)
     assert f.summary.endswith("PS host CPU 50% (saturated)")
-    g = _judge(_js("t", 6, 6.6), REFS, ps_hw=[(0.5, 1e8)], nic_gbps="1", nic_busy="0.81")
+    g = _judge(_js("t", 6, 6.6), REFS, ps_hw=[(0.5, 1e8)], nic_gbps="1", nic_busy="0.8000000001")
     assert g.evidence["evidence_agreeing"] == 1 and g.summary.endswith("PS host CPU 50%")
+    h = _judge(_js("t", 6, 6.6), REFS, ps_hw=[(0.5, 1.01625e8)], nic_gbps="1")
+    assert h.evidence["ps_nic_share"] == 0.813
 
 
 def test_with_single_workers_only_the_marginal_gain_is_from_the_slowest_of_them() -> None:
@@ -246,6 +252,7 @@ def test_the_steady_speed_is_kept_to_four_places() -> None:
     f = _judge(_js("t", 6, 6.61234), REFS, ps_hw=[(0.91234, None)])
     assert (f.evidence["steps_per_second"], f.evidence["efficiency"], f.evidence["ps_cpu_util_ratio"]) == (
         6.6123, 0.551, 0.912)
+    assert f.evidence["marginal_gain"] == 0.203  # (6.61234 - 5.8) / 2 workers / 2.0
 
 
 def test_ps_host_samples_whose_net_cannot_be_read_are_skipped_not_fatal(tmp_path) -> None:
@@ -264,12 +271,16 @@ def test_ps_host_samples_whose_net_cannot_be_read_are_skipped_not_fatal(tmp_path
             ("ps2", 0, 0.4, '[{"rx_bytes_total": 5000, "tx_bytes_total": 0}]'),
             ("ps2", 10, 0.4, '[{"rx_bytes_total": 10, "tx_bytes_total": 0}]'),  # counters reset: no rate
             ("ps3", 0, 0.6, '[{"rx_bytes_total": 0, "tx_bytes_total": 0}]'),
-            ("ps3", 0, 0.6, '[{"rx_bytes_total": 900, "tx_bytes_total": 0}]')]  # the same instant: no rate
+            ("ps3", 0, 0.6, '[{"rx_bytes_total": 900, "tx_bytes_total": 0}]'),  # the same instant: no rate
+            ("ps4", 0, 0.1, '[{"rx_bytes_total": 0}]'),
+            ("ps4", 1, 0.1, '[{"rx_bytes_total": 500}]'),  # one second later: 500 B/s
+            ("ps5", 0, 0.1, '[{"rx_bytes_total": 7}]'),
+            ("ps5", 10, 0.1, '[{"rx_bytes_total": 7}]')]  # nothing moved: 0 B/s
     for node, t, cpu, net in rows:
         con.execute("INSERT INTO host_samples (id, ts, node, cpu_util_ratio, net) VALUES "
                     "(?, make_timestamp(CAST(? AS BIGINT) * 1000000), ?, ?, ?)",
                     [f"{node}-{t}", 1_750_000_000 + t, node, cpu, net])
-    got = _nic_rates(con, Scope(), ["ps0", "ps1", "ps2", "ps3"])
+    got = _nic_rates(con, Scope(), ["ps0", "ps1", "ps2", "ps3", "ps4", "ps5"])
     con.close()
     assert got == {"ps0": (pytest.approx((0.5 + 0.7 + 0.9 + 0.3) / 4), 4000 / 30), "ps1": (0.2, None),
-                   "ps2": (0.4, None), "ps3": (0.6, None)}
+                   "ps2": (0.4, None), "ps3": (0.6, None), "ps4": (0.1, 500.0), "ps5": (0.1, 0.0)}
