@@ -103,6 +103,10 @@ def test_the_finding_states_its_numbers_exactly(fleet) -> None:
     assert f.confidence == pytest.approx(0.6 + 0.35 * 0.6)
     t0 = dt.datetime.fromtimestamp(1.75e9 - (1.75e9 % 300), dt.timezone.utc).replace(tzinfo=None)
     assert (f.window_start, f.window_end) == (t0, t0 + dt.timedelta(seconds=900))
+    # one-second windows (each holds one record per rank); a zero window is taken as one second
+    (one,) = found(con, "straggler", window="1s")["exact"]
+    assert (one.evidence["windows"], one.evidence["slow_windows"]) == (15, 9)
+    assert found(con, "straggler", window="0s")["exact"][0].evidence == one.evidence
 
 
 def test_severity_is_critical_from_twice_the_median_and_transients_are_info_at_half_confidence(fleet) -> None:
@@ -123,8 +127,9 @@ def test_the_nodes_hardware_is_stated_against_its_peers_in_the_same_job(fleet) -
     times = [[1.0] * 4 for _ in range(4)] + [[1.5] * 4]
     hw = {r: (0.75, 0.3125, 0) for r in range(4)}
     hw[4] = (0.4375, 0.9375, 3)  # busy host, 3 of 8 samples throttled
-    other = [[1.0] * 4 for _ in range(3)]
-    con, _ = fleet(lambda s: (_ranks(s, "hot", times, hw), _ranks(s, "other", other, {0: (0.1, 0.0625, 0)})))
+    other = [[1.0] * 4 for _ in range(5)]  # five idle hosts in another job: never its peers
+    con, _ = fleet(lambda s: (_ranks(s, "hot", times, hw),
+                              _ranks(s, "other", other, {r: (0.1, 0.0625, 0) for r in range(5)})))
     (f,) = found(con, "straggler")["hot"]
     ev = f.evidence
     assert (ev["gpu_util_ratio"], ev["throttled_share"], ev["host_cpu_util_ratio"], ev["xids"]) == (0.438, 0.375, 0.938, 0)
@@ -145,8 +150,11 @@ def test_host_cpu_is_noted_only_when_it_stands_out_and_a_node_without_host_sampl
     times = [[1.0] * 4 for _ in range(4)] + [[1.5] * 4]
     calm = {r: (0.75, 0.25, 0) for r in range(4)} | {4: (0.75, 0.375, 0)}  # 0.125 above its peers: no note
     nohost = {r: (0.75, 0.25, 0) for r in range(4)} | {4: (0.75, None, 0)}
-    con, _ = fleet(lambda s: (_ranks(s, "calm", times, calm), _ranks(s, "nohost", times, nohost)))
+    edge = {r: (0.75, 0.3, 0) for r in range(4)} | {4: (0.75, 0.5, 0)}  # exactly 0.2 above: noted
+    con, _ = fleet(lambda s: (_ranks(s, "calm", times, calm), _ranks(s, "nohost", times, nohost),
+                              _ranks(s, "edge", times, edge)))
     f = {j: v[0] for j, v in found(con, "straggler").items()}
+    assert 0.5 - 0.3 == 0.2 and f["edge"].summary.endswith("; its node showed host CPU 50% vs peers' 30%")
     assert f["calm"].evidence["peer_host_cpu_util_ratio"] == 0.25 and "its node showed" not in f["calm"].summary
     n = f["nohost"]
     assert n.evidence["host_cpu_util_ratio"] is None and "peer_host_cpu_util_ratio" not in n.evidence
