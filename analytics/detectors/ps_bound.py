@@ -39,6 +39,7 @@ def _nic_rates(con: duckdb.DuckDBPyConnection, scope: Scope, nodes: list[str]) -
             t0, b0 = prev[node]
             dt_s = (ts - t0).total_seconds()
             if dt_s > 0 and total >= b0:
+                # mutation-equivalent: NumberReplacer: a rate is never negative: any start at or under 0 gives it
                 peak[node] = max(peak.get(node, 0.0), (total - b0) / dt_s)
         prev[node] = (ts, total)
     for node, cs in cpu.items():

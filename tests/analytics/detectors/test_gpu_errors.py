@@ -52,13 +52,15 @@ def test_each_gpus_errors_are_counted_in_bursts_exactly(fleet) -> None:
                 data["xid"] = xid
             s.events.append(f.make("gpu_event", data, T0 + at))
 
-        ev(ej, 100, 0, "xid", xid=13)
-        ev(ej, 700, 0, "xid", xid=13)  # 600 s later: the same burst
-        ev(ej, 1301, 0, "xid", xid=31)  # 601 s later: a new one
-        ev(ej, 2000, 0, "ecc_corrected", 99)
-        ev(ej, 200, 1, "ecc_corrected", 60, uuid=False)
-        ev(ej, 260, 1, "ecc_corrected", 40, uuid=False)
-        ev(ej, 300, 2, "ecc_uncorrected", 1)
+        agent = EventFactory("e-n0", "worker", "agent-n0")  # the agent's own job label: the stepping job wins
+        ev(agent, 100, 0, "xid", xid=13)
+        ev(agent, 700, 0, "xid", xid=13)  # 600 s later: the same burst
+        ev(agent, 1301, 0, "xid", xid=31)  # 601 s later: a new one
+        ev(agent, 2000, 0, "ecc_corrected", 99)
+        ev(agent, 200, 1, "ecc_corrected", 60, uuid=False)
+        ev(agent, 260, 1, "ecc_corrected", 40, uuid=False)
+        ev(agent, 300, 2, "ecc_uncorrected", 1)
+        ev(EventFactory("a-n9", "worker", "zz"), 600, 0, "lost")  # listed first (by node)
         ev(EventFactory("e-n1", "worker"), 400, 0, "lost")
         other = EventFactory("e-n2", "worker", "agent-job")
         ev(other, 500, 0, "xid", xid=43)
@@ -75,6 +77,7 @@ def test_each_gpus_errors_are_counted_in_bursts_exactly(fleet) -> None:
                                    "critical"),
         ("e-n2", "0:GPU-e-n2-0"): ("agent-job", "GPU 0 on e-n2: 1 Xid 79 in 1 burst, hitting job agent-job",
                                    "critical"),
+        ("a-n9", "0:GPU-a-n9-0"): ("zz", "GPU 0 on a-n9: fell off the bus in 1 burst, hitting job zz", "critical"),
     }
     g0 = got[("e-n0", "0:GPU-e-n0-0")]
     assert g0.evidence == {"xid_events": 3, "xid_codes": "13,31", "ecc_corrected": 99, "ecc_uncorrected": 0,
