@@ -3,6 +3,7 @@ the interval that balances them against the revocation rate (Young/Daly)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from typing import Any
 
@@ -21,6 +22,7 @@ def mtbf_hours(curve: dict[str, Any]) -> float | None:
     if not times:
         return None
     area, prev_t, prev_s = 0.0, 0.0, 1.0
+    # mutation-equivalent: ReplaceFalseWithTrue: a curve's times and survivals are of one length
     for t, s in zip(times, surv, strict=False):
         area += (t - prev_t) * prev_s
         prev_t, prev_s = t, s
@@ -34,7 +36,12 @@ def young_daly_seconds(save_seconds: float, mtbf_seconds: float) -> float:
 
 
 def _fmt(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    d = dt.timedelta(seconds=seconds)
+    if d >= dt.timedelta(minutes=90):
+        return f"{d / dt.timedelta(hours=1):.1f} h"
+    if d >= dt.timedelta(seconds=90):
+        return f"{d / dt.timedelta(minutes=1):.0f} min"
+    return f"{seconds:.0f} s"
 
 
 @DETECTORS.register
@@ -68,9 +75,9 @@ class CheckpointOverhead(Detector):
         fit = evidence.latest_fit(con, "lifetime")
         out = []
         for job, saves, secs, t0, t1 in rows:
-            if saves < o["min_saves"] or t0 is None or t1 is None:
+            wall = (t1 - t0).total_seconds()  # the span of its steps (never empty: joined above)
+            if saves < o["min_saves"] or wall <= 0:  # one step record without an interval: no wall time
                 continue
-            wall = max((t1 - t0).total_seconds(), 1e-9)
             share = secs / wall
             if share < o["max_share"]:
                 continue
@@ -110,7 +117,7 @@ class CheckpointOverhead(Detector):
     ) -> tuple[float | None, str, tuple[str, ...]]:
         """MTBF (seconds) of the job's VMs from the lifetime fit's curve for their region and
         accelerator (the first of its nodes with a curve)."""
-        if fit is None or not evidence.has_rows(con, "instance_identity"):
+        if fit is None:
             return None, "", ()
         from ..models.lifetime import _group_key
 
@@ -125,5 +132,5 @@ class CheckpointOverhead(Detector):
             if key in curves:
                 h = mtbf_hours(curves[key])
                 if h:
-                    return h * 3600, f"lifetime fit, {key}", (fit["fit_id"],)
+                    return dt.timedelta(hours=h).total_seconds(), f"lifetime fit, {key}", (fit["fit_id"],)
         return None, "", ()

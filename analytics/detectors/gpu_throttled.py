@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import operator
 
 import duckdb
 
@@ -39,7 +41,8 @@ class GpuThrottled(Detector):
             f"""SELECT job, node, "index", sum(thr_n) / sum(mask_n) AS share, sum(mask_n),
                        bit_or(thr_mask), min(b) FILTER (thr_n > 0), max(b) FILTER (thr_n > 0)
                 FROM {g} GROUP BY job, node, "index"
-                HAVING sum(mask_n) >= {int(o['min_samples'])} AND sum(thr_n) / sum(mask_n) >= {float(o['min_share'])}
+                HAVING sum(mask_n) >= {int(o['min_samples'])} AND sum(thr_n) > 0
+                   AND sum(thr_n) / sum(mask_n) >= {float(o['min_share'])}
                 ORDER BY job, node, "index" """
         ).fetchall()
         if not rows:
@@ -53,9 +56,7 @@ class GpuThrottled(Detector):
         for (job, node), rs in by_node.items():
             slow, slow_from = slowdowns.get((job, node), (None, None))
             share = sum(r[3] * r[4] for r in rs) / sum(r[4] for r in rs)
-            mask = 0
-            for r in rs:
-                mask |= r[5] or 0
+            mask = functools.reduce(operator.or_, (r[5] for r in rs))  # each GPU here was throttled
             clk = [clocks[(node, r[2])] for r in rs if all(clocks.get((node, r[2]), (None, None)))]
             clock_ratio = sum(a / b for a, b in clk) / len(clk) if clk else None
             why = reasons(mask) or "unknown reason"

@@ -58,7 +58,7 @@ def test_mtbf_comes_from_the_lifetime_fit_of_the_jobs_vms(fleet) -> None:
 T0 = 1.75e9 - (1.75e9 % 300)
 
 
-def _job(s, job: str, wall: int, saves: dict[int, list[float]]) -> None:
+def _job(s, job: str, wall: int, saves: dict[int, list[float]], interval: float = 60.0) -> None:
     """``job`` steps for ``wall`` seconds on one node; ``saves``: rank -> save durations
     (spread over the run), plus a failed save, an empty one and a restore that never count."""
     from cmdare.wire.events import EventFactory
@@ -66,7 +66,7 @@ def _job(s, job: str, wall: int, saves: dict[int, list[float]]) -> None:
     f = EventFactory(f"{job}-n0", "worker", job)
     for ts in range(int(T0) + 60, int(T0) + wall + 1, 60):
         s.events.append(f.make("train_steps", {"run": "r", "steps": 60, "steps_per_second": 1.0,
-                                               "interval_seconds": 60.0}, float(ts)))
+                                               "interval_seconds": interval}, float(ts)))
     for rank, secs in saves.items():
         for i, sec in enumerate(secs):
             s.events.append(f.make("train_checkpoint", {"run": "r", "rank": rank, "action": "save", "seconds": sec,
@@ -79,10 +79,11 @@ def _job(s, job: str, wall: int, saves: dict[int, list[float]]) -> None:
 def test_the_finding_states_its_numbers_exactly(fleet) -> None:
     def build(s):
         _job(s, "at-share", 3600, {0: [45.0] * 4, 1: [50.0] * 3})  # rank 0: 180 s of 3600, exactly max_share
-        _job(s, "under", 3600, {0: [44.0] * 4})
+        _job(s, "a-under", 3600, {0: [44.0] * 4})  # judged first (by name)
         _job(s, "critical", 3600, {0: [300.0] * 3})  # exactly critical_share
-        _job(s, "digits", 600, {0: [12.3456] * 3})
-        _job(s, "once", 600, {0: [400.0]})  # fewer than min_saves
+        _job(s, "digits", 600, {0: [12.3456] * 7})
+        _job(s, "a-once", 600, {0: [400.0]})  # fewer than min_saves (judged first, by name)
+        _job(s, "a-instant", 60, {0: [5.0, 5.0]}, interval=0.0)  # one step record, no interval: no wall time
 
     con, _ = fleet(build)
     f = found(con, "checkpoint_overhead")
@@ -100,11 +101,14 @@ def test_the_finding_states_its_numbers_exactly(fleet) -> None:
     assert (a.window_start, a.window_end) == (_utc(T0), _utc(T0 + 3600))
     assert f["critical"][0].severity == "critical" and f["critical"][0].evidence["save_share"] == 0.25
     d = f["digits"][0].evidence
-    assert (d["save_share"], d["mean_save_seconds"], d["interval_seconds"]) == (0.0617, 12.346, 200.0)
-    assert "every 3 min" in f["digits"][0].summary
-    assert "once" in found(con, "checkpoint_overhead", min_saves="1")
+    assert (d["save_share"], d["mean_save_seconds"], d["interval_seconds"]) == (0.144, 12.346, 85.7)  # 600 s / 7
+    assert "every 86 s" in f["digits"][0].summary
+    assert "a-once" in found(con, "checkpoint_overhead", min_saves="1")
+    (m,) = found(con, "checkpoint_overhead", default_mtbf="1000.25s")["at-share"]
+    assert m.evidence["mtbf_seconds"] == 1000.2  # to one place
     # durations as the summary writes them: seconds under 90 s, minutes under 1.5 h, then hours
-    for mtbf, said in (("60s", "60 s"), ("90s", "2 min"), ("5399s", "90 min"), ("5400s", "1.5 h")):
+    for mtbf, said in (("60s", "60 s"), ("89s", "89 s"), ("90s", "2 min"), ("5399s", "90 min"), ("5400s", "1.5 h"),
+                       ("9000s", "2.5 h")):
         (x,) = found(con, "checkpoint_overhead", default_mtbf=mtbf)["at-share"]
         assert f"with {said} between revocations" in x.summary, (mtbf, x.summary)
 

@@ -76,3 +76,18 @@ def test_without_unthrottled_time_the_cost_is_against_the_jobs_other_nodes(fleet
     # never unthrottled: no clock to compare with either
     assert lone.summary == "1 GPUs on alone-n0 throttled 100% of the time (sw_thermal_slowdown)"
     assert lone.evidence["sm_clock_ratio"] is None
+
+
+def test_figures_are_kept_to_three_places_and_a_gpu_never_throttled_is_never_reported(fleet) -> None:
+    """One bucket of three throttled (exactly min_samples samples with a mask): share 1/3,
+    SM clock 1.0 against 1.7 GHz, steps 1.23456 s against 1.0 s."""
+    con, _ = fleet(lambda s: (
+        _node(s, "digits", "digits-n0", [(0x4, 1.0e9, 1.23456), (0, 1.7e9, 1.0), (0, 1.7e9, 1.0)]),
+        _node(s, "digits", "digits-n1", [(0, 1.7e9, 1.0)] * 3),
+    ))
+    (f,) = found(con, "gpu_throttled")["digits"]
+    assert (f.evidence["throttled_share"], f.evidence["sm_clock_ratio"], f.evidence["step_slowdown"]) == (
+        0.333, 0.588, 1.235)
+    assert found(con, "gpu_throttled", min_samples="31") == {}
+    # min_share 0: every throttled GPU, however briefly; one never throttled is not (it crashed)
+    assert [x.node for x in found(con, "gpu_throttled", min_share="0")["digits"]] == ["digits-n0"]
