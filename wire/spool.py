@@ -32,6 +32,7 @@ class Position:
         return f"{self.segment} {self.offset}"
 
 
+# mutation-equivalent: NumberReplacer: segments are numbered from 1: any start before segment 1 reads the same
 START = Position(0, 0)
 
 
@@ -84,7 +85,6 @@ def read_lines(d: Path, pos: Position, max_bytes: int) -> tuple[list[tuple[bytes
                 buf = f.read(budget)
                 if buf and not buf.endswith(b"\n"):
                     buf += f.readline()  # finish the line the budget cut into
-                eof = not f.read(1)
         except FileNotFoundError:
             continue
         end = buf.rfind(b"\n") + 1
@@ -92,7 +92,8 @@ def read_lines(d: Path, pos: Position, max_bytes: int) -> tuple[list[tuple[bytes
         if end:
             out.append((buf[:end], pos))
             budget -= end
-        if not eof or budget <= 0 or i == len(segs) - 1:
+        # a short read is the segment's end: a segment not read to its end has spent the budget
+        if budget <= 0 or i == len(segs) - 1:
             return out, pos, skipped
         if end < len(buf):
             skipped += 1

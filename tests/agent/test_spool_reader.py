@@ -66,6 +66,10 @@ def test_only_segment_files_are_listed_in_numeric_order(tmp_path: Path) -> None:
     assert list_segments(tmp_path / "missing") == []
     assert seg_name(42) == "0000000000000042.ndjson" and str(Position(3, 17)) == "3 17"
     assert Position(2, 900) < Position(3, 0) < Position(3, 1)
+    # positions are values: hashable (kept in sets and as keys) and never changed in place
+    assert {Position(3, 1), Position(3, 1)} == {Position(3, 1)}
+    with pytest.raises(AttributeError):
+        Position(3, 1).offset = 5  # type: ignore[misc]
 
 
 def test_cursors_round_trip_atomically_and_a_bad_one_reads_as_none(tmp_path: Path, monkeypatch) -> None:

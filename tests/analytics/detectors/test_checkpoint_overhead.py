@@ -81,13 +81,14 @@ def test_the_finding_states_its_numbers_exactly(fleet) -> None:
         _job(s, "at-share", 3600, {0: [45.0] * 4, 1: [50.0] * 3})  # rank 0: 180 s of 3600, exactly max_share
         _job(s, "a-under", 3600, {0: [44.0] * 4})  # judged first (by name)
         _job(s, "critical", 3600, {0: [300.0] * 3})  # exactly critical_share
-        _job(s, "digits", 600, {0: [12.3456] * 7})
+        _job(s, "digits", 600, {0: [13.3456] * 7})
         _job(s, "a-once", 600, {0: [400.0]})  # fewer than min_saves (judged first, by name)
         _job(s, "a-instant", 60, {0: [5.0, 5.0]}, interval=0.0)  # one step record, no interval: no wall time
+        _job(s, "brief", 60, {0: [0.1, 0.1]}, interval=1.0)  # one record of one second: 20 % of it saving
 
     con, _ = fleet(build)
     f = found(con, "checkpoint_overhead")
-    assert set(f) == {"at-share", "critical", "digits"}
+    assert set(f) == {"at-share", "critical", "digits", "brief"}
     (a,) = f["at-share"]
     best = math.sqrt(2 * 45 * 86400)
     assert a.evidence == {
@@ -101,7 +102,7 @@ def test_the_finding_states_its_numbers_exactly(fleet) -> None:
     assert (a.window_start, a.window_end) == (_utc(T0), _utc(T0 + 3600))
     assert f["critical"][0].severity == "critical" and f["critical"][0].evidence["save_share"] == 0.25
     d = f["digits"][0].evidence
-    assert (d["save_share"], d["mean_save_seconds"], d["interval_seconds"]) == (0.144, 12.346, 85.7)  # 600 s / 7
+    assert (d["save_share"], d["mean_save_seconds"], d["interval_seconds"]) == (0.1557, 13.346, 85.7)  # 600 s / 7
     assert "every 86 s" in f["digits"][0].summary
     assert "a-once" in found(con, "checkpoint_overhead", min_saves="1")
     (m,) = found(con, "checkpoint_overhead", default_mtbf="1000.25s")["at-share"]
