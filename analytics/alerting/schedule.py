@@ -34,6 +34,7 @@ DEFAULT_GRACE = 45.0  # seconds verdicts still wait after a gap ends (agents' re
 def _utc(t: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).replace(tzinfo=None)
 STOP_GRACE = 2.0  # seconds a round may take to finish on stop before its query is interrupted
+SAVE_TRIES = 3  # saves of a round's alerts tried before the round fails (write conflicts)
 
 
 def urgent_tables(group: Group) -> set[str]:
@@ -182,14 +183,15 @@ class Alerting:
         self.engine.eval_group(con, group, at, self.horizon())
         due = [(r, r.due(self.engine, ids)) for r in self.senders]
         self.engine.mark_notified([it.key for _, items in due for it in items if not it.resolved])
-        for attempt in range(3):  # a write conflict with another group's save: again
+        for _ in range(SAVE_TRIES):  # a write conflict with another group's save: again
             try:
                 self.engine.save(con, group, at)
                 break
-            except duckdb.TransactionException:
-                if attempt == 2:
-                    raise
+            except duckdb.TransactionException as e:
+                conflict = e
                 time.sleep(0.05)
+        else:
+            raise conflict
         for r, items in due:
             r.send(items)
         self.log.round(self.engine, ids)

@@ -1,0 +1,122 @@
+"""The scheduler's own rules (analytics/alerting/schedule.py), each at its bound: when the
+ingest horizon counts as a gap, how often a group runs and how soon a poke runs it, how a
+save that meets a write conflict is retried, how receivers are built from the flags."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from cmdare.analytics import alerting
+from cmdare.analytics.alerting import RuleError
+from cmdare.analytics.alerting.schedule import GAP, SAVE_TRIES, Alerting, _utc, load
+from cmdare.collector.db import connect
+
+RULES = """
+groups:
+  - name: hourly
+    interval: 1h
+    rules:
+      - alert: Always
+        expr: SELECT 'x' AS k, 1 AS value
+"""
+
+
+@pytest.fixture
+def con(tmp_path: Path):
+    c = connect(str(tmp_path / "s.duckdb"))
+    yield c
+    c.close()
+
+
+def _groups(tmp_path: Path, text: str = RULES):
+    f = tmp_path / "rules.yml"
+    f.write_text(text)
+    return alerting.load_files([f])
+
+
+def test_the_horizon_counts_a_gap_from_more_than_ten_seconds_behind(con) -> None:
+    assert GAP == 10.0
+    at_gap = Alerting(con, [], 1800)
+    assert at_gap._horizon(1000.0, 990.0) == _utc(990.0)  # exactly 10 s behind: no gap
+    assert at_gap._horizon(1001.0, 1000.5) == _utc(1000.5)  # nothing to wait out
+    past = Alerting(con, [], 1800)
+    assert past._horizon(1000.0, 989.5) == _utc(989.5)  # 10.5 s behind: a gap
+    assert past._horizon(1001.0, 1000.5) == _utc(989.5)  # caught up: agents get the grace first
+
+
+def test_a_group_runs_at_its_interval_and_a_poke_runs_it_at_most_every_min_gap(con, tmp_path) -> None:
+    al = Alerting(con, _groups(tmp_path), 1800)  # min_gap: its default, 0.2 s
+    times: list[float] = []
+    real = al.round
+    al.round = lambda g, c: (real(g, c), times.append(time.monotonic()))  # type: ignore[method-assign]
+    al.start()
+    runner = al.runners["hourly"]
+    try:
+        time.sleep(0.8)
+        assert runner.rounds == 1  # the first round at once, the next in an hour: none between
+        runner.poke()
+        deadline = time.monotonic() + 5
+        while runner.rounds < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        runner.poke()  # again at once: it waits out min_gap after the last round began
+        while runner.rounds < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert runner.rounds == 3
+        assert 0.15 <= times[2] - times[1] < 1.5, times
+    finally:
+        al.stop()
+
+
+@pytest.mark.parametrize("conflicts", [0, SAVE_TRIES - 1, SAVE_TRIES])
+def test_a_save_meeting_a_write_conflict_is_tried_three_times(con, tmp_path, conflicts: int) -> None:
+    (group,) = _groups(tmp_path)
+    al = Alerting(con, [group], 1800)
+    al.start(run=False)
+    real, calls = al.engine.save, []
+
+    def save(c, g, at):
+        calls.append(at)
+        if len(calls) <= conflicts:
+            raise duckdb.TransactionException("Conflict on tuple deletion!")
+        return real(c, g, at)
+
+    al.engine.save = save  # type: ignore[method-assign]
+    try:
+        if conflicts < SAVE_TRIES:
+            al.round(group, al.runners["hourly"].cur)
+            assert len(calls) == conflicts + 1
+            assert con.execute("SELECT count(*) FROM alerts").fetchone() == (1,)
+        else:
+            with pytest.raises(duckdb.TransactionException):
+                al.round(group, al.runners["hourly"].cur)
+            assert len(calls) == SAVE_TRIES == 3
+    finally:
+        al.stop()
+
+
+def test_runner_threads_are_named_for_their_group_within_sixty_characters(con, tmp_path) -> None:
+    name = "g" * 80
+    al = Alerting(con, _groups(tmp_path, RULES.replace("hourly", name)), 1800)
+    try:
+        assert al.runners[name].thread.name == ("cmdare-alerts-" + name)[:60]
+    finally:
+        al.stop()
+
+
+def test_receivers_are_built_from_the_flags_with_the_default_resend(con, tmp_path) -> None:
+    f = tmp_path / "r.yml"
+    f.write_text(RULES)
+    al = load(con, (str(f),), 1800, alertmanagers=("http://127.0.0.1:9/",), webhooks=("ops=http://127.0.0.1:9/h",),
+              generator="http://here/cmdare")
+    try:
+        assert [(r.kind, r.url, r.resend) for r in al.senders] == [
+            ("alertmanager", "http://127.0.0.1:9", 60.0), ("webhook", "http://127.0.0.1:9/h", 60.0)]
+    finally:
+        al.stop()
+    with pytest.raises(RuleError, match=r"^receiver 'ops': no --alertmanager / --alert-webhook of that name "
+                                        r"\(names: none\)$"):
+        load(con, (str(f),), 1800, secrets={"ops": ("bearer", "t0ken")})
