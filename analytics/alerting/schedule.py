@@ -65,7 +65,7 @@ class GroupRunner:
 
     def _run(self) -> None:
         stop = self.alerting.stop_event
-        due, last = 0.0, float("-inf")
+        due = last = float("-inf")  # the first round at once
         while not stop.is_set():
             now = time.monotonic()
             if now >= due or (self.urgent and now - last >= self.min_gap):
@@ -117,7 +117,7 @@ class Alerting:
         # ingest caught up again
         self.grace = DEFAULT_GRACE
         self._gap_from: float | None = None  # the horizon when the gap began (epoch seconds)
-        self._settle_until = 0.0
+        self._settle_until: float | None = None  # when the grace after a gap ends (None: not settling)
         self._hlock = threading.Lock()
 
     def on_batch(self, result: Any) -> None:
@@ -165,14 +165,14 @@ class Alerting:
         if now - t > GAP:
             if self._gap_from is None:
                 self._gap_from = t
-            self._settle_until = 0.0
+            self._settle_until = None
             return _utc(t)
         if self._gap_from is not None:  # caught up after a gap: let agents re-send first
-            if not self._settle_until:
+            if self._settle_until is None:
                 self._settle_until = now + self.grace
             if now < self._settle_until:
                 return _utc(self._gap_from)
-            self._gap_from, self._settle_until = None, 0.0
+            self._gap_from, self._settle_until = None, None
         return _utc(t)
 
     def round(self, group: Group, con: duckdb.DuckDBPyConnection) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from cmdare.analytics import alerting
 from cmdare.analytics.alerting import RuleError
-from cmdare.analytics.alerting.schedule import GAP, SAVE_TRIES, Alerting, _utc, load
+from cmdare.analytics.alerting.schedule import GAP, SAVE_TRIES, STOP_GRACE, Alerting, _utc, load
 from cmdare.collector.db import connect
 
 RULES = """
@@ -45,7 +45,29 @@ def test_the_horizon_counts_a_gap_from_more_than_ten_seconds_behind(con) -> None
     assert at_gap._horizon(1001.0, 1000.5) == _utc(1000.5)  # nothing to wait out
     past = Alerting(con, [], 1800)
     assert past._horizon(1000.0, 989.5) == _utc(989.5)  # 10.5 s behind: a gap
-    assert past._horizon(1001.0, 1000.5) == _utc(989.5)  # caught up: agents get the grace first
+    assert past._horizon(1001.0, 1000.5) == _utc(989.5)  # caught up: agents get the grace first (45 s)
+    assert past._horizon(1045.9, 1045.5) == _utc(989.5)
+    assert past._horizon(1046.0, 1045.5) == _utc(1045.5)  # the grace ends at exactly caught-up + 45 s
+    assert past._horizon(1047.0, 1046.5) == _utc(1046.5)
+    assert past._horizon(1060.0, 1049.5) == _utc(1049.5)  # a second gap ...
+    assert past._horizon(1061.0, 1060.5) == _utc(1049.5)  # ... with a grace of its own
+    assert past._horizon(1106.0, 1105.5) == _utc(1105.5)
+
+
+def test_stop_gives_a_round_two_seconds_then_interrupts_its_query(con, tmp_path) -> None:
+    slow = RULES.replace("SELECT 'x' AS k, 1 AS value",
+                         "SELECT 'x' AS k, count(*)::DOUBLE AS value FROM range(10000000000000)")
+    al = Alerting(con, _groups(tmp_path, slow), 1800)
+    al.start()
+    runner = al.runners["hourly"]
+    deadline = time.monotonic() + 5
+    while not runner.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner.busy and STOP_GRACE == 2.0
+    t0 = time.monotonic()
+    al.stop()
+    took = time.monotonic() - t0
+    assert not runner.thread.is_alive() and STOP_GRACE - 0.1 <= took < STOP_GRACE + 3, took
 
 
 def test_a_group_runs_at_its_interval_and_a_poke_runs_it_at_most_every_min_gap(con, tmp_path) -> None:
