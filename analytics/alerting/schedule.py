@@ -53,6 +53,7 @@ class GroupRunner:
 
     def __init__(self, alerting: Alerting, group: Group, cur: duckdb.DuckDBPyConnection, min_gap: float) -> None:
         self.alerting, self.group, self.cur, self.min_gap = alerting, group, cur, min_gap
+        # mutation-equivalent: ReplaceFalseWithTrue: the first round runs at once and clears it
         self.urgent = False
         self.wake = threading.Event()
         self.busy = False
@@ -123,6 +124,7 @@ class Alerting:
     def on_batch(self, result: Any) -> None:
         """Called by ingest after each committed batch (its thread: cheap)."""
         tables = {t for t, n in getattr(result, "rows", {}).items() if n}
+        # mutation-equivalent: ReplaceBinaryOperator_BitAnd_BitOr: a shortcut: the loop below pokes nobody either
         if not tables & set(URGENT_TABLES):
             return
         for g, ts in self._urgent_of.items():

@@ -134,6 +134,63 @@ def test_a_resolution_is_owed_after_a_kill_right_after_the_firing_was_sent(tmp_p
     assert [s for s, _ in ev] == ["firing", "resolved"] and ev[0][1] == ev[1][1]
 
 
+def test_after_a_restart_a_firing_alert_delivered_within_resend_is_not_sent_again(tmp_path, hook) -> None:
+    """Receivers learn the previous run's deliveries when it starts: a firing alert sent just
+    before a restart is not sent again before its resend (60 s) is due."""
+    h, url = hook
+    db = tmp_path / "a.duckdb"
+    now = [T0]
+    al, r = _alerting(db, FLAPPING, url, lambda: now[0])
+    try:
+        _round(al, r)
+        now[0] = T0 + dt.timedelta(seconds=5)
+        _round(al, r)  # saves when the firing was delivered
+    finally:
+        al.stop()
+        al.con.close()
+    now[0] = T0 + dt.timedelta(seconds=10)  # still firing
+    al2, r2 = _alerting(db, FLAPPING, url, lambda: now[0])
+    try:
+        _round(al2, r2)
+        time.sleep(0.2)
+    finally:
+        al2.stop()
+        al2.con.close()
+    assert [s for s, _ in _events(h.posts)] == ["firing"]
+
+
+def test_a_receivers_documented_defaults_and_its_error_cut_at_200_characters(hook) -> None:
+    """docs/alerts.md: 5 s for each exchange, backoff capped at 30 s, resend every 60 s; the
+    last error (logged, and in /metrics) is cut at 200 characters."""
+    import socketserver
+
+    from cmdare.analytics.alerting.notify.http import Item
+
+    _, url = hook
+    r = HttpReceiver("webhook", url)
+    assert (r.timeout, r.backoff_max, r.resend) == (5.0, 30.0, 60.0)
+    r.stop(grace=0)
+
+    class Garbage(socketserver.BaseRequestHandler):  # answers with a 400-character status line
+        def handle(self) -> None:
+            self.request.recv(65536)
+            self.request.sendall(b"X" * 400 + b"\r\n\r\n")
+
+    srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Garbage)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    bad = HttpReceiver("webhook", f"http://127.0.0.1:{srv.server_address[1]}/", timeout=2)
+    try:
+        bad.send([Item(("r", "f"), T0, False, {"labels": {"alertname": "A"}, "status": "firing"})])
+        deadline = time.monotonic() + 10
+        while bad.last_error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        name, _, text = (bad.last_error or "").partition(": ")
+        assert name == "BadStatusLine" and text == "X" * 200
+    finally:
+        bad.stop(grace=0)
+        srv.shutdown()
+
+
 def test_a_trickling_receiver_is_cut_at_its_deadline_counted_and_logged(tmp_path, caplog) -> None:
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))

@@ -139,6 +139,23 @@ def test_receivers_are_built_from_the_flags_with_the_default_resend(con, tmp_pat
             ("alertmanager", "http://127.0.0.1:9", 60.0), ("webhook", "http://127.0.0.1:9/h", 60.0)]
     finally:
         al.stop()
+    # secrets by receiver name: a token for one, user:password for the other; the generator
+    # defaults to this host; a Kafka topic is a receiver too
+    import base64
+    import socket
+
+    from cmdare.wire.kafka import parse_kafka_url
+
+    al = load(con, (str(f),), 1800, alertmanagers=("am=http://127.0.0.1:9/",), webhooks=("ops=http://127.0.0.1:9/h",),
+              secrets={"ops": ("bearer", "t0ken"), "am": ("basic", "u:p")},
+              kafka_topics=(parse_kafka_url("--alert-kafka", "kafka://127.0.0.1:9/alerts"),))
+    try:
+        am, ops, kafka = al.senders
+        assert (am.label, am.token, am.basic) == ("am", None, base64.b64encode(b"u:p").decode())
+        assert (ops.label, ops.token, ops.basic) == ("ops", "t0ken", "")
+        assert kafka.kind == "kafka" and kafka.generator == f"http://{socket.gethostname()}/cmdare"
+    finally:
+        al.stop()
     with pytest.raises(RuleError, match=r"^receiver 'ops': no --alertmanager / --alert-webhook of that name "
                                         r"\(names: none\)$"):
         load(con, (str(f),), 1800, secrets={"ops": ("bearer", "t0ken")})
