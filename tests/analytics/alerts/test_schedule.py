@@ -68,6 +68,8 @@ def test_stop_gives_a_round_two_seconds_then_interrupts_its_query(con, tmp_path)
     al.stop()
     took = time.monotonic() - t0
     assert not runner.thread.is_alive() and STOP_GRACE - 0.1 <= took < STOP_GRACE + 3, took
+    with pytest.raises(duckdb.ConnectionException):  # its cursor closed once its thread ended
+        runner.cur.execute("SELECT 1")
 
 
 def test_a_group_runs_at_its_interval_and_a_poke_runs_it_at_most_every_min_gap(con, tmp_path) -> None:
