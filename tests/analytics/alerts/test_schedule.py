@@ -79,9 +79,13 @@ def test_a_group_runs_at_its_interval_and_a_poke_runs_it_at_most_every_min_gap(c
     al.round = lambda g, c: (real(g, c), times.append(time.monotonic()))  # type: ignore[method-assign]
     al.start()
     runner = al.runners["hourly"]
+    waits: list[float | None] = []
+    real_wait = runner.wake.wait
+    runner.wake.wait = lambda t=None: (waits.append(t), real_wait(t))[1]  # type: ignore[method-assign]
     try:
-        time.sleep(0.8)
-        assert runner.rounds == 1  # the first round at once, the next in an hour: none between
+        time.sleep(1.5)
+        assert runner.rounds == 1 and runner.busy is False  # at once, the next in an hour: none between
+        assert len(waits) <= 3, waits  # idle, it wakes once a second to look, never spins
         runner.poke()
         deadline = time.monotonic() + 5
         while runner.rounds < 2 and time.monotonic() < deadline:
@@ -90,9 +94,41 @@ def test_a_group_runs_at_its_interval_and_a_poke_runs_it_at_most_every_min_gap(c
         while runner.rounds < 3 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert runner.rounds == 3
-        assert 0.15 <= times[2] - times[1] < 1.5, times
+        assert 0.15 <= times[2] - times[1] < 1.0, times
+        time.sleep(0.12)
+        runner.poke()  # 0.12 s after a round: the rest of min_gap, not more
+        while runner.rounds < 4 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert runner.rounds == 4 and times[3] - times[2] < 0.45, times
     finally:
         al.stop()
+
+
+def test_a_round_that_raises_is_logged_in_one_line_and_the_group_runs_on(con, tmp_path, caplog) -> None:
+    al = Alerting(con, _groups(tmp_path), 1800)
+    real, calls = al.round, []
+
+    def round_(g, c):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom " + "x" * 500)
+        real(g, c)
+
+    al.round = round_  # type: ignore[method-assign]
+    al.start()
+    runner = al.runners["hourly"]
+    try:
+        deadline = time.monotonic() + 5
+        while runner.rounds < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        runner.poke()
+        while runner.rounds < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runner.rounds == 2 and runner.thread.is_alive()
+    finally:
+        al.stop()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line == "alert group hourly: RuntimeError: " + ("boom " + "x" * 500)[:300]
 
 
 @pytest.mark.parametrize("conflicts", [0, SAVE_TRIES - 1, SAVE_TRIES])
@@ -111,8 +147,9 @@ def test_a_save_meeting_a_write_conflict_is_tried_three_times(con, tmp_path, con
     al.engine.save = save  # type: ignore[method-assign]
     try:
         if conflicts < SAVE_TRIES:
+            t0 = time.monotonic()
             al.round(group, al.runners["hourly"].cur)
-            assert len(calls) == conflicts + 1
+            assert len(calls) == conflicts + 1 and time.monotonic() - t0 < 0.5 + 0.05 * conflicts  # 50 ms apart
             assert con.execute("SELECT count(*) FROM alerts").fetchone() == (1,)
         else:
             with pytest.raises(duckdb.TransactionException):
@@ -161,3 +198,6 @@ def test_receivers_are_built_from_the_flags_with_the_default_resend(con, tmp_pat
     with pytest.raises(RuleError, match=r"^receiver 'ops': no --alertmanager / --alert-webhook of that name "
                                         r"\(names: none\)$"):
         load(con, (str(f),), 1800, secrets={"ops": ("bearer", "t0ken")})
+    with pytest.raises(RuleError, match=r"^receiver 'a': .* \(names: am\)$"):  # the first unknown, by name
+        load(con, (str(f),), 1800, alertmanagers=("am=http://127.0.0.1:9/",),
+             secrets={"b": ("bearer", "t"), "a": ("bearer", "t")})
