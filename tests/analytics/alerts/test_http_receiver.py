@@ -35,7 +35,8 @@ class Engine:
 
 
 def _alert(state: str, fired: dt.datetime | None = T0, fp: str = "f1", rule: str = "r", **kw) -> Alert:
-    return Alert(rule, fp, {"alertname": "A", "node": "n1", "fp": fp}, {"summary": "s"}, state, 1.0, T0,
+    return Alert(rule, fp, {"alertname": "A", "node": "n1", "fp": fp}, {"summary": "s"}, state, 1.0,
+                 T0 - dt.timedelta(minutes=1),  # pending for a minute before it fired
                  fired_at=fired, resolved_at=T1 if state == "resolved" else None, **kw)
 
 
@@ -143,6 +144,7 @@ def test_alertmanager_gets_its_api_and_a_webhook_the_documented_envelope(sink, r
     assert abs((ends - t).total_seconds() - 4 * 60) < 5  # a firing alert ends 4 resends on unless re-sent
     hook = got["/hook?x=1"]
     assert hook["status"] == "firing" and hook["externalURL"] == "http://gen/cmdare"
+    assert (hook["version"], hook["groupKey"], hook["truncatedAlerts"], hook["receiver"]) == ("4", "{}:{}", 0, "cmdare")
     assert hook["commonLabels"] == {"alertname": "A", "node": "n1"}  # what every alert of the batch shares
     assert [(a["status"], a["fingerprint"]) for a in hook["alerts"]] == [("firing", "f1"), ("firing", "f2")]
     assert [r_.engine for r_ in (am, wh)] == [e, e] and len(e.reported) == 2
@@ -159,7 +161,10 @@ def test_a_resolved_alert_ends_when_it_resolved_and_a_webhook_batch_of_resolutio
     assert body["status"] == "resolved" and body["alerts"][0]["endsAt"] == "2026-03-01T12:05:00.000Z"
 
 
-def test_retries_back_off_from_half_a_second_doubling_and_start_over_after_a_success(sink, receiver) -> None:
+def test_retries_back_off_from_half_a_second_doubling_and_start_over_after_a_success(sink, receiver, caplog) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="cmdare.alerts")
     h, url = sink
     h.status = 503
     r = receiver("webhook", url + "/hook")
@@ -175,11 +180,15 @@ def test_retries_back_off_from_half_a_second_doubling_and_start_over_after_a_suc
     h.status = 200
     attempts(4)
     gaps = [b - a for a, b in zip(h.at, h.at[1:], strict=False)]
-    assert 0.4 < gaps[0] < 0.95 and 0.9 < gaps[1] < 1.9, gaps  # 0.5 s, then 1 s
+    assert 0.4 < gaps[0] < 0.95 and 0.9 < gaps[1] < 1.4, gaps  # 0.5 s, then 1 s
     deadline = time.monotonic() + 5
     while not r.idle() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert (r.failed_total, r.sent_total, r.last_error) == (3, 1, None)
+    # the same error said once, and the recovery once
+    said = [(x.levelname, x.getMessage()) for x in caplog.records if x.name == "cmdare.alerts"]
+    assert said == [("WARNING", f"alert receiver {r.name}: OSError: HTTP 503 (retrying with backoff)"),
+                    ("INFO", f"alert receiver {r.name}: delivering again")]
     # a success starts the backoff over: the next failure is retried after 0.5 s again
     h.status = 503
     r.send(r.due(Engine([_alert("firing", fired=T1)]), {"r"}))
