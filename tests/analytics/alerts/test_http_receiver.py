@@ -195,3 +195,12 @@ def test_retries_back_off_from_half_a_second_doubling_and_start_over_after_a_suc
     attempts(6)
     assert 0.4 < h.at[5] - h.at[4] < 1.2, h.at  # not 1.5 s or more
     h.status = 200
+
+
+def test_stop_delivers_what_is_queued_before_the_sender_ends(sink, receiver) -> None:
+    h, url = sink
+    r = receiver("webhook", url + "/hook")
+    with r._cv:  # queued while the sender is between batches
+        r._batch[("r", "f1")] = r.due(Engine([_alert("firing")]), {"r"})[0]
+    r.stop(grace=3)
+    assert [b["alerts"][0]["fingerprint"] for _, b in h.got] == ["f1"] and not r.thread.is_alive()
