@@ -15,8 +15,13 @@ from .steady import JobSpeed
 CLUSTER_COLS = ["t1_s", "weights_gb", "weights_gb_x_workers_per_ps", "const"]
 
 
+def weights_gb(params: float) -> float:
+    """Parameter bytes pushed and pulled per step (fp32), GB."""
+    return 4.0 * params / 1e9
+
+
 def cluster_features(t1: float, params: float, workers: float, ps: float) -> np.ndarray:
-    s = 4.0 * params / 1e9  # parameter bytes pushed and pulled per step, GB
+    s = weights_gb(params)
     return np.array([t1, s, s * workers / max(ps, 1.0), 1.0])
 
 
@@ -72,8 +77,8 @@ def predict_cluster(fit: dict[str, Any], workers: list[float], ps: int, params: 
         v += 1.0 / max(t, 1e-9)
         lo += 1.0 / max(th, 1e-9)
         hi += 1.0 / max(tl, 1e-9) if tl > 0 else float("inf")
-    a, b, c, d = lin.params
-    s = 4.0 * params / 1e9
+    a, b, _, d = lin.params
+    s = weights_gb(params)
     out = {"steps_per_second": v, "lower": lo, "upper": hi, "expected_step_seconds": 1.0 / v}
     limit = ps_limit(fit, ps, params)
     if limit is not None:
@@ -88,7 +93,7 @@ def ps_limit(fit: dict[str, Any], ps: int, params: float) -> float | None:
     parameters at, whatever the workers (the fit's contention term: 1 / k, k = c x GB moved
     a step / PS); None when the fit has no contention for it."""
     c = Linear(**fit["model"]["linear"]).params[2]
-    k = c * (4.0 * params / 1e9) / max(ps, 1)
+    k = c * weights_gb(params) / max(ps, 1)
     return 1.0 / k if k > 0 else None
 
 
@@ -96,6 +101,6 @@ def single_worker_seconds(fit: dict[str, Any], speed: float, workers: int, ps: i
     """The single-worker step time T1 that gives cluster ``speed`` (steps/s) with ``workers``
     homogeneous workers and ``ps`` PS: the fit solved for T1; None when no positive T1 does."""
     a, b, c, d = Linear(**fit["model"]["linear"]).params
-    s = 4.0 * params / 1e9
+    s = weights_gb(params)
     t1 = (workers / speed - b * s - c * s * workers / max(ps, 1) - d) / a if a > 0 else -1.0
     return t1 if t1 > 0 else None
