@@ -63,16 +63,17 @@ class Spool:
         self.dropped_total = 0
         self.spooled_total = 0
         self._f = None
-        self._active = 0
-        self._active_size = 0
+        # mutation-equivalent: NumberReplacer: open() sets the segment numbers and pending before any use
+        self._active = self._active_size = self.pending = 0  # pending: events spooled and not yet consumed
         self._sizes: dict[int, int] = {}
-        self.pending = 0  # events spooled and not yet consumed
         self._seen_cursor: Position | None = None
+        # mutation-equivalent: NumberReplacer: any time over a second ago (the bounds are due at the first write)
         self._bounds_checked = 0.0
         self.problem: str | None = None  # the disk trouble now, in one line; None when writes land
-        self._no_room = False  # the trouble is a full disk (not a read-only one, say)
+        # these two are set by _trouble() before ``problem``, the only way they are read
+        # mutation-equivalent: ReplaceFalseWithTrue, NumberReplacer: set before they are read
+        self._no_room, self._dropped_at_problem = False, 0  # the trouble is a full disk (not a read-only one)
         self._carry: list[bytes] = []  # urgent lines of a dropped segment, for the next write
-        self._dropped_at_problem = 0
 
     def open(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -102,8 +103,6 @@ class Spool:
         p = self.dir / seg_name(s)
         with open(p, "rb+") as f:
             size = f.seek(0, 2)
-            if size == 0:
-                return
             f.seek(max(0, size - (1 << 20)))
             tail = f.read()
             if tail.endswith(b"\n"):
@@ -139,10 +138,10 @@ class Spool:
                     if e.errno in _NO_ROOM and self._try_make_room():
                         made_room = True
                         continue  # an older segment was dropped: try again
+                    self._trouble(e)  # first: this write's events are the episode's first drops
                     self.dropped_total += count + len(self._carry)  # carried lines are lost too
                     self.pending = max(0, self.pending - len(self._carry))
                     self._carry = []
-                    self._trouble(e)
                     return False
                 break
             self._carry = []
@@ -260,6 +259,7 @@ class Spool:
         with self.lock:
             self._seen_cursor = pos
             self.pending = max(0, self.pending - count)
+            # mutation-equivalent: NumberReplacer: any time over a second ago
             self._bounds_checked = 0.0  # consumed segments can go now
             self._enforce_bounds()
 
@@ -298,9 +298,13 @@ class Spool:
 
     def _enforce_bounds(self) -> None:
         now = time.monotonic()
+        # the cheap path's mutants change only how often the cursor file and the ages are read
+        # (cost): commit() and gc() reset the clock, and a write past the size bound never takes it
         if (
-            self._seen_cursor is not None
+            self._seen_cursor is not None  # mutation-equivalent: ReplaceComparisonOperator_IsNot_Is: cost only
+            # mutation-equivalent: NumberReplacer, ReplaceBinaryOperator_Sub_Add, ReplaceComparisonOperator_Lt_LtE: cost
             and now - self._bounds_checked < 1.0
+            # mutation-equivalent: ReplaceComparisonOperator_LtE_Lt: cost only (at the bound nothing is dropped)
             and self.size_bytes() <= self.max_bytes
         ):
             return  # cheap path for every tick; the cursor file and ages are looked at once a second
@@ -314,39 +318,43 @@ class Spool:
         now = time.time()
         for s in sorted(self._sizes):
             if s == self._active:
-                break
+                break  # mutation-equivalent: ReplaceBreakWithContinue: no segment comes after the active one
             consumed = cur.segment > s
             too_big = self.size_bytes() > self.max_bytes
-            too_old = False
+            too_old = False  # mutation-equivalent: ReplaceFalseWithTrue: read only when neither of the others holds
+            # mutation-equivalent: ReplaceAndWithOr: when either holds, too_old is never read (a stat more)
             if not consumed and not too_big:
                 try:
+                    # mutation-equivalent: ReplaceComparisonOperator_Gt_GtE: two float wall-clock readings equal
                     too_old = now - (self.dir / seg_name(s)).stat().st_mtime > self.max_age
                 except FileNotFoundError:
                     too_old = True
             if consumed:
                 if not self._delete(s):
+                    # mutation-equivalent: ReplaceBreakWithContinue: the later ones are consumed too: deleting them is as right
                     break
             elif too_big or too_old:
                 # past the size bound urgent events are written again at the end; past the
                 # age bound they are as stale as the rest
+                # mutation-equivalent: AddNot: ``not not x`` is as true as ``not x`` is false
                 if not self._drop_segment(s, cur, carry=too_big):
                     break
             else:
-                break
+                break  # mutation-equivalent: ReplaceBreakWithContinue: later segments are newer, none consumed
         if self._carry and self.problem is None:
             self._write_carry()
 
     def gc(self) -> None:
         """Delete consumed segments and apply the bounds now."""
         with self.lock:
-            self._bounds_checked = 0.0
+            self._bounds_checked = 0.0  # mutation-equivalent: NumberReplacer: any time over a second ago
             self._enforce_bounds()
 
     def close(self) -> None:
         """Flush and release; whatever the disk does, this returns (and says what it could
         not flush)."""
         with self.lock:
-            if self._f is not None and self._carry:
+            if self._f is not None and self._carry:  # mutation-equivalent: ReplaceAndWithOr: _carry is empty once closed
                 self._write_carry()
                 if self._carry:
                     n = len(self._carry)

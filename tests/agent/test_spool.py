@@ -375,3 +375,166 @@ def test_closing_survives_a_disk_that_fails_fsync_and_close(tmp_path: Path, monk
     assert any("1 urgent events (notices, lifecycle) could not be written: dropped" in m for m in said)
     assert any(m.startswith("spool: the last writes may not be on disk") for m in said)
     assert sp.dropped_total == 1 and sp.pending == 1 and sp._f is None
+
+
+def _enospc(*a) -> None:
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_with_nothing_to_drop_drops_the_write_and_never_spins(tmp_path: Path, monkeypatch) -> None:
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    monkeypatch.setattr(sp, "_write", _enospc)
+    assert sp.append(lines(2), 2) is False  # an empty spool: nothing older to make room with
+    assert (sp.dropped_total, sp.spooled_total, sp._no_room) == (2, 0, True)
+    # sealing the active segment to make room fails too: the write is dropped, append does not raise
+    monkeypatch.undo()
+    sp.append(lines(3), 3)
+    monkeypatch.setattr(sp, "_write", _enospc)
+    monkeypatch.setattr(sp, "_rotate", _enospc)
+    assert sp.append(lines(1, 3), 1) is False
+    assert sp.dropped_total == 3 and list_segments(tmp_path) == [1]
+
+
+def test_a_full_disk_with_only_the_active_segment_seals_it_and_drops_it_for_the_new_write(
+        tmp_path: Path, monkeypatch) -> None:
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    sp.append(lines(4), 4)
+    real, calls = sp._write, []
+
+    def full_once(data: bytes) -> None:
+        calls.append(len(data))
+        if len(calls) == 1:
+            _enospc()
+        real(data)
+
+    monkeypatch.setattr(sp, "_write", full_once)
+    assert sp.append(lines(2, 4), 2) is True
+    assert list_segments(tmp_path) == [2] and sp._active == 2  # segment 1 sealed and dropped
+    assert [int(x.split(b":")[1].split(b"}")[0]) for x in all_read(tmp_path)] == [4, 5]
+    assert (sp.dropped_total, sp.pending, sp.problem is not None) == (4, 2, True)
+
+
+def test_a_failed_write_whose_undo_fails_too_still_reports_the_disk_full(tmp_path: Path, monkeypatch) -> None:
+    """The partial line cannot be cut (ftruncate fails): the write's own error decides, so a
+    full disk still makes room rather than dropping the events as if the disk were gone."""
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    sp.append(lines(2), 2)
+
+    class Full:
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def write(self, b) -> int:
+            _enospc()
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    sp._f = Full(sp._f)
+
+    def eio(*a) -> None:
+        import errno
+
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "ftruncate", eio)
+    assert sp.append(lines(1, 2), 1) is True  # room made (segment 1 dropped), written to segment 2
+    assert sp.dropped_total == 2 and list_segments(tmp_path) == [2]
+
+
+def test_a_segment_the_disk_will_not_delete_stays_and_nothing_is_counted(tmp_path: Path, monkeypatch) -> None:
+    sp = Spool(tmp_path, max_age=60, segment_bytes=4096, fsync=False)
+    sp.open()
+    for i in range(3):
+        sp.append(lines(30, i * 30), 30)
+    segs = list_segments(tmp_path)
+    for s in segs[:-1]:
+        os.utime(tmp_path / seg_name(s), (time.time() - 120, time.time() - 120))
+    real = os.unlink
+
+    def refuse(p, *a, **kw):
+        if str(p).startswith(str(tmp_path)):
+            raise PermissionError(13, "Permission denied")
+        return real(p, *a, **kw)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    sp.gc()
+    assert list_segments(tmp_path) == segs and (sp.dropped_total, sp.pending) == (0, 90)
+    assert sp.size_bytes() == sum((tmp_path / seg_name(s)).stat().st_size for s in segs)
+    monkeypatch.undo()
+    sp.gc()  # both old segments go in one pass, counted once
+    assert list_segments(tmp_path) == segs[-1:] and sp.dropped_total + sp.pending == 90 and sp.pending < 90
+
+
+def test_a_segment_deleted_behind_the_spools_back_is_forgotten(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, max_age=3600, segment_bytes=4096, fsync=False)
+    sp.open()
+    for i in range(3):
+        sp.append(lines(30, i * 30), 30)
+    segs = list_segments(tmp_path)
+    (tmp_path / seg_name(segs[0])).unlink()
+    sp.gc()  # must not raise
+    assert segs[0] not in sp._sizes
+    assert sp.size_bytes() == sum((tmp_path / seg_name(s)).stat().st_size for s in segs[1:])
+
+
+def test_pending_counts_from_a_cursor_inside_a_segment_and_never_goes_below_zero(tmp_path: Path) -> None:
+    from cmdare.wire.spool import write_cursor
+
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    sp.append(lines(10), 10)
+    write_cursor(tmp_path, "shipped", Position(sp._active, 3 * 101), fsync=False)  # 3 lines of 101 bytes read
+    sp.gc()
+    assert sp.pending == 7
+    sp.commit(Position(sp._active, 10 * 101), 9)  # told more than was pending
+    assert sp.pending == 0
+
+
+def test_at_exactly_the_size_bound_nothing_is_dropped(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, max_bytes=3 * 1010, segment_bytes=1010, fsync=False)
+    sp.open()
+    for i in range(3):
+        sp.append(lines(10, i * 10), 10)  # 1010 bytes a segment: three segments, 3030 bytes
+    assert sp.size_bytes() == 3030 and sp.dropped_total == 0 and len(list_segments(tmp_path)) == 3
+    sp.append(lines(1, 30), 1)
+    assert sp.dropped_total == 10  # one byte past: the oldest goes
+
+
+def test_the_recovery_log_says_how_many_events_were_dropped_meanwhile(tmp_path: Path, monkeypatch, caplog) -> None:
+    import errno
+    import logging
+
+    sp = Spool(tmp_path, fsync=False)
+    sp.open()
+    sp.append(lines(1), 1)
+    sp.dropped_total = 5  # dropped before this trouble: not this episode's
+    caplog.set_level(logging.WARNING, logger="cmdare.agent.spool")
+    monkeypatch.setattr(sp, "_write", lambda d: (_ for _ in ()).throw(OSError(errno.EROFS, "Read-only file system")))
+    assert sp.append(lines(2, 1), 2) is False and sp.append(lines(1, 3), 1) is False
+    monkeypatch.undo()
+    assert sp.append(lines(1, 4), 1) is True and sp.problem is None
+    said = [r.getMessage() for r in caplog.records if "writing again" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith("; 3 events dropped meanwhile")
+
+
+def test_group_commit_syncs_again_at_exactly_the_interval(tmp_path: Path, monkeypatch) -> None:
+    import types
+
+    import cmdare.agent.sinks.spool as mod
+
+    clock = [100.0]
+    monkeypatch.setattr(mod, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(clock[0]))
+    sp = Spool(tmp_path, fsync=True, fsync_interval=0.5)
+    sp.open()
+    for t in (100.0, 100.25, 100.5, 100.75, 101.0):
+        clock[0] = t
+        sp.append(lines(1), 1)
+    assert synced == [100.0, 100.5, 101.0]
