@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import urllib.parse
 from pathlib import Path
 
 import click
@@ -125,8 +126,9 @@ def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: t
 
     for u in (*alertmanagers, *webhooks):
         name, url, _ = receiver_label(u)
-        if not url.startswith(("http://", "https://")):
-            raise click.UsageError(f"receiver {name!r}: alert receivers are [NAME=]http:// or https:// URLs")
+        if not url.startswith(("http://", "https://")) or not urllib.parse.urlsplit(url).hostname:
+            raise click.UsageError(f"receiver {name!r}: alert receivers are [NAME=]http:// or https:// URLs "
+                                   "with a host")
     if not rules:
         return None
     try:

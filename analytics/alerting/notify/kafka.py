@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .http import Receiver
+from .http import RESEND, Receiver
 
 
 class KafkaReceiver(Receiver):
     kind = "kafka"
 
-    def __init__(self, url: Any, resend: float = 60.0, generator: str = "http://localhost/cmdare") -> None:
+    def __init__(self, url: Any, resend: float = RESEND, generator: str = "http://localhost/cmdare") -> None:
         self.kurl = url
         self.producer: Any = None
         super().__init__(url.text, resend, generator=generator)

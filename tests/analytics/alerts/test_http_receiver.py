@@ -204,3 +204,73 @@ def test_stop_delivers_what_is_queued_before_the_sender_ends(sink, receiver) -> 
         r._batch[("r", "f1")] = r.due(Engine([_alert("firing")]), {"r"})[0]
     r.stop(grace=3)
     assert [b["alerts"][0]["fingerprint"] for _, b in h.got] == ["f1"] and not r.thread.is_alive()
+
+
+def test_the_delivery_bounds_are_the_documented_ones(receiver) -> None:
+    """docs/alerts.md, "Delivery": one exchange 5 s, backoff capped at 30 s, a firing alert
+    again every 1m; the same for every receiver kind, Kafka's included."""
+    from cmdare.analytics.alerting.notify.kafka import KafkaReceiver
+    from cmdare.wire.kafka import parse_kafka_url
+
+    k = KafkaReceiver(parse_kafka_url("--alert-kafka", "kafka://127.0.0.1:9/alerts"))
+    try:
+        for r in (receiver(), k):
+            assert (r.timeout, r.backoff_max, r.resend) == (5.0, 30.0, 60.0)
+            # a sender thread never keeps the process alive, and a new receiver owes nothing
+            assert r.thread.daemon and r.thread.is_alive() and r.idle()
+    finally:
+        k.stop(grace=0)
+
+
+def test_stop_ends_an_idle_sender_at_once_and_waits_3_s_for_a_hung_one(receiver) -> None:
+    import socket
+
+    r = receiver()
+    t = time.monotonic()
+    r.stop(grace=5)
+    assert not r.thread.is_alive() and time.monotonic() - t < 1
+    # a receiver that accepts and never answers: stop gives the sender 3 s, then returns
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    try:
+        hung = receiver("webhook", f"http://127.0.0.1:{srv.getsockname()[1]}/h", timeout=30)
+        hung.send(hung.due(Engine([_alert("firing")]), {"r"}))
+        deadline = time.monotonic() + 5
+        while hung.idle() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t = time.monotonic()
+        hung.stop()
+        assert 2.5 < time.monotonic() - t < 3.5 and hung.thread.is_alive()
+    finally:
+        srv.close()
+
+
+def test_a_firing_alert_is_due_again_at_exactly_resend_and_other_rules_never_hide_it(receiver, monkeypatch) -> None:
+    import cmdare.analytics.alerting.notify.http as mod
+
+    now = dt.datetime(2026, 3, 1, 13, 0, 0)
+    monkeypatch.setattr(mod, "utcnow", lambda: now)
+    r = receiver(resend=60)
+    a = _alert("firing")
+    r.handed[("r", "f1")] = (T0, False, now - dt.timedelta(seconds=59.999))
+    assert _due(r, a) == []
+    r.handed[("r", "f1")] = (T0, False, now - dt.timedelta(seconds=60))
+    assert _due(r, a) == [("f1", False)]
+    # another rule's alert listed first does not end the round
+    assert _due(receiver(), _alert("firing", fp="f0", rule="other"), a) == [("f1", False)]
+
+
+@pytest.mark.parametrize(("status", "delivered"), [(299, True), (300, False)])
+def test_any_2xx_answer_is_a_delivery_and_anything_from_300_is_retried(sink, receiver, status, delivered) -> None:
+    h, url = sink
+    h.status = status
+    r = receiver("webhook", url + "/hook")
+    r.send(r.due(Engine([_alert("firing")]), {"r"}))
+    deadline = time.monotonic() + 10
+    while not (r.sent_total or r.failed_total) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert (r.sent_total, r.failed_total > 0) == ((1, False) if delivered else (0, True))
+    if not delivered:
+        assert r.last_error == "OSError: HTTP 300"
+    h.status = 200

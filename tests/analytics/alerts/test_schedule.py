@@ -223,3 +223,13 @@ def test_rounds_keep_their_interval_and_stop_wakes_the_runners_and_stops_the_rec
     assert len(times) == 3 and all(1.4 < b - a < 1.8 for a, b in zip(times, times[1:], strict=False)), times
     assert took < 0.6, took  # idle runners are woken, not waited for
     assert not r.thread.is_alive()  # and the receivers are stopped
+
+
+@pytest.mark.parametrize("url", ["ftp://am:9093", "https:///api", "http://", "am=file:///etc/passwd"])
+def test_a_receiver_that_is_not_an_http_url_with_a_host_stops_the_collector_at_start(url) -> None:
+    import click
+
+    from cmdare.collector.cli import _alerting
+
+    with pytest.raises(click.UsageError, match="alert receivers are .*http:// or https:// URLs with a host"):
+        _alerting(None, ("default",), "5m", alertmanagers=(url,))
