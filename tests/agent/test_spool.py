@@ -369,12 +369,26 @@ def test_closing_survives_a_disk_that_fails_fsync_and_close(tmp_path: Path, monk
     monkeypatch.setattr(os, "fsync", eio)
     sp._carry = [b'{"type":"lifecycle","n":1}\n']
     monkeypatch.setattr(sp, "_write", eio)
-    sp.pending += 1
+    sp.pending = 1  # the carried line is the only one pending
+
+    class Failing:  # a file whose close fails (NFS, a yanked disk)
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def close(self) -> None:
+            self.f.close()
+            eio()
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    sp._f, sp._lockf = Failing(sp._f), Failing(sp._lockf)
     sp.close()  # must not raise
     said = [r.getMessage() for r in caplog.records]
     assert any("1 urgent events (notices, lifecycle) could not be written: dropped" in m for m in said)
     assert any(m.startswith("spool: the last writes may not be on disk") for m in said)
-    assert sp.dropped_total == 1 and sp.pending == 1 and sp._f is None
+    assert any(m.startswith("spool: closing the active segment: [Errno 5]") for m in said)
+    assert sp.dropped_total == 1 and sp.pending == 0 and sp._f is None
 
 
 def _enospc(*a) -> None:
@@ -502,6 +516,8 @@ def test_at_exactly_the_size_bound_nothing_is_dropped(tmp_path: Path) -> None:
     for i in range(3):
         sp.append(lines(10, i * 10), 10)  # 1010 bytes a segment: three segments, 3030 bytes
     assert sp.size_bytes() == 3030 and sp.dropped_total == 0 and len(list_segments(tmp_path)) == 3
+    sp.gc()
+    assert sp.dropped_total == 0 and len(list_segments(tmp_path)) == 3
     sp.append(lines(1, 30), 1)
     assert sp.dropped_total == 10  # one byte past: the oldest goes
 
@@ -538,3 +554,14 @@ def test_group_commit_syncs_again_at_exactly_the_interval(tmp_path: Path, monkey
         clock[0] = t
         sp.append(lines(1), 1)
     assert synced == [100.0, 100.5, 101.0]
+
+
+def test_a_full_disk_that_will_not_delete_drops_the_write_instead_of_spinning(tmp_path: Path, monkeypatch) -> None:
+    sp = Spool(tmp_path, segment_bytes=1010, fsync=False)
+    sp.open()
+    sp.append(lines(10), 10)
+    sp.append(lines(10, 10), 10)  # two segments
+    monkeypatch.setattr(sp, "_write", _enospc)
+    monkeypatch.setattr(os, "unlink", lambda *a, **kw: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    assert sp.append(lines(1, 20), 1) is False
+    assert sp.dropped_total == 1 and sp.pending == 20 and len(list_segments(tmp_path)) >= 2
