@@ -112,6 +112,7 @@ class Identity:
     accelerator: str | None = None
     accelerator_count: int | None = None
     boot_time: float | None = None
+    launched_at: float | None = None  # when the cloud began launching it (AWS pendingTime)
 
     def data(self) -> dict[str, Any]:
         """The ``instance`` event's data: the fields that are known."""
@@ -298,8 +299,15 @@ class Aws:
         if not isinstance(d, dict):
             raise MetadataError("AWS instance identity document: expected an object")
         life = self.get("/latest/meta-data/instance-life-cycle")
+        launched = None
+        if d.get("pendingTime") is not None:
+            try:
+                launched = _iso(d["pendingTime"], "AWS pendingTime")
+            except MetadataError as e:  # the rest of the identity is still good
+                log.debug("%s", e)
         return Identity(
             cloud="aws",
+            launched_at=launched,
             region=d.get("region"),
             zone=d.get("availabilityZone"),
             instance_id=d.get("instanceId"),
@@ -474,22 +482,28 @@ def boot_time() -> float:
     return float(psutil.boot_time())
 
 
-def system_stopping() -> bool:
-    """Whether the operating system is shutting down (systemd's state is 'stopping'), so a
-    SIGTERM is part of a shutdown rather than a service stop."""
+def system_state() -> str | None:
+    """systemd's state of the whole system (``starting`` while it boots, ``running``,
+    ``degraded``, ``stopping``...); None without systemd or when it does not answer."""
     import shutil
     import subprocess
 
     exe = shutil.which("systemctl")
     if not exe or not Path("/run/systemd/system").is_dir():
-        return False
+        return None
     try:
         out = subprocess.run(
             [exe, "is-system-running"], capture_output=True, text=True, timeout=1.0, check=False
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return False
-    return out == "stopping"
+        return None
+    return out if out.isidentifier() and len(out) <= 32 else None
+
+
+def system_stopping() -> bool:
+    """Whether the operating system is shutting down (systemd's state is 'stopping'), so a
+    SIGTERM is part of a shutdown rather than a service stop."""
+    return system_state() == "stopping"
 
 
 __all__ = [
@@ -505,5 +519,6 @@ __all__ = [
     "boot_time",
     "detect",
     "local_gpus",
+    "system_state",
     "system_stopping",
 ]

@@ -99,6 +99,7 @@ class Agent:
         self.state = AgentState(cfg.spool.dir)
         self.boot_time = adapters.pop("boot_time", None) or cloud.boot_time()
         self.system_stopping = adapters.pop("system_stopping", cloud.system_stopping)
+        self.system_state = adapters.pop("system_state", cloud.system_state)
         self.runners = []
         for name, cls in REGISTRY.items():
             scfg = cfg.sources[name]
@@ -268,7 +269,8 @@ class Agent:
         booted, then ``agent_start``; spooled and sent at once."""
         if self.state.new_boot(self.boot_time):
             self._lifecycle("boot", ts=self.boot_time)
-        self._lifecycle("agent_start")
+        state = self.system_state()  # "starting": the boot started the agent (VM start-up is measurable)
+        self._lifecycle("agent_start", **({} if state is None else {"during_boot": state == "starting"}))
         self.flush(urgent=True)
 
     def run(self, duration: float | None = None) -> None:

@@ -102,6 +102,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "accelerator": (STR, "accelerator type (TPU type from GCE, else the NVIDIA driver's GPU model)"),
         "accelerator_count": (INT, "number of accelerators"),
         "boot_time": (FLOAT, "when the VM booted, unix seconds"),
+        "launched_at": (FLOAT, "when the cloud began launching the VM, unix seconds (AWS pendingTime; absent "
+                               "where the metadata has none)"),
     },
     "lifecycle": {
         "event": (STR, "agent_start | agent_stop | boot | shutdown"),
@@ -111,6 +113,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "interval_seconds": (FLOAT, "the agent's sampling interval"),
         "agent_version": (STR, "cmdare-agent version"),
         "uptime_seconds": (FLOAT, "agent_stop: seconds the agent ran"),
+        "during_boot": (BOOL, "agent_start: systemd was still booting the VM (the boot started the agent); "
+                              "absent without systemd"),
     },
     "revocation": {
         "cloud": (STR, "gce | aws | azure"),

@@ -121,9 +121,10 @@ def fit(f: api.FitResult, as_json_: bool) -> None:
         for k in ("resume_after_revocation_seconds", "resume_after_restart_seconds"):
             if k in f.model:
                 m = f.model[k]
-                click.echo(f"  {k}: mean {m['mean']:.1f} (95% {m['lower']:.1f}..{m['upper']:.1f}), n={m['n']}")
+                click.echo(f"  {k}: mean {m['mean']:.1f}{_ci(m)}, n={m['n']}")
         for g, m in f.model.get("vm_startup_seconds", {}).items():
-            click.echo(f"  vm start-up {g}: mean {m['mean']:.1f}s, n={m['n']}")
+            click.echo(f"  vm start-up {g}: mean {m['mean']:.1f}s{_ci(m)}, n={m['n']} "
+                       f"({m.get('covers', 'kernel boot to agent ready')})")
     if kind == "lifetime":
         cv = f.cv
         if "brier" in cv:
@@ -136,6 +137,14 @@ def fit(f: api.FitResult, as_json_: bool) -> None:
             click.echo(f"  {g}: {c['n']} lives, {c['events']} revoked, median lifetime {med}")
     for n in out["notes"][:20]:
         click.echo(f"  note: {n}")
+
+
+def _ci(m: dict[str, Any]) -> str:
+    """' (95% lo..hi)', or nothing where there is no interval (one sample)."""
+    lo, hi = m.get("lower"), m.get("upper")
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return " (one sample: no interval)" if m.get("n") == 1 else ""
+    return f" (95% {lo:.1f}..{hi:.1f})"
 
 
 def prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:

@@ -1,8 +1,13 @@
 """The overhead model: checkpoint save and restore time against checkpoint size (OLS per action,
 seconds = a + b * GB, held-out error leaving one model architecture out); time to resume
-after a revocation (notice to the job's next step, on any node); VM start-up (boot to
-the agent's first start in that life) by region, accelerator and spot flag: means with
-95 % t intervals.
+after a revocation (notice to the job's next step, on any node); VM start-up by region,
+accelerator and spot flag, in the phases the VM and the cloud report (``STARTUP_PHASES``):
+means with 95 % t intervals.
+
+VM start-up is measured, never inferred: "ready" is the agent's first start in a life only
+when systemd was still booting the VM (``during_boot``: an agent started by hand hours later
+says nothing about start-up), "launched" is the cloud's own launch time where its metadata
+gives one (AWS ``pendingTime``). A life with neither is left out and counted.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ def _mean_ci(xs: list[float]) -> dict[str, float]:
 
     a = np.asarray(xs, dtype=float)
     m = float(a.mean())
-    if len(a) < 2:
-        return {"n": len(a), "mean": m, "lower": float("nan"), "upper": float("nan")}
+    if len(a) < 2:  # one sample: no interval (None, never NaN or a zero width)
+        return {"n": len(a), "mean": m, "median": m, "lower": None, "upper": None}
     h = float(stats.t.ppf(1 - ALPHA / 2, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
     return {"n": len(a), "mean": m, "median": float(np.median(a)), "lower": m - h, "upper": m + h}
 
@@ -78,19 +83,12 @@ def fit_overhead(con: duckdb.DuckDBPyConnection) -> Fit:
     if restart:
         # any restart of a job (a new run): previous run's last step to the new run's first
         model["resume_after_restart_seconds"] = _mean_ci([x[0] for x in restart])
-    starts = con.execute(
-        """WITH s AS (
-               SELECT node, round(boot_time) AS boot, min(epoch(ts)) - any_value(boot_time) AS secs
-               FROM lifecycle_events WHERE event = 'agent_start' GROUP BY node, round(boot_time))
-           SELECT coalesce(l.region, '?'), coalesce(l.accelerator, '?'), coalesce(l.spot, false), s.secs
-           FROM s JOIN instance_lives() l ON l.node = s.node AND round(epoch(l.boot_time)) = s.boot
-           WHERE s.secs >= 0"""
-    ).fetchall()
+    starts, left_out = vm_startups(con)
     if starts:
-        by: dict[str, list[float]] = {}
-        for region, acc, spot, secs in starts:
-            by.setdefault(f"{region}/{acc}/{'spot' if spot else 'on-demand'}", []).append(secs)
-        model["vm_startup_seconds"] = {k: _mean_ci(v) for k, v in sorted(by.items())}
+        model["vm_startup_seconds"] = starts
+    if left_out:
+        notes.append(f"vm start-up: {left_out} VM lives left out: the boot did not start the agent (no systemd, "
+                     "or started later by hand), so their start-up is not known")
     if (
         not model["checkpoint"]
         and "resume_after_revocation_seconds" not in model
@@ -118,6 +116,64 @@ def fit_overhead(con: duckdb.DuckDBPyConnection) -> Fit:
         ["gb", "const"],
         notes=notes,
     )
+
+
+# phase -> (what it is, the longest a phase of start-up can be: past it, it is not start-up)
+STARTUP_PHASES = {
+    "launch_to_boot": "the cloud's launch (AWS pendingTime) to the kernel's boot",
+    "boot_to_ready": "the kernel's boot to the agent's first start, when the boot started it",
+    "ready_to_first_step": "agent ready to the first training step on the VM (not part of the total: a job "
+                           "may start later by choice)",
+}
+MAX_PHASE_SECONDS = 3600.0  # an hour: a longer "start-up" is a VM left idle, not a start
+
+
+def vm_startups(con: duckdb.DuckDBPyConnection) -> tuple[dict[str, Any], int]:
+    """Region/accelerator/spot -> start-up seconds (launch to ready where the cloud gives its
+    launch time, else boot to ready: ``covers`` says which) with each phase's mean and
+    interval; and how many lives could not be measured."""
+    rows = con.execute(
+        """WITH l AS (SELECT * FROM instance_lives()),
+           st AS (SELECT s.node, s.ts - to_microseconds(CAST(coalesce(s.steps / nullif(s.steps_per_second, 0), 0)
+                                                                 * 1e6 AS BIGINT)) AS first_t
+                  FROM steps s WHERE s.node IN (SELECT node FROM l WHERE ready_at IS NOT NULL))
+           SELECT coalesce(l.region, '?'), coalesce(l.accelerator, '?'), coalesce(l.spot, false),
+                  epoch(l.boot_time) - epoch(l.launched_at), epoch(l.ready_at) - epoch(l.boot_time),
+                  (SELECT epoch(min(st.first_t)) - epoch(l.ready_at) FROM st
+                   WHERE st.node = l.node AND st.first_t >= l.ready_at
+                     AND (l.ended_at IS NULL OR st.first_t <= l.ended_at))
+           FROM l"""
+    ).fetchall()
+    ok = lambda x: x is not None and math.isfinite(x) and 0 <= x <= MAX_PHASE_SECONDS  # noqa: E731
+    by: dict[str, dict[str, list[float]]] = {}
+    left_out = 0
+    for region, acc, spot, launch, boot, first in rows:
+        if not ok(boot) or boot == 0:
+            left_out += 1
+            continue
+        g = by.setdefault(f"{region}/{acc}/{'spot' if spot else 'on-demand'}",
+                          {p: [] for p in STARTUP_PHASES})
+        g["boot_to_ready"].append(boot)
+        if ok(launch):
+            g["launch_to_boot"].append(launch)
+        if ok(first):
+            g["ready_to_first_step"].append(first)
+    out = {}
+    for key, g in sorted(by.items()):
+        phases = {p: _mean_ci(v) for p, v in g.items() if v}
+        boot, launch = phases["boot_to_ready"], phases.get("launch_to_boot")
+        parts = [boot] + ([launch] if launch else [])
+        mean = sum(p["mean"] for p in parts)
+        half = [p["upper"] - p["mean"] for p in parts if p["upper"] is not None]
+        h = math.sqrt(sum(x * x for x in half)) if len(half) == len(parts) else None
+        n_launch = len(g["launch_to_boot"])
+        covers = ("launch to agent ready" if n_launch == boot["n"] else
+                  "kernel boot to agent ready" if not n_launch else
+                  f"kernel boot to agent ready, plus the cloud's launch phase from {n_launch} of {boot['n']} lives")
+        out[key] = {"n": boot["n"], "mean": mean, "median": boot["median"] + (launch["median"] if launch else 0.0),
+                    "lower": None if h is None else max(0.0, mean - h), "upper": None if h is None else mean + h,
+                    "covers": covers, "phases": phases}
+    return out, left_out
 
 
 def predict_checkpoint(fit: dict[str, Any], action: str, gb: float) -> tuple[float, float, float]:

@@ -38,6 +38,10 @@ def revocation_rate(curve: dict[str, Any]) -> tuple[float, float, float] | None:
     return h / t, max(0.0, h - dh) / t, (h + dh) / t
 
 
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
 @RECOMMENDERS.register
 class Region(Recommender):
     name = "region"
@@ -85,9 +89,12 @@ class Region(Recommender):
         predicted: dict[str, Any] = {"revocations_per_hour": round(rate, 5)}
         interval: dict[str, tuple[float, float]] = {"revocations_per_hour": (round(lo, 5), round(hi, 5))}
         if best["startup"]:
-            predicted["startup_seconds"] = round(best["startup"]["mean"], 1)
-            if best["startup"].get("lower") == best["startup"].get("lower"):  # not NaN
-                interval["startup_seconds"] = (round(best["startup"]["lower"], 1), round(best["startup"]["upper"], 1))
+            st = best["startup"]
+            predicted["startup_seconds"] = round(st["mean"], 1)
+            lo_s, hi_s = st.get("lower"), st.get("upper")
+            if _finite(lo_s) and _finite(hi_s) and hi_s > lo_s:  # one start-up measured: no interval
+                interval["startup_seconds"] = (round(lo_s, 1), round(hi_s, 1))
+            assumptions_startup = f"{st.get('covers', 'kernel boot to agent ready')}, {st['n']} VM starts"
         if o["hours"] > 0:
             predicted["expected_revocations"] = round(rate * o["hours"], 3)
             interval["expected_revocations"] = (round(lo * o["hours"], 3), round(hi * o["hours"], 3))
@@ -97,6 +104,8 @@ class Region(Recommender):
             cost["prices_as_of"] = as_of
         assumptions: dict[str, Any] = {"accelerator": acc, "min_lives": o["min_lives"], "ranked_regions": len(ranked),
                                        "lifetime_fit_held_out_brier_skill": (life.get("cv") or {}).get("brier_skill")}
+        if best["startup"]:
+            assumptions["startup_covers"] = assumptions_startup
         for i, r in enumerate(ranked, 1):
             assumptions[f"rank_{i}"] = r["region"]
             assumptions[f"rank_{i}_revocations_per_hour"] = round(r["rate"][0], 5)

@@ -118,6 +118,7 @@ def test_aws_token_renewed_notice_once_and_not_again_after_a_restart(servers, tm
         assert ident["cloud"] == "aws" and ident["region"] == "us-east-1" and ident["zone"] == "us-east-1b"
         assert ident["instance_type"] == "p3.2xlarge" and ident["spot"] is True
         assert ident["instance_id"] == "i-0abc123def4567890"
+        assert ident["launched_at"] == 1772366310.0  # pendingTime 2026-03-01T11:58:30Z: the cloud's launch
         time.sleep(1.5)  # past the first token's life: renewed, no notice lost
         deadline = srv.preempt()
         run.wait(lambda: run.of("revocation"))
@@ -290,5 +291,18 @@ def test_notices_do_not_wait_for_a_failing_identity(servers, cloud_: str) -> Non
         assert run.of("instance") == []  # still failing, reported, retried
         srv.fail_paths = set()
         run.wait(lambda: run.of("instance"), timeout=8)
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("pending", ["yesterday", 12, None])
+def test_an_unreadable_or_missing_aws_launch_time_is_left_out_and_the_identity_kept(servers, pending) -> None:
+    srv = serve(servers, "aws")
+    srv.pending_time = pending
+    run = Run(srv.url, state=None, provider="aws")
+    try:
+        run.wait(lambda: run.of("instance"))
+        ident = run.of("instance")[0]
+        assert "launched_at" not in ident and ident["instance_type"] == "p3.2xlarge"
     finally:
         run.close()

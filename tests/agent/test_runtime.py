@@ -242,7 +242,7 @@ def test_once_prints_one_round_as_json(tmp_path: Path) -> None:
     assert not list((tmp_path / "sp").glob("*.ndjson"))  # --once writes nothing
 
 
-def lifecycle_agent(tmp_path: Path, boot: float, stopping: bool = False) -> Agent:
+def lifecycle_agent(tmp_path: Path, boot: float, stopping: bool = False, state: str | None = None) -> Agent:
     cfg = load(
         None,
         env={"CMDARE_AGENT_CONFIG": str(tmp_path / "none.toml")},
@@ -257,16 +257,17 @@ def lifecycle_agent(tmp_path: Path, boot: float, stopping: bool = False) -> Agen
             "sources.cloud.provider": "none",
         },
     )
-    return Agent(cfg, adapters={"boot_time": boot, "system_stopping": lambda: stopping})
+    return Agent(cfg, adapters={"boot_time": boot, "system_stopping": lambda: stopping,
+                                "system_state": lambda: state})
 
 
 def test_lifecycle_boot_start_stop_and_shutdown(tmp_path: Path) -> None:
     boot = time.time() - 3600
-    lifecycle_agent(tmp_path, boot).run(duration=0.25)  # first start since this boot
-    a = lifecycle_agent(tmp_path, boot)  # restarted: same boot
+    lifecycle_agent(tmp_path, boot, state="starting").run(duration=0.25)  # first start since this boot
+    a = lifecycle_agent(tmp_path, boot, state="running")  # restarted: same boot, long after it
     threading.Timer(0.25, a.stop, args=("SIGTERM",)).start()
     a.run()
-    a = lifecycle_agent(tmp_path, boot + 7200, stopping=True)  # rebooted; stopped by the shutdown
+    a = lifecycle_agent(tmp_path, boot + 7200, stopping=True)  # rebooted (no systemd); stopped by the shutdown
     threading.Timer(0.25, a.stop, args=("SIGTERM",)).start()
     a.run()
     evs = spool_events(tmp_path / "sp")
@@ -286,6 +287,8 @@ def test_lifecycle_boot_start_stop_and_shutdown(tmp_path: Path) -> None:
     assert lc[0]["ts"] == round(boot, 6) and lc[5]["ts"] == round(boot + 7200, 6)  # dated at the boot
     assert all(e["data"]["interval_seconds"] == 0.1 and e["data"]["boot_time"] for e in lc)
     starts = [e for e in evs if e["type"] == "lifecycle" and e["data"]["event"] == "agent_start"]
+    # started by the boot / by hand later / unknown (no systemd): only the first measures start-up
+    assert [s["data"].get("during_boot") for s in starts] == [True, False, None]
     firsts = [next(i for i, x in enumerate(evs) if x["id"] == s["id"]) for s in starts]
     assert all(evs[i - 1]["type"] == "lifecycle" or i == 1 for i in firsts)  # before any sample
     idents = [e["data"] for e in evs if e["type"] == "instance"]

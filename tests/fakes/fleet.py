@@ -213,13 +213,18 @@ class Fleet:
                     stop = planned if planned < life else None
                 end = boot + (stop or life)
                 start = boot + self.rng.uniform(30, 90)
+                # every tenth VM: the agent was started by hand well into the life (not by
+                # the boot): its start says nothing about VM start-up
+                by_hand = i % 10 == 9 and end - boot > 1200
+                if by_hand:
+                    start = boot + (end - boot) / 2
                 if end <= start + 20:
                     end = start + 20
                 self._ev(
                     start,
                     node,
                     "lifecycle",
-                    {"event": "agent_start", "boot_time": boot, "interval_seconds": 10.0},
+                    {"event": "agent_start", "boot_time": boot, "interval_seconds": 10.0, "during_boot": not by_hand},
                 )
                 self._ev(
                     start + 1,
@@ -656,7 +661,8 @@ class DemoFleet(Scenarios):
         """A spot VM running a job's rank, revoked 25 minutes in (a notice 30 s ahead)."""
         node = f"{self.prefix}-spot-vm-1"
         boot = start - 60
-        self._ev(start, node, "lifecycle", {"event": "agent_start", "boot_time": boot, "interval_seconds": TICK})
+        self._ev(start, node, "lifecycle", {"event": "agent_start", "boot_time": boot, "interval_seconds": TICK,
+                                            "during_boot": True})
         self._ev(start + 1, node, "instance", {"cloud": "gce", "region": "us-central1", "zone": "us-central1-a",
                                                "instance_type": "n1-standard-8", "spot": True, "accelerator": "nvidia-tesla-v100",
                                                "accelerator_count": 1, "boot_time": boot})

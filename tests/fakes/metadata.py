@@ -53,6 +53,7 @@ class FakeMetadata:
             }[cloud]
         )
         self.spot, self.name = spot, name
+        self.pending_time: Any = "2026-03-01T11:58:30Z"
         self.token_ttl_cap = token_ttl_cap
         self.cond = threading.Condition()
         self.values = {"preempted": "FALSE", "maintenance-event": "NONE"}
@@ -172,6 +173,7 @@ class FakeMetadata:
             "region": self.zone[:-1],
             "availabilityZone": self.zone,
             "accountId": "123456789012",
+            "pendingTime": self.pending_time,  # when the instance entered "pending" (its launch)
         }
 
     def azure_instance(self) -> dict[str, Any]:

@@ -93,3 +93,46 @@ def test_zones_of_the_best_region_are_ranked_and_prices_come_from_the_catalogue(
     code, out, _ = rec(db, "--gpu-type", "v100", "--min-lives", "100", "--json")
     assert code == 0 and "zone" not in out["action"]
     assert "zones of us-central1 have too few lives to rank" in out["why"]
+
+
+def test_start_up_is_measured_only_where_the_boot_started_the_agent_and_one_start_has_no_interval(
+        tmp_path: Path) -> None:
+    """An agent started by hand hours after boot says nothing about start-up (left out and
+    counted); a region with one measured start-up gets its figure and no interval (it used
+    to crash on round(None)); the cloud's launch time adds the launch phase."""
+    f = Fleet(seed=2)
+    f.vm_lives(per_group=40)
+    kept = None
+    for e in f.events:
+        d = e["data"]
+        if e["type"] == "lifecycle" and d.get("event") == "agent_start" and "us-central1-v100" in e["node"]:
+            if kept is None and d["during_boot"]:
+                kept = e["node"]
+            elif e["node"] != kept:
+                d["during_boot"] = False  # all others of the group: started later by hand
+        if e["type"] == "instance" and "europe-west4-v100" in e["node"]:
+            d["launched_at"] = d["boot_time"] - 40.0  # the cloud's launch, 40 s before the kernel
+    db = tmp_path / "s.duckdb"
+    con = connect(db)
+    Writer(con).write([("sim", encode_many(f.events))])
+    models.save(con, models.fit_lifetime(con))
+    fit = models.fit_overhead(con)
+    models.save(con, fit)
+    con.close()
+    st = fit.model["vm_startup_seconds"]
+    one = st["us-central1/v100/spot"]
+    assert one["n"] == 1 and one["lower"] is None and 30 <= one["mean"] <= 90
+    eu = st["europe-west4/v100/spot"]
+    assert eu["covers"] == "launch to agent ready" and eu["n"] == 36  # 4 of 40 started by hand
+    assert eu["phases"]["launch_to_boot"]["mean"] == pytest.approx(40.0, abs=1)  # lives are keyed by whole seconds
+    assert 70 <= eu["mean"] <= 130 and eu["lower"] < eu["mean"] < eu["upper"]
+    assert any("VM lives left out: the boot did not start the agent" in n for n in fit.notes)
+    code, out, err = rec(db, "--gpu-type", "v100", "--hours", "12", "--json")
+    assert code == 0, err
+    assert out["action"]["region"] == "us-central1"  # the region with one start-up measured
+    assert "startup_seconds" not in out["interval"] and 30 <= out["predicted"]["startup_seconds"] <= 90
+    assert out["assumptions"]["startup_covers"] == "kernel boot to agent ready, 1 VM starts"
+    code, text, err = rec(db, "--gpu-type", "v100")
+    assert code == 0, err
+    r = CliRunner().invoke(cli, ["fit", "overhead", "--db", str(db)])
+    assert "vm start-up us-central1/v100/spot: mean" in r.stdout and "one sample: no interval" in r.stdout
