@@ -105,6 +105,7 @@ class Bottlenecks:
     ran: list[str] = field(default_factory=list)
     stored: int | None = None
     not_stored: str = ""  # "no-store" or "read-only" when stored is None
+    next: list[Any] = field(default_factory=list)  # findings.NextStep: the recommendations they suggest, tried
 
 
 def _known_job(con: Any, job: str) -> None:
@@ -125,10 +126,11 @@ def detector_options(config: dict[str, dict[str, Any]] | None, sets: list[str] |
 
 def bottlenecks(db: Database, job: str | None = None, since: dt.datetime | None = None,
                 kinds: list[str] | None = None, options: dict[str, dict[str, Any]] | None = None,
-                store: bool = True) -> Bottlenecks:
+                store: bool = True, next_steps: bool = True) -> Bottlenecks:
     """Run the detectors over ``job`` (None: all) since ``since``; with ``store``, replace
     the findings table's rows of this scope (a database that cannot be written is analysed
-    without storing: ``not_stored`` says why)."""
+    without storing: ``not_stored`` says why); with ``next_steps``, run the recommendations
+    the findings suggest and say which answer (``next``)."""
     from . import findings
 
     options = options or {}
@@ -141,8 +143,9 @@ def bottlenecks(db: Database, job: str | None = None, since: dt.datetime | None 
         scope = Scope(job, since, None)
         out = findings.run(con, scope, list(kinds or []) or None, options)
         stored = findings.store(con, out, scope) if writable else None
+        nxt = findings.next_steps(con, out.findings) if next_steps else []
     return Bottlenecks(out.findings, out.skipped, out.ran, stored,
-                       "" if writable else ("no-store" if not store else "read-only"))
+                       "" if writable else ("no-store" if not store else "read-only"), nxt)
 
 
 # -- alerts ---------------------------------------------------------------------------------

@@ -164,8 +164,12 @@ class Remote:
                      options: dict[str, Any] | None = None, store: bool = True) -> api.Bottlenecks:
         d = self.request("POST", "/api/v1/findings/run", body={
             "job": job, "since": since, "kinds": list(kinds or []), "options": options or {}, "store": store})
+        from .findings import NextStep
+
+        nxt = [NextStep(n["kind"], n["job"], n["command"], bool(n["ok"]), n.get("answer") or "", n.get("reason") or "")
+               for n in d.get("next") or []]
         return api.Bottlenecks([codec.finding(f) for f in d["findings"]], d["skipped"], d["ran"], d["stored"],
-                               d["not_stored"])
+                               d["not_stored"], nxt)
 
     def _alerts(self, rule: str | None = None) -> api.Alerts:
         d = self.request("GET", "/api/v1/alerts", {"rule": rule})

@@ -194,3 +194,55 @@ def store(
         con.execute("ROLLBACK")
         raise
     return len(rows)
+
+
+# -- what to do about them -------------------------------------------------------------------
+
+@dataclass
+class NextStep:
+    """One ``analyze recommend`` command answering findings, tried before it is shown: ``ok``
+    with the gist of its answer, or not, with the one-line reason (a recommendation the data
+    cannot give is never suggested)."""
+
+    kind: str  # the recommender
+    job: str
+    command: str  # the analyze command line
+    ok: bool
+    answer: str = ""  # e.g. "workers 4, ps 2"
+    reason: str = ""  # why it cannot answer (when not ok)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "job": self.job, "command": self.command, "ok": self.ok,
+                "answer": self.answer or None, "reason": self.reason or None}
+
+
+# recommender -> (its option naming the job, the flag)
+_NEXT = {"cluster": ("from_job", "--from-job"), "data-workers": ("job", "--job"), "placement": ("job", "--job")}
+
+
+def next_steps(con: duckdb.DuckDBPyConnection, found: list[Finding]) -> list[NextStep]:
+    """The recommendations the findings suggest, each run once on this database: those that
+    answer, with their gist, and those that cannot, with why."""
+    import shlex
+
+    from .recommend import recommend
+
+    out: list[NextStep] = []
+    seen: set[tuple[str, str]] = set()
+    for f in found:
+        for kind in f.suggests:
+            if not f.job or kind not in _NEXT or (kind, f.job) in seen:
+                continue
+            seen.add((kind, f.job))
+            opt, flag = _NEXT[kind]
+            cmd = f"analyze recommend {kind} {flag} {shlex.quote(f.job)}"
+            try:
+                recs = recommend(kind.replace("-", "_"), con, Scope(), **{opt: f.job})
+            except AnalyticsError as e:
+                out.append(NextStep(kind, f.job, cmd, False, reason=str(e).split("\n")[0][:200]))
+                continue
+            gist = "; ".join(
+                ", ".join(f"{k} {v}" for k, v in r.action.items() if not isinstance(v, dict)) for r in recs
+            )
+            out.append(NextStep(kind, f.job, cmd, True, answer=gist))
+    return out

@@ -262,7 +262,7 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         since = body.since.replace(tzinfo=None) if body.since and body.since.tzinfo else body.since
         out = api.bottlenecks(db, body.job, since, body.kinds, body.options, body.store)
         return {"findings": [codec.finding_json(f) for f in out.findings], "skipped": out.skipped, "ran": out.ran,
-                "stored": out.stored, "not_stored": out.not_stored}
+                "stored": out.stored, "not_stored": out.not_stored, "next": [n.to_json() for n in out.next]}
 
     # alerts
     @app.get("/api/v1/alerts", tags=["alerts"])

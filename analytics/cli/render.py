@@ -30,17 +30,6 @@ def sql(r: Any, as_json_: bool, max_rows: int) -> None:
         click.echo(f"note: more than {max_rows:,} rows: showing the first {max_rows:,} (--max-rows; or add LIMIT)", err=True)
 
 
-def suggested(kind: str, job: str | None) -> str | None:
-    """The analyze recommend command answering a finding's ``suggests`` kind for its job."""
-    if not job:
-        return None
-    return {
-        "data-workers": f"analyze recommend data-workers --job {job}",
-        "placement": f"analyze recommend placement --job {job} --host-price C --worker-price W",
-        "cluster": f"analyze recommend cluster --from-job {job}",
-    }.get(kind)
-
-
 def bottlenecks(out: api.Bottlenecks, as_json_: bool, db: str) -> None:
     for line in out.skipped:
         click.echo(f"note: {line}", err=True)
@@ -59,16 +48,15 @@ def bottlenecks(out: api.Bottlenecks, as_json_: bool, db: str) -> None:
             for f in out.findings
         ]
         click.echo(table(cols, shown))
-        nexts: list[str] = []
-        for f in out.findings:
-            for k in f.suggests:
-                cmd = suggested(k, f.job)
-                if cmd and cmd not in nexts:
-                    nexts.append(cmd)
-        if nexts:
+        ok = [n for n in out.next if n.ok]
+        if ok:  # each was run on this database: it answers
             click.echo("\nwhat to do about them:")
-            for cmd in nexts:
-                click.echo(f"  {cmd}")
+            width = max(len(n.command) for n in ok)
+            for n in ok:
+                click.echo(f"  {n.command:<{width}}  # {n.answer}")
+        for n in out.next:
+            if not n.ok:
+                click.echo(f"note: not suggested: {n.command}: {n.reason}", err=True)
     if out.stored is not None:
         click.echo(f"stored {out.stored} finding{'s' if out.stored != 1 else ''} in {db} (table findings)", err=True)
     elif out.not_stored == "no-store":
@@ -177,6 +165,8 @@ def recommendation(rec: Any, as_json_: bool) -> None:
         click.echo(f"  predicted {k}: {v:.4g}" + (f" (interval {iv[0]:.4g} .. {iv[1]:.4g})" if iv else ""))
     for k, v in rec.cost.items():
         click.echo(f"  cost {k}: {v}")
+    if rec.assumptions.get("extrapolated"):
+        click.echo(f"  extrapolates: {rec.assumptions.get('extrapolated_because') or 'outside what was measured or fitted'}")
     if rec.fit_ids:
         click.echo(f"  fits: {', '.join(rec.fit_ids)}")
     click.echo("  assumptions: " + ", ".join(f"{k}={v}" for k, v in rec.assumptions.items() if v is not None))

@@ -80,7 +80,6 @@ class GpuIdle(Detector):
                                 "mem_used_bytes": round(sum((r[6] or 0) for r in rs) / len(rs)),
                                 "job_stalled": stalled,
                             },
-                            suggests=("cluster",),
                             window_start=min(r[7] for r in rs),
                             window_end=max(r[8] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
                         )

@@ -82,7 +82,6 @@ class Straggler(Detector):
                     node=node,
                     rank=int(rank),
                     evidence=ev,
-                    suggests=("cluster",),
                     window_start=t0,
                     window_end=None if t1 is None else t1 + dt.timedelta(seconds=win),
                 )

@@ -162,7 +162,73 @@ class Cluster(Recommender):
             )
         errors = {f"held_out_mape_{f['fit_id'].split('-')[0]}": f.get("cv_mape")
                   for f in (cfit, sfit) if f is not None and predicted}
-        return [self._answer(subject, measured_series, predicted, fit_ids, errors)]
+        rec = self._answer(subject, measured_series, predicted, fit_ids, errors)
+        if j is not None and (acc is None or j.acc is None or acc.name == j.acc.name) and not o["steps"]:
+            bound = self._ps_bound(con, j.job)
+            if bound is not None:
+                return [self._remove_ps_bottleneck(rec, bound, predicted, cfit)]
+        return [rec]
+
+    def _ps_bound(self, con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any] | None:
+        """The ps_bound detector's evidence on ``job`` as it runs now (None: not PS-bound)."""
+        from ..detectors import DETECTORS
+        from ..units import Scope as S
+        from ..units import run_unit
+
+        try:
+            found = run_unit(DETECTORS, "ps_bound", con, S(job), {})
+        except AnalyticsError:
+            return None
+        return dict(found[0].evidence, summary=found[0].summary) if found else None
+
+    def _remove_ps_bottleneck(self, rec: Recommendation, ev: dict[str, Any],
+                              pred: dict[int, dict[int, tuple[float, float, float]]],
+                              cfit: dict[str, Any] | None) -> Recommendation:
+        """A PS-bound job keeps its workers and gets the PS count that removes the bottleneck:
+        with a cluster fit, the fewest PS past which one more adds no more than the knee
+        threshold at these workers; without one, the PS capacity measured (its speed over
+        its PS count, the PS saturated) times the PS count must carry the workers at the
+        single-worker speed (the load split evenly over the PS: an assumption, said)."""
+        import math
+
+        o = self.options
+        w, p0, speed = int(ev["workers"]), int(ev["ps"]), float(ev["steps_per_second"])
+        s1 = float(ev["single_worker_steps_per_second"])
+        linear = w * s1
+        interval: dict[str, Any] = {}
+        if pred and w in pred.get(p0, {}):
+            p = p0
+            while p + 1 in pred and pred[p + 1][w][0] > (1 + o["knee"]) * pred[p][w][0]:
+                p += 1
+            if p == p0:  # the fit sees no gain from more PS here: the finding and the fit disagree
+                p = p0 + 1
+            v = pred[p][w]
+            predicted = {"steps_per_second": round(v[0], 4)}
+            if v[2] > v[1]:
+                interval = {"steps_per_second": (round(v[1], 4), round(v[2], 4))}
+            how = (f"the cluster fit {cfit['fit_id'] if cfit else ''} predicts {v[0]:.3g} steps/s with {p} PS "
+                   f"at {w} workers; one more PS would add {o['knee']:.0%} or less")
+            source = "cluster fit"
+        else:
+            per_ps = speed / p0
+            p = max(p0 + 1, math.ceil(linear / per_ps - 1e-9))
+            p = min(p, o["max_ps"])
+            predicted = {"steps_per_second": round(min(linear, p * per_ps), 4)}
+            how = (f"{p} PS carry {min(linear, p * per_ps):.3g} steps/s: {p} x {per_ps:.3g} steps/s per saturated PS "
+                   f"(measured) >= {w} workers x {s1:.3g} steps/s (linear scaling); assumes the load splits evenly "
+                   "over the PS (no cluster fit: run analyze fit cluster for a fitted answer)")
+            source = "PS capacity measured on this job"
+        measured_ps = str(rec.assumptions.get("measured_ps_counts") or "").split(",")
+        assumptions = {**rec.assumptions, "ps_bound": True, "current_workers": w, "current_ps": p0,
+                       "ps_count_from": source, "extrapolated": str(p) not in measured_ps}
+        if assumptions["extrapolated"]:
+            assumptions["extrapolated_because"] = f"{p} PS never measured for this model and accelerator"
+        return Recommendation(
+            self.name, action={"workers": w, "ps": p}, predicted=predicted, interval=interval, cost=rec.cost,
+            fit_ids=rec.fit_ids, assumptions=assumptions,
+            why=(f"PS-bound now ({ev['summary']}): keep {w} workers, {p} PS remove the bottleneck: {how}. "
+                 f"Knees for sizing anew: {rec.why}"),
+        )
 
     def _latest(self, con: duckdb.DuckDBPyConnection, kind: str) -> dict[str, Any] | None:
         from .. import evidence

@@ -52,11 +52,38 @@ def test_the_demo_fleet_shows_each_problem_and_its_recommendations(demo_db: Path
     assert json.loads(r.stdout.splitlines()[0])["action"]["ps"] >= 1
 
 
-def test_bottlenecks_text_ends_with_the_commands_that_answer_the_findings(demo_db: Path) -> None:
+def test_bottlenecks_text_ends_with_the_commands_that_answer_the_findings_and_each_one_runs(demo_db: Path) -> None:
+    import shlex
+
     r = CliRunner().invoke(cli, ["bottlenecks", "--db", str(demo_db), "--no-store"])
     assert r.exit_code == 0, r.stderr
     tail = r.stdout.split("what to do about them:\n", 1)[1].splitlines()
-    assert "  analyze recommend data-workers --job sim-input-6" in tail
-    assert "  analyze recommend placement --job sim-input-6 --host-price C --worker-price W" in tail
-    assert "  analyze recommend cluster --from-job sim-ps-5" in tail
-    assert len(tail) == len(set(tail))  # each command once
+    cmds = [line.split("  #")[0].strip() for line in tail]
+    assert "analyze recommend data-workers --job sim-input-6" in cmds
+    assert "analyze recommend cluster --from-job sim-ps-5" in cmds and "analyze recommend cluster --from-job sim-ps-4" in cmds
+    assert len(cmds) == len(set(cmds))  # each command once
+    # a straggler or an idle GPU is not answered by re-sizing the cluster: not suggested
+    assert not any("sim-straggler-7" in c or "sim-idle-8" in c for c in cmds)
+    for c in cmds:  # every command shown runs on this database and answers
+        argv = shlex.split(c)[1:]
+        run = CliRunner().invoke(cli, [*argv, "--db", str(demo_db)])
+        assert run.exit_code == 0, (c, run.stderr)
+    assert "# workers 4, ps 2" in tail[cmds.index("analyze recommend cluster --from-job sim-ps-4")]
+    # what cannot answer is said, once, with why: placement needs prices
+    assert ("note: not suggested: analyze recommend placement --job sim-input-6: placement needs --host-price and "
+            "--worker-price") in r.stderr
+
+
+def test_a_ps_bound_job_gets_the_ps_count_that_removes_its_bottleneck_not_what_it_runs(demo_db: Path) -> None:
+    for job, workers, ps in (("sim-ps-4", 4, 2), ("sim-ps-5", 8, 4)):
+        r = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", job, "--db", str(demo_db), "--json"])
+        assert r.exit_code == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["action"] == {"workers": workers, "ps": ps}
+        a = out["assumptions"]
+        assert (a["ps_bound"], a["current_workers"], a["current_ps"], a["extrapolated"]) == (True, workers, 1, True)
+        # the single-worker speed (6 steps/s) at linear scaling, carried by ps x the measured PS plateau
+        assert out["predicted"]["steps_per_second"] == pytest.approx(6.0 * workers, rel=0.05)
+        assert out["why"].startswith(f"PS-bound now ({workers} workers x 1 PS")
+    r = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", "sim-ps-4", "--db", str(demo_db)])
+    assert "  extrapolates: 2 PS never measured for this model and accelerator" in r.stdout
