@@ -162,7 +162,8 @@ def recommendation(rec: Any, as_json_: bool) -> None:
     click.echo(f"  why: {rec.why}")
     for k, v in rec.predicted.items():
         iv = rec.interval.get(k)
-        click.echo(f"  predicted {k}: {v:.4g}" + (f" (interval {iv[0]:.4g} .. {iv[1]:.4g})" if iv else ""))
+        shown = iv and f"{iv[0]:.4g}" != f"{iv[1]:.4g}"  # a zero-width interval says nothing
+        click.echo(f"  predicted {k}: {v:.4g}" + (f" (interval {iv[0]:.4g} .. {iv[1]:.4g})" if shown else ""))
     for k, v in rec.cost.items():
         click.echo(f"  cost {k}: {v}")
     if rec.assumptions.get("extrapolated"):

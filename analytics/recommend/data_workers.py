@@ -1,6 +1,7 @@
 """data_workers (``analyze recommend data-workers``): how many input (data) workers a job
 needs, by the tf.data service auto-scaler's rule, and Cachew's knee when the job has run at
-several worker counts."""
+several worker counts. For a job (``--job``) one answer: the knee once it has settled, else
+the tf.data rule; the answer names the rule it used and what the other said."""
 
 from __future__ import annotations
 
@@ -100,6 +101,32 @@ def _series(xs: list[str]) -> dict[int, float]:
     return out
 
 
+def one_answer(tf: Recommendation, knee: Recommendation) -> Recommendation:
+    """One answer for a job measured both ways. Cachew's knee, once settled, stands: it is
+    what more workers were measured to give. The tf.data rule divides rates and assumes
+    each worker adds its throughput; it stands while the knee has not settled (the series
+    still improving). The answer names the rule it used and what the other said, and why."""
+    settled = bool(knee.assumptions.get("settled"))
+    chosen, other = (knee, tf) if settled else (tf, knee)
+    n, m = chosen.action["workers"], other.action["workers"]
+    if settled:
+        because = ("measured batch times stop improving past there (Cachew's knee); the tf.data rule divides "
+                   "rates as if each worker added its throughput")
+    else:
+        because = (f"Cachew's knee has not settled: batch times still improve at the largest count measured "
+                   f"(measure {m} to settle it); the tf.data rule sizes from the rates meanwhile")
+    differ = "agrees" if n == m else f"would say {m}"
+    rates = {k: tf.predicted[k] for k in ("consumption_per_second", "worker_throughput_per_second")}  # measured
+    return Recommendation(
+        chosen.kind, action=chosen.action, predicted={**chosen.predicted, **rates}, interval=chosen.interval,
+        cost=chosen.cost,
+        fit_ids=chosen.fit_ids,
+        assumptions={**chosen.assumptions, "rule_chosen_because": because, "other_rule": other.assumptions["rule"],
+                     "other_rule_workers": m},
+        why=f"{chosen.assumptions['rule']}: {chosen.why}; {other.assumptions['rule']} {differ} ({because})",
+    )
+
+
 @RECOMMENDERS.register
 class DataWorkers(Recommender):
     name = "data_workers"
@@ -162,9 +189,11 @@ class DataWorkers(Recommender):
             if k != keep[-1] + 1:
                 break
             keep.append(k)
-        if len(keep) >= 2:
-            out.append(self._cachew({k: series[k] for k in keep}, source=f"telemetry of {job}"))
-        return out
+        if len(keep) < 2:
+            rec.assumptions["other_rule"] = "Cachew knee: not measured (needs batch times at two consecutive remote counts)"
+            return out
+        knee = self._cachew({k: series[k] for k in keep}, source=f"telemetry of {job}")
+        return [one_answer(rec, knee)]
 
     def _cost(self, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
         p = self.options["worker_price"]
@@ -186,6 +215,8 @@ class DataWorkers(Recommender):
             + (f"; outliers replaced by the median: {r['consumer_outliers']} consumer(s), {r['worker_outliers']} worker(s)"
                if r["consumer_outliers"] or r["worker_outliers"] else "")
         )
+        # the spread of the workers' throughputs; workers measured alike give none (no zero-width interval)
+        interval = {"capacity_per_second": (round(n * lo, 4), round(n * hi, 4))} if hi - lo > 1e-3 * hi else {}
         return Recommendation(
             self.name,
             action={"workers": n},
@@ -194,7 +225,7 @@ class DataWorkers(Recommender):
                 "consumption_per_second": round(r["consumption_per_second"], 4),
                 "worker_throughput_per_second": round(thr, 4),
             },
-            interval={"capacity_per_second": (round(n * lo, 4), round(n * hi, 4))},
+            interval=interval,
             cost=cost,
             assumptions={
                 "rule": "tf.data service auto-scaler",
