@@ -39,8 +39,8 @@ class Cluster(Recommender):
         "knee": Option("float", 0.07, "one more worker must add more than this share of speed", lo=0, hi=1),
         "steps": Option("float", 0.0, "training steps to run (with deadline: the cheapest counts that finish in time)", lo=0),
         "deadline": Option("duration", 0.0, "time the steps must finish in (0: no deadline)"),
-        "worker_price": Option("float", 0.0, "$/hour of one worker VM", lo=0),
-        "ps_price": Option("float", 0.0, "$/hour of one parameter-server VM", lo=0),
+        "worker_price": Option("float", 0.0, "$/hour of one worker VM (with ps_price: both or neither)", lo=0),
+        "ps_price": Option("float", 0.0, "$/hour of one parameter-server VM (with worker_price: both or neither)", lo=0),
         "worker_type": Option("str", "", "instead of worker_price: the worker VM type in the price catalogue"),
         "ps_type": Option("str", "", "instead of ps_price: the PS VM type in the price catalogue"),
         "region": Option("str", "", "with worker_type / ps_type: the catalogue region (needed where a type has several)"),
@@ -80,6 +80,12 @@ class Cluster(Recommender):
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Recommendation]:
         o = self.options
         self.as_of = self._catalogue_prices()
+        if (o["worker_price"] > 0) != (o["ps_price"] > 0):  # one price alone would make the other VMs free
+            given, missing = ("worker", "ps") if o["worker_price"] > 0 else ("ps", "worker")
+            raise AnalyticsError(
+                f"cluster: --{given}-price without --{missing}-price (or --{missing}-type): "
+                f"a {'parameter server' if missing == 'ps' else 'worker'} is not free; give both prices, or neither"
+            )
         declared = o["flops_per_step"] > 0 or o["params"] > 0
         if o["from_job"] and declared:
             raise AnalyticsError("cluster: give --from-job J, or a declaration (--flops-per-step, --params) with --gpu-type, not both")

@@ -19,9 +19,13 @@ def test_shipped_catalogue_covers_three_clouds_with_known_accelerators(monkeypat
     assert {c for c, _, _ in cat} == {"aws", "gcp", "azure"}
     accs = catalog.load()
     for p in cat.values():
-        assert catalog.lookup(p.accelerator, accs)  # every accelerator is in the accelerator catalogue
-        assert p.accelerator_count >= 1 and p.as_of
+        if p.accelerator:
+            assert catalog.lookup(p.accelerator, accs)  # every accelerator is in the accelerator catalogue
+            assert p.accelerator_count >= 1 and p.as_of
+        else:  # CPU hosts (parameter servers, input workers)
+            assert p.accelerator_count == 0 and p.as_of and p.on_demand
         assert p.spot is None or p.on_demand is None or p.spot < p.on_demand
+    assert prices.lookup("c5.2xlarge", cat=cat).on_demand == 0.34  # a PS VM type has a price too
     v100 = prices.lookup("p3.2xlarge", cat=cat)
     assert v100 and v100.on_demand == 3.06 and v100.region == "us-east-1"
     assert prices.lookup("no-such-type", cat=cat) is None

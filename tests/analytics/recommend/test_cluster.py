@@ -157,14 +157,23 @@ def test_prices_from_the_catalogue_with_their_date(fitted: Path) -> None:
     con = duckdb.connect(str(fitted), read_only=True)
     job = con.execute("SELECT job FROM jobs WHERE model = 'resnet50' AND accelerator = 'v100' LIMIT 1").fetchall()[0][0]
     con.close()
-    code, out, err = rec(fitted, "--from-job", job, "--steps", "1e5", "--worker-type", "p3.2xlarge", "--json")
+    code, out, err = rec(fitted, "--from-job", job, "--steps", "1e5", "--worker-type", "p3.2xlarge",
+                         "--ps-type", "c5.2xlarge", "--json")
     assert code == 0, err
     a = out["assumptions"]
-    assert a["worker_type"] == "p3.2xlarge" and a["worker_price_per_hour"] == 3.06
+    assert a["worker_type"] == "p3.2xlarge" and a["worker_price_per_hour"] == 3.06 and a["ps_price_per_hour"] == 0.34
     assert out["cost"]["prices_as_of"] == "2025-01"
-    assert out["cost"]["dollars_per_hour"] == pytest.approx(3.06 * out["action"]["workers"])
-    code, out, _ = rec(fitted, "--from-job", job, "--worker-type", "p3.2xlarge", "--purchase", "spot", "--json")
+    assert out["cost"]["dollars_per_hour"] == pytest.approx(3.06 * out["action"]["workers"] + 0.34 * out["action"]["ps"])
+    code, out, _ = rec(fitted, "--from-job", job, "--worker-type", "p3.2xlarge", "--purchase", "spot",
+                       "--ps-price", "0.1", "--json")
     assert out["assumptions"]["worker_price_per_hour"] == 0.918
+    # one price alone would make the other VMs free: refused, never priced at zero
+    for args, missing in ((["--worker-price", "0.9"], "--ps-price"), (["--ps-price", "0.2"], "--worker-price"),
+                          (["--worker-type", "p3.2xlarge"], "--ps-price")):
+        code, _, err = rec(fitted, "--from-job", job, "--steps", "1e5", *args)
+        assert code == 1 and f"without {missing}" in err and "is not free" in err, err
+    code, out, err = rec(fitted, "--from-job", job, "--steps", "1e5", "--json")  # no prices: no cost at all
+    assert code == 0 and out["cost"] == {} and "dollars" not in out["predicted"]
     code, _, err = rec(fitted, "--from-job", job, "--worker-type", "x9.huge")
     assert code == 1 and "x9.huge is not in the price catalogue (add it with $CMDARE_PRICES=prices.csv)" in err
     code, _, err = rec(fitted, "--from-job", job, "--worker-type", "p3.2xlarge", "--worker-price", "1")
