@@ -345,10 +345,13 @@ def predict_speed(db: Database, gpu_type: str, model: ModelSpec | None = None, f
             k = v / v_fit  # the fit's interval, carried to the measured level
             out = {"prediction": v, "interval": [lo * k, hi * k], "fit_id": f["fit_id"], **_measured(a)}
             bs = batch_size or j.batch_size
+            spec = {"flops_per_step": j.flops_per_step, "params": j.params, "tensors": j.tensors}
         else:
             v, lo, hi = models.predict_speed(f, acc, model.flops_per_step, model.params, model.tensors)
             out = {"prediction": v, "interval": [lo, hi], "fit_id": f["fit_id"]}
             bs = model.batch_size
+            spec = {"flops_per_step": model.flops_per_step, "params": model.params, "tensors": model.tensors}
+        _extrapolation(out, f, **spec, accelerator=acc.name)
     out |= {"accelerator": acc.name, "step_seconds": 1 / v}
     if bs:
         out["examples_per_second"] = v * bs
@@ -389,9 +392,28 @@ def predict_cluster(db: Database, gpus: list[tuple[str, int]], ps: int, model: M
         **r,
         **extra,
     }
+    accs = sorted({(catalog.lookup(n).name if n else (a.job.acc.name if model is None and a.job.acc else "")) for n, _ in gpus})
+    _extrapolation(out, cfit, workers=len(ws), ps=ps, workers_per_ps=len(ws) / max(ps, 1), params=params,
+                   accelerator=next((x for x in accs if x and x not in
+                                     (cfit["model"].get("input_ranges") or {}).get("accelerators", [x])), None))
     if bs:
         out["examples_per_second"] = out["prediction"] * bs
     return out
+
+
+def _extrapolation(out: dict[str, Any], fit: dict[str, Any], **inputs: Any) -> None:
+    """``extrapolated`` (None: the fit cannot tell), the reasons, and the interval widened
+    by the decades outside the fitted ranges (cmdare.analytics.models.ranges)."""
+    from .models.ranges import check, widen
+
+    ex, reasons, decades = check(fit, **inputs)
+    out["extrapolated"] = ex
+    if reasons:
+        out["extrapolation"] = reasons
+    if ex and decades > 0:
+        lo, hi = out["interval"]
+        out["interval"] = list(widen(out["prediction"], lo, hi, decades))
+        out["interval_widened"] = round(1 + decades, 3)
 
 
 def predict_revocation(db: Database, region: str, gpu_type: str, hours: float) -> dict[str, Any]:

@@ -142,9 +142,14 @@ def prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
         click.echo(json.dumps(clean(out)))
         return
     lo, hi = out["interval"]
-    click.echo(f"{out['prediction']:.4g} {unit} (95% interval {lo:.4g} .. {hi:.4g}; fit {out['fit_id']})")
+    widened = f", widened {out['interval_widened']:g}x in log space" if out.get("interval_widened") else ""
+    click.echo(f"{out['prediction']:.4g} {unit} (95% interval {lo:.4g} .. {hi:.4g}{widened}; fit {out['fit_id']})")
+    if out.get("extrapolated"):
+        click.echo("  extrapolates: " + "; ".join(out.get("extrapolation") or []))
+    elif out.get("extrapolated") is None and out.get("extrapolation"):
+        click.echo("  note: " + "; ".join(out["extrapolation"]))
     for k, v in out.items():
-        if k not in ("prediction", "interval", "fit_id"):
+        if k not in ("prediction", "interval", "fit_id", "extrapolated", "extrapolation", "interval_widened"):
             click.echo(f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .ranges import ranges_of
 from .regression import Fit, Linear, logo_cv, need_data
 from .speed import predict_speed
 from .steady import JobSpeed
@@ -50,10 +51,14 @@ def fit_cluster(jobs: list[JobSpeed], speed_fit: dict[str, Any] | None) -> Fit:
     cv = logo_cv(X, y, [j.model for j, _ in rows], CLUSTER_COLS, False)
     # report held-out error on the quantity users get: cluster steps/s
     lin = Linear.fit(X, y, CLUSTER_COLS)
+    ranges = ranges_of([{"workers": j.workers, "ps": j.ps, "workers_per_ps": j.workers / j.ps, "params": j.params,
+                         "t1_seconds": t1, "accelerator": j.acc.name if j.acc else j.accelerator, "model": j.model}
+                        for j, t1 in rows])
     return Fit(
         "cluster",
         "ps-contention",
-        {"linear": lin.__dict__, "coefficients": dict(zip(CLUSTER_COLS, lin.params, strict=False))},
+        {"linear": lin.__dict__, "coefficients": dict(zip(CLUSTER_COLS, lin.params, strict=False)),
+         "input_ranges": ranges},
         len(rows),
         len(groups),
         cv,

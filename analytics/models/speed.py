@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import catalog
+from .ranges import ranges_of
 from .regression import Fit, fit_model, logo_cv, model_from, need_data
 from .steady import JobSpeed
 
@@ -73,10 +74,13 @@ def fit_speed(jobs: list[JobSpeed]) -> Fit:
     m = fit_model(X, y, cols, log_t, law)
     cv["families"] = tried
     names = ["log_a", "log_b", "e", "log_d"] if law else cols
+    ranges = ranges_of([{"flops_per_step": j.flops_per_step, "params": j.params, "tensors": j.tensors,
+                         "accelerator": j.acc.name, "model": j.model} for j in single])
     return Fit(
         "speed",
         fam,
-        {"nonlinear" if law else "linear": m.__dict__, "coefficients": dict(zip(names, m.params, strict=False))},
+        {"nonlinear" if law else "linear": m.__dict__, "coefficients": dict(zip(names, m.params, strict=False)),
+         "input_ranges": ranges},
         len(single),
         len(groups),
         cv,

@@ -168,6 +168,7 @@ class Cluster(Recommender):
             )
         errors = {f"held_out_mape_{f['fit_id'].split('-')[0]}": f.get("cv_mape")
                   for f in (cfit, sfit) if f is not None and predicted}
+        self._ctx = (cfit, params, acc_name)
         rec = self._answer(subject, measured_series, predicted, fit_ids, errors)
         if j is not None and (acc is None or j.acc is None or acc.name == j.acc.name) and not o["steps"]:
             bound = self._ps_bound(con, j.job)
@@ -306,6 +307,19 @@ class Cluster(Recommender):
             cost["dollars_per_hour"] = round(price, 4)
             if self.as_of:
                 cost["prices_as_of"] = self.as_of
+        extrapolation: dict[str, Any] = {}
+        cfit, params, acc_name = getattr(self, "_ctx", (None, 0.0, ""))
+        if cfit is not None and w in pred.get(p, {}) and (w not in meas.get(p, {})):
+            from ..models.ranges import check, widen
+
+            ex, reasons, decades = check(cfit, workers=w, ps=p, workers_per_ps=w / p, params=params,
+                                         accelerator=acc_name)
+            extrapolation = {"extrapolated": ex}
+            if reasons:
+                extrapolation["extrapolated_because"] = "; ".join(reasons)
+            if ex and decades > 0 and "steps_per_second" in interval:
+                lo_v, hi_v = widen(predicted["steps_per_second"], *interval["steps_per_second"], decades)
+                interval["steps_per_second"] = (round(lo_v, 4), round(hi_v, 4))
         knee_txt = "; ".join(
             f"{q} PS: {'knee' if v['settled'] else 'still scaling'} at {v['workers']} workers, {v['speed']:.3g} steps/s ({v['from']})"
             for q, v in sorted(knees.items())
@@ -335,6 +349,7 @@ class Cluster(Recommender):
                 "ps_type": o["ps_type"] or None,
                 "worker_price_per_hour": o["worker_price"] or None,
                 "ps_price_per_hour": o["ps_price"] or None,
+                **extrapolation,
             },
             why=knee_txt + second + why_deadline,
         )

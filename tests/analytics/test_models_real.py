@@ -185,3 +185,48 @@ def test_from_job_bad_input(fitted: Path, tmp_path: Path) -> None:
         assert res.exit_code == 0, res.output
     assert "bare: no accelerator, flops_per_step, params declared" in err("speed", "--from-job", "bare", "--gpu-type", "k80", "--db", str(copy))
     assert "short: too few step intervals" in err("cluster", "--from-job", "short", "--workers", "2", "--ps", "1", "--db", str(copy))
+
+
+def test_a_prediction_past_what_the_fit_saw_says_so_and_widens_its_interval(fitted: Path) -> None:
+    """The README's example asks a fit of K80 / P100 CNNs (6.3e8..1.0e10 FLOPs per step)
+    about 3.1e12 FLOPs on a V100: every input past the fit is named and the interval grows
+    with the distance; inside the ranges nothing is said and nothing widened."""
+    far = _predict(fitted, "speed", "--gpu-type", "v100", "--flops-per-step", "3.1e12", "--params", "25.6e6")
+    assert far["extrapolated"] is True and far["interval_widened"] > 3
+    why = " ".join(far["extrapolation"])
+    assert "flops_per_step 3.1e+12 is 30" in why and "x the largest fitted" in why
+    assert "accelerator v100 not in the fit (fitted on k80, p100)" in why
+    lo, hi = far["interval"]
+    assert lo < far["prediction"] < hi and hi / lo > 5  # not the 1.7x of the unwidened 0.018..0.031
+    near = _predict(fitted, "speed", "--gpu-type", "p100", "--flops-per-step", "630989589", "--params", "693818",
+                    "--tensors", "50")
+    assert near["extrapolated"] is False and "extrapolation" not in near and "interval_widened" not in near
+    res = CliRunner().invoke(cli, ["predict", "speed", "--gpu-type", "v100", "--flops-per-step", "3.1e12",
+                                   "--params", "25.6e6", "--db", str(fitted)])
+    assert "widened" in res.stdout.splitlines()[0] and res.stdout.splitlines()[1].startswith("  extrapolates: ")
+    # the cluster fit: 16 workers on 1 PS is twice the most it saw
+    wide = _predict(fitted, "cluster", "--from-job", P100_1, "--workers", "16", "--ps", "1")
+    assert wide["extrapolated"] is True and any(r.startswith("workers 16 is 2x") for r in wide["extrapolation"])
+    assert _predict(fitted, "cluster", "--from-job", P100_1, "--workers", "4", "--ps", "1")["extrapolated"] is False
+
+
+def test_a_fit_stored_before_ranges_were_kept_says_it_cannot_tell(fitted: Path, tmp_path: Path) -> None:
+    import duckdb
+
+    db = tmp_path / "old.duckdb"
+    shutil.copy(fitted, db)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE model_fits SET model = json_remove(model, '$.input_ranges')")
+    con.close()
+    out = _predict(db, "speed", "--gpu-type", "p100", "--flops-per-step", "630989589", "--params", "693818")
+    assert out["extrapolated"] is None and "refit to check extrapolation" in out["extrapolation"][0]
+
+
+def test_a_cluster_recommendation_past_the_fitted_workers_says_it_extrapolates(fitted: Path) -> None:
+    res = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", P100_4, "--db", str(fitted), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    a = out["assumptions"]
+    # resnet15 on P100 with 2+ PS still scales at 8 measured workers: the fit's knee lies past them
+    assert a["knee_from"] == "cluster fit" and out["action"]["workers"] > 8
+    assert a["extrapolated"] is True and "the largest fitted (8)" in a["extrapolated_because"]

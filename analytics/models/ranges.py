@@ -1,0 +1,74 @@
+"""What a fit was fitted on, and whether a prediction goes past it.
+
+Each speed and cluster fit stores the ranges of its inputs (``model["input_ranges"]``: the
+smallest and largest FLOPs per step, parameters, tensors, workers, PS; the accelerators and
+model architectures it saw). A prediction outside them says so (``extrapolated``, the
+reasons, one per input) and its interval is widened: in log space, by one more width per
+decade outside the fitted range (an unseen accelerator counts as half a decade). That
+widening is a convention, not a derivation: a fit's interval says nothing about where it
+has no data, so cmdare makes the interval grow with the distance instead of pretending.
+A fit stored before ranges were kept says it cannot tell (``extrapolated``: None).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+UNSEEN_ACCELERATOR_DECADES = 0.5
+
+
+def ranges_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``rows``: one dict per fitted row, numeric inputs and ``accelerator`` / ``model``."""
+    out: dict[str, Any] = {}
+    keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+    for k in keys:
+        vs = [float(r[k]) for r in rows if isinstance(r.get(k), int | float) and math.isfinite(r[k])]
+        if vs:
+            out[k] = [min(vs), max(vs)]
+    for k in ("accelerator", "model"):
+        seen = sorted({str(r[k]) for r in rows if r.get(k)})
+        if seen:
+            out[k + "s"] = seen
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def check(fit: dict[str, Any], **inputs: Any) -> tuple[bool | None, list[str], float]:
+    """(extrapolated: None when the fit has no stored ranges, the reasons, decades outside)
+    for ``inputs``: numeric ones by name, ``accelerator`` / ``model`` by name."""
+    r = (fit.get("model") or {}).get("input_ranges")
+    if not r:
+        return None, ["the fit was stored before input ranges were kept: refit to check extrapolation"], 0.0
+    reasons: list[str] = []
+    decades = 0.0
+    for k, v in inputs.items():
+        if k in ("accelerator", "model") or v is None or k not in r:
+            continue
+        lo, hi = r[k]
+        x = float(v)
+        if x > hi and hi > 0:
+            d = math.log10(x / hi)
+            reasons.append(f"{k} {_fmt(x)} is {x / hi:.3g}x the largest fitted ({_fmt(hi)})")
+        elif x < lo and x > 0:
+            d = math.log10(lo / x)
+            reasons.append(f"{k} {_fmt(x)} is 1/{lo / x:.3g} of the smallest fitted ({_fmt(lo)})")
+        else:
+            continue
+        decades = max(decades, d)
+    acc = inputs.get("accelerator")
+    if acc and r.get("accelerators") and acc not in r["accelerators"]:
+        reasons.append(f"accelerator {acc} not in the fit (fitted on {', '.join(r['accelerators'])})")
+        decades = max(decades, UNSEEN_ACCELERATOR_DECADES)
+    return bool(reasons), reasons, decades
+
+
+def widen(value: float, lo: float, hi: float, decades: float) -> tuple[float, float]:
+    """The interval [lo, hi] around ``value`` widened in log space by (1 + decades)."""
+    if decades <= 0 or value <= 0 or lo <= 0 or not math.isfinite(hi):
+        return lo, hi
+    k = 1.0 + decades
+    return value * (lo / value) ** k, value * (hi / value) ** k
