@@ -18,15 +18,23 @@ from ..units import RECOMMENDERS, Recommendation, Recommender, Scope
 
 
 def knee(series: dict[int, float], threshold: float) -> tuple[int, bool]:
-    """The worker count past which one more worker adds ``threshold`` of speed or less (per
-    added worker, compounded over gaps between measured counts); (count, settled): not
-    settled when the series ends while still scaling."""
+    """Cachew's rule: the first worker count past which one more worker adds ``threshold`` of
+    speed or less (per added worker, compounded over gaps between measured counts), whatever
+    later counts do (a worker that loses speed ends the scaling: a later gain past a dip is
+    noise or luck, not a reason to pay for both); (count, settled): not settled when the
+    series ends while still scaling."""
+    w, settled, _ = knee_next(series, threshold)
+    return w, settled
+
+
+def knee_next(series: dict[int, float], threshold: float) -> tuple[int, bool, float | None]:
+    """``knee`` and what the next count adds per worker there (None: nothing measured past it)."""
     counts = sorted(series)
     for a, b in zip(counts, counts[1:], strict=False):
         per_worker = (series[b] / series[a]) ** (1.0 / (b - a)) - 1.0
         if per_worker <= threshold:
-            return a, True
-    return counts[-1], False
+            return a, True, per_worker
+    return counts[-1], False, None
 
 
 @RECOMMENDERS.register
@@ -257,14 +265,14 @@ class Cluster(Recommender):
         for p in sorted(set(meas) | set(pred)):
             m = meas.get(p, {})
             if len(m) >= 2:
-                w, settled = knee(m, th)
+                w, settled, nxt = knee_next(m, th)
                 if settled or p not in pred:
-                    knees[p] = {"workers": w, "speed": m[w], "settled": settled, "from": "measured"}
+                    knees[p] = {"workers": w, "speed": m[w], "settled": settled, "from": "measured", "next": nxt}
                     continue
             if p in pred:
-                w, settled = knee({k: v[0] for k, v in pred[p].items()}, th)
+                w, settled, nxt = knee_next({k: v[0] for k, v in pred[p].items()}, th)
                 knees[p] = {"workers": w, "speed": pred[p][w][0], "settled": settled, "from": "cluster fit",
-                            "interval": pred[p][w][1:]}
+                            "interval": pred[p][w][1:], "next": nxt}
         ps_counts = sorted(knees)
         best_p = ps_counts[0]
         for p in ps_counts[1:]:  # another PS pays when its knee is faster by more than the threshold
@@ -321,7 +329,8 @@ class Cluster(Recommender):
                 lo_v, hi_v = widen(predicted["steps_per_second"], *interval["steps_per_second"], decades)
                 interval["steps_per_second"] = (round(lo_v, 4), round(hi_v, 4))
         knee_txt = "; ".join(
-            f"{q} PS: {'knee' if v['settled'] else 'still scaling'} at {v['workers']} workers, {v['speed']:.3g} steps/s ({v['from']})"
+            f"{q} PS: {'knee' if v['settled'] else 'still scaling'} at {v['workers']} workers, {v['speed']:.3g} steps/s ({v['from']}"
+            + (f"; the next worker adds {v['next']:+.1%}" if v.get("next") is not None else "") + ")"
             for q, v in sorted(knees.items())
         )
         if not k["settled"]:
@@ -344,6 +353,7 @@ class Cluster(Recommender):
                 "knee_threshold": th,
                 "knee_from": k["from"],
                 "knee_settled": k["settled"],
+                "next_worker_adds": None if k.get("next") is None else round(k["next"], 4),
                 "measured_ps_counts": ",".join(str(q) for q in sorted(meas)) or None,
                 "worker_type": o["worker_type"] or None,
                 "ps_type": o["ps_type"] or None,

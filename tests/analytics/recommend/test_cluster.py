@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from cmdare.analytics import models
 from cmdare.analytics.cli import cli
-from cmdare.analytics.recommend.cluster import knee
+from cmdare.analytics.recommend.cluster import knee, knee_next
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many
@@ -31,6 +31,26 @@ def test_the_knee_rule() -> None:
     assert knee({1: 10, 2: 20, 4: 40, 8: 80}, 0.07) == (8, False)  # linear: still scaling
     # a gap of two counts: the gain per added worker, compounded
     assert knee({1: 10, 4: 30, 6: 31}, 0.07) == (4, True)
+    # the held-out P100 1-PS series: the 5th adds 9 %, the 6th loses 1 %, the 7th adds
+    # 8 %, the 8th loses 9 %: Cachew's rule stops at the first worker adding less than 7 %
+    s = {1: 30.0, 2: 55.0, 3: 75.0, 4: 88.0}
+    s[5] = s[4] * 1.09
+    s[6] = s[5] * 0.99
+    s[7] = s[6] * 1.08
+    s[8] = s[7] * 0.91
+    assert knee(s, 0.07) == (5, True)
+    assert knee_next(s, 0.07) == (5, True, pytest.approx(-0.01))
+
+
+def test_the_answer_says_what_the_next_worker_would_add(tmp_path: Path) -> None:
+    from cmdare.analytics.recommend.cluster import Cluster
+
+    c = Cluster(Cluster.parse_options("cluster", {}))
+    meas = {1: {1: 30.0, 2: 55.0, 3: 75.0, 4: 88.0, 5: 95.9, 6: 94.9, 7: 102.5, 8: 93.3}}
+    rec = c._answer({"from_job": "j"}, meas, {}, [], {})
+    assert rec.action == {"workers": 5, "ps": 1}
+    assert "knee at 5 workers" in rec.why and "the next worker adds -1.0%" in rec.why
+    assert rec.assumptions["next_worker_adds"] == pytest.approx(-0.0104, abs=1e-3)
 
 
 @pytest.mark.skipif(not (DATA / "jobs.csv").is_file(), reason=f"CM-DARE's measurements are not at {DATA}")
