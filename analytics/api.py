@@ -39,9 +39,9 @@ def _table(db: Database, fn: Any, *args: Any) -> Table:
 
 # -- telemetry ------------------------------------------------------------------------------
 
-def nodes(db: Database, lost_after: float = 3) -> Table:
-    """Every node seen (cmdare.analytics.queries.nodes)."""
-    return _table(db, queries.nodes, lost_after)
+def nodes(db: Database, lost_after: float = 3, label: str | None = None) -> Table:
+    """Every node seen (cmdare.analytics.queries.nodes); ``label``: KEY=VALUE."""
+    return _table(db, queries.nodes, lost_after, queries.parse_label(label))
 
 
 def instances(db: Database, lost_after: float = 3, since: dt.datetime | None = None, region: str | None = None,
@@ -56,14 +56,16 @@ def revocations(db: Database, since: dt.datetime | None = None, region: str | No
     return _table(db, queries.revocations, since, region, gpu_type)
 
 
-def gpu(db: Database, node: str | None = None, since: dt.datetime | None = None) -> Table:
-    """Per GPU: utilisation, memory, power, temperature, throttling, errors."""
-    return _table(db, queries.gpu, node, since)
+def gpu(db: Database, node: str | None = None, since: dt.datetime | None = None, until: dt.datetime | None = None,
+        label: str | None = None, every: float | None = None) -> Table:
+    """Per GPU (per ``every`` seconds): utilisation, memory, power, temperature, throttling, errors."""
+    return _table(db, queries.gpu, node, since, until, queries.parse_label(label), every)
 
 
-def host(db: Database, node: str | None = None, since: dt.datetime | None = None) -> Table:
-    """Per node: CPU, load, memory, processes, network and disk."""
-    return _table(db, queries.host, node, since)
+def host(db: Database, node: str | None = None, since: dt.datetime | None = None, until: dt.datetime | None = None,
+         label: str | None = None, every: float | None = None) -> Table:
+    """Per node (per ``every`` seconds): CPU, load, memory, processes, network and disk."""
+    return _table(db, queries.host, node, since, until, queries.parse_label(label), every)
 
 
 def jobs(db: Database, since: dt.datetime | None = None) -> Table:

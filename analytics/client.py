@@ -129,8 +129,8 @@ class Remote:
         cols, rows = codec.table_rows(self.request("GET", route, _params(params)))
         return api.Table(cols, rows)
 
-    def _nodes(self, lost_after: float = 3) -> api.Table:
-        return self._get_table("/api/v1/nodes", lost_after=lost_after)
+    def _nodes(self, lost_after: float = 3, label: str | None = None) -> api.Table:
+        return self._get_table("/api/v1/nodes", lost_after=lost_after, label=label)
 
     def _instances(self, **kw: Any) -> api.Table:
         return self._get_table("/api/v1/instances", **kw)

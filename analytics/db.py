@@ -170,6 +170,35 @@ def since_cutoff(since: str | None, now: dt.datetime | None = None) -> dt.dateti
     return now - dt.timedelta(seconds=seconds)
 
 
+def time_arg(flag: str, text: str | None, now: dt.datetime | None = None) -> dt.datetime | None:
+    """A point in time given as a duration ago (``10m``, ``2h``, ``7d``) or as an ISO 8601
+    time (``2026-05-19T14:00``, UTC unless it says otherwise) -> naive UTC; None -> none."""
+    if text is None:
+        return None
+    seconds = duration_seconds(text, SINCE_UNITS, bare=False)
+    if seconds is not None:
+        now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        return now - dt.timedelta(seconds=seconds)
+    try:
+        t = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise AnalyticsError(f"{flag}: expected a duration ago (10m, 2h, 7d) or an ISO 8601 time, "
+                             f"got {text[:40]!r}") from None
+    if t.tzinfo is not None:
+        t = t.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return t
+
+
+def every_seconds(text: str | None) -> float | None:
+    """``--every 1m`` -> 60.0 (at least 1 s); None -> no bucketing."""
+    if text is None:
+        return None
+    seconds = duration_seconds(text, SINCE_UNITS, bare=False)
+    if seconds is None or not 1 <= seconds < 1e9:
+        raise AnalyticsError(f"--every: expected a duration of at least 1s like 30s, 1m, 1h, got {text[:40]!r}")
+    return float(seconds)
+
+
 def read_text_file(path: str | Path, limit: int, what: str, where: str = "",
                    error: type[AnalyticsError] = AnalyticsError) -> str:
     """A text file of at most ``limit`` bytes (read no further); ``error`` (one line,

@@ -202,9 +202,12 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
     def Since() -> Any:  # a Query object per parameter: FastAPI must not share one
         return Query(None, description="only rows newer than this (ISO 8601, UTC)")
 
+    def Until() -> Any:
+        return Query(None, description="only rows older than this (ISO 8601, UTC)")
+
     @app.get("/api/v1/nodes", response_model=TableOut, tags=["telemetry"])
-    def nodes(lost_after: float = Query(3, ge=1, le=1e6)) -> Any:
-        return table(api.nodes(db, lost_after))
+    def nodes(lost_after: float = Query(3, ge=1, le=1e6), label: str | None = Query(None, max_length=330)) -> Any:
+        return table(api.nodes(db, lost_after, label))
 
     @app.get("/api/v1/instances", response_model=TableOut, tags=["telemetry"])
     def instances(lost_after: float = Query(3, ge=1, le=1e6), since: dt.datetime | None = Since(),
@@ -218,12 +221,16 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         return table(api.revocations(db, since, region, gpu_type))
 
     @app.get("/api/v1/gpus", response_model=TableOut, tags=["telemetry"])
-    def gpus(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since()) -> Any:
-        return table(api.gpu(db, node, since))
+    def gpus(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since(),
+             until: dt.datetime | None = Until(), label: str | None = Query(None, max_length=330),
+             every: float | None = Query(None, ge=1, le=1e9)) -> Any:
+        return table(api.gpu(db, node, since, until, label, every))
 
     @app.get("/api/v1/hosts", response_model=TableOut, tags=["telemetry"])
-    def hosts(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since()) -> Any:
-        return table(api.host(db, node, since))
+    def hosts(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since(),
+              until: dt.datetime | None = Until(), label: str | None = Query(None, max_length=330),
+              every: float | None = Query(None, ge=1, le=1e9)) -> Any:
+        return table(api.host(db, node, since, until, label, every))
 
     @app.get("/api/v1/jobs", response_model=TableOut, tags=["jobs"])
     def jobs(since: dt.datetime | None = Since()) -> Any:

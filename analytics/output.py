@@ -20,9 +20,23 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+def table(columns: list[str], rows: list[tuple[Any, ...]], max_width: int | None = None) -> str:
+    """Aligned columns; ``max_width``: the widest text columns are cut (cells end in "~")
+    until a line fits, none narrower than 12 characters or its heading."""
     cells = [[_cell(v) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    if max_width is not None:
+        floor = [max(12, len(c)) for c in columns]
+        while sum(widths) + 2 * (len(widths) - 1) > max_width:
+            i = max(range(len(widths)), key=lambda k: widths[k] - floor[k])
+            excess = sum(widths) + 2 * (len(widths) - 1) - max_width
+            cut = max(floor[i], widths[i] - excess)
+            if cut >= widths[i]:
+                break  # nothing left to cut
+            widths[i] = cut
+            for r in cells:
+                if len(r[i]) > cut:
+                    r[i] = r[i][: cut - 1] + "~"
     numeric = [
         all(isinstance(r[i], (int, float, decimal.Decimal)) or r[i] is None for r in rows) and rows
         for i in range(len(columns))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import duckdb
@@ -29,7 +30,7 @@ def needs_schema(con: duckdb.DuckDBPyConnection, version: int, what: str) -> Non
         )
 
 
-def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Result:
+def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[str, str] | None = None) -> Result:
     """Every node seen: role, job, cloud identity and state of its latest life (alive, or
     how it ended: revoked / stopped / lost after ``lost_after`` silent heartbeat
     intervals), first/last seen, agent version and counters from its latest heartbeat,
@@ -38,7 +39,7 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Result:
     needs_schema(con, 7, "analyze nodes")
     return _run(
         con,
-        """
+        f"""
         WITH hb AS (
             SELECT node, arg_max(agent_version, ts) AS agent_version, arg_max(seq, ts) AS last_seq,
                    arg_max(spool_pending, ts) AS spool_pending, arg_max(dropped_total, ts) AS dropped
@@ -64,8 +65,9 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Result:
                coalesce(st.problems, '') AS not_ok, sk.clock_skew_s, coalesce(sk.skewed_events, 0) AS skewed_events
         FROM nodes n LEFT JOIN hb USING (node) LEFT JOIN g USING (node) LEFT JOIN st USING (node)
         LEFT JOIN life USING (node) LEFT JOIN sk USING (node)
+        {"WHERE json_extract_string(n.labels, ?) = ?" if label else ""}
         ORDER BY n.node""",
-        [lost_after],
+        [lost_after] + ([f'$."{label[0]}"', label[1]] if label else []),
     )
 
 
@@ -165,7 +167,23 @@ def revocations(
     )
 
 
-def _where(node: str | None, cutoff: dt.datetime | None) -> tuple[str, list[Any]]:
+LABEL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+MAX_BUCKETS = 10_000  # rows per series a bucketed table may have: past it, --every is too fine
+
+
+def parse_label(text: str | None) -> tuple[str, str] | None:
+    """``KEY=VALUE`` (a node label, e.g. ``team=vision``) -> (key, value); a one-line error
+    quoting at most a short excerpt."""
+    if text is None:
+        return None
+    key, eq, value = text.partition("=")
+    if not eq or not LABEL_KEY.fullmatch(key) or len(value) > 256:
+        raise AnalyticsError(f"--label: expected KEY=VALUE (a node label, e.g. team=vision), got {text[:40]!r}")
+    return key, value
+
+
+def _where(node: str | None, cutoff: dt.datetime | None, until: dt.datetime | None = None,
+           label: tuple[str, str] | None = None) -> tuple[str, list[Any]]:
     clauses, params = [], []
     if node:
         clauses.append("node = ?")
@@ -173,22 +191,48 @@ def _where(node: str | None, cutoff: dt.datetime | None) -> tuple[str, list[Any]
     if cutoff is not None:
         clauses.append("ts >= ?")
         params.append(cutoff)
+    if until is not None:
+        clauses.append("ts < ?")
+        params.append(until)
+    if label is not None:
+        clauses.append("node IN (SELECT node FROM nodes WHERE json_extract_string(labels, ?) = ?)")
+        params += [f'$."{label[0]}"', label[1]]
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
-def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None) -> Result:
-    """Per GPU over the window: samples, utilisation mean/max, memory, power, temperature,
-    share of samples with a throttle reason, ECC and Xid events."""
-    where, params = _where(node, cutoff)  # used for samples and events alike
+def _bucket_expr(every: float | None, con: duckdb.DuckDBPyConnection, table: str, where: str,
+                 params: list[Any]) -> str:
+    """The SQL of a row's ``every``-second bucket (its start, as text), or "" for none;
+    refused when the window would hold more than MAX_BUCKETS of them."""
+    if every is None:
+        return ""
+    if not (every >= 1 and every < 1e9):
+        raise AnalyticsError(f"--every: from 1s to 30y, got {every:g} s")
+    lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM {table}{where}", params).fetchone()
+    if lo is not None and (hi - lo).total_seconds() / every > MAX_BUCKETS:
+        raise AnalyticsError(f"--every {every:g}s: more than {MAX_BUCKETS:,} buckets over the window: "
+                             "use a coarser --every or a narrower --since / --until")
+    return f"strftime(time_bucket(INTERVAL {int(every * 1e6)} MICROSECONDS, ts), '%Y-%m-%d %H:%M:%S')"
+
+
+def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None,
+        until: dt.datetime | None = None, label: tuple[str, str] | None = None, every: float | None = None) -> Result:
+    """Per GPU over the window [cutoff, until) (and per ``every`` seconds: a leading
+    ``bucket`` column, its start): samples, utilisation mean/max, memory, power,
+    temperature, share of samples with a throttle reason, ECC and Xid events; ``label``:
+    only nodes with that label."""
+    where, params = _where(node, cutoff, until, label)  # used for samples and events alike
+    b = _bucket_expr(every, con, "gpu_samples", where, params)
+    sel, key = (f"{b} AS bucket, ", "bucket, ") if b else ("", "")
     return _run(
         con,
         f"""
         WITH ev AS (
-            SELECT node, uuid, sum(count) FILTER (WHERE kind = 'xid') AS xid,
+            SELECT {sel}node, uuid, sum(count) FILTER (WHERE kind = 'xid') AS xid,
                    sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc,
                    bool_or(kind = 'lost') AS lost
-            FROM gpu_events{where} GROUP BY node, uuid)
-        SELECT s.node, s."index" AS gpu, any_value(s.name) AS name, count(*) AS samples,
+            FROM gpu_events{where} GROUP BY ALL)
+        SELECT {key}s.node, s."index" AS gpu, any_value(s.name) AS name, count(*) AS samples,
                round(avg(util_gpu_ratio) * 100, 1) AS util_pct, round(max(util_gpu_ratio) * 100, 1) AS util_max_pct,
                round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib, round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
                round(avg(power_watts), 1) AS power_w, round(max(temp_celsius), 1) AS temp_max_c,
@@ -196,49 +240,55 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
                coalesce(any_value(ev.ecc), 0) AS ecc_errors, coalesce(any_value(ev.xid), 0) AS xid_events,
                coalesce(any_value(ev.lost), false) AS lost,
                strftime(max(s.ts), '%Y-%m-%d %H:%M:%S') AS last_sample
-        FROM (SELECT * FROM gpu_samples{where}) s LEFT JOIN ev USING (node, uuid)
-        GROUP BY s.node, s."index" ORDER BY s.node, gpu""",
+        FROM (SELECT {sel}* FROM gpu_samples{where}) s LEFT JOIN ev USING ({key}node, uuid)
+        GROUP BY {key}s.node, s."index" ORDER BY {key}s.node, gpu""",
         params + params,
     )
 
 
 def host(
-    con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None
+    con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None,
+    until: dt.datetime | None = None, label: tuple[str, str] | None = None, every: float | None = None,
 ) -> Result:
-    """Per node over the window: CPU mean/max, load, memory, and network / disk rates
-    derived from the counters (first to last sample; a counter reset in between is not
-    corrected)."""
-    where, params = _where(node, cutoff)
+    """Per node over the window [cutoff, until) (and per ``every`` seconds: a leading
+    ``bucket`` column, its start): CPU mean/max, load, memory, and network / disk rates
+    derived from the counters (first to last sample of the bucket; a counter reset in
+    between is not corrected); ``label``: only nodes with that label."""
+    where, params = _where(node, cutoff, until, label)
+    b = _bucket_expr(every, con, "host_samples", where, params)
+    sel, key = (f"{b} AS bucket, ", "bucket, ") if b else ("", "")
     return _run(
         con,
         f"""
-        WITH s AS (SELECT * FROM host_samples{where}),
+        WITH s AS (SELECT {sel}* FROM host_samples{where}),
         base AS (
-            SELECT node, count(*) AS samples, round(avg(cpu_util_ratio) * 100, 1) AS cpu_pct,
+            SELECT {key}node, count(*) AS samples, round(avg(cpu_util_ratio) * 100, 1) AS cpu_pct,
                    round(max(cpu_util_ratio) * 100, 1) AS cpu_max_pct, arg_max(load1, ts) AS load1,
                    round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib,
                    round(arg_max(mem_total_bytes, ts) / 2^30, 2) AS mem_total_gib,
                    arg_max(procs, ts) AS procs, min(ts) AS t0, max(ts) AS t1
-            FROM s GROUP BY node),
+            FROM s GROUP BY ALL),
         net AS (
-            SELECT node, sum(rx) AS rx, sum(tx) AS tx FROM (
-                SELECT node, n.nic, max(n.rx_bytes_total) - min(n.rx_bytes_total) AS rx,
+            SELECT {key}node, sum(rx) AS rx, sum(tx) AS tx FROM (
+                SELECT {key}node, n.nic, max(n.rx_bytes_total) - min(n.rx_bytes_total) AS rx,
                        max(n.tx_bytes_total) - min(n.tx_bytes_total) AS tx
-                FROM (SELECT node, unnest(from_json(net, '[{{"nic":"VARCHAR","rx_bytes_total":"UBIGINT","tx_bytes_total":"UBIGINT"}}]')) AS n FROM s)
-                GROUP BY node, n.nic) GROUP BY node),
+                FROM (SELECT {key}node, unnest(from_json(net, '[{{"nic":"VARCHAR","rx_bytes_total":"UBIGINT","tx_bytes_total":"UBIGINT"}}]')) AS n FROM s)
+                GROUP BY ALL) GROUP BY ALL),
         disk AS (
-            SELECT node, sum(r) AS r, sum(w) AS w FROM (
-                SELECT node, d.disk, max(d.read_bytes_total) - min(d.read_bytes_total) AS r,
+            SELECT {key}node, sum(r) AS r, sum(w) AS w FROM (
+                SELECT {key}node, d.disk, max(d.read_bytes_total) - min(d.read_bytes_total) AS r,
                        max(d.write_bytes_total) - min(d.write_bytes_total) AS w
-                FROM (SELECT node, unnest(from_json(disk, '[{{"disk":"VARCHAR","read_bytes_total":"UBIGINT","write_bytes_total":"UBIGINT"}}]')) AS d FROM s)
-                GROUP BY node, d.disk) GROUP BY node)
-        SELECT b.node, b.samples, b.cpu_pct, b.cpu_max_pct, b.load1, b.mem_used_gib, b.mem_total_gib, b.procs,
+                FROM (SELECT {key}node, unnest(from_json(disk, '[{{"disk":"VARCHAR","read_bytes_total":"UBIGINT","write_bytes_total":"UBIGINT"}}]')) AS d FROM s)
+                GROUP BY ALL) GROUP BY ALL)
+        SELECT {"b.bucket, " if b else ""}b.node, b.samples, b.cpu_pct, b.cpu_max_pct, b.load1, b.mem_used_gib,
+               b.mem_total_gib, b.procs,
                round(net.rx / nullif(epoch(b.t1 - b.t0), 0) / 1e6, 3) AS net_rx_mb_s,
                round(net.tx / nullif(epoch(b.t1 - b.t0), 0) / 1e6, 3) AS net_tx_mb_s,
                round(disk.r / nullif(epoch(b.t1 - b.t0), 0) / 1e6, 3) AS disk_read_mb_s,
                round(disk.w / nullif(epoch(b.t1 - b.t0), 0) / 1e6, 3) AS disk_write_mb_s,
                strftime(b.t1, '%Y-%m-%d %H:%M:%S') AS last_sample
-        FROM base b LEFT JOIN net USING (node) LEFT JOIN disk USING (node) ORDER BY b.node""",
+        FROM base b LEFT JOIN net USING ({key}node) LEFT JOIN disk USING ({key}node)
+        ORDER BY {"b.bucket, " if b else ""}b.node""",
         params,
     )
 

@@ -33,6 +33,12 @@ lost_after_option = click.option(
     help="a node whose heartbeats stopped for this many sampling intervals is lost ($CMDARE_LOST_AFTER)",
 )
 region_option = click.option("--region", help="only this region (substring, e.g. us-central1)")
+until_option = click.option("--until", help="only samples older than this: a duration ago (10m, 2h) or an ISO 8601 time")
+every_option = click.option("--every", help="one row per series per this long (e.g. 1m, 1h): a leading bucket column")
+label_option = click.option("--label", metavar="KEY=VALUE", help="only nodes with this label (e.g. team=vision)")
+columns_option = click.option("--columns", metavar="A,B,...",
+                              help="these columns, in this order (text and --json; see --wide for all of them)")
+wide_option = click.option("--wide", is_flag=True, help="every column (the default shows those that fit 120 characters)")
 gpu_type_option = click.option(
     "--gpu-type", help="only this accelerator (substring of the cloud's or the GPU's name, e.g. v100)"
 )
@@ -46,6 +52,24 @@ def call(db: str, name: str, **kw: Any) -> Any:
         return backend(db, server).call(name, **kw)
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
+
+
+def time_option_value(flag: str, text: str | None) -> Any:
+    from ..db import time_arg
+
+    try:
+        return time_arg(flag, text)
+    except AnalyticsError as e:
+        raise click.BadParameter(str(e).split(": ", 1)[1], param_hint=flag) from None
+
+
+def every_value(text: str | None) -> Any:
+    from ..db import every_seconds
+
+    try:
+        return every_seconds(text)
+    except AnalyticsError as e:
+        raise click.BadParameter(str(e).split(": ", 1)[1], param_hint="--every") from None
 
 
 def cutoff(since: str | None) -> Any:

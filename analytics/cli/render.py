@@ -12,13 +12,32 @@ from .. import api
 from ..output import as_json, table
 
 
-def rows(t: api.Table, as_json_: bool) -> None:
+def rows(t: api.Table, as_json_: bool, columns: str | None = None, default: tuple[str, ...] | None = None,
+         wide: bool = False) -> None:
+    """A table as text or JSON. ``columns`` (A,B,...): those, in that order; else text shows
+    ``default`` (the columns that fit 120 characters; a time bucket first) unless ``wide``,
+    and says which it left out; JSON has them all."""
+    cols = list(t.columns)
+    if columns:
+        want = [c.strip() for c in columns.split(",") if c.strip()]
+        unknown = [c for c in want if c not in cols]
+        if unknown or not want:
+            raise click.BadParameter(f"unknown column {unknown[0]!r} (columns: {', '.join(cols)})"[:400] if unknown
+                                     else "name at least one column", param_hint="--columns")
+        cols = want
+    elif default and not wide and not as_json_:
+        cols = [c for c in cols if c == "bucket" or c in default]
+    idx = [t.columns.index(c) for c in cols]
+    data = [tuple(r[i] for i in idx) for r in t.rows]
     if as_json_:
-        click.echo(as_json(t.columns, t.rows))
-    elif not t.rows:
+        click.echo(as_json(cols, data))
+    elif not data:
         click.echo("(no rows)")
     else:
-        click.echo(table(t.columns, t.rows))
+        click.echo(table(cols, data, None if (wide or columns or not default) else 120))
+        hidden = [c for c in t.columns if c not in cols]
+        if hidden and not columns:
+            click.echo(f"({len(hidden)} more columns: {', '.join(hidden)}: --wide, or --columns)", err=True)
 
 
 def sql(r: Any, as_json_: bool, max_rows: int) -> None:

@@ -7,8 +7,15 @@ import click
 from . import (
     call,
     cli,
+    columns_option,
     cutoff,
     db_option,
+    every_option,
+    every_value,
+    label_option,
+    time_option_value,
+    until_option,
+    wide_option,
     gpu_type_option,
     json_option,
     lost_after_option,
@@ -19,11 +26,22 @@ from . import (
 )
 
 
+# the columns each table shows by default: those that fit 120 characters (--wide: all)
+NODES_COLUMNS = ("node", "role", "job", "state", "lives", "last_seen", "gpus", "dropped", "not_ok")
+GPU_COLUMNS = ("node", "gpu", "name", "util_pct", "mem_used_gib", "power_w", "temp_max_c", "throttled_pct",
+               "xid_events")
+HOST_COLUMNS = ("node", "cpu_pct", "load1", "mem_used_gib", "mem_total_gib", "net_rx_mb_s", "net_tx_mb_s",
+                "last_sample")
+
+
 @cli.command()
 @lost_after_option
+@label_option
+@columns_option
+@wide_option
 @db_option
 @json_option
-def nodes(lost_after: float, db: str, as_json_: bool) -> None:
+def nodes(lost_after: float, label: str | None, columns: str | None, wide: bool, db: str, as_json_: bool) -> None:
     """Every node seen: role, job, cloud zone and instance type, spot, the state of its
     latest life (alive, or how it ended: revoked, stopped, lost), lives seen, first/last
     seen, agent version, heartbeats, GPUs, spool backlog and dropped events (as its last
@@ -35,8 +53,9 @@ def nodes(lost_after: float, db: str, as_json_: bool) -> None:
     \b
     Example:
       analyze nodes --db fleet.duckdb --lost-after 5
+      analyze nodes --label team=vision --wide
     """
-    render.rows(call(db, "nodes", lost_after=lost_after), as_json_)
+    render.rows(call(db, "nodes", lost_after=lost_after, label=label), as_json_, columns, NODES_COLUMNS, wide)
 
 
 @cli.command()
@@ -100,31 +119,49 @@ def goodput(job: str, db: str, as_json_: bool) -> None:
 @cli.command()
 @node_option
 @since_option
+@until_option
+@every_option
+@label_option
+@columns_option
+@wide_option
 @db_option
 @json_option
-def gpu(node: str | None, since: str | None, db: str, as_json_: bool) -> None:
-    """Per GPU: utilisation, memory, power, temperature, throttling, ECC / Xid events.
+def gpu(node: str | None, since: str | None, until: str | None, every: str | None, label: str | None,
+        columns: str | None, wide: bool, db: str, as_json_: bool) -> None:
+    """Per GPU: utilisation, memory, power, temperature, throttling, ECC / Xid events
+    (with --every: per GPU and time bucket).
 
     \b
-    Example:
+    Examples:
       analyze gpu --node gpu-7 --since 10m
+      analyze gpu --since 2h --until 1h --every 10m --label team=vision
     """
-    render.rows(call(db, "gpu", node=node, since=cutoff(since)), as_json_)
+    render.rows(call(db, "gpu", node=node, since=cutoff(since), until=time_option_value("--until", until),
+                     label=label, every=every_value(every)), as_json_, columns, GPU_COLUMNS, wide)
 
 
 @cli.command()
 @node_option
 @since_option
+@until_option
+@every_option
+@label_option
+@columns_option
+@wide_option
 @db_option
 @json_option
-def host(node: str | None, since: str | None, db: str, as_json_: bool) -> None:
-    """Per node: CPU, load, memory, processes, network and disk throughput.
+def host(node: str | None, since: str | None, until: str | None, every: str | None, label: str | None,
+         columns: str | None, wide: bool, db: str, as_json_: bool) -> None:
+    """Per node: CPU, load, memory, processes, network and disk throughput (with --every:
+    per node and time bucket).
 
     \b
-    Example:
+    Examples:
       analyze host --since 1h
+      analyze host --since 1h --every 5m --columns bucket,node,cpu_pct,load1
     """
-    render.rows(call(db, "host", node=node, since=cutoff(since)), as_json_)
+    render.rows(call(db, "host", node=node, since=cutoff(since), until=time_option_value("--until", until),
+                     label=label, every=every_value(every)), as_json_, columns, HOST_COLUMNS, wide)
 
 
 @cli.command()

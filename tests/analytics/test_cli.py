@@ -110,6 +110,13 @@ def run(*args: str) -> tuple[int, str]:
 def test_nodes_table(db: Path) -> None:
     code, out = run("nodes", "--db", str(db))
     assert code == 0
+    assert out.splitlines()[:4] == [  # the default columns (--wide: all)
+        "node   role    job     state    lives  last_seen            gpus  dropped  not_ok",
+        "-----  ------  ------  -------  -----  -------------------  ----  -------  ---------------",
+        "gpu-1  worker  resnet  unknown      0  2026-09-21 14:13:40     2        0",
+        "ps-0   ps      resnet  unknown      0  2026-09-21 14:13:20     0           gpu=unavailable",
+    ]
+    code, out = run("nodes", "--db", str(db), "--wide")
     assert out.splitlines() == [  # no lifecycle events (agents before 0.1's cloud source): state unknown
         "node   role    job     cloud  zone  instance_type  spot  state    lives  first_seen           last_seen            agent_version  heartbeats  gpus  spool_pending  dropped  not_ok           clock_skew_s  skewed_events",
         "-----  ------  ------  -----  ----  -------------  ----  -------  -----  -------------------  -------------------  -------------  ----------  ----  -------------  -------  ---------------  ------------  -------------",

@@ -88,3 +88,79 @@ def test_a_ps_bound_job_gets_the_ps_count_that_removes_its_bottleneck_not_what_i
         assert out["why"].startswith(f"PS-bound now ({workers} workers x 1 PS")
     r = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", "sim-ps-4", "--db", str(demo_db)])
     assert "  extrapolates: 2 PS never measured for this model and accelerator" in r.stdout
+
+
+def _cli(db: Path, *args: str):
+    return CliRunner().invoke(cli, [*args, "--db", str(db)])
+
+
+def test_tables_fit_120_characters_by_default_and_say_what_they_leave_out(demo_db: Path) -> None:
+    for args in (["nodes"], ["gpu"], ["host"], ["gpu", "--every", "10m"], ["host", "--every", "5m"]):
+        r = _cli(demo_db, *args)
+        assert r.exit_code == 0, r.stderr
+        assert max(len(line) for line in r.stdout.splitlines()) <= 120, args
+        assert "more columns:" in r.stderr and "--wide" in r.stderr
+    wide = _cli(demo_db, "nodes", "--wide")
+    assert "spool_pending" in wide.stdout.splitlines()[0] and "more columns" not in wide.stderr
+    some = _cli(demo_db, "nodes", "--columns", "state,node")
+    assert some.stdout.splitlines()[0].split() == ["state", "node"]
+    assert set(json.loads(_cli(demo_db, "nodes", "--json").stdout)[0]) >= {"spool_pending", "agent_version"}
+    bad = _cli(demo_db, "nodes", "--columns", "node,nope")
+    assert bad.exit_code == 2 and "unknown column 'nope'" in bad.stderr
+
+
+def test_simulated_nodes_have_real_lives_and_gpus_their_power_and_temperature(demo_db: Path) -> None:
+    nodes = json.loads(_cli(demo_db, "nodes", "--json").stdout)
+    sim = [n for n in nodes if n["node"].startswith("sim-")]
+    assert len(sim) > 30 and all(n["state"] != "unknown" and n["lives"] >= 1 for n in sim)
+    assert {n["state"] for n in sim} <= {"stopped", "revoked", "alive"}
+    gpus = json.loads(_cli(demo_db, "gpu", "--json").stdout)
+    assert all(g["power_w"] and 40 <= g["power_w"] <= 300 and 30 <= g["temp_max_c"] <= 90 for g in gpus)
+
+
+def test_label_until_and_every_select_and_bucket_the_time_series(demo_db: Path) -> None:
+    host = json.loads(_cli(demo_db, "host", "--json").stdout)
+    total = sum(h["samples"] for h in host)
+    labelled = json.loads(_cli(demo_db, "host", "--label", "simulated=true", "--json").stdout)
+    assert sum(h["samples"] for h in labelled) == total  # the demo fleet: every node is simulated
+    assert _cli(demo_db, "host", "--label", "team=vision").stdout.strip() == "(no rows)"
+    assert _cli(demo_db, "nodes", "--label", "team=vision").stdout.strip() == "(no rows)"
+    buckets = json.loads(_cli(demo_db, "host", "--every", "10m", "--json").stdout)
+    assert sum(h["samples"] for h in buckets) == total and len({h["bucket"] for h in buckets}) >= 4
+    assert list(buckets[0])[0] == "bucket"
+    early = json.loads(_cli(demo_db, "host", "--until", "20m", "--json").stdout)
+    late = json.loads(_cli(demo_db, "host", "--since", "20m", "--json").stdout)
+    assert sum(h["samples"] for h in early) + sum(h["samples"] for h in late) == total
+    assert 0 < sum(h["samples"] for h in early) < total
+    gpus = json.loads(_cli(demo_db, "gpu", "--every", "10m", "--json").stdout)
+    assert len({g["bucket"] for g in gpus}) >= 4 and all("xid_events" in g for g in gpus)
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["nodes", "--label", 'a"]=1'], "--label: expected KEY=VALUE"),
+    (["host", "--label", "novalue"], "--label: expected KEY=VALUE"),
+    (["host", "--label", "k=" + "v" * 300], "--label: expected KEY=VALUE"),
+    (["host", "--every", "0s"], "at least 1s"),
+    (["gpu", "--every", "1s", "--since", "30d"], None),  # fine: the window holds ~40 min
+    (["host", "--until", "yesterday"], "a duration ago (10m, 2h, 7d) or an ISO 8601 time"),
+])
+def test_hostile_table_arguments_are_one_line_errors(demo_db: Path, args: list[str], error: str | None) -> None:
+    r = _cli(demo_db, *args)
+    if error is None:
+        assert r.exit_code == 0, r.stderr
+        return
+    assert r.exit_code != 0 and error in r.stderr and "Traceback" not in r.stderr
+    assert len([x for x in r.stderr.splitlines() if x.startswith("Error")]) == 1
+
+
+def test_too_many_buckets_are_refused_before_any_work(tmp_path: Path) -> None:
+    from cmdare.analytics import queries
+    from cmdare.analytics.db import AnalyticsError
+    from cmdare.wire.events import EventFactory
+
+    f = EventFactory("n", "worker", "j")
+    con = connect(tmp_path / "b.duckdb")
+    Writer(con).write([("a", b"".join(f.line("host", {"cpu_util_ratio": 0.5}, 1.75e9 + h * 3600) for h in range(4)))])
+    with pytest.raises(AnalyticsError, match="more than 10,000 buckets over the window"):
+        queries.host(con, every=1.0)  # 3 hours in 1 s buckets
+    assert len(queries.host(con, every=60.0)[1]) == 4

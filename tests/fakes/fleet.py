@@ -423,6 +423,9 @@ class Scenarios(Fleet):
                             "mem_total_bytes": 16 * GIB,
                             "sm_clock_hz": 1.38e9 * (0.7 if throttled else 1.0),
                             "throttle_mask": mask,
+                            # a V100 draws ~40 W idle, 300 W flat out; warms with it
+                            "power_watts": round(40 + 260 * u * (0.7 if throttled else 1.0), 1),
+                            "temp_celsius": round(35 + 45 * u + (8 if throttled else 0), 1),
                         },
                         job,
                     )
@@ -509,7 +512,10 @@ class Scenarios(Fleet):
                                                "mem_total_bytes": 64 * GIB}, job)
                     self._ev(t, node, "gpu", {"index": 0, "uuid": f"GPU-{node}-0", "name": "Tesla V100-SXM2-16GB",
                                               "util_gpu_ratio": round(min(1.0, 0.95 * compute / mean), 4),
-                                              "mem_used_bytes": 14 * GIB, "mem_total_bytes": 16 * GIB}, job)
+                                              "mem_used_bytes": 14 * GIB, "mem_total_bytes": 16 * GIB,
+                                              "power_watts": round(40 + 260 * min(1.0, 0.95 * compute / mean), 1),
+                                              "temp_celsius": round(35 + 45 * min(1.0, 0.95 * compute / mean), 1)},
+                    job)
                 workers = [(f"{job}-d{k}", k, remote_s) for k in range(rem)] + [(nodes[0], 100 + k, local_s) for k in range(loc)]
                 for node, rank, p in workers:
                     ps = p * math.exp(rng.gauss(0, noise))
@@ -656,6 +662,37 @@ class DemoFleet(Scenarios):
         self.sim_job({}, kind="xid", xids=((0.4, 79), (0.41, 79)), start=start)
         self.sim_job({}, kind="ckpt", ckpt_every=120.0, ckpt_seconds=15.0, start=start)
         self.revoked_vm(start)
+        self.agents()
+
+    def agents(self, every: float = 30.0) -> None:
+        """What each simulated node's agent says of the node itself: started by the boot a
+        minute after it, its identity (a GCE VM), heartbeats every ``every`` seconds while
+        its job ran, and a clean stop at the end, so that analyze nodes shows real lives."""
+        spans: dict[str, list[float]] = {}
+        roles: dict[str, tuple[str, str]] = {}
+        for e in self.events:
+            sp = spans.setdefault(e["node"], [e["ts"], e["ts"]])
+            sp[0], sp[1] = min(sp[0], e["ts"]), max(sp[1], e["ts"])
+            roles.setdefault(e["node"], (e["role"], e["job"]))
+        lived = {e["node"] for e in self.events if e["type"] == "lifecycle"}
+        for node, (t0, t1) in sorted(spans.items()):
+            if node in lived:
+                continue
+            role, job = roles[node]
+            start, boot = t0 - 5, t0 - 65
+            self._ev(start, node, "lifecycle", {"event": "agent_start", "boot_time": boot, "interval_seconds": every,
+                                                "during_boot": True}, job, role)
+            self._ev(start + 1, node, "instance", {"cloud": "gce", "region": "us-central1", "zone": "us-central1-a",
+                                                   "instance_type": "n1-standard-8", "spot": False,
+                                                   "boot_time": boot}, job, role)
+            t, seq = start + every, 0
+            while t < t1:
+                seq += 1
+                self._ev(t, node, "heartbeat", {"seq": seq, "interval_seconds": every, "spool_pending": 0,
+                                                "dropped_total": 0}, job, role)
+                t += every
+            self._ev(t1 + 1, node, "lifecycle", {"event": "agent_stop", "stop_reason": "SIGTERM", "boot_time": boot},
+                     job, role)
 
     def revoked_vm(self, start: float) -> None:
         """A spot VM running a job's rank, revoked 25 minutes in (a notice 30 s ahead)."""
