@@ -256,3 +256,20 @@ def test_provision_through_the_api_sends_the_profile_and_the_service_reads_no_pa
     q = urllib.parse.urlencode({"profile": str(secret), "profile_text": "not [toml", "loss": "0.8"})
     code, out = call(url, f"/api/v1/recommendations/provision?{q}")
     assert code == 400 and "not valid TOML" in out["error"] and "TOPSECRET" not in out["error"]
+
+
+def test_table_filters_through_the_api_are_typed_and_bounded(served) -> None:
+    _, url, _ = served
+    code, out = call(url, "/api/v1/hosts?every=600&label=simulated%3Dtrue")
+    assert code == 200 and out["columns"][0] == "bucket" and out["rows"]
+    code, out = call(url, "/api/v1/nodes?label=team%3Dnobody")
+    assert code == 200 and out["rows"] == []
+    for bad, status in (("/api/v1/hosts?every=0", 422), ("/api/v1/gpus?every=nan", 422),
+                        ("/api/v1/hosts?label=" + "k" * 400, 422), ("/api/v1/hosts?until=tomorrowish", 422),
+                        ("/api/v1/nodes?label=a%22%5D%3D1", 400)):
+        code, out = call(url, bad)
+        assert code == status, (bad, code, out)
+        assert len(json.dumps(out)) < 2000  # one short error, no echo of a long input
+    before = counts(url)
+    call(url, "/api/v1/nodes?label=x%27%29%3B%20DELETE%20FROM%20nodes%3B--%3D1")
+    assert counts(url) == before
