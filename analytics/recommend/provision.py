@@ -16,10 +16,11 @@ g_i GPUs and local batch b_i = batch_per_gpu * g_i:
 - iterations to the loss target from f_loss = (g2 b_w + g3) sqrt((R + g4) n) / (j + g1) + g5,
   or ``[job] iterations``; time T = j T_exp; cost = T * sum of prices.
 
-R, the heterogeneity coefficient: the paper names it without a formula cmdare could check.
-cmdare uses R = n * sum_i w_i^2 over the speed shares w_i = v_i / v: 1 for any homogeneous
-cluster (so the published gamma4 = 0 gives spotDNN's own code, which uses sqrt(n)), growing
-to n when one instance does all the work. ``[loss] heterogeneity = "none"`` sets R = 1.
+R, the heterogeneity coefficient: the paper names it without a formula, and spotDNN's own
+predictor does not apply it (R = 1). By default cmdare computes spotDNN's model as spotDNN
+does (``[loss] heterogeneity = "none"``: R = 1). ``heterogeneity = "share"`` opts in to
+cmdare's extension R = n * sum_i w_i^2 over the speed shares w_i = v_i / v (1 for any
+homogeneous cluster, growing to n when one instance does all the work); the answer names it.
 """
 
 from __future__ import annotations
@@ -168,13 +169,13 @@ def load_profile(path: str | Path, text: str | None = None) -> Profile:
             raise AnalyticsError(f"{p}: missing table [{k}]")
     job = _P(f"{p}: [job]", doc["job"], _KEYS["job"])
     ps = _P(f"{p}: [ps]", doc["ps"], _KEYS["ps"])
-    gammas, het = None, "share"
+    gammas, het = None, "none"
     if "loss" in doc:
         if not isinstance(doc["loss"], dict):
             raise AnalyticsError(f"{p}: [loss] must be a table")
         lo = _P(f"{p}: [loss]", doc["loss"], _KEYS["loss"])
         gammas = tuple(lo.num(f"g{i}") for i in range(1, 6))  # type: ignore[assignment]
-        het = lo.text("heterogeneity", required=False) or "share"
+        het = lo.text("heterogeneity", required=False) or "none"  # spotDNN's own model
         if het not in ("share", "none"):
             raise AnalyticsError(f"{p}: [loss] heterogeneity must be \"share\" or \"none\", got {het!r}")
     iterations = job.num("iterations", required=False, positive=True)
@@ -532,6 +533,7 @@ class Provision(Recommender):
             "profile": prof.path, "purchase": purchase, "plans_searched": space - 1,
             "loss_target": loss, "iterations_given": prof.iterations, "deadline_hours": round(deadline / 3600, 4) if deadline else None,
             "heterogeneity": prof.heterogeneity,
+            "model_extensions": "cmdare heterogeneity coefficient R (opt-in)" if prof.heterogeneity == "share" else None,
             "time_model_error": f"+/-{MODEL_ERROR:.1%} (spotDNN's published error, heterogeneous clusters)",
         }
         for t in prof.instances:
@@ -554,7 +556,10 @@ class Provision(Recommender):
                + f" in {exp_h:.3g} h for ${s['cost']:.2f} (prices as of {', '.join(as_of)}), the cheapest of "
                f"{space - 1:,} plans" + (f" finishing within {deadline / 3600:.3g} h" if deadline else "")
                + (f" with P {s['p']:.2f}" if deadline and purchase == "spot" and risk.counted[row > 0].any() else "")
-               + f"; {binding}" + (f"; {fallback}" if fallback else ""))
+               + f"; {binding}" + (f"; {fallback}" if fallback else "")
+               + ("; model: spotDNN's, with cmdare's heterogeneity extension R = n * sum of squared speed shares "
+                  "(opted in: [loss] heterogeneity = \"share\"; spotDNN itself uses R = 1)"
+                  if prof.heterogeneity == "share" and loss is not None else ""))
         return Recommendation(
             self.name,
             action={"instances": {t.type: int(c) for t, c in zip(prof.instances, row, strict=True) if c},

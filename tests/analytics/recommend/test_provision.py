@@ -63,8 +63,9 @@ def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, object, str
 
 
 def brute(types: list[dict], S: float, breq: float, bps: float, pcie: float, a: float, b: float,
-          gam: tuple, loss: float, deadline: float | None) -> tuple[float, tuple[int, ...]] | None:
-    """The cheapest plan by the published formulas, one plan at a time (no numpy)."""
+          gam: tuple, loss: float, deadline: float | None, het: str = "none") -> tuple[float, tuple[int, ...]] | None:
+    """The cheapest plan by the published formulas, one plan at a time (no numpy); ``het``
+    "none": spotDNN's own R = 1, "share": cmdare's opt-in R = n * sum of squared speed shares."""
     best = None
     for counts in itertools.product(*(range(t["quota"] + 1) for t in types)):
         n = sum(counts)
@@ -82,7 +83,7 @@ def brute(types: list[dict], S: float, breq: float, bps: float, pcie: float, a: 
             sq += c * (lb / Ti) ** 2
         texp = 1 / inv
         bw = v * texp
-        R = n * sq / v**2
+        R = n * sq / v**2 if het == "share" else 1.0
         g1, g2, g3, g4, g5 = gam
         j = (g2 * bw + g3) * math.sqrt((R + g4) * n) / (loss - g5) - g1
         if j <= 0:
@@ -108,12 +109,18 @@ def test_the_exact_search_finds_the_brute_force_optimum_on_small_profiles(tmp_pa
              "quota": rnd.randint(1, 4)}
             for i in range(rnd.randint(2, 4))
         ]
-        text = SPOTDNN.split("[[instance]]")[0] + "".join(
+        het = "none" if trial % 2 == 0 else "share"  # spotDNN's model; cmdare's extension, opted in
+        head = SPOTDNN.split("[[instance]]")[0]
+        if het == "share":
+            head = head.replace("g5 = 0.5\n", "g5 = 0.5\nheterogeneity = \"share\"\n")
+            assert "heterogeneity" in head
+        text = head + "".join(
             "[[instance]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items()) for t in types
         )
         prof = write(tmp_path, text, f"p{trial}.toml")
         for loss, deadline in [(0.8, None), (0.8, 3600.0), (1.2, 1200.0), (0.7, 5400.0)]:
-            want = brute(types, 11.5, 142, 1200, 10000, 0.8, -1.92, (876.5, -0.2, 2507.6, 0.0, 0.5), loss, deadline)
+            want = brute(types, 11.5, 142, 1200, 10000, 0.8, -1.92, (876.5, -0.2, 2507.6, 0.0, 0.5), loss, deadline,
+                         het)
             args = ["--profile", str(prof), "--loss", str(loss), "--json"] + (["--deadline", f"{deadline:g}s"] if deadline else [])
             code, out, err = run(*args)
             if want is None:
@@ -121,6 +128,8 @@ def test_the_exact_search_finds_the_brute_force_optimum_on_small_profiles(tmp_pa
                 continue
             assert code == 0, err
             got = tuple(out["action"]["instances"].get(t["type"], 0) for t in types)
+            assert out["assumptions"]["heterogeneity"] == het
+            assert ("heterogeneity extension" in out["why"]) is (het == "share")
             assert out["cost"]["dollars"] == pytest.approx(want[0], abs=0.006), (trial, loss, deadline, got, want)
             assert got == want[1] or out["cost"]["dollars"] == pytest.approx(want[0], abs=1e-9)
             checked += 1
@@ -141,7 +150,10 @@ def test_spotdnn_profile_never_dearer_than_its_sliding_window_and_cheaper_where_
             assert sw is None or out["cost"]["dollars"] <= sw + 1e-9
             assert out["predicted"]["hours"] <= minutes / 60 + 1e-9
             cheaper += sw is None or out["cost"]["dollars"] < sw - 0.01
-    assert cheaper >= 2  # e.g. loss 0.8 in 35 min: 2 p2.xlarge + 4 g3.8xlarge + 4 g3.16xlarge, $6.29 against $6.64
+    # spotDNN's own model (R = 1): the window finds the optimum in most cases; where it
+    # misses (loss 0.7 in 50 min: 2 p2.xlarge + 4 g3.8xlarge + 5 g3.16xlarge, $10.30 against
+    # $10.81) the exact search does not
+    assert cheaper >= 1
 
 
 def test_one_instance_matches_the_formulas_by_hand(tmp_path: Path) -> None:
@@ -267,7 +279,7 @@ def test_on_demand_is_the_fallback_when_no_spot_plan_is_likely_enough(tmp_path: 
 def test_the_binding_constraint_is_said(tmp_path: Path) -> None:
     prof = write(tmp_path, SPOTDNN)
     code, _, err = run("--profile", str(prof), "--loss", "0.8", "--deadline", "20m")
-    assert code == 1 and "the deadline binds: the fastest plan within quotas (2 x p2.xlarge, 8 x g3.16xlarge) takes" in err
+    assert code == 1 and "the deadline binds: the fastest plan within quotas (2 x p2.xlarge, 5 x g3.8xlarge, 8 x g3.16xlarge) takes" in err
     code, _, err = run("--profile", str(prof), "--loss", "0.5")
     assert code == 1 and "at or below the loss model's floor g5 = 0.5" in err
     code, out, _ = run("--profile", str(prof), "--loss", "0.8", "--deadline", "1h", "--json")
