@@ -135,12 +135,17 @@ class PsBound(Detector):
         if eff >= o["min_efficiency"]:
             return None
         votes, available = 0, 0
-        # marginal gain: from the next smaller worker count with the same model, accelerator
-        # and PS count, else from single workers (whatever their PS)
+        # marginal gain: from the smaller worker count (same model, accelerator and PS count,
+        # or single workers whatever their PS) whose runs were fastest (their median): what
+        # fewer workers already reached. Not simply the next smaller count: one slow run
+        # there (a noisy neighbour) would make the last workers look as if they paid.
         lower = [k for k in same if k.workers < j.workers and (k.ps == j.ps or k.workers == 1)]
         if lower:
-            w0 = max(k.workers for k in lower)
-            v0 = sorted(k.speed for k in lower if k.workers == w0)[0]
+            import statistics
+
+            med = {w: statistics.median(k.speed for k in lower if k.workers == w) for w in {k.workers for k in lower}}
+            w0 = max(med, key=lambda w: (med[w], w))
+            v0 = med[w0]
             gain = (j.speed - v0) / ((j.workers - w0) * s1)
             ev.update(marginal_from_workers=w0, marginal_gain=round(gain, 3))
             available += 1
