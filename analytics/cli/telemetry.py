@@ -12,19 +12,18 @@ from . import (
     db_option,
     every_option,
     every_value,
-    label_option,
-    time_option_value,
-    until_option,
-    wide_option,
     gpu_type_option,
     json_option,
+    label_option,
     lost_after_option,
     node_option,
     region_option,
     render,
     since_option,
+    time_option_value,
+    until_option,
+    wide_option,
 )
-
 
 # the columns each table shows by default: those that fit 120 characters (--wide: all)
 NODES_COLUMNS = ("node", "role", "job", "state", "lives", "last_seen", "gpus", "dropped", "not_ok")
