@@ -28,12 +28,17 @@ class Linear:
     scale: float
     df_resid: float
     log_target: bool = False
+    relative: bool = False  # fitted on relative error (WLS, weights 1/y^2): the residual scale is relative
 
     @classmethod
-    def fit(cls, X: np.ndarray, y: np.ndarray, columns: list[str], log_target: bool = False) -> Linear:
+    def fit(cls, X: np.ndarray, y: np.ndarray, columns: list[str], log_target: bool = False,
+            relative: bool = False) -> Linear:
+        """OLS; ``relative``: weighted by 1/y^2, so that each row's error counts relative to
+        its size (a fast model's seconds weigh as much as a slow one's)."""
         import statsmodels.api as sm
 
-        r = sm.OLS(np.log(y) if log_target else y, X).fit()
+        t = np.log(y) if log_target else y
+        r = (sm.WLS(t, X, weights=1.0 / np.square(t)) if relative else sm.OLS(t, X)).fit()
         return cls(
             columns,
             [float(v) for v in r.params],
@@ -41,6 +46,7 @@ class Linear:
             float(r.scale),
             float(r.df_resid),
             log_target,
+            relative,
         )
 
     def predict(self, x: np.ndarray, alpha: float = ALPHA) -> tuple[float, float, float]:
@@ -50,7 +56,8 @@ class Linear:
 
         b, c = np.asarray(self.params), np.asarray(self.cov)
         mean = float(x @ b)
-        se = math.sqrt(max(0.0, float(x @ c @ x) + self.scale))
+        noise = self.scale * mean * mean if self.relative else self.scale  # one new observation's variance
+        se = math.sqrt(max(0.0, float(x @ c @ x) + noise))
         q = float(stats.t.ppf(1 - alpha / 2, max(1.0, self.df_resid)))
         lo, hi = mean - q * se, mean + q * se
         if self.log_target:
@@ -125,9 +132,10 @@ class Nonlinear:
         return math.exp(m), math.exp(m - q * se), math.exp(m + q * se)
 
 
-def fit_model(X: np.ndarray, y: np.ndarray, columns: list[str], log_target: bool, law: str | None = None):
-    """A ``Nonlinear`` fit of ``law``, else an OLS ``Linear``."""
-    return Nonlinear.fit(X, y, columns, law) if law else Linear.fit(X, y, columns, log_target)
+def fit_model(X: np.ndarray, y: np.ndarray, columns: list[str], log_target: bool, law: str | None = None,
+              relative: bool = False):
+    """A ``Nonlinear`` fit of ``law``, else a least-squares ``Linear`` (``relative``: WLS)."""
+    return Nonlinear.fit(X, y, columns, law) if law else Linear.fit(X, y, columns, log_target, relative)
 
 
 def model_from(stored: dict[str, Any]) -> Linear | Nonlinear:
@@ -138,7 +146,8 @@ def model_from(stored: dict[str, Any]) -> Linear | Nonlinear:
 
 
 def logo_cv(
-    X: np.ndarray, y: np.ndarray, groups: list[str], columns: list[str], log_target: bool, law: str | None = None
+    X: np.ndarray, y: np.ndarray, groups: list[str], columns: list[str], log_target: bool, law: str | None = None,
+    relative: bool = False,
 ) -> dict[str, Any]:
     """Leave-one-group-out: each group is predicted by a fit on all the others.  Returns
     MAPE, R^2 (held out), the folds (for the test that they are disjoint) and the groups
@@ -149,7 +158,7 @@ def logo_cv(
     for grp in sorted(set(groups)):
         test = g == grp
         train = ~test
-        m = fit_model(X[train], y[train], columns, log_target, law)
+        m = fit_model(X[train], y[train], columns, log_target, law, relative)
         preds[test] = [m.point(x) for x in X[test]]
         folds.append({"test_group": grp, "train_groups": sorted(set(g[train])), "test_rows": int(test.sum())})
     ape = np.abs(preds - y) / y

@@ -93,8 +93,19 @@ def _cluster_mape(jobs: list[models.JobSpeed], from_job: bool) -> float:
 
 def test_cluster_speed_from_a_measured_run_and_from_the_declaration(real) -> None:
     jobs, _ = models.job_speeds(real)
-    assert _cluster_mape(jobs, from_job=True) <= 0.12
-    assert _cluster_mape(jobs, from_job=False) <= 0.15
+    # the targets: 10 % from a measured run, 13 % from the declaration (measured 8.6 %, 11.1 %)
+    assert _cluster_mape(jobs, from_job=True) <= 0.10
+    assert _cluster_mape(jobs, from_job=False) <= 0.13
+
+
+def test_the_fits_knee_sits_at_the_plateau_the_runs_reached(fitted: Path, real) -> None:
+    """P100 resnet15 with one PS: the measured series knees at 5 workers (92 steps/s) and
+    reaches 106 at 8; the fit's knee lies there, not at its asymptote (315)."""
+    speeds = {j.job: j.speed for j in models.job_speeds(real)[0]}
+    best = max(v for k, v in speeds.items() if k.startswith("cmdare-cluster_size-p100-ps1-") and k.endswith("-resnet15"))
+    out = _predict(fitted, "cluster", "--from-job", P100_1, "--workers", "8", "--ps", "1")
+    assert out["ps_limit_steps_per_second"] > 2 * best  # the asymptote: not what a user sees
+    assert 0.85 * best <= out["knee_steps_per_second"] <= 1.25 * best and 4 <= out["knee_workers"] <= 12
 
 
 def test_analyze_fit_says_where_the_fit_is_weak(real_db: Path, tmp_path: Path) -> None:
