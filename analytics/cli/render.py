@@ -12,6 +12,10 @@ from .. import api
 from ..output import as_json, table
 
 
+# columns shown by default whenever any row holds something in them
+ALARMS = ("clock_skew_s", "skewed_events")
+
+
 def rows(t: api.Table, as_json_: bool, columns: str | None = None, default: tuple[str, ...] | None = None,
          wide: bool = False) -> None:
     """A table as text or JSON. ``columns`` (A,B,...): those, in that order; else text shows
@@ -26,7 +30,9 @@ def rows(t: api.Table, as_json_: bool, columns: str | None = None, default: tupl
                                      else "name at least one column", param_hint="--columns")
         cols = want
     elif default and not wide and not as_json_:
-        cols = [c for c in cols if c == "bucket" or c in default]
+        # a default column, or one that matters whenever it holds anything (a clock skew)
+        shown = {c for c in ALARMS if c in cols and any(r[cols.index(c)] not in (None, 0, "") for r in t.rows)}
+        cols = [c for c in cols if c == "bucket" or c in default or c in shown]
     idx = [t.columns.index(c) for c in cols]
     data = [tuple(r[i] for i in idx) for r in t.rows]
     if as_json_:

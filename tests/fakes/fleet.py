@@ -424,7 +424,7 @@ class Scenarios(Fleet):
                             "sm_clock_hz": 1.38e9 * (0.7 if throttled else 1.0),
                             "throttle_mask": mask,
                             # a V100 draws ~40 W idle, 300 W flat out; warms with it
-                            "power_watts": round(40 + 260 * u * (0.7 if throttled else 1.0), 1),
+                            "power_watts": float(round(40 + 260 * u * (0.7 if throttled else 1.0))),  # whole watts: sums exact
                             "temp_celsius": round(35 + 45 * u + (8 if throttled else 0), 1),
                         },
                         job,
@@ -513,7 +513,7 @@ class Scenarios(Fleet):
                     self._ev(t, node, "gpu", {"index": 0, "uuid": f"GPU-{node}-0", "name": "Tesla V100-SXM2-16GB",
                                               "util_gpu_ratio": round(min(1.0, 0.95 * compute / mean), 4),
                                               "mem_used_bytes": 14 * GIB, "mem_total_bytes": 16 * GIB,
-                                              "power_watts": round(40 + 260 * min(1.0, 0.95 * compute / mean), 1),
+                                              "power_watts": float(round(40 + 260 * min(1.0, 0.95 * compute / mean))),
                                               "temp_celsius": round(35 + 45 * min(1.0, 0.95 * compute / mean), 1)},
                     job)
                 workers = [(f"{job}-d{k}", k, remote_s) for k in range(rem)] + [(nodes[0], 100 + k, local_s) for k in range(loc)]
