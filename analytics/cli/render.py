@@ -11,7 +11,6 @@ import click
 from .. import api
 from ..output import as_json, table
 
-
 # columns shown by default whenever any row holds something in them
 ALARMS = ("clock_skew_s", "skewed_events")
 
