@@ -166,6 +166,10 @@ class Placement(Recommender):
         )
         why = (f"AutoPlacement settles on {rem} remote, {loc} local: {steps}" if rp.done else
                f"the trace ends at ({rem},{loc}) before the policy would: measure ({rp.next_to_try[0]},{rp.next_to_try[1]}) next; {steps}")
+        if o["job"]:  # the same job's data-workers answer may name another count: say why
+            why += ("; placement replays the configurations this job measured (where input workers run, and when one "
+                    "more stops paying for itself); recommend data-workers sizes the count from the rates measured: "
+                    "the two can differ until the job has run at the count data-workers names")
         assumptions: dict[str, object] = {
             "rule": "Pecan AutoPlacement",
             "host_price_per_hour": o["host_price"],

@@ -48,6 +48,7 @@ def test_the_demo_fleet_shows_each_problem_and_its_recommendations(demo_db: Path
     assert r.exit_code == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["assumptions"]["next_remote"] == 4 and out["assumptions"]["next_local"] == 0
+    assert "recommend data-workers sizes the count from the rates measured" in out["why"]  # why the two differ
     r = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", "sim-ps-2", "--db", str(db), "--json"])
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[0])["action"]["ps"] >= 1
