@@ -394,10 +394,9 @@ def predict_cluster(db: Database, gpus: list[tuple[str, int]], ps: int, model: M
         **r,
         **extra,
     }
-    accs = sorted({(catalog.lookup(n).name if n else (a.job.acc.name if model is None and a.job.acc else "")) for n, _ in gpus})
+    accs = sorted({catalog.lookup(n).name if n else a.job.acc.name for n, _ in gpus if n or a.job.acc})
     _extrapolation(out, cfit, workers=len(ws), ps=ps, workers_per_ps=len(ws) / max(ps, 1), params=params,
-                   accelerator=next((x for x in accs if x and x not in
-                                     (cfit["model"].get("input_ranges") or {}).get("accelerators", [x])), None))
+                   accelerator=accs)
     if bs:
         out["examples_per_second"] = out["prediction"] * bs
     return out

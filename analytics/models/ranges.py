@@ -39,7 +39,7 @@ def _fmt(x: float) -> str:
 
 def check(fit: dict[str, Any], **inputs: Any) -> tuple[bool | None, list[str], float]:
     """(extrapolated: None when the fit has no stored ranges, the reasons, decades outside)
-    for ``inputs``: numeric ones by name, ``accelerator`` / ``model`` by name."""
+    for ``inputs``: numeric ones by name; ``accelerator``: a name or a list of them."""
     r = (fit.get("model") or {}).get("input_ranges")
     if not r:
         return None, ["the fit was stored before input ranges were kept: refit to check extrapolation"], 0.0
@@ -60,9 +60,10 @@ def check(fit: dict[str, Any], **inputs: Any) -> tuple[bool | None, list[str], f
             continue
         decades = max(decades, d)
     acc = inputs.get("accelerator")
-    if acc and r.get("accelerators") and acc not in r["accelerators"]:
-        reasons.append(f"accelerator {acc} not in the fit (fitted on {', '.join(r['accelerators'])})")
-        decades = max(decades, UNSEEN_ACCELERATOR_DECADES)
+    for a in [acc] if isinstance(acc, str) else acc or []:  # one name, or those of a mixed cluster
+        if a and r.get("accelerators") and a not in r["accelerators"]:
+            reasons.append(f"accelerator {a} not in the fit (fitted on {', '.join(r['accelerators'])})")
+            decades = max(decades, UNSEEN_ACCELERATOR_DECADES)
     return bool(reasons), reasons, decades
 
 

@@ -176,8 +176,7 @@ class Cluster(Recommender):
             )
         errors = {f"held_out_mape_{f['fit_id'].split('-')[0]}": f.get("cv_mape")
                   for f in (cfit, sfit) if f is not None and predicted}
-        self._ctx = (cfit, params, acc_name)
-        rec = self._answer(subject, measured_series, predicted, fit_ids, errors)
+        rec = self._answer(subject, measured_series, predicted, fit_ids, errors, (cfit, params, acc_name))
         if j is not None and (acc is None or j.acc is None or acc.name == j.acc.name) and not o["steps"]:
             bound = self._ps_bound(con, j.job)
             if bound is not None:
@@ -257,7 +256,10 @@ class Cluster(Recommender):
         pred: dict[int, dict[int, tuple[float, float, float]]],
         fit_ids: list[str],
         errors: dict[str, Any],
+        fitted: tuple[dict[str, Any] | None, float, str] = (None, 0.0, ""),
     ) -> Recommendation:
+        """``fitted``: (the cluster fit, the model's parameters, the accelerator), to say
+        when the answer lies outside what the fit was fitted on."""
         o = self.options
         th = o["knee"]
         # per PS count: the knee, from the measured series where it settles there, else the fit
@@ -316,7 +318,7 @@ class Cluster(Recommender):
             if self.as_of:
                 cost["prices_as_of"] = self.as_of
         extrapolation: dict[str, Any] = {}
-        cfit, params, acc_name = getattr(self, "_ctx", (None, 0.0, ""))
+        cfit, params, acc_name = fitted
         if cfit is not None and w in pred.get(p, {}) and (w not in meas.get(p, {})):
             from ..models.ranges import check, widen
 
