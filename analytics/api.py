@@ -347,12 +347,12 @@ def predict_speed(db: Database, gpu_type: str, model: ModelSpec | None = None, f
             k = v / v_fit  # the fit's interval, carried to the measured level
             out = {"prediction": v, "interval": [lo * k, hi * k], "fit_id": f["fit_id"], **_measured(a)}
             bs = batch_size or j.batch_size
-            spec = {"flops_per_step": j.flops_per_step, "params": j.params, "tensors": j.tensors}
+            spec = models.range_inputs(j.flops_per_step, j.params, j.tensors)
         else:
             v, lo, hi = models.predict_speed(f, acc, model.flops_per_step, model.params, model.tensors)
             out = {"prediction": v, "interval": [lo, hi], "fit_id": f["fit_id"]}
             bs = model.batch_size
-            spec = {"flops_per_step": model.flops_per_step, "params": model.params, "tensors": model.tensors}
+            spec = models.range_inputs(model.flops_per_step, model.params, model.tensors)
         _extrapolation(out, f, **spec, accelerator=acc.name)
     out |= {"accelerator": acc.name, "step_seconds": 1 / v}
     if bs:

@@ -127,6 +127,11 @@ def fit(f: api.FitResult, as_json_: bool) -> None:
         )
     if f.cv.get("worst"):
         click.echo("predicted worst (held out): " + ", ".join(f"{w['group']} {w['ape'] * 100:.1f}%" for w in f.cv["worst"]))
+    if f.cv.get("in_range"):
+        parts = [f"{what} {'n/a' if p['mape'] is None else format(p['mape'] * 100, '.1f') + '%'} ({p['rows']} rows)"
+                 for what, p in (("inside the fitted ranges", f.cv["in_range"]),
+                                 ("extrapolated", f.cv["extrapolated"]))]
+        click.echo("held-out MAPE " + ", ".join(parts) + " (predictions past the ranges say so)")
     for k, v in out["coefficients"].items():
         click.echo(f"  {k} = {v:.6g}")
     if kind == "overhead":

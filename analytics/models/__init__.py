@@ -20,13 +20,13 @@ from .fromjob import Anchor, anchor, measured
 from .lifetime import fit_lifetime, predict_revocation
 from .overhead import fit_overhead, predict_checkpoint
 from .regression import ALPHA, Fit, Linear, logo_cv
-from .speed import SPEED_FAMILIES, fit_speed, predict_speed, speed_features
+from .speed import SPEED_FAMILIES, fit_speed, predict_speed, range_inputs, speed_features
 from .steady import JobSpeed, job_speeds, steady_rates
 from .store import latest, save
 
 __all__ = [
     "ALPHA", "Anchor", "Fit", "JobSpeed", "Linear", "SPEED_FAMILIES", "anchor", "cluster_features", "fit_cluster",
     "fit_lifetime", "fit_overhead", "fit_speed", "job_speeds", "latest", "logo_cv", "measured",
-    "predict_checkpoint", "predict_cluster", "predict_revocation", "predict_speed", "save",
+    "predict_checkpoint", "predict_cluster", "predict_revocation", "predict_speed", "range_inputs", "save",
     "single_worker_seconds", "speed_features", "steady_rates"
 ]

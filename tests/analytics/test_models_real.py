@@ -221,6 +221,27 @@ def test_a_prediction_past_what_the_fit_saw_says_so_and_widens_its_interval(fitt
     assert _predict(fitted, "cluster", "--from-job", P100_1, "--workers", "4", "--ps", "1")["extrapolated"] is False
 
 
+def test_a_narrow_layered_model_is_an_extrapolation_and_the_fit_reports_its_error_apart(real) -> None:
+    """shakeshake_w16_d26 has 3.8x less work per tensor than any other architecture (its
+    kernels are launch-bound): held out, it is the fit's worst prediction, and it is one the
+    fit says it extrapolates. The held-out error is reported apart for rows inside and
+    outside the ranges the fit without them saw."""
+    jobs, _ = models.job_speeds(real)
+    fit = models.fit_speed([j for j in jobs if j.model != "shakeshake_w16_d26"])
+    w16 = next(j for j in jobs if j.model == "shakeshake_w16_d26" and j.workers == 1)
+    from cmdare.analytics.models.ranges import check
+
+    ex, why, decades = check({"model": fit.model}, **models.range_inputs(w16.flops_per_step, w16.params, w16.tensors),
+                             accelerator=w16.acc.name)
+    assert ex is True and why == ["flops_per_tensor 3.16e+06 is 1/3.79 of the smallest fitted (1.2e+07)"]
+    assert decades == pytest.approx(0.58, abs=0.01)
+    full = models.fit_speed(jobs)
+    inside, outside = full.cv["in_range"], full.cv["extrapolated"]
+    assert inside["rows"] + outside["rows"] == full.rows and inside["rows"] >= 10
+    assert inside["mape"] < full.cv["mape"] < outside["mape"]  # where it extrapolates, it errs most
+    assert full.summary()["cv_in_range"] == inside
+
+
 def test_a_fit_stored_before_ranges_were_kept_says_it_cannot_tell(fitted: Path, tmp_path: Path) -> None:
     import duckdb
 
