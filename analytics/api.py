@@ -506,3 +506,33 @@ def job_detail(db: Database, job: str) -> dict[str, Table]:
     if not rows:
         raise AnalyticsError(f"no such job {job!r} (analyze jobs lists them)")
     return {"summary": Table(summary.columns, rows), "steps": steps(db, job), "findings": stored_findings(db, job)}
+
+
+# -- the fleet and one job over time (what the pages draw) ------------------------------------
+
+def fleet_summary(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
+                  lost_after: float = 3) -> dict[str, Any]:
+    """The fleet page's stat strip (cmdare.analytics.fleet.summary)."""
+    from . import fleet
+
+    with db.read() as con:
+        return fleet.summary(con, since, until, lost_after)
+
+
+def gpu_heatmap(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
+                columns: int = 120, label: str | None = None) -> dict[str, Any]:
+    """Mean utilisation per GPU and time bucket (cmdare.analytics.fleet.heatmap)."""
+    from . import fleet
+
+    with db.read() as con:
+        return fleet.heatmap(con, since, until, columns, queries.parse_label(label))
+
+
+def job_series(db: Database, job: str, since: dt.datetime | None = None, until: dt.datetime | None = None,
+               columns: int = 120) -> dict[str, Any]:
+    """One job's speed, step time and input wait over time, and its ranks slowest first."""
+    from . import fleet
+
+    with db.read() as con:
+        _known_job(con, job)
+        return fleet.job_series(con, job, since, until, columns)

@@ -105,9 +105,18 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if self.token and scope["path"] != "/healthz":
+        path = scope["path"]
+        if self.token and path != "/healthz" and path != "/ui/login" and not path.startswith("/ui/static/"):
+            from cmdare.dashboards.pages import cookie_ok, login_redirect
+
             scheme, _, got = headers.get(b"authorization", b"").decode("latin-1").strip().partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(got.strip().encode(), self.token.encode()):
+            bearer = scheme.lower() == "bearer" and hmac.compare_digest(got.strip().encode(), self.token.encode())
+            # the pages' session cookie reads (GET, HEAD) and never writes
+            if not bearer and not (scope["method"] in ("GET", "HEAD") and cookie_ok(headers, self.token)):
+                if path == "/ui" or path.startswith("/ui/"):
+                    where = login_redirect(path, scope.get("query_string", b"").decode("latin-1"))
+                    await Response(b"", 303, {"Location": where})(scope, receive, send)
+                    return
                 await JSONResponse({"error": "unauthorized"}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
         self.counter()
@@ -250,6 +259,24 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
     def goodput(job: str = Path(max_length=512)) -> Any:
         return table(api.goodput(db, job))
 
+    def Columns() -> Any:
+        return Query(120, ge=1, le=1440, description="time buckets across the window")
+
+    @app.get("/api/v1/fleet", tags=["fleet"])
+    def fleet(since: dt.datetime | None = Since(), until: dt.datetime | None = Until(),
+              lost_after: float = Query(3, ge=1, le=1e6)) -> Any:
+        return codec.plain(api.fleet_summary(db, _naive(since), _naive(until), lost_after))
+
+    @app.get("/api/v1/fleet/heatmap", tags=["fleet"])
+    def heatmap(since: dt.datetime | None = Since(), until: dt.datetime | None = Until(), columns: int = Columns(),
+                label: str | None = Query(None, max_length=330)) -> Any:
+        return codec.plain(api.gpu_heatmap(db, _naive(since), _naive(until), columns, label))
+
+    @app.get("/api/v1/jobs/{job}/series", tags=["jobs"])
+    def job_series(job: str = Path(max_length=512), since: dt.datetime | None = Since(),
+                   until: dt.datetime | None = Until(), columns: int = Columns()) -> Any:
+        return codec.plain(api.job_series(db, job, _naive(since), _naive(until), columns))
+
     @app.post("/api/v1/sql", tags=["sql"], responses={200: {"content": {ARROW: {}}}})
     def sql(request: Request, body: SqlBody) -> Any:
         rows = min(body.max_rows or 10_000, lim.max_rows)
@@ -350,7 +377,17 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
     def imports(body: ImportBody) -> Any:
         return api.import_events(db, body.job, [e.encode() for e in body.events])
 
+    from cmdare.dashboards import pages
+
+    pages.mount(app, token)
     return app
+
+
+def _naive(t: dt.datetime | None) -> dt.datetime | None:
+    """A time with a zone as naive UTC (the database's timestamps)."""
+    if t is None or t.tzinfo is None:
+        return t
+    return t.astimezone(dt.timezone.utc).replace(tzinfo=None)
 
 
 def _arrow(r: Any) -> bytes:

@@ -44,6 +44,7 @@ class HttpConfig:
     max_connections: int = MAX_CONNECTIONS
     request_timeout: float = REQUEST_TIMEOUT
     limits: Limits = Limits()
+    ui_url: str | None = None  # where people open the pages, when a proxy stands in front
 
     @property
     def loopback(self) -> bool:
@@ -54,9 +55,18 @@ class HttpConfig:
 
 
 def parse_http(value: str, token_file: str | None = None, tls_cert: str | None = None,
-               tls_key: str | None = None) -> HttpConfig | None:
+               tls_key: str | None = None, ui_url: str | None = None) -> HttpConfig | None:
     """``--http ADDR:PORT`` (or ``off``); a one-line ValueError for anything else, or for an
     address off loopback without a token."""
+    if ui_url is not None:
+        import urllib.parse
+
+        u = urllib.parse.urlsplit(ui_url)
+        if u.username or u.password:  # never quoted: it would print the secret
+            raise ValueError("--ui-url: a URL with credentials is refused (alerts would carry them)")
+        if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+            raise ValueError(f"--ui-url: expected http(s)://HOST[:PORT][/PATH], got {ui_url[:60]!r}")
+        ui_url = ui_url.rstrip("/")
     if value.strip().lower() == "off":
         return None
     host, sep, port = value.rpartition(":")
@@ -75,7 +85,7 @@ def parse_http(value: str, token_file: str | None = None, tls_cert: str | None =
         token = os.environ[TOKEN_ENV].strip()
     if bool(tls_cert) != bool(tls_key):
         raise ValueError("--http-tls-cert and --http-tls-key go together")
-    cfg = HttpConfig(host, int(port), token, tls_cert, tls_key)
+    cfg = HttpConfig(host, int(port), token, tls_cert, tls_key, ui_url=ui_url)
     if not cfg.loopback and not token:
         raise ValueError(
             f"--http {value}: off loopback the API needs a bearer token (--http-token-file or ${TOKEN_ENV})"
@@ -225,6 +235,18 @@ class Service:
             fh.write(json.dumps({"url": self.url, "pid": os.getpid(), "db": str(Path(self.db).resolve()),
                                  "token": bool(self.cfg.token)}) + "\n")
         tmp.replace(f)
+        return self.url
+
+    def pages_url(self) -> str:
+        """The base URL alerts link to (URL/ui/alerts?rule=...): --ui-url, else the API's
+        address (this host's name when it listens on every address)."""
+        if self.cfg.ui_url:
+            return self.cfg.ui_url
+        if self.cfg.host in ("0.0.0.0", "::"):
+            import socket
+
+            scheme, _, rest = self.url.partition("://")
+            return f"{scheme}://{socket.getfqdn()}:{rest.rsplit(':', 1)[1]}"
         return self.url
 
     def stop(self) -> None:

@@ -49,6 +49,9 @@ HTTP_HELP = (
 
 
 def _http_options(f):
+    f = click.option("--ui-url", envvar="CMDARE_UI_URL", metavar="URL",
+                     help="where people open the pages (/ui) when a proxy stands in front: alerts link to "
+                          "URL/ui/alerts; default: the API's own address")(f)
     f = click.option("--http-tls-key", type=click.Path(dir_okay=False), help="TLS private key for the API")(f)
     f = click.option("--http-tls-cert", type=click.Path(dir_okay=False), help="TLS certificate for the API")(f)
     f = click.option("--http-token-file", type=click.Path(dir_okay=False),
@@ -144,19 +147,30 @@ def _alerting(con, rules: tuple[str, ...], inhibit_window: str, alertmanagers: t
         al.grace = parse_duration("--liveness-grace", grace)
     except (ConfigError, RuleError) as e:
         raise click.UsageError(str(e)) from None
+    return al
+
+
+def _start_alerting(al, svc, ui_url: str | None) -> None:
+    """Start the rule evaluation once the pages' address is known (every alert's
+    generatorURL opens URL/ui/alerts?rule=...)."""
+    if al is None:
+        return
+    if svc is not None:
+        al.link_base(svc.pages_url())
+    elif ui_url:
+        al.link_base(ui_url.rstrip("/"))
     n = al.start()
     nr = sum(len(g.rules) for g in al.engine.groups)
     click.echo(f"cmdare-collector: evaluating {nr} alert rules in {len(al.engine.groups)} groups"
                f"{f' ({n} alerts restored)' if n else ''}", err=True)
-    return al
 
 
-def _http_config(http: str, token_file, cert, key):
+def _http_config(http: str, token_file, cert, key, ui_url=None):
     """--http and its token / TLS options, checked before the database is opened."""
     from cmdare.analytics.service import parse_http
 
     try:
-        return parse_http(http, token_file, cert, key)
+        return parse_http(http, token_file, cert, key, ui_url)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
 
@@ -178,7 +192,8 @@ def _serve(con, db: str, cfg, totals, al=None):
             al.stop()
         con.close()
         raise click.ClickException(str(e)) from None
-    click.echo(f"cmdare-collector: API on {url} (analyze finds it through {db}.service.json)", err=True)
+    click.echo(f"cmdare-collector: API on {url} (analyze finds it through {db}.service.json); "
+               f"pages on {url}/ui", err=True)
     return svc
 
 
@@ -241,6 +256,7 @@ def kafka(
     http_token_file: str | None,
     http_tls_cert: str | None,
     http_tls_key: str | None,
+    ui_url: str | None,
     security_protocol: str | None,
     sasl_mechanism: str | None,
     sasl_username: str | None,
@@ -288,7 +304,7 @@ def kafka(
         skew = _max_skew(max_clock_skew)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
-    hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key)
+    hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key, ui_url)
     con = _open(db)
     try:
         al = _alerting(con, rules, inhibit_window, alertmanagers, alert_webhooks, alert_resend, alert_kafka,
@@ -301,6 +317,7 @@ def kafka(
         ing.totals.on_batch = al.on_batch
         al.caught_up = lambda: ing.totals.caught_up_at
     svc = _serve(con, db, hc, lambda: ing.totals, al)
+    _start_alerting(al, svc, ui_url)
     if svc:
         svc.alerting = al
     try:
@@ -343,7 +360,7 @@ def kafka(
 @_http_options
 @_alert_options
 def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str, http: str,
-          http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None,
+          http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None, ui_url: str | None,
           rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...],
           alert_webhooks: tuple[str, ...], alert_kafka: tuple[str, ...], alert_resend: str,
           alert_token_files: tuple[str, ...], alert_password_files: tuple[str, ...], liveness_grace: str) -> None:
@@ -362,7 +379,7 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
         skew = _max_skew(max_clock_skew)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
-    hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key) if follow else None
+    hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key, ui_url) if follow else None
     if not directory.is_dir():
         raise click.ClickException(f"{directory}: no such spool directory")
     if rules and not follow:
@@ -379,6 +396,7 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
         ing.totals.on_batch = al.on_batch
         al.caught_up = lambda: ing.totals.caught_up_at
     svc = _serve(con, db, hc, lambda: ing.totals, al) if follow else None
+    _start_alerting(al, svc, ui_url)
     if svc:
         svc.alerting = al
     for sig in (signal.SIGTERM, signal.SIGINT):

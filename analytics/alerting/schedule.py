@@ -132,6 +132,13 @@ class Alerting:
             if ts & tables:
                 self.runners[g].poke()
 
+    def link_base(self, url: str) -> None:
+        """Where the collector's pages are: every receiver's alerts link to
+        ``url/ui/alerts?rule=...`` (generatorURL) from now on."""
+        for r in self.receivers:
+            if hasattr(r, "generator"):
+                r.generator = url
+
     def add(self, receiver: Any) -> None:
         self.receivers.append(receiver)
         self.senders.append(receiver)

@@ -56,12 +56,20 @@ def test_alertmanager_receives_firing_then_resolved(tmp_path: Path) -> None:
     am = Alertmanager(go_tool("alertmanager"), tmp_path)
     col = None
     try:
-        col, _ = run(tmp_path, "--alertmanager", am.url, agent_seconds=5.0)
+        col, db = run(tmp_path, "--alertmanager", am.url, agent_seconds=5.0)
         [a] = wait_for(lambda: [x for x in am.alerts() if x["labels"].get("alertname") == "AgentRunning"], 60,
                        what="the alert in Alertmanager")
         assert a["labels"] == {"alertname": "AgentRunning", "node": "n-1", "severity": "info"}
         assert a["annotations"] == {"summary": "n-1 is sending heartbeats"}
-        assert a["status"]["state"] == "active" and "/alerts?rule=live/AgentRunning" in a["generatorURL"]
+        # the alert's link opens the collector's alerts page at its rule (no longer a 404)
+        from cmdare.analytics.client import service_file
+
+        api = json.loads(service_file(db).read_text())["url"]
+        assert a["status"]["state"] == "active" and a["generatorURL"] == f"{api}/ui/alerts?rule=live%2FAgentRunning"
+        import urllib.request
+
+        with urllib.request.urlopen(a["generatorURL"], timeout=10) as page:
+            assert page.status == 200 and 'data-page="alerts"' in page.read().decode()
         # the agent stops: the rule clears, the resolution reaches Alertmanager (its own
         # counter of resolved alerts received), and it no longer lists the alert
         wait_for(lambda: received(am, "resolved") >= 1, 60, what="the resolution in Alertmanager")

@@ -118,7 +118,7 @@ class Receiver:
         d = {
             "labels": a.labels, "annotations": a.annotations,
             "startsAt": _iso(a.fired_at or a.active_at), "endsAt": _iso(ends),
-            "generatorURL": f"{self.generator}/alerts?rule={quote(a.rule)}",
+            "generatorURL": f"{self.generator}/ui/alerts?rule={quote(a.rule, safe='')}",
         }
         if self.kind in ("webhook", "kafka"):
             d.update(status="resolved" if a.state == "resolved" else "firing", fingerprint=a.fingerprint)

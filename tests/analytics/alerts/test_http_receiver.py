@@ -139,7 +139,7 @@ def test_alertmanager_gets_its_api_and_a_webhook_the_documented_envelope(sink, r
     assert isinstance(items, list) and [i["labels"]["fp"] for i in items] == ["f1", "f2"]
     first = items[0]
     assert set(first) == {"labels", "annotations", "startsAt", "endsAt", "generatorURL"}
-    assert first["startsAt"] == "2026-03-01T12:00:00.000Z" and first["generatorURL"] == "http://gen/cmdare/alerts?rule=r"
+    assert first["startsAt"] == "2026-03-01T12:00:00.000Z" and first["generatorURL"] == "http://gen/cmdare/ui/alerts?rule=r"
     ends = dt.datetime.fromisoformat(first["endsAt"].rstrip("Z"))
     assert abs((ends - t).total_seconds() - 4 * 60) < 5  # a firing alert ends 4 resends on unless re-sent
     hook = got["/hook?x=1"]

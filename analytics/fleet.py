@@ -1,0 +1,192 @@
+"""The fleet at a glance: the counts of the fleet page's stat strip and its per-GPU
+utilisation heatmap. One place for both front ends (the HTTP API's ``/api/v1/fleet``
+resources, which the pages read, and ``analyze report --html``).
+
+A GPU's state over the window, one of (first that applies):
+``failing``: lost, or any Xid or ECC event; ``throttled``: a throttle reason in at least
+``THROTTLED_PCT`` of its samples; ``busy``: mean utilisation at least ``BUSY_PCT``;
+``idle`` otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+
+import duckdb
+
+from . import queries
+from .db import AnalyticsError
+
+BUSY_PCT = 10.0
+THROTTLED_PCT = 10.0
+MAX_CELLS = 2_000_000  # heatmap cells (GPUs x buckets) one answer may hold
+MAX_COLUMNS = 1_440  # buckets across, at most (one a minute for a day)
+
+
+def gpu_state(row: dict[str, Any]) -> str:
+    if row.get("lost") or (row.get("xid_events") or 0) > 0 or (row.get("ecc_errors") or 0) > 0:
+        return "failing"
+    if (row.get("throttled_pct") or 0) >= THROTTLED_PCT:
+        return "throttled"
+    if (row.get("util_pct") or 0) >= BUSY_PCT:
+        return "busy"
+    return "idle"
+
+
+def summary(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None,
+            lost_after: float = 3) -> dict[str, Any]:
+    """Nodes by liveness, GPUs by state, jobs with steps in the window, stored findings by
+    severity, alerts by state, and goodput over the jobs with steps in the window."""
+    cols, rows = queries.nodes(con, lost_after, None)
+    nodes: dict[str, int] = {}
+    for r in rows:
+        st = dict(zip(cols, r, strict=True))["state"] or "unknown"
+        nodes[st] = nodes.get(st, 0) + 1
+    gcols, grows = queries.gpu(con, None, since, until)
+    gpus = {"busy": 0, "idle": 0, "throttled": 0, "failing": 0}
+    for r in grows:
+        gpus[gpu_state(dict(zip(gcols, r, strict=True)))] += 1
+    running = con.execute(
+        "SELECT DISTINCT job FROM steps WHERE job IS NOT NULL AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u) ORDER BY job",
+        {"s": since, "u": until}).fetchall()
+    jobs = [j for (j,) in running]
+    findings: dict[str, int] = {}
+    if _has(con, "findings"):
+        for sev, n in con.execute(
+                "SELECT severity, count(*) FROM findings WHERE ($s IS NULL OR window_end >= $s) "
+                "AND ($u IS NULL OR window_start < $u) GROUP BY severity", {"s": since, "u": until}).fetchall():
+            findings[sev] = n
+    alerts: dict[str, int] = {}
+    if _has(con, "alerts"):
+        for st, n in con.execute("SELECT state, count(*) FROM alerts GROUP BY state").fetchall():
+            alerts[st] = n
+    return {"since": _iso(since), "until": _iso(until), "nodes": nodes, "gpus": gpus,
+            "gpu_thresholds": {"busy_pct": BUSY_PCT, "throttled_pct": THROTTLED_PCT},
+            "jobs": {"running": len(jobs)}, "findings": findings, "alerts": alerts,
+            "goodput": _goodput(con, jobs)}
+
+
+def _goodput(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, Any]:
+    """Productive seconds over wall seconds summed over ``jobs`` (whole runs: goodput has no
+    time window yet), with the badput parts."""
+    from .goodput import goodput
+
+    parts: dict[str, float] = {}
+    for job in jobs[:500]:  # bounded work: a fleet page must answer
+        try:
+            cols, rows = goodput(con, job).result()
+        except AnalyticsError:
+            continue
+        for r in rows:
+            d = dict(zip(cols, r, strict=True))
+            parts[d["category"]] = parts.get(d["category"], 0.0) + float(d["seconds"] or 0)
+    wall = parts.get("wall", 0.0)
+    return {"jobs": min(len(jobs), 500), "wall_seconds": wall,
+            "productive_pct": round(100 * parts.get("productive", 0.0) / wall, 2) if wall > 0 else None,
+            "parts": {k: v for k, v in parts.items() if k != "wall"}}
+
+
+def heatmap(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None,
+            columns: int = 120, label: tuple[str, str] | None = None) -> dict[str, Any]:
+    """Mean GPU utilisation (%) per GPU and time bucket over [since, until): rows grouped by
+    job, then node, then GPU index; ``columns`` buckets across (at most MAX_COLUMNS). A cell
+    with no sample is None."""
+    if not 1 <= columns <= MAX_COLUMNS:
+        raise AnalyticsError(f"columns: from 1 to {MAX_COLUMNS}, got {columns}")
+    where, params = queries._where(None, since, until, label)
+    lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM gpu_samples{where}", params).fetchone()
+    if lo is None:
+        return {"start": _iso(since), "step_seconds": None, "times": [], "rows": [], "util_pct": []}
+    start = since or lo
+    end = until or (hi + dt.timedelta(seconds=1))
+    span = max((end - start).total_seconds(), 1.0)
+    step = max(1.0, math.ceil(span / columns))
+    n = max(1, math.ceil(span / step))
+    got = con.execute(
+        f"""SELECT node, "index", any_value(uuid), any_value(name), list(b ORDER BY b), list(u ORDER BY b)
+            FROM (SELECT node, "index", any_value(uuid) AS uuid, any_value(name) AS name,
+                         CAST(floor(epoch(ts - ?::TIMESTAMP) / ?) AS INTEGER) AS b,
+                         avg(util_gpu_ratio) * 100 AS u
+                  FROM gpu_samples{where} GROUP BY node, "index", b)
+            GROUP BY node, "index" """,
+        [start, step, *params]).fetchall()
+    if len(got) * n > MAX_CELLS:
+        raise AnalyticsError(f"heatmap: {len(got):,} GPUs x {n} buckets is over {MAX_CELLS:,} cells: "
+                             "fewer columns, a narrower window or a --label filter")
+    ncols, nrows = queries.nodes(con, 3, None)
+    job_of = {r[ncols.index("node")]: r[ncols.index("job")] for r in nrows}
+    got.sort(key=lambda g: (job_of.get(g[0]) or "~", g[0], g[1]))
+    out_rows, values = [], []
+    for node, idx, uuid, name, bs, us in got:
+        line: list[float | None] = [None] * n
+        for b, u in zip(bs, us, strict=True):
+            if 0 <= b < n and u is not None:
+                line[b] = round(float(u), 1)
+        out_rows.append({"job": job_of.get(node), "node": node, "gpu": idx, "uuid": uuid, "name": name})
+        values.append(line)
+    return {"start": _iso(start), "step_seconds": step,
+            "times": [_iso(start + dt.timedelta(seconds=step * i)) for i in range(n)],
+            "rows": out_rows, "util_pct": values}
+
+
+def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()[0])
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    return None if t is None else t.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | None, until: dt.datetime | None,
+               columns: int = 120) -> dict[str, Any]:
+    """One job over time (``columns`` buckets): steps/s summed over its ranks, step time
+    (mean, and the spread: the mean of the ranks' p95 and the largest step), input-wait
+    share; and per rank the mean step time over the window (slowest first)."""
+    if not 1 <= columns <= MAX_COLUMNS:
+        raise AnalyticsError(f"columns: from 1 to {MAX_COLUMNS}, got {columns}")
+    p = {"j": job, "s": since, "u": until}
+    w = "WHERE job = $j AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)"
+    lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM steps {w}", p).fetchone()
+    if lo is None:
+        return {"job": job, "start": _iso(since), "step_seconds": None, "times": [], "series": {}, "ranks": []}
+    start = since or lo
+    end = until or (hi + dt.timedelta(seconds=1))
+    step = max(1.0, math.ceil(max((end - start).total_seconds(), 1.0) / columns))
+    n = max(1, math.ceil(max((end - start).total_seconds(), 1.0) / step))
+    rows = con.execute(
+        f"""WITH r AS (
+                SELECT CAST(floor(epoch(ts - $start::TIMESTAMP) / $step) AS INTEGER) AS b, run, rank,
+                       sum(steps) AS steps, sum(interval_seconds) AS secs,
+                       sum(step_mean_seconds * steps) / nullif(sum(steps), 0) AS mean_s,
+                       avg(step_p95_seconds) AS p95_s, max(step_max_seconds) AS max_s,
+                       sum(wait_mean_seconds * steps) / nullif(sum(step_mean_seconds * steps), 0) AS wait
+                FROM steps {w} GROUP BY ALL)
+            SELECT b, sum(steps / nullif(secs, 0)) AS sps, avg(mean_s), avg(p95_s), max(max_s), avg(wait)
+            FROM r GROUP BY b ORDER BY b""",
+        {**p, "start": start, "step": step}).fetchall()
+    series: dict[str, list[float | None]] = {k: [None] * n for k in
+                                             ("steps_per_second", "step_mean_s", "step_p95_s", "step_max_s", "input_wait_pct")}
+    for b, sps, mean_s, p95, mx, wait in rows:
+        if not 0 <= b < n:
+            continue
+        for k, v, nd in (("steps_per_second", sps, 3), ("step_mean_s", mean_s, 4), ("step_p95_s", p95, 4),
+                         ("step_max_s", mx, 4), ("input_wait_pct", None if wait is None else 100 * wait, 1)):
+            series[k][b] = None if v is None or not math.isfinite(v) else round(float(v), nd)
+    ranks = con.execute(
+        f"""SELECT run, rank, any_value(node) AS node, sum(steps) AS steps,
+                   round(sum(step_mean_seconds * steps) / nullif(sum(steps), 0), 4) AS step_mean_s,
+                   round(avg(step_p95_seconds), 4) AS step_p95_s,
+                   round(100 * sum(wait_mean_seconds * steps) / nullif(sum(step_mean_seconds * steps), 0), 1) AS input_wait_pct
+            FROM steps {w} GROUP BY run, rank ORDER BY step_mean_s DESC NULLS LAST, run, rank""", p)
+    rcols = [d[0] for d in ranks.description]
+    rank_rows = [dict(zip(rcols, r, strict=True)) for r in ranks.fetchall()]
+    med = sorted(r["step_mean_s"] for r in rank_rows if r["step_mean_s"] is not None)
+    if med:
+        m = med[len(med) // 2]
+        for r in rank_rows:
+            r["vs_median_pct"] = None if r["step_mean_s"] is None or m <= 0 else round(100 * (r["step_mean_s"] / m - 1), 1)
+    return {"job": job, "start": _iso(start), "step_seconds": step,
+            "times": [_iso(start + dt.timedelta(seconds=step * i)) for i in range(n)],
+            "series": series, "ranks": rank_rows}

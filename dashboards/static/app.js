@@ -1,0 +1,355 @@
+// cmdare pages: one script for every page (its name is <main data-page>). It reads the
+// collector's HTTP API (same origin) or, in a self-contained report, window.CMDARE_DATA.
+// Data is only ever inserted as text (textContent), never as HTML.
+"use strict";
+(function () {
+  const RANGES = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800, "all": 0 };
+  const REPORT = typeof window.CMDARE_DATA === "object" && window.CMDARE_DATA !== null;
+  const main = document.getElementById("page");
+  const params = new URLSearchParams(location.search);
+  const state = {
+    range: RANGES[params.get("range")] !== undefined ? params.get("range") : (REPORT ? "all" : "1h"),
+    refresh: ["0", "10", "30", "60"].includes(params.get("refresh")) ? params.get("refresh") : "0",
+  };
+  let timer = null;
+
+  // -- helpers -------------------------------------------------------------------------------
+  function el(tag, attrs, ...kids) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") e.className = v;
+      else if (k === "text") e.textContent = v;
+      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else e.setAttribute(k, v);
+    }
+    for (const k of kids) if (k !== null && k !== undefined) e.append(k instanceof Node ? k : String(k));
+    return e;
+  }
+  function fmt(v, digits) {
+    if (v === null || v === undefined) return "";
+    if (typeof v === "object" && v.$float) return v.$float;
+    if (typeof v === "number") {
+      if (Number.isInteger(v)) return v.toLocaleString("en");
+      return v.toLocaleString("en", { maximumFractionDigits: digits === undefined ? 3 : digits });
+    }
+    if (typeof v === "object") return JSON.stringify(v);
+    return String(v);
+  }
+  function since() {
+    const s = RANGES[state.range];
+    return s ? new Date(Date.now() - s * 1000).toISOString().slice(0, 19) + "Z" : null;
+  }
+  function url(path, q) {
+    const u = new URLSearchParams();
+    for (const [k, v] of Object.entries(q || {})) if (v !== null && v !== undefined && v !== "") u.set(k, v);
+    const s = u.toString();
+    return path + (s ? "?" + s : "");
+  }
+  async function get(path, q) {
+    if (REPORT) {  // the report holds the answers under the path alone (its window is fixed)
+      const d = window.CMDARE_DATA[path];
+      if (d === undefined) throw new Error("not in this report: " + path);
+      if (d && d.error) throw new Error(d.error);
+      return d;
+    }
+    const r = await fetch(url(path, q), { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (r.redirected && r.url.includes("/ui/login")) { location.href = r.url; throw new Error("signed out"); }
+    let body;
+    try { body = await r.json(); } catch (e) { throw new Error(path + ": HTTP " + r.status); }
+    if (!r.ok) throw new Error(body && body.error ? body.error : path + ": HTTP " + r.status);
+    return body;
+  }
+  function rowsOf(t) { return t.rows.map((r) => Object.fromEntries(t.columns.map((c, i) => [c, r[i]]))); }
+  function showError(e) {
+    const box = document.getElementById("error");
+    box.hidden = false;
+    box.textContent = String(e && e.message ? e.message : e);
+  }
+  function section(title, ...kids) { return el("section", {}, el("h2", { text: title }), ...kids); }
+  function table(columns, rows, opts) {
+    opts = opts || {};
+    const wrap = el("div", { class: "tablewrap" });
+    const t = el("table", {});
+    const head = el("tr", {});
+    let sortKey = null, desc = false;
+    const body = el("tbody", {});
+    const filter = opts.filter ? el("input", { class: "filter", placeholder: "filter rows", type: "search" }) : null;
+    function render() {
+      body.textContent = "";
+      let rs = rows;
+      const f = filter && filter.value.trim().toLowerCase();
+      if (f) rs = rs.filter((r) => columns.some((c) => fmt(r[c]).toLowerCase().includes(f)));
+      if (sortKey) {
+        rs = rs.slice().sort((a, b) => {
+          const x = a[sortKey], y = b[sortKey];
+          if (x === y) return 0;
+          if (x === null || x === undefined) return 1;
+          if (y === null || y === undefined) return -1;
+          return (x < y ? -1 : 1) * (desc ? -1 : 1);
+        });
+      }
+      for (const r of rs.slice(0, 5000)) {
+        const tr = el("tr", opts.highlight && opts.highlight(r) ? { class: "hl" } : {});
+        for (const c of columns) {
+          const v = r[c];
+          const td = el("td", typeof v === "number" ? { class: "num" } : {});
+          const link = opts.links && opts.links[c] && v !== null && v !== undefined ? opts.links[c](r) : null;
+          if (link) td.append(el("a", { href: link, text: fmt(v) }));
+          else td.textContent = fmt(v);
+          tr.append(td);
+        }
+        body.append(tr);
+      }
+      if (!rs.length) body.append(el("tr", {}, el("td", { colspan: String(columns.length), class: "muted", text: opts.empty || "no rows" })));
+    }
+    for (const c of columns) {
+      head.append(el("th", { text: c, title: "sort", onclick: () => { desc = sortKey === c ? !desc : false; sortKey = c; render(); } }));
+    }
+    t.append(el("thead", {}, head), body);
+    wrap.append(t);
+    if (filter) filter.addEventListener("input", render);
+    render();
+    return filter ? el("div", {}, filter, wrap) : wrap;
+  }
+  function stat(label, value, detail, cls) {
+    return el("div", { class: "stat", "data-stat": label }, el("div", { class: "v " + (cls || ""), text: fmt(value, 1) }),
+      el("div", { class: "l", text: label }), detail ? el("div", { class: "d", text: detail }) : null);
+  }
+  function epoch(s) { return s ? Date.parse(s.replace(" ", "T") + "Z") / 1000 : null; }
+  function chart(target, title, times, series) {
+    // series: [[label, values, colour]]
+    const box = el("div", { class: "chart" });
+    target.append(el("div", {}, el("h3", { text: title }), box));
+    if (typeof uPlot === "undefined" || !times.length) { box.textContent = times.length ? "" : "no data in the range"; return; }
+    const xs = times.map(epoch);
+    const opts = {
+      width: Math.max(320, Math.min(760, box.clientWidth || 640)), height: 220,
+      series: [{}].concat(series.map(([label, _, colour]) => ({ label, stroke: colour, width: 1.5, spanGaps: false }))),
+      axes: [{}, { size: 60 }], legend: { live: true },
+    };
+    // eslint-disable-next-line no-new, no-undef
+    new uPlot(opts, [xs].concat(series.map((s) => s[1])), box);
+  }
+
+  // -- the controls ----------------------------------------------------------------------------
+  function controls() {
+    const r = document.getElementById("range"), f = document.getElementById("refresh");
+    r.value = state.range; f.value = state.refresh;
+    if (REPORT) { r.disabled = true; f.disabled = true; }
+    const apply = () => {
+      state.range = r.value; state.refresh = f.value;
+      const p = new URLSearchParams(location.search);
+      p.set("range", state.range);
+      if (state.refresh !== "0") p.set("refresh", state.refresh); else p.delete("refresh");
+      history.replaceState(null, "", location.pathname + "?" + p.toString());
+      schedule(); load();
+    };
+    r.addEventListener("change", apply); f.addEventListener("change", apply);
+    for (const a of document.querySelectorAll("nav a")) {
+      if (a.dataset.nav === main.dataset.page || (main.dataset.page === "job" && a.dataset.nav === "jobs")) a.classList.add("active");
+      if (!REPORT) a.href = a.getAttribute("href") + "?range=" + state.range;
+    }
+  }
+  function schedule() {
+    if (timer) clearInterval(timer);
+    timer = null;
+    const s = Number(state.refresh);
+    if (s > 0 && !REPORT) timer = setInterval(load, s * 1000);
+  }
+
+  // -- pages -------------------------------------------------------------------------------------
+  const PAGES = {};
+
+  PAGES.fleet = async function (out) {
+    const q = { since: since() };
+    const [sum, heat, nodes, revs] = await Promise.all([
+      get("/api/v1/fleet", q), get("/api/v1/fleet/heatmap", { since: q.since, columns: 120 }),
+      get("/api/v1/nodes"), get("/api/v1/revocations", q)]);
+    const n = sum.nodes, g = sum.gpus, gp = sum.goodput;
+    const strip = el("div", { class: "strip" },
+      stat("nodes alive", n.alive || 0, Object.entries(n).map(([k, v]) => `${k} ${v}`).join(", ")),
+      stat("GPUs busy", g.busy, `idle ${g.idle}`),
+      stat("GPUs idle", g.idle, `mean util < ${sum.gpu_thresholds.busy_pct} %`, g.idle ? "warn" : ""),
+      stat("GPUs throttled", g.throttled, `throttled ≥ ${sum.gpu_thresholds.throttled_pct} % of samples`, g.throttled ? "warn" : ""),
+      stat("GPUs failing", g.failing, "lost, Xid or ECC", g.failing ? "bad" : ""),
+      stat("jobs running", sum.jobs.running, "with steps in the range"),
+      stat("findings", Object.values(sum.findings).reduce((a, b) => a + b, 0),
+        Object.entries(sum.findings).map(([k, v]) => `${k} ${v}`).join(", ") || "none", sum.findings.critical ? "bad" : ""),
+      stat("alerts firing", sum.alerts.firing || 0, `pending ${sum.alerts.pending || 0}`, sum.alerts.firing ? "bad" : ""),
+      stat("goodput", gp.productive_pct === null ? "n/a" : gp.productive_pct + " %", `${gp.jobs} jobs, whole runs`));
+    out.append(strip);
+    out.append(section("GPU utilisation", heatmap(heat)));
+    out.append(section("Revocations", timeline(rowsOf(revs), heat)));
+    const nrows = rowsOf(nodes);
+    const cols = nodes.columns.filter((c) => ["node", "role", "job", "zone", "instance_type", "spot", "state", "lives", "last_seen", "gpus", "not_ok"].includes(c));
+    out.append(section("Nodes (" + nrows.length + ")", table(cols, nrows, {
+      filter: true, links: { job: (r) => "/ui/jobs/" + encodeURIComponent(r.job) },
+      highlight: (r) => r.state === "lost" || r.state === "revoked",
+    })));
+  };
+
+  function heatmap(h) {
+    const box = el("div", { class: "heat", "data-rows": String(h.rows.length) });
+    if (!h.rows.length) { box.textContent = "no GPU samples in the range"; return box; }
+    const cellW = Math.max(3, Math.floor(900 / Math.max(1, h.times.length))), cellH = h.rows.length > 400 ? 2 : 12;
+    const left = 230, top = 4;
+    const cv = el("canvas", {});
+    const W = left + cellW * h.times.length + 4, H = top + cellH * h.rows.length + 18;
+    cv.width = W; cv.height = H; cv.style.width = W + "px"; cv.style.height = H + "px";
+    const c = cv.getContext("2d");
+    const dark = matchMedia("(prefers-color-scheme: dark)").matches;
+    c.fillStyle = dark ? "#98a2b3" : "#667085"; c.font = "11px system-ui, sans-serif";
+    let lastJob;
+    h.rows.forEach((r, i) => {
+      const y = top + i * cellH;
+      c.fillStyle = dark ? "#98a2b3" : "#667085";
+      if (cellH >= 10) c.fillText(`${r.job || "(no job)"} · ${r.node} · ${r.gpu}`.slice(0, 38), 2, y + cellH - 2);
+      if (r.job !== lastJob && i) { c.fillRect(0, y, W, 1); }
+      lastJob = r.job;
+      h.util_pct[i].forEach((u, j) => {
+        if (u === null) return;
+        const t = Math.max(0, Math.min(1, u / 100));
+        c.fillStyle = `hsl(${220 - 200 * t}, 75%, ${dark ? 25 + 35 * t : 92 - 45 * t}%)`;
+        c.fillRect(left + j * cellW, y, cellW - (cellW > 4 ? 1 : 0), cellH - (cellH > 4 ? 1 : 0));
+      });
+    });
+    c.fillStyle = dark ? "#98a2b3" : "#667085";
+    c.fillText(h.times[0] + " UTC", left, H - 4);
+    c.fillText(h.times[h.times.length - 1], Math.max(left + 200, W - 130), H - 4);
+    const tip = el("div", { class: "tip", hidden: "" });
+    document.body.append(tip);
+    cv.addEventListener("mousemove", (e) => {
+      const rc = cv.getBoundingClientRect();
+      const i = Math.floor((e.clientY - rc.top - top) / cellH), j = Math.floor((e.clientX - rc.left - left) / cellW);
+      if (i < 0 || i >= h.rows.length || j < 0 || j >= h.times.length) { tip.hidden = true; return; }
+      const r = h.rows[i], u = h.util_pct[i][j];
+      tip.textContent = `${r.node} GPU ${r.gpu} (${r.name || ""})\njob ${r.job || "none"}\n${h.times[j]} +${h.step_seconds}s\nutilisation ${u === null ? "no sample" : u + " %"}`;
+      tip.hidden = false; tip.style.left = e.clientX + 12 + "px"; tip.style.top = e.clientY + 12 + "px";
+    });
+    cv.addEventListener("mouseleave", () => { tip.hidden = true; });
+    box.append(cv);
+    return el("div", {}, el("div", { class: "legend", text: `${h.rows.length} GPUs, one column per ${h.step_seconds} s; colour: mean utilisation 0 % (blue) to 100 % (red); rows grouped by job` }), box);
+  }
+
+  function timeline(revs, heat) {
+    const box = el("div", { class: "timeline", "data-marks": String(revs.length) });
+    if (!revs.length) { box.textContent = "no revocation in the range"; box.classList.add("muted"); return box; }
+    const t0 = heat.times.length ? epoch(heat.times[0]) : Math.min(...revs.map((r) => epoch(r.noticed)));
+    const t1 = heat.times.length ? epoch(heat.times[heat.times.length - 1]) + heat.step_seconds : t0 + 1;
+    for (const r of revs) {
+      const at = epoch(r.noticed);
+      const x = Math.max(0, Math.min(100, (100 * (at - t0)) / Math.max(1, t1 - t0)));
+      box.append(el("div", { class: "mark", style: `left:${x}%`, title: Object.entries(r).map(([k, v]) => `${k}: ${fmt(v)}`).join("\n") }));
+    }
+    return el("div", {}, box, table(Object.keys(revs[0]), revs, {}));
+  }
+
+  PAGES.jobs = async function (out) {
+    const jobs = await get("/api/v1/jobs", { since: since() });
+    out.append(table(jobs.columns, rowsOf(jobs), {
+      filter: true, links: { job: (r) => "/ui/jobs/" + encodeURIComponent(r.job) },
+      highlight: (r) => r.input_bound && r.input_bound !== "not input-bound",
+    }));
+  };
+
+  PAGES.job = async function (out) {
+    const job = main.dataset.job;
+    const base = "/api/v1/jobs/" + encodeURIComponent(job);
+    const [detail, series, goodput] = await Promise.all([
+      get(base), get(base + "/series", { since: since(), columns: 120 }), get(base + "/goodput")]);
+    const s = rowsOf(detail.summary)[0] || {};
+    out.append(el("div", { class: "strip" },
+      stat("steps/s", s.steps_per_s), stat("examples/s", s.examples_per_s),
+      stat("input wait", s.input_wait_pct === null ? "n/a" : s.input_wait_pct + " %", s.input_bound,
+        s.input_bound && s.input_bound !== "not input-bound" ? "warn" : ""),
+      stat("ranks", s.ranks, `${s.nodes} nodes, ${s.runs} runs`), stat("accelerator", s.accelerator, s.model)));
+    const findings = rowsOf(detail.findings);
+    const fsec = section("Findings (" + findings.length + ")");
+    if (!findings.length) fsec.append(el("p", { class: "muted", text: "none stored for this job (analyze bottlenecks --job stores them)" }));
+    for (const f of findings) fsec.append(findingCard(f));
+    out.append(fsec);
+    const ts = series.times, ss = series.series;
+    const charts = el("div", { class: "grid2" });
+    chart(charts, "steps/s (all ranks)", ts, [["steps/s", ss.steps_per_second || [], "#2563eb"]]);
+    chart(charts, "step time (s)", ts, [["mean", ss.step_mean_s || [], "#2563eb"], ["p95 (mean of ranks)", ss.step_p95_s || [], "#b45309"], ["max", ss.step_max_s || [], "#b91c1c"]]);
+    chart(charts, "input wait (% of step time)", ts, [["input wait %", ss.input_wait_pct || [], "#7c3aed"]]);
+    out.append(section("Over time" + (series.step_seconds ? ` (per ${series.step_seconds} s)` : ""), charts));
+    out.append(section("Ranks, slowest first", table(
+      ["run", "rank", "node", "steps", "step_mean_s", "vs_median_pct", "step_p95_s", "input_wait_pct"], series.ranks,
+      { highlight: (r) => (r.vs_median_pct || 0) >= 10 })));
+    const parts = rowsOf(goodput);
+    const wall = (parts.find((p) => p.category === "wall") || {}).seconds || 0;
+    const colours = { productive: "#15803d", input_wait: "#7c3aed", startup: "#0891b2", checkpoint_save: "#b45309",
+      checkpoint_restore: "#ca8a04", revocation: "#b91c1c", idle: "#667085" };
+    const bar = el("div", { class: "bar" });
+    for (const p of parts) {
+      if (p.category === "wall" || !p.seconds) continue;
+      bar.append(el("span", { style: `width:${(100 * p.seconds) / Math.max(wall, 1e-9)}%;background:${colours[p.category] || "#999"}`, title: `${p.category} ${fmt(p.seconds, 1)} s (${p.pct} %)` }));
+    }
+    out.append(section("Goodput and badput (the parts add up to the wall time)", bar, table(["category", "seconds", "pct"], parts, {})));
+  };
+
+  function findingCard(f) {
+    let ev = f.evidence;
+    try { ev = JSON.stringify(JSON.parse(f.evidence), null, 1); } catch (e) { /* text as stored */ }
+    return el("div", { class: "finding " + (f.severity || ""), "data-kind": f.kind },
+      el("div", {}, el("b", { text: `${f.kind} · ${f.severity}` }), " ",
+        el("span", { class: "muted", text: `${f.job || ""} ${f.node || ""} ${f.rank === null || f.rank === undefined ? "" : "rank " + f.rank} · confidence ${fmt(f.confidence, 2)} · ${fmt(f.window_start)} → ${fmt(f.window_end)}` })),
+      el("div", { text: f.summary }), el("details", {}, el("summary", { text: "evidence" }), el("div", { class: "ev", text: ev })));
+  }
+
+  PAGES.findings = async function (out) {
+    const t = await get("/api/v1/findings", { since: since() });
+    const rows = rowsOf(t);
+    out.append(el("p", { class: "muted", text: `${rows.length} stored findings, worst first (analyze bottlenecks stores them; the collector's detector schedule too)` }));
+    for (const f of rows.slice(0, 500)) {
+      const card = findingCard(f);
+      if (f.job) card.firstChild.append(" ", el("a", { href: "/ui/jobs/" + encodeURIComponent(f.job), text: "job page" }));
+      out.append(card);
+    }
+  };
+
+  PAGES.alerts = async function (out) {
+    const rule = params.get("rule");
+    const a = await get("/api/v1/alerts", rule ? { rule } : {});
+    const rows = rowsOf(a.alerts), rules = rowsOf(a.rules);
+    if (rule) out.append(el("p", {}, "rule ", el("b", { text: rule }), " · ", el("a", { href: "/ui/alerts", text: "all alerts" })));
+    const by = {};
+    for (const r of rows) by[r.state] = (by[r.state] || 0) + 1;
+    out.append(el("div", { class: "strip" }, stat("firing", by.firing || 0, "", by.firing ? "bad" : ""),
+      stat("pending", by.pending || 0), stat("inhibited", by.inhibited || 0), stat("resolved", by.resolved || 0)));
+    out.append(section("Alerts", table(["rule", "state", "since", "value", "labels", "summary", "inhibited_by"], rows, {
+      filter: true, links: { rule: (r) => "/ui/alerts?rule=" + encodeURIComponent(r.rule) },
+      highlight: (r) => r.state === "firing", empty: "no alert" + (rule ? " of this rule" : ""),
+    })));
+    out.append(section("Rules", table(["rule", "health", "last_error", "last_eval", "eval_seconds", "instances"], rules, {
+      highlight: (r) => r.health && r.health !== "ok", empty: "no rule evaluated yet",
+    })));
+  };
+
+  // -- load --------------------------------------------------------------------------------------
+  let loading = false;
+  async function load() {
+    if (loading) return;
+    loading = true;
+    const name = main.dataset.page;
+    const out = el("div", { id: "content" });
+    try {
+      await PAGES[name](out);
+      const h1 = main.querySelector("h1");
+      main.textContent = "";
+      main.append(h1, out);
+      document.getElementById("error").hidden = true;
+      document.getElementById("updated").textContent = "updated " + new Date().toISOString().slice(11, 19) + " UTC";
+      main.dataset.ready = "1";
+    } catch (e) {
+      showError(e);
+      main.dataset.ready = "error";
+    } finally {
+      loading = false;
+    }
+  }
+  controls();
+  schedule();
+  load();
+})();
