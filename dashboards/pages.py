@@ -20,6 +20,9 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, quote
 
+from fastapi import Path, Request  # module level: FastAPI resolves the routes' annotations here
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
 COOKIE = "cmdare_session"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "connect-src 'self'; font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -46,6 +49,8 @@ PAGES: dict[str, Page] = {p.name: p for p in (
     Page("findings", "/ui/findings", "Findings", "stored findings, worst first, with their evidence"),
     Page("alerts", "/ui/alerts", "Alerts", "alerts firing, pending and resolved with rule, labels and start; "
          "the rules' health (every alert's generatorURL opens this page at its rule)"),
+    Page("report", "", "Report", "analyze report --html: the fleet, jobs, each job, findings and alerts in one "
+         "self-contained file"),
 )}
 
 
@@ -69,16 +74,18 @@ def shell(page: Page, title: str, attrs: dict[str, str] | None = None, inline: d
     """The HTML of a page. ``inline``: the self-contained report (scripts, styles and the
     API answers inlined; no request leaves the file)."""
     data_attrs = "".join(f' data-{k}="{html.escape(v, quote=True)}"' for k, v in (attrs or {}).items())
-    nav = "".join(f'<a href="{p.path}" data-nav="{p.name}">{p.title}</a>' for p in PAGES.values() if "{" not in p.path)
+    nav = "".join(f'<a href="{"#" + p.name if inline is not None else p.path}" data-nav="{p.name}">{p.title}</a>'
+                  for p in PAGES.values() if p.path and "{" not in p.path)
     if inline is None:
         head = ('<link rel="stylesheet" href="/ui/static/vendor/uPlot.min.css">'
                 '<link rel="stylesheet" href="/ui/static/style.css">'
                 '<script src="/ui/static/vendor/uPlot.iife.min.js" defer></script>'
                 '<script src="/ui/static/app.js" defer></script>')
+        tail = ""
     else:
-        data = json.dumps(inline["data"], separators=(",", ":")).replace("</", "<\\/")
-        head = (f"<style>{static_text('vendor/uPlot.min.css')}</style><style>{static_text('style.css')}</style>"
-                f"<script>window.CMDARE_DATA={data};</script>"
+        data = json.dumps(inline["data"], separators=(",", ":")).replace("<", "\\u003c")  # no </script>, no <!--
+        head = f"<style>{static_text('vendor/uPlot.min.css')}</style><style>{static_text('style.css')}</style>"
+        tail = (f"<script>window.CMDARE_DATA={data};</script>"  # inline scripts run where they stand: last
                 f"<script>{_script(static_text('vendor/uPlot.iife.min.js'))}</script>"
                 f"<script>{_script(static_text('app.js'))}</script>")
     return f"""<!doctype html>
@@ -93,7 +100,7 @@ def shell(page: Page, title: str, attrs: dict[str, str] | None = None, inline: d
 <span id="updated"></span></div></header>
 <div id="error" role="alert" hidden></div>
 <main id="page" data-page="{page.name}"{data_attrs}><h1>{html.escape(title)}</h1><p class="loading">loading…</p></main>
-</body></html>
+{tail}</body></html>
 """
 
 
@@ -145,9 +152,6 @@ def login_redirect(path: str, query: str) -> str:
 
 def mount(app: Any, token: str | None) -> None:
     """The pages' routes on the collector's FastAPI app."""
-    from fastapi import Path, Request
-    from fastapi.responses import HTMLResponse, RedirectResponse, Response
-
     headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
                "Cache-Control": "no-store"}
 

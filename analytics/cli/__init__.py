@@ -167,4 +167,4 @@ def main() -> None:
     cli(args=argv, prog_name="analyze", obj=obj)
 
 
-from . import findings, imports, models, recommend, telemetry  # noqa: E402,F401  (register the commands)
+from . import findings, imports, models, recommend, report, telemetry  # noqa: E402,F401  (register the commands)

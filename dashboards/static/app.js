@@ -142,14 +142,29 @@
       p.set("range", state.range);
       if (state.refresh !== "0") p.set("refresh", state.refresh); else p.delete("refresh");
       history.replaceState(null, "", location.pathname + "?" + p.toString());
-      schedule(); load();
+      navLinks(); schedule(); load();
     };
     r.addEventListener("change", apply); f.addEventListener("change", apply);
     for (const a of document.querySelectorAll("nav a")) {
+      a.dataset.path = a.getAttribute("href");
       if (a.dataset.nav === main.dataset.page || (main.dataset.page === "job" && a.dataset.nav === "jobs")) a.classList.add("active");
-      if (!REPORT) a.href = a.getAttribute("href") + "?range=" + state.range;
     }
+    navLinks();
   }
+  function navLinks() {
+    if (REPORT) return;
+    for (const a of document.querySelectorAll("nav a")) a.setAttribute("href", link(a.dataset.path));
+  }
+  // a page's link that keeps the time range (the state a shared URL carries)
+  function link(path) {
+    if (!REPORT) return path + (path.includes("?") ? "&" : "?") + "range=" + state.range;
+    // in a report: the page's section in this file (a job not in the report: its row in the jobs table)
+    const m = path.match(/^\/ui\/jobs\/([^?]+)/);
+    if (m) return document.getElementById("job-" + decodeURIComponent(m[1])) || jobsInReport().includes(decodeURIComponent(m[1])) ? "#job-" + m[1] : "#jobs";
+    if (path.startsWith("/ui/alerts")) return "#alerts";
+    return "#" + (path.replace(/^\/ui\/?/, "").split("?")[0] || "fleet");
+  }
+  function jobsInReport() { return REPORT && window.CMDARE_DATA.$report ? window.CMDARE_DATA.$report.jobs : []; }
   function schedule() {
     if (timer) clearInterval(timer);
     timer = null;
@@ -183,7 +198,7 @@
     const nrows = rowsOf(nodes);
     const cols = nodes.columns.filter((c) => ["node", "role", "job", "zone", "instance_type", "spot", "state", "lives", "last_seen", "gpus", "not_ok"].includes(c));
     out.append(section("Nodes (" + nrows.length + ")", table(cols, nrows, {
-      filter: true, links: { job: (r) => "/ui/jobs/" + encodeURIComponent(r.job) },
+      filter: true, links: { job: (r) => link("/ui/jobs/" + encodeURIComponent(r.job)) },
       highlight: (r) => r.state === "lost" || r.state === "revoked",
     })));
   };
@@ -247,16 +262,16 @@
   PAGES.jobs = async function (out) {
     const jobs = await get("/api/v1/jobs", { since: since() });
     out.append(table(jobs.columns, rowsOf(jobs), {
-      filter: true, links: { job: (r) => "/ui/jobs/" + encodeURIComponent(r.job) },
+      filter: true, links: { job: (r) => link("/ui/jobs/" + encodeURIComponent(r.job)) },
       highlight: (r) => r.input_bound && r.input_bound !== "not input-bound",
     }));
   };
 
-  PAGES.job = async function (out) {
-    const job = main.dataset.job;
+  PAGES.job = async function (out, opts) {
+    const job = (opts && opts.job) || main.dataset.job;
     const base = "/api/v1/jobs/" + encodeURIComponent(job);
-    const [detail, series, goodput] = await Promise.all([
-      get(base), get(base + "/series", { since: since(), columns: 120 }), get(base + "/goodput")]);
+    const detail = await get(base);  // first: an unknown job is said once, as the API says it
+    const [series, goodput] = await Promise.all([get(base + "/series", { since: since(), columns: 120 }), get(base + "/goodput")]);
     const s = rowsOf(detail.summary)[0] || {};
     out.append(el("div", { class: "strip" },
       stat("steps/s", s.steps_per_s), stat("examples/s", s.examples_per_s),
@@ -304,7 +319,7 @@
     out.append(el("p", { class: "muted", text: `${rows.length} stored findings, worst first (analyze bottlenecks stores them; the collector's detector schedule too)` }));
     for (const f of rows.slice(0, 500)) {
       const card = findingCard(f);
-      if (f.job) card.firstChild.append(" ", el("a", { href: "/ui/jobs/" + encodeURIComponent(f.job), text: "job page" }));
+      if (f.job) card.firstChild.append(" ", el("a", { href: link("/ui/jobs/" + encodeURIComponent(f.job)), text: "job page" }));
       out.append(card);
     }
   };
@@ -319,12 +334,25 @@
     out.append(el("div", { class: "strip" }, stat("firing", by.firing || 0, "", by.firing ? "bad" : ""),
       stat("pending", by.pending || 0), stat("inhibited", by.inhibited || 0), stat("resolved", by.resolved || 0)));
     out.append(section("Alerts", table(["rule", "state", "since", "value", "labels", "summary", "inhibited_by"], rows, {
-      filter: true, links: { rule: (r) => "/ui/alerts?rule=" + encodeURIComponent(r.rule) },
+      filter: true, links: { rule: (r) => link("/ui/alerts?rule=" + encodeURIComponent(r.rule)) },
       highlight: (r) => r.state === "firing", empty: "no alert" + (rule ? " of this rule" : ""),
     })));
     out.append(section("Rules", table(["rule", "health", "last_error", "last_eval", "eval_seconds", "instances"], rules, {
       highlight: (r) => r.health && r.health !== "ok", empty: "no rule evaluated yet",
     })));
+  };
+
+  PAGES.report = async function (out) {
+    const r = window.CMDARE_DATA.$report || { jobs: [] };
+    out.append(el("p", { class: "muted", text: `made ${r.made} UTC from ${r.since ? "data since " + r.since : "all the data"}` +
+      (r.jobs_left_out ? `; ${r.jobs_left_out} more jobs are in the jobs table only` : "") }));
+    const parts = [["fleet", "Fleet"], ["jobs", "Jobs"]].concat(r.jobs.map((j) => ["job", "Job " + j, j]))
+      .concat([["findings", "Findings"], ["alerts", "Alerts"]]);
+    for (const [name, title, job] of parts) {
+      const sec = el("section", { class: "page", id: job ? "job-" + job : name, "data-page": name }, el("h1", { text: title }));
+      try { await PAGES[name](sec, { job }); } catch (e) { sec.append(el("p", { class: "bad", text: String(e.message || e) })); }
+      out.append(sec);
+    }
   };
 
   // -- load --------------------------------------------------------------------------------------

@@ -1,0 +1,121 @@
+"""``analyze report --html FILE``: the pages as one self-contained file. The data are the
+HTTP API's own answers (the same routes the pages read: through the collector that holds
+the database, or in-process on the file), inlined with the scripts and styles: the file
+makes no request, for a postmortem or a CI artefact."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cmdare.analytics.db import AnalyticsError, Database
+
+from .pages import PAGES, shell
+
+MAX_JOBS = 50  # job pages in one report (the jobs with findings first, then the most recent)
+COLUMNS = 120  # time buckets across, as the pages ask
+
+Get = Callable[[str, dict[str, Any]], Any]
+
+
+def local_get(db: Database) -> Get:
+    """GET a route of the collector's API app in-process (no socket, no server)."""
+    from cmdare.analytics.http import create_app
+
+    app = create_app(db)
+
+    def get(route: str, params: dict[str, Any]) -> Any:
+        q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        status, body = asyncio.run(_asgi_get(app, route, q))
+        doc = json.loads(body) if body else {}
+        if status != 200:
+            raise AnalyticsError(doc.get("error") if isinstance(doc, dict) and doc.get("error") else f"HTTP {status}")
+        return doc
+
+    return get
+
+
+async def _asgi_get(app: Any, path: str, query: str) -> tuple[int, bytes]:
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": urllib.parse.quote(path).encode(), "query_string": query.encode(),
+             "root_path": "", "headers": [(b"host", b"report"), (b"accept", b"application/json")],
+             "client": ("127.0.0.1", 0), "server": ("report", 80)}
+    out: dict[str, Any] = {"status": 500, "body": b""}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(m: dict[str, Any]) -> None:
+        if m["type"] == "http.response.start":
+            out["status"] = m["status"]
+        elif m["type"] == "http.response.body":
+            out["body"] += m.get("body", b"")
+
+    await app(scope, receive, send)
+    return out["status"], out["body"]
+
+
+def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
+           progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Every answer the report's pages read, keyed by route (the window is fixed: ``since``)."""
+    s = since.strftime("%Y-%m-%dT%H:%M:%S") if since else None
+    data: dict[str, Any] = {}
+
+    def put(route: str, **params: Any) -> Any:
+        try:
+            data[route] = get(route, params)
+        except AnalyticsError as e:
+            data[route] = {"error": str(e)}
+        return data[route]
+
+    progress("fleet")
+    put("/api/v1/fleet", since=s)
+    put("/api/v1/fleet/heatmap", since=s, columns=COLUMNS)
+    put("/api/v1/nodes")
+    put("/api/v1/revocations", since=s)
+    progress("jobs, findings, alerts")
+    jobs = put("/api/v1/jobs", since=s)
+    findings = put("/api/v1/findings", since=s)
+    put("/api/v1/alerts")
+    if job:
+        chosen = [job]
+    else:
+        flagged = [] if "error" in findings else [r[findings["columns"].index("job")] for r in findings["rows"]]
+        listed = [] if "error" in jobs else sorted(
+            jobs["rows"], key=lambda r: r[jobs["columns"].index("last_step")] or "", reverse=True)
+        names = [r[jobs["columns"].index("job")] for r in listed] if listed else []
+        chosen = list(dict.fromkeys([j for j in flagged if j] + names))[:MAX_JOBS]
+    for i, j in enumerate(chosen, 1):
+        progress(f"job {i}/{len(chosen)}: {j}")
+        base = "/api/v1/jobs/" + j
+        put(base)
+        put(base + "/series", since=s, columns=COLUMNS)
+        put(base + "/goodput")
+    data["$report"] = {"jobs": chosen, "since": s, "made": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+                       "jobs_left_out": max(0, (len(jobs.get("rows", [])) if not job else 1) - len(chosen))}
+    return data
+
+
+def render(data: dict[str, Any]) -> str:
+    return shell(PAGES["report"], "cmdare report", None, {"data": data})
+
+
+def write(path: str, text: str) -> int:
+    """Written whole or not at all (a temporary file renamed over ``path``)."""
+    p = Path(path)
+    if p.is_dir():
+        raise AnalyticsError(f"--html {path}: is a directory")
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(p)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise AnalyticsError(f"--html {path}: cannot write: {e.strerror}") from None
+    return len(text.encode())

@@ -1,0 +1,264 @@
+"""The pages in a real browser, against a collector API serving the simulated fleet (with
+the findings ``analyze bottlenecks`` stored): each page loads with no console error and no
+failed request, and shows what a person reads there."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics.cli import cli
+from cmdare.analytics.service import HttpConfig, Service
+from cmdare.collector.db import connect
+from cmdare.collector.writer import Writer
+from cmdare.wire.events import encode_many
+from tests.fakes.fleet import DemoFleet
+
+EVIL = '<img src=x onerror="window.__pwned=1">'
+
+
+@pytest.fixture(scope="module")
+def fleet_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    f = DemoFleet(seed=1, t0=time.time() - 40 * 60)
+    f.build()
+    t = time.time() - 20 * 60  # a job whose model name is markup: shown as text, never run
+    f._ev(t, "evil-n0", "train_job", {"run": "r1", "rank": 0, "world_size": 1, "model": EVIL, "batch_size": 8}, "sim-evil")
+    for i in range(1, 4):
+        f._ev(t + 10 * i, "evil-n0", "train_steps", {
+            "run": "r1", "rank": 0, "interval_seconds": 10.0, "steps": 10, "first_step": 10 * i - 9, "last_step": 10 * i,
+            "examples": 80.0, "step_mean_seconds": 1.0, "wait_mean_seconds": 0.1, "wait_share_ratio": 0.1,
+            "steps_per_second": 1.0, "examples_per_second": 8.0}, "sim-evil")
+    db = tmp_path_factory.mktemp("pages") / "fleet.duckdb"
+    con = connect(db)
+    Writer(con).write([("sim", encode_many(f.events))])
+    con.close()
+    r = CliRunner().invoke(cli, ["bottlenecks", "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    return db
+
+
+def serve(db: Path, token: str | None = None) -> Iterator[str]:
+    con = connect(db)
+    svc = Service(con, db, HttpConfig("127.0.0.1", 0, token))
+    url = svc.start()
+    svc.ready = True
+    try:
+        yield url
+    finally:
+        svc.stop()
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def api(fleet_db: Path) -> Iterator[str]:
+    yield from serve(fleet_db)
+
+
+def gpus_in(api: str) -> int:
+    body = json.dumps({"query": 'SELECT count(*) FROM (SELECT DISTINCT node, "index" FROM gpu_samples)'}).encode()
+    req = urllib.request.Request(api + "/api/v1/sql", body, {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req).read())["rows"][0][0]
+
+
+def test_the_fleet_page_shows_the_strip_a_row_per_gpu_and_the_nodes(page, api: str, fleet_db: Path) -> None:
+    p = page.open(api + "/ui?range=all")
+    n = gpus_in(api)
+    assert p.get_attribute(".heat", "data-rows") == str(n)
+    strip = {p.inner_text(f'[data-stat="{k}"] .v'): k for k in ("GPUs busy", "GPUs idle", "GPUs throttled", "GPUs failing")}
+    counts = {k: int(v.replace(",", "")) for v, k in strip.items()}
+    summary = json.loads(urllib.request.urlopen(api + "/api/v1/fleet").read())
+    assert sum(summary["gpus"].values()) == n and summary["gpus"]["idle"] >= 1 and summary["gpus"]["failing"] >= 1
+    assert summary["gpus"]["busy"] == int(p.inner_text('[data-stat="GPUs busy"] .v'))
+    assert int(p.inner_text('[data-stat="findings"] .v')) == sum(summary["findings"].values()) >= 5
+    assert counts  # the strip is there
+    # hovering a cell names the GPU, its job and its utilisation
+    box = p.locator(".heat canvas").bounding_box()
+    p.mouse.move(box["x"] + 240, box["y"] + 10)
+    tip = p.inner_text(".tip")
+    assert "GPU 0" in tip and "utilisation" in tip and "job sim-" in tip
+    # the revocation of the spot VM is on the timeline, the node table filters
+    assert int(p.get_attribute(".timeline", "data-marks")) >= 1
+    p.fill("input.filter", "sim-ps-5-n7")
+    rows = p.locator("section:has(h2:text-matches('^Nodes')) tbody tr")
+    assert rows.count() == 1 and "sim-ps-5-n7" in rows.first.inner_text()
+    page.shot("fleet")
+    assert page.problems == []
+
+
+def test_the_ps_bound_jobs_page_names_the_finding_and_its_numbers(page, api: str) -> None:
+    p = page.open(api + "/ui/jobs/sim-ps-5?range=all")
+    card = p.locator('.finding[data-kind="ps_bound"]')
+    text = card.inner_text()
+    assert "ps_bound · critical" in text and "8 workers x 1 PS" in text and "% of linear scaling" in text
+    card.locator("summary").click()
+    assert '"workers": 8' in card.locator(".ev").inner_text()
+    # ranks, slowest first; 3 charts drawn by uPlot; goodput parts that add up to the wall
+    ranks = p.locator("section:has(h2:text('Ranks, slowest first')) tbody tr")
+    assert ranks.count() == 8
+    means = [float(ranks.nth(i).locator("td").nth(4).inner_text()) for i in range(8)]
+    assert means == sorted(means, reverse=True)
+    assert p.locator(".uplot").count() == 3
+    widths = p.eval_on_selector_all(".bar span", "els => els.map(e => parseFloat(e.style.width))")
+    assert abs(sum(widths) - 100) < 0.5
+    page.shot("job")
+    assert page.problems == []
+
+
+def test_findings_and_jobs_pages_link_to_each_job(page, api: str) -> None:
+    p = page.open(api + "/ui/findings?range=all")
+    kinds = set(p.eval_on_selector_all(".finding", "els => els.map(e => e.dataset.kind)"))
+    assert {"ps_bound", "input_bound", "straggler", "gpu_idle"} <= kinds
+    p.click('.finding[data-kind="input_bound"] a:text("job page")')
+    p.wait_for_selector("main[data-ready]")
+    assert "/ui/jobs/sim-input-" in p.url and p.locator('.finding[data-kind="input_bound"]').count() == 1
+    p = page.open(api + "/ui/jobs?range=all")
+    assert p.locator("tbody tr").count() >= 12
+    assert page.problems == []
+
+
+def test_markup_in_the_data_is_shown_as_text_never_run(page, api: str) -> None:
+    p = page.open(api + "/ui/jobs?range=all")
+    assert p.locator(f"td:text-is('{EVIL}')").count() == 1  # the model name, as its characters
+    assert p.evaluate("window.__pwned") is None and p.locator("main img").count() == 0
+    p = page.open(api + "/ui/jobs/sim-evil?range=all")
+    assert EVIL in p.inner_text('[data-stat="accelerator"]') and p.evaluate("window.__pwned") is None
+    assert page.problems == []
+
+
+def test_state_is_in_the_url_so_a_link_can_be_shared(page, api: str) -> None:
+    p = page.open(api + "/ui?range=24h&refresh=30")
+    assert p.input_value("#range") == "24h" and p.input_value("#refresh") == "30"
+    p.select_option("#range", "6h")
+    p.wait_for_function("location.search.includes('range=6h')")
+    assert "refresh=30" in p.url
+    assert p.get_attribute('nav a[data-nav="jobs"]', "href") == "/ui/jobs?range=6h"
+    p.select_option("#refresh", "0")
+    p.wait_for_function("!location.search.includes('refresh')")
+    assert page.problems == []
+
+
+def test_an_api_error_is_one_line_on_the_page_not_a_blank(page, api: str) -> None:
+    page.page.goto(api + "/ui/jobs/no-such-job")
+    page.page.wait_for_selector("main[data-ready]")
+    assert page.page.get_attribute("main", "data-ready") == "error"
+    assert "no such job" in page.page.inner_text("#error")
+
+
+# -- the attacker's side ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def guarded(fleet_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import shutil
+
+    db = tmp_path_factory.mktemp("guarded") / "g.duckdb"
+    shutil.copy(fleet_db, db)
+    yield from serve(db, token="s3cret-token")
+
+
+def test_with_a_token_a_browser_signs_in_once_and_its_cookie_only_reads(page, guarded: str) -> None:
+    p = page.page
+    p.goto(guarded + "/ui/jobs/sim-ps-5?range=all")
+    assert "/ui/login?next=" in p.url  # not the page, not its data
+    p.fill("input[name=token]", "wrong")
+    p.click("button[type=submit]")
+    assert "not the collector's" in p.inner_text("main")
+    p.fill("input[name=token]", "s3cret-token")
+    p.click("button[type=submit]")
+    p.wait_for_selector("main[data-ready]")
+    assert p.url.endswith("/ui/jobs/sim-ps-5?range=all") and p.get_attribute("main", "data-ready") == "1"
+    [cookie] = p.context.cookies()
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and "s3cret" not in cookie["value"]
+    # the cookie reads; it cannot write (POST needs the bearer token)
+    status = p.evaluate("""async () => (await fetch('/api/v1/findings/run', {method: 'POST',
+        headers: {'Content-Type': 'application/json'}, body: '{}'})).status""")
+    assert status == 401
+    assert p.evaluate("async () => (await fetch('/api/v1/nodes')).status") == 200
+
+
+def test_login_refuses_an_open_redirect_and_pages_send_a_strict_policy(guarded: str) -> None:
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(guarded)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    c.request("POST", "/ui/login", body="token=s3cret-token&next=//evil.example/x",
+              headers={"Content-Type": "application/x-www-form-urlencoded"})
+    r = c.getresponse()
+    r.read()
+    assert r.status == 303 and r.getheader("Location") == "/ui"
+    c.request("GET", "/ui", headers={"Authorization": "Bearer s3cret-token"})
+    r = c.getresponse()
+    body = r.read().decode()
+    assert r.status == 200 and "script-src 'self'" in r.getheader("Content-Security-Policy")
+    assert "frame-ancestors 'none'" in r.getheader("Content-Security-Policy") and "s3cret" not in body
+    # without a token: the API answers 401, a page sends to the login; the static files are open
+    for path, status in (("/api/v1/nodes", 401), ("/ui/findings", 303), ("/ui/static/app.js", 200),
+                         ("/ui/static/../pages.py", 404), ("/ui/static/%2e%2e/pages.py", 404),
+                         ("/ui/static/vendor/../../pages.py", 404), ("/ui/static/.hidden", 404)):
+        c.request("GET", path)
+        r = c.getresponse()
+        r.read()
+        assert r.status == status, path
+    c.close()
+
+
+def test_the_vendored_charting_library_is_the_pinned_one() -> None:
+    import hashlib
+
+    from cmdare.dashboards.pages import static_bytes
+
+    lock = json.loads(static_bytes("vendor/VENDOR.json"))["uplot"]
+    assert lock["version"] == "1.6.32" and lock["licence"] == "MIT"
+    for name, digest in lock["files"].items():
+        assert hashlib.sha256(static_bytes("vendor/" + name)).hexdigest() == digest, name
+    for own in ("app.js", "style.css"):  # nothing loaded from another origin
+        assert b"http://" not in static_bytes(own) and b"https://" not in static_bytes(own)
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+def test_the_html_report_is_the_pages_in_one_file_that_makes_no_request(page, fleet_db: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fleet.html"
+    r = CliRunner().invoke(cli, ["report", "--html", str(out), "--db", str(fleet_db)])
+    assert r.exit_code == 0, r.output
+    assert "report: job 1/" in r.stderr and "wrote " in r.stdout
+    text = out.read_text()
+    assert "</script" not in text.split("window.CMDARE_DATA=", 1)[1].split("</script>", 1)[0]
+    requests: list[str] = []
+    page.page.on("request", lambda q: requests.append(q.url))
+    p = page.open(out.as_uri())
+    assert requests == [out.as_uri()]  # scripts, styles and data are all in the file
+    sections = p.eval_on_selector_all("section.page", "els => els.map(e => e.id)")
+    assert sections[:2] == ["fleet", "jobs"] and "job-sim-ps-5" in sections and sections[-2:] == ["findings", "alerts"]
+    ps = p.locator("#job-sim-ps-5")
+    assert "8 workers x 1 PS" in ps.locator('.finding[data-kind="ps_bound"]').inner_text()
+    assert ps.locator(".uplot").count() == 3
+    assert p.evaluate("window.__pwned") is None and EVIL in p.inner_text("#jobs")
+    # links between the pages stay inside the file
+    p.click("#jobs a:text-is('sim-ps-5')")
+    assert p.url.endswith("#job-sim-ps-5")
+    page.shot("report")
+    assert page.problems == []
+
+
+def test_a_report_for_one_job_and_its_errors(fleet_db: Path, tmp_path: Path) -> None:
+    out = tmp_path / "one.html"
+    r = CliRunner().invoke(cli, ["report", "--html", str(out), "--job", "sim-ps-5", "--since", "7d", "--db", str(fleet_db)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text().split("window.CMDARE_DATA=", 1)[1].split(";</script>", 1)[0])
+    assert data["$report"]["jobs"] == ["sim-ps-5"] and data["$report"]["since"]
+    assert data["/api/v1/jobs/sim-ps-5/series"]["ranks"][0]["node"].startswith("sim-ps-5-n")
+    before = out.read_bytes()
+    r = CliRunner().invoke(cli, ["report", "--html", str(out), "--job", "nope", "--db", str(fleet_db)])
+    assert r.exit_code == 1 and "no such job 'nope'" in r.output and len(r.output.strip().splitlines()[-1]) < 200
+    assert out.read_bytes() == before  # nothing half-written over the last report
+    r = CliRunner().invoke(cli, ["report", "--html", str(tmp_path), "--db", str(fleet_db)])
+    assert r.exit_code == 1 and "is a directory" in r.output
+    r = CliRunner().invoke(cli, ["report", "--html", str(out), "--db", str(tmp_path / "none.duckdb")])
+    assert r.exit_code == 1 and "no such database" in r.output
