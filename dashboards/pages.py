@@ -24,6 +24,7 @@ from fastapi import Path, Request  # module level: FastAPI resolves the routes' 
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 COOKIE = "cmdare_session"
+LOGIN_DELAY = 0.5  # seconds a wrong token waits for its answer
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "connect-src 'self'; font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
@@ -201,6 +202,9 @@ def mount(app: Any, token: str | None) -> None:
         if not token:
             return RedirectResponse(nxt, 303)
         if not hmac.compare_digest(got.encode(), token.encode()):
+            import asyncio
+
+            await asyncio.sleep(LOGIN_DELAY)  # a guess costs time (each connection; the cap bounds them)
             return HTMLResponse(login_page(nxt, True), 401, headers=headers)
         r = RedirectResponse(nxt, 303)
         r.set_cookie(COOKIE, session_value(token), httponly=True, samesite="strict", path="/",

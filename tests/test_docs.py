@@ -53,6 +53,17 @@ def test_every_unit_has_a_docs_heading_its_options_and_a_test_file(registry, doc
         assert (ROOT / tests / f"test_{name}.py").is_file(), f"{registry.kind} {name}: no {tests}/test_{name}.py"
 
 
+def test_every_page_has_a_heading_and_a_test_that_opens_it() -> None:
+    from cmdare.dashboards.pages import PAGES
+
+    doc = (ROOT / "dashboards" / "README.md").read_text()
+    tests = "".join(p.read_text() for p in (ROOT / "tests" / "dashboards").glob("test_*.py"))
+    for name, page in PAGES.items():
+        assert re.search(rf"^## {name}$", doc, re.M), f"page {name}: no '## {name}' heading in dashboards/README.md"
+        opened = page.path.split("{")[0] if page.path else '"report"'
+        assert opened in tests, f"page {name}: no test opens {opened}"
+
+
 def test_every_dead_letter_reason_is_documented() -> None:
     doc = (ROOT / "docs" / "wire-format.md").read_text()
     for name in RULES:

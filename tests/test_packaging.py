@@ -24,6 +24,12 @@ DATA = {
     "cmdare/analytics/rules/cmdare.test.yml",
     "cmdare/collector/packaging/cmdare-collector.service",
     "cmdare/collector/packaging/cmdare-collector.sysusers",
+    "cmdare/dashboards/static/app.js",
+    "cmdare/dashboards/static/style.css",
+    "cmdare/dashboards/static/vendor/uPlot.iife.min.js",
+    "cmdare/dashboards/static/vendor/uPlot.min.css",
+    "cmdare/dashboards/static/vendor/LICENSE-uPlot",
+    "cmdare/dashboards/static/vendor/VENDOR.json",
 } | {f"cmdare/collector/schema/{p.name}" for p in (ROOT / "collector" / "schema").glob("*.sql")} | {
     f"cmdare/collector/schema/views/{p.name}" for p in (ROOT / "collector" / "schema" / "views").glob("*.sql")
 }
@@ -40,4 +46,4 @@ def test_wheel_ships_the_data_files(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert len(DATA) >= 10  # the migrations were found
     assert DATA - names == set()
-    assert not any(n.startswith(("agent/", "collector/", "analytics/")) for n in names)  # nothing bare
+    assert not any(n.startswith(("agent/", "collector/", "analytics/", "dashboards/")) for n in names)  # nothing bare

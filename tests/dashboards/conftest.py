@@ -59,10 +59,14 @@ class Watched:
         assert self.page.get_attribute("main", "data-ready") == "1", self.page.inner_text("#error")
         return self.page
 
-    def shot(self, name: str) -> Path:
+    def shot(self, name: str, docs: bool = False) -> Path:
+        """A full-page screenshot in the artefacts; with ``docs`` and
+        CMDARE_UPDATE_SCREENSHOTS=1, the first screen also as the README's docs/img/NAME.png."""
         ARTEFACTS.mkdir(parents=True, exist_ok=True)
         p = ARTEFACTS / f"{name}.png"
         self.page.screenshot(path=str(p), full_page=True)
+        if docs and os.environ.get("CMDARE_UPDATE_SCREENSHOTS") == "1":
+            self.page.screenshot(path=str(ROOT / "docs" / "img" / f"{name}.png"))
         return p
 
 

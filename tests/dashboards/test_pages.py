@@ -68,6 +68,7 @@ def gpus_in(api: str) -> int:
 
 def test_the_fleet_page_shows_the_strip_a_row_per_gpu_and_the_nodes(page, api: str, fleet_db: Path) -> None:
     p = page.open(api + "/ui?range=all")
+    page.shot("fleet", docs=True)  # the first screen, as a person opens it
     n = gpus_in(api)
     assert p.get_attribute(".heat", "data-rows") == str(n)
     strip = {p.inner_text(f'[data-stat="{k}"] .v'): k for k in ("GPUs busy", "GPUs idle", "GPUs throttled", "GPUs failing")}
@@ -87,12 +88,13 @@ def test_the_fleet_page_shows_the_strip_a_row_per_gpu_and_the_nodes(page, api: s
     p.fill("input.filter", "sim-ps-5-n7")
     rows = p.locator("section:has(h2:text-matches('^Nodes')) tbody tr")
     assert rows.count() == 1 and "sim-ps-5-n7" in rows.first.inner_text()
-    page.shot("fleet")
+    page.shot("fleet-used")
     assert page.problems == []
 
 
 def test_the_ps_bound_jobs_page_names_the_finding_and_its_numbers(page, api: str) -> None:
     p = page.open(api + "/ui/jobs/sim-ps-5?range=all")
+    page.shot("job", docs=True)
     card = p.locator('.finding[data-kind="ps_bound"]')
     text = card.inner_text()
     assert "ps_bound · critical" in text and "8 workers x 1 PS" in text and "% of linear scaling" in text
@@ -106,7 +108,6 @@ def test_the_ps_bound_jobs_page_names_the_finding_and_its_numbers(page, api: str
     assert p.locator(".uplot").count() == 3
     widths = p.eval_on_selector_all(".bar span", "els => els.map(e => parseFloat(e.style.width))")
     assert abs(sum(widths) - 100) < 0.5
-    page.shot("job")
     assert page.problems == []
 
 
@@ -262,3 +263,13 @@ def test_a_report_for_one_job_and_its_errors(fleet_db: Path, tmp_path: Path) -> 
     assert r.exit_code == 1 and "is a directory" in r.output
     r = CliRunner().invoke(cli, ["report", "--html", str(out), "--db", str(tmp_path / "none.duckdb")])
     assert r.exit_code == 1 and "no such database" in r.output
+
+
+def test_the_readme_shows_the_pages_as_the_suite_took_them() -> None:
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    for name in ("fleet", "job"):
+        img = ROOT / "docs" / "img" / f"{name}.png"
+        assert f"](docs/img/{name}.png)" in readme.split("## Architecture")[0], name  # on the first screen
+        assert img.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and 20_000 < img.stat().st_size < 600_000
