@@ -511,12 +511,12 @@ def job_detail(db: Database, job: str) -> dict[str, Table]:
 # -- the fleet and one job over time (what the pages draw) ------------------------------------
 
 def fleet_summary(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
-                  lost_after: float = 3) -> dict[str, Any]:
+                  lost_after: float = 3, with_nodes: bool = True) -> dict[str, Any]:
     """The fleet page's stat strip (cmdare.analytics.fleet.summary)."""
     from . import fleet
 
     with db.read() as con:
-        return fleet.summary(con, since, until, lost_after)
+        return fleet.summary(con, since, until, lost_after, with_nodes)
 
 
 def gpu_heatmap(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,

@@ -23,6 +23,9 @@ BUSY_PCT = 10.0
 THROTTLED_PCT = 10.0
 MAX_CELLS = 2_000_000  # heatmap cells (GPUs x buckets) one answer may hold
 MAX_COLUMNS = 1_440  # buckets across, at most (one a minute for a day)
+ROLLUP_AFTER = 6 * 3600  # seconds: a window this long or longer reads the 5-minute rollups
+ROLLUP_BUCKET = "INTERVAL 300 SECOND"
+EPOCH = dt.datetime(1970, 1, 1)
 
 
 def gpu_state(row: dict[str, Any]) -> str:
@@ -35,19 +38,56 @@ def gpu_state(row: dict[str, Any]) -> str:
     return "idle"
 
 
+def use_rollup(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None) -> bool:
+    """Whether a window is long enough to read 5-minute rollups (ROLLUP_AFTER or more; all
+    the data counts as long): their edges are 5-minute boundaries."""
+    if not _has(con, "gpu_5m"):
+        return False
+    if since is None:
+        return True
+    end = until or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return (end - since).total_seconds() >= ROLLUP_AFTER
+
+
+def gpu_rows(con: duckdb.DuckDBPyConnection, since: dt.datetime | None,
+             until: dt.datetime | None) -> list[dict[str, Any]]:
+    """Per GPU over the window: util_pct, throttled_pct, xid_events, ecc_errors, lost (what
+    ``gpu_state`` reads); from the rollups for long windows, else from the samples."""
+    if not use_rollup(con, since, until):
+        cols, rows = queries.gpu(con, None, since, until)
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+    cur = con.execute(
+        f"""WITH g AS (
+                SELECT node, "index", any_value(uuid) AS uuid, 100 * sum(util_sum) / nullif(sum(util_samples), 0) AS util_pct,
+                       100 * sum(throttled) / nullif(sum(throttle_samples), 0) AS throttled_pct
+                FROM gpu_5m WHERE ($s IS NULL OR bucket >= time_bucket({ROLLUP_BUCKET}, $s::TIMESTAMP))
+                  AND ($u IS NULL OR bucket < $u) GROUP BY node, "index"),
+            ev AS (
+                SELECT node, uuid, sum(count) FILTER (WHERE kind = 'xid') AS xid_events,
+                       sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc_errors, bool_or(kind = 'lost') AS lost
+                FROM gpu_events WHERE ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u) GROUP BY ALL)
+            SELECT g.node, g."index" AS gpu, g.util_pct, g.throttled_pct, coalesce(ev.xid_events, 0) AS xid_events,
+                   coalesce(ev.ecc_errors, 0) AS ecc_errors, coalesce(ev.lost, false) AS lost
+            FROM g LEFT JOIN ev USING (node, uuid)""", {"s": since, "u": until})
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+
 def summary(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None,
-            lost_after: float = 3) -> dict[str, Any]:
-    """Nodes by liveness, GPUs by state, jobs with steps in the window, stored findings by
-    severity, alerts by state, and goodput over the jobs with steps in the window."""
-    cols, rows = queries.nodes(con, lost_after, None)
-    nodes: dict[str, int] = {}
-    for r in rows:
-        st = dict(zip(cols, r, strict=True))["state"] or "unknown"
-        nodes[st] = nodes.get(st, 0) + 1
-    gcols, grows = queries.gpu(con, None, since, until)
+            lost_after: float = 3, with_nodes: bool = True) -> dict[str, Any]:
+    """Nodes by liveness (None without ``with_nodes``: a caller that reads the node table
+    anyway counts them there), GPUs by state, jobs with steps in the window, stored findings
+    by severity, alerts by state, and goodput over the jobs with steps in the window."""
+    nodes: dict[str, int] | None = None
+    if with_nodes:
+        nodes = {}
+        cols, rows = queries.nodes(con, lost_after, None)
+        for r in rows:
+            st = dict(zip(cols, r, strict=True))["state"] or "unknown"
+            nodes[st] = nodes.get(st, 0) + 1
     gpus = {"busy": 0, "idle": 0, "throttled": 0, "failing": 0}
-    for r in grows:
-        gpus[gpu_state(dict(zip(gcols, r, strict=True)))] += 1
+    for r in gpu_rows(con, since, until):
+        gpus[gpu_state(r)] += 1
     running = con.execute(
         "SELECT DISTINCT job FROM steps WHERE job IS NOT NULL AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u) ORDER BY job",
         {"s": since, "u": until}).fetchall()
@@ -95,38 +135,51 @@ def heatmap(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt
     with no sample is None."""
     if not 1 <= columns <= MAX_COLUMNS:
         raise AnalyticsError(f"columns: from 1 to {MAX_COLUMNS}, got {columns}")
+    rolled = use_rollup(con, since, until)
+    table, tcol = ("gpu_5m", "bucket") if rolled else ("gpu_samples", "ts")
     where, params = queries._where(None, since, until, label)
-    lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM gpu_samples{where}", params).fetchone()
+    if rolled:
+        where = where.replace("ts >= ?", f"bucket >= time_bucket({ROLLUP_BUCKET}, ?::TIMESTAMP)").replace("ts < ?", "bucket < ?")
+    lo, hi = con.execute(f"SELECT min({tcol}), max({tcol}) FROM {table}{where}", params).fetchone()
     if lo is None:
-        return {"start": _iso(since), "step_seconds": None, "times": [], "rows": [], "util_pct": []}
+        return {"start": _iso(since), "step_seconds": None, "times": [], "rows": [], "util_pct": [], "rollup": rolled}
     start = since or lo
-    end = until or (hi + dt.timedelta(seconds=1))
-    span = max((end - start).total_seconds(), 1.0)
+    # the right edge: until, else now for a window from a time (a live page), else the last sample
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    end = until or (max(now, hi) if since else hi + dt.timedelta(seconds=300 if rolled else 1))
+    span = max(round((end - start).total_seconds()), 1.0)  # whole seconds: now is a moving edge
     step = max(1.0, math.ceil(span / columns))
+    if rolled:  # whole rollup buckets: the start on a 5-minute boundary, the step a multiple of 5 minutes
+        start = start - dt.timedelta(seconds=(start - EPOCH).total_seconds() % 300)
+        span = max((end - start).total_seconds(), 1.0)
+        step = 300.0 * max(1, math.ceil(span / columns / 300))
     n = max(1, math.ceil(span / step))
+    if rolled:
+        util = "100 * sum(util_sum) / nullif(sum(util_samples), 0)"
+    else:
+        util = "avg(util_gpu_ratio) * 100"
     got = con.execute(
         f"""SELECT node, "index", any_value(uuid), any_value(name), list(b ORDER BY b), list(u ORDER BY b)
             FROM (SELECT node, "index", any_value(uuid) AS uuid, any_value(name) AS name,
-                         CAST(floor(epoch(ts - ?::TIMESTAMP) / ?) AS INTEGER) AS b,
-                         avg(util_gpu_ratio) * 100 AS u
-                  FROM gpu_samples{where} GROUP BY node, "index", b)
+                         CAST(floor(epoch({tcol} - ?::TIMESTAMP) / ?) AS INTEGER) AS b,
+                         CAST(round({util}) AS INTEGER) AS u
+                  FROM {table}{where} GROUP BY node, "index", b)
             GROUP BY node, "index" """,
         [start, step, *params]).fetchall()
     if len(got) * n > MAX_CELLS:
         raise AnalyticsError(f"heatmap: {len(got):,} GPUs x {n} buckets is over {MAX_CELLS:,} cells: "
                              "fewer columns, a narrower window or a --label filter")
-    ncols, nrows = queries.nodes(con, 3, None)
-    job_of = {r[ncols.index("node")]: r[ncols.index("job")] for r in nrows}
+    job_of = dict(con.execute("SELECT node, job FROM nodes").fetchall())
     got.sort(key=lambda g: (job_of.get(g[0]) or "~", g[0], g[1]))
     out_rows, values = [], []
     for node, idx, uuid, name, bs, us in got:
-        line: list[float | None] = [None] * n
+        line: list[int | None] = [None] * n
         for b, u in zip(bs, us, strict=True):
             if 0 <= b < n and u is not None:
-                line[b] = round(float(u), 1)
+                line[b] = u
         out_rows.append({"job": job_of.get(node), "node": node, "gpu": idx, "uuid": uuid, "name": name})
         values.append(line)
-    return {"start": _iso(start), "step_seconds": step,
+    return {"start": _iso(start), "step_seconds": step, "rollup": rolled,
             "times": [_iso(start + dt.timedelta(seconds=step * i)) for i in range(n)],
             "rows": out_rows, "util_pct": values}
 

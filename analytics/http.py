@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hmac
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -264,13 +265,16 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
 
     @app.get("/api/v1/fleet", tags=["fleet"])
     def fleet(since: dt.datetime | None = Since(), until: dt.datetime | None = Until(),
-              lost_after: float = Query(3, ge=1, le=1e6)) -> Any:
-        return codec.plain(api.fleet_summary(db, _naive(since), _naive(until), lost_after))
+              lost_after: float = Query(3, ge=1, le=1e6),
+              nodes: bool = Query(True, description="count nodes by liveness (false: a client with the node table)")) -> Any:
+        return codec.plain(api.fleet_summary(db, _naive(since), _naive(until), lost_after, nodes))
 
     @app.get("/api/v1/fleet/heatmap", tags=["fleet"])
     def heatmap(since: dt.datetime | None = Since(), until: dt.datetime | None = Until(), columns: int = Columns(),
                 label: str | None = Query(None, max_length=330)) -> Any:
-        return codec.plain(api.gpu_heatmap(db, _naive(since), _naive(until), columns, label))
+        # up to 2,000,000 cells of whole percents: serialised at once (no per-value encoder walk)
+        body = json.dumps(api.gpu_heatmap(db, _naive(since), _naive(until), columns, label), separators=(",", ":"))
+        return Response(body, media_type="application/json")
 
     @app.get("/api/v1/jobs/{job}/series", tags=["jobs"])
     def job_series(job: str = Path(max_length=512), since: dt.datetime | None = Since(),

@@ -220,6 +220,7 @@ class KafkaIngest:
             self._settle()
         finally:
             self._pipe.close()
+        self.writer.rollup()  # what this run stored, rolled up before the process ends
         return self.totals
 
     def _run(self, idle_exit: float | None) -> None:
@@ -529,6 +530,7 @@ class SpoolIngest:
         max_skew: float | None = DEFAULT_MAX_SKEW,
     ) -> None:
         self.con, self.writer = con, Writer(con, max_skew)
+        self.following = False
         self.dir = Path(directory).resolve()
         self.source = f"spool:{self.dir}"
         self.batch_bytes = batch_bytes
@@ -558,6 +560,8 @@ class SpoolIngest:
                 if nxt != pos:
                     self.writer.write([], position=(self.source, nxt.segment, nxt.offset))
                 self.totals.caught_up_at = read_at  # everything spooled by then is stored
+                if stored and not self.following:
+                    self.writer.rollup()  # a one-shot load: the rollups too (following: every rollup_every)
                 break
             msgs = []
             for data, end in chunks:
@@ -579,9 +583,11 @@ class SpoolIngest:
         return stored
 
     def follow(self, interval: float = 1.0) -> None:
+        self.following = True
         while not self.stop_event.is_set():
             self.load_available()
             self.stop_event.wait(interval)
+        self.writer.rollup()
 
     def stop(self) -> None:
         self.stop_event.set()

@@ -19,6 +19,7 @@ zone maps keep cheap) or earlier in the same batch.  No unbounded in-memory inde
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from cmdare.wire import columns
 from cmdare.wire.registry import DATA_FIELDS, TABLES
 from cmdare.wire.rowform import ROW_START
 
+from . import rollup
 from .ingest import dead_letters, nodes
 from .ingest.batch import LEAN_SCHEMAS, Batch, WriteResult, block_table, lines_table, warm_up
 from .ingest.block_sql import FAST_SQL, envelope_ok
@@ -40,6 +42,9 @@ from .ingest.typed import TYPE_SQL, ev_view, r_table_sql
 
 __all__ = ["RAW_CAP", "Batch", "WriteResult", "Writer"]
 RAW_CAP = dead_letters.RAW_CAP
+log = logging.getLogger("cmdare.collector")
+ROLLUP_EVERY = 60.0  # seconds between rollup runs while ingesting
+ROLLED = "gpu_samples"  # the table whose writes mark rollup ranges pending
 
 
 @dataclass
@@ -75,9 +80,14 @@ class Writer:
     the event is listed in ``clock_skew`` (stored all the same); None: no check (imports of
     past runs, where old timestamps are the point)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, max_skew: float | None = None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, max_skew: float | None = None,
+                 rollup_every: float | None = ROLLUP_EVERY) -> None:
         self.con = con
         self.max_skew = max_skew
+        # rollups (collector/rollup.py) brought up to date at most this often, between
+        # batches (None: only by rollup()); reads are exact whatever their lag
+        self.rollup_every = rollup_every
+        self._rolled_at = time.monotonic()
         self._window: tuple[dt.datetime, dt.datetime] | None = None
         self._now: dt.datetime | None = None
         # DuckDB appends from all threads at once (a plain Arrow insert runs 2x faster);
@@ -126,7 +136,19 @@ class Writer:
             raise
         finally:
             s.drop(con)
+        if self.rollup_every is not None and time.monotonic() - self._rolled_at >= self.rollup_every:
+            self.rollup()
         return res
+
+    def rollup(self) -> int:
+        """Bring the rollups up to date now (a failure is logged and retried at the next
+        run: the samples are stored, and reads stay exact meanwhile)."""
+        self._rolled_at = time.monotonic()
+        try:
+            return rollup.run(self.con)
+        except duckdb.Error as e:
+            log.warning("rollup: %s (retried at the next run)", str(e).splitlines()[0][:200])
+            return 0
 
     # -- 2. check and type -------------------------------------------------------------------
     def _check(self, batch: Batch, s: _Scratch, res: WriteResult) -> None:
@@ -187,6 +209,8 @@ class Writer:
         if not clean or repeats or self._skewed(lo, hi):
             return None  # the checked path finds each row's reason (or skew)
         (inserted,) = con.execute(insert, [lo, hi]).fetchone()
+        if inserted and TABLES[type_] == ROLLED:
+            con.execute(rollup.dirty_sql(f"_cf_{type_}", "make_timestamp(TRY_CAST(round(ts * 1e6) AS BIGINT))"))
         return inserted, n
 
     # -- 3. store -----------------------------------------------------------------------------
@@ -260,6 +284,8 @@ class Writer:
                 SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""",
             [lo, hi],
         ).fetchone()
+        if inserted and table == ROLLED:
+            self.con.execute(rollup.dirty_sql(src, where="reason IS NULL"))
         return inserted
 
     def _skewed(self, lo: dt.datetime | None, hi: dt.datetime | None) -> bool:

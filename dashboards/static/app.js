@@ -178,9 +178,13 @@
   PAGES.fleet = async function (out) {
     const q = { since: since() };
     const [sum, heat, nodes, revs] = await Promise.all([
-      get("/api/v1/fleet", q), get("/api/v1/fleet/heatmap", { since: q.since, columns: 120 }),
+      get("/api/v1/fleet", { since: q.since, nodes: "false" }), get("/api/v1/fleet/heatmap", { since: q.since, columns: 120 }),
       get("/api/v1/nodes"), get("/api/v1/revocations", q)]);
-    const n = sum.nodes, g = sum.gpus, gp = sum.goodput;
+    main.dataset.dataMs = String(Math.round(performance.now() - started));
+    const nrows = rowsOf(nodes);
+    const n = sum.nodes || {};
+    if (!sum.nodes) for (const r of nrows) n[r.state || "unknown"] = (n[r.state || "unknown"] || 0) + 1;  // the table loaded anyway
+    const g = sum.gpus, gp = sum.goodput;
     const strip = el("div", { class: "strip" },
       stat("nodes alive", n.alive || 0, Object.entries(n).map(([k, v]) => `${k} ${v}`).join(", ")),
       stat("GPUs busy", g.busy, `idle ${g.idle}`),
@@ -195,7 +199,6 @@
     out.append(strip);
     out.append(section("GPU utilisation", heatmap(heat)));
     out.append(section("Revocations", timeline(rowsOf(revs), heat)));
-    const nrows = rowsOf(nodes);
     const cols = nodes.columns.filter((c) => ["node", "role", "job", "zone", "instance_type", "spot", "state", "lives", "last_seen", "gpus", "not_ok"].includes(c));
     out.append(section("Nodes (" + nrows.length + ")", table(cols, nrows, {
       filter: true, links: { job: (r) => link("/ui/jobs/" + encodeURIComponent(r.job)) },
@@ -203,47 +206,78 @@
     })));
   };
 
+  // colour of a utilisation in whole percent: blue (0) to red (100)
+  const PALETTE = (() => {
+    const dark = matchMedia("(prefers-color-scheme: dark)").matches, out = [];
+    const cv = document.createElement("canvas"); cv.width = 1; cv.height = 1;
+    const c = cv.getContext("2d", { willReadFrequently: true });
+    for (let u = 0; u <= 100; u++) {
+      const t = u / 100;
+      c.fillStyle = `hsl(${220 - 200 * t}, 75%, ${dark ? 25 + 35 * t : 92 - 45 * t}%)`;
+      c.fillRect(0, 0, 1, 1);
+      out.push(c.getImageData(0, 0, 1, 1).data.slice(0, 3));
+    }
+    return out;
+  })();
+
   function heatmap(h) {
     const box = el("div", { class: "heat", "data-rows": String(h.rows.length) });
     if (!h.rows.length) { box.textContent = "no GPU samples in the range"; return box; }
-    const cellW = Math.max(3, Math.floor(900 / Math.max(1, h.times.length))), cellH = h.rows.length > 400 ? 2 : 12;
-    const left = 230, top = 4;
+    const nx = h.times.length, ny = h.rows.length;
+    const cellW = Math.max(3, Math.floor(900 / Math.max(1, nx))), cellH = ny > 1000 ? 1 : ny > 400 ? 2 : 12;
+    const left = cellH >= 10 ? 230 : 8, top = 4;
+    // one pixel per cell, drawn once, then scaled up without smoothing: 8,000 GPUs x 96
+    // buckets is 768k pixels, not 768k fillRect calls
+    const img = new ImageData(nx, ny);
+    for (let i = 0; i < ny; i++) {
+      const line = h.util_pct[i];
+      for (let j = 0; j < nx; j++) {
+        const u = line[j];
+        if (u === null || u === undefined) continue;
+        const k = 4 * (i * nx + j), c = PALETTE[Math.max(0, Math.min(100, Math.round(u)))];
+        img.data[k] = c[0]; img.data[k + 1] = c[1]; img.data[k + 2] = c[2]; img.data[k + 3] = 255;
+      }
+    }
+    const small = document.createElement("canvas");
+    small.width = nx; small.height = ny;
+    small.getContext("2d").putImageData(img, 0, 0);
     const cv = el("canvas", {});
-    const W = left + cellW * h.times.length + 4, H = top + cellH * h.rows.length + 18;
+    const W = left + cellW * nx + 4, H = top + cellH * ny + 18;
     cv.width = W; cv.height = H; cv.style.width = W + "px"; cv.style.height = H + "px";
     const c = cv.getContext("2d");
+    c.imageSmoothingEnabled = false;
+    c.drawImage(small, left, top, cellW * nx, cellH * ny);
     const dark = matchMedia("(prefers-color-scheme: dark)").matches;
-    c.fillStyle = dark ? "#98a2b3" : "#667085"; c.font = "11px system-ui, sans-serif";
+    c.font = "11px system-ui, sans-serif";
     let lastJob;
     h.rows.forEach((r, i) => {
       const y = top + i * cellH;
       c.fillStyle = dark ? "#98a2b3" : "#667085";
       if (cellH >= 10) c.fillText(`${r.job || "(no job)"} · ${r.node} · ${r.gpu}`.slice(0, 38), 2, y + cellH - 2);
-      if (r.job !== lastJob && i) { c.fillRect(0, y, W, 1); }
+      if (r.job !== lastJob && i && cellH >= 10) c.fillRect(0, y, W, 1);
       lastJob = r.job;
-      h.util_pct[i].forEach((u, j) => {
-        if (u === null) return;
-        const t = Math.max(0, Math.min(1, u / 100));
-        c.fillStyle = `hsl(${220 - 200 * t}, 75%, ${dark ? 25 + 35 * t : 92 - 45 * t}%)`;
-        c.fillRect(left + j * cellW, y, cellW - (cellW > 4 ? 1 : 0), cellH - (cellH > 4 ? 1 : 0));
-      });
     });
+    if (cellH >= 10 && cellW > 4) {  // gaps between cells, as a grid, where cells are large enough to see
+      c.fillStyle = dark ? "#111418" : "#ffffff";
+      for (let j = 1; j < nx; j++) c.fillRect(left + j * cellW - 1, top, 1, cellH * ny);
+      for (let i = 1; i < ny; i++) c.fillRect(left, top + i * cellH - 1, cellW * nx, 1);
+    }
     c.fillStyle = dark ? "#98a2b3" : "#667085";
     c.fillText(h.times[0] + " UTC", left, H - 4);
-    c.fillText(h.times[h.times.length - 1], Math.max(left + 200, W - 130), H - 4);
+    c.fillText(h.times[nx - 1], Math.max(left + 200, W - 130), H - 4);
     const tip = el("div", { class: "tip", hidden: "" });
     document.body.append(tip);
     cv.addEventListener("mousemove", (e) => {
       const rc = cv.getBoundingClientRect();
       const i = Math.floor((e.clientY - rc.top - top) / cellH), j = Math.floor((e.clientX - rc.left - left) / cellW);
-      if (i < 0 || i >= h.rows.length || j < 0 || j >= h.times.length) { tip.hidden = true; return; }
+      if (i < 0 || i >= ny || j < 0 || j >= nx) { tip.hidden = true; return; }
       const r = h.rows[i], u = h.util_pct[i][j];
       tip.textContent = `${r.node} GPU ${r.gpu} (${r.name || ""})\njob ${r.job || "none"}\n${h.times[j]} +${h.step_seconds}s\nutilisation ${u === null ? "no sample" : u + " %"}`;
       tip.hidden = false; tip.style.left = e.clientX + 12 + "px"; tip.style.top = e.clientY + 12 + "px";
     });
     cv.addEventListener("mouseleave", () => { tip.hidden = true; });
     box.append(cv);
-    return el("div", {}, el("div", { class: "legend", text: `${h.rows.length} GPUs, one column per ${h.step_seconds} s; colour: mean utilisation 0 % (blue) to 100 % (red); rows grouped by job` }), box);
+    return el("div", {}, el("div", { class: "legend", text: `${ny} GPUs, one column per ${h.step_seconds} s${h.rollup ? " (5-minute rollups)" : ""}; colour: mean utilisation 0 % (blue) to 100 % (red); rows grouped by job; hover for the figures` }), box);
   }
 
   function timeline(revs, heat) {
@@ -357,13 +391,17 @@
 
   // -- load --------------------------------------------------------------------------------------
   let loading = false;
+  let started = 0;  // when the current load began (the pages' own timings: data-data-ms, data-render-ms)
   async function load() {
     if (loading) return;
     loading = true;
     const name = main.dataset.page;
     const out = el("div", { id: "content" });
+    const t0 = performance.now();
+    started = t0;
     try {
       await PAGES[name](out);
+      main.dataset.renderMs = String(Math.round(performance.now() - t0));
       const h1 = main.querySelector("h1");
       main.textContent = "";
       main.append(h1, out);
