@@ -243,3 +243,33 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
     return {"job": job, "start": _iso(start), "step_seconds": step,
             "times": [_iso(start + dt.timedelta(seconds=step * i)) for i in range(n)],
             "series": series, "ranks": rank_rows}
+
+
+ACTIVE_SECONDS = 3600  # a finding whose window ended this recently is active; a job with steps this recent runs
+MAX_METRIC_JOBS = 200  # jobs whose goodput one scrape exports (the most recent)
+
+
+def conclusions(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) -> dict[str, Any]:
+    """What the collector exports to Prometheus besides its own counters: active findings
+    per (job, kind, severity), and goodput per running job (productive share of wall time
+    and badput seconds per category), so that a team's Grafana shows cmdare's conclusions."""
+    now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    since = now - dt.timedelta(seconds=ACTIVE_SECONDS)
+    findings: list[tuple[str, str, str, int]] = []
+    if _has(con, "findings"):
+        findings = [(j or "", k, s, n) for j, k, s, n in con.execute(
+            "SELECT job, kind, severity, count(*) FROM findings WHERE window_end >= ? GROUP BY ALL ORDER BY ALL",
+            [since]).fetchall()]
+    jobs = [j for (j,) in con.execute(
+        "SELECT job FROM steps WHERE job IS NOT NULL AND ts >= ? GROUP BY job ORDER BY max(ts) DESC LIMIT ?",
+        [since, MAX_METRIC_JOBS]).fetchall()]
+    from .goodput import goodput
+
+    good: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        try:
+            cols, rows = goodput(con, job).result()
+        except AnalyticsError:
+            continue
+        good[job] = {r[cols.index("category")]: float(r[cols.index("seconds")] or 0) for r in rows}
+    return {"findings": findings, "goodput": good}

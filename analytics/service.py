@@ -31,6 +31,7 @@ from .http import Limits, create_app
 
 log = logging.getLogger("cmdare.analytics.service")
 MAX_CONNECTIONS = 256
+CONCLUSIONS_TTL = 30.0  # seconds a scrape reuses the last findings / goodput figures
 REQUEST_TIMEOUT = 10.0
 
 
@@ -114,6 +115,7 @@ class Service:
         self.url = ""
         self.requests = 0
         self.alerting: Any = None  # the rule evaluation (Alerting), when --rules
+        self._conclusions: tuple[float, dict[str, Any]] | None = None
 
     def app(self) -> Any:
         def count() -> None:
@@ -189,12 +191,48 @@ class Service:
                             failed.add_metric([r.name], r.failed_total)
                     yield sent
                     yield failed
+                yield from svc.conclusion_metrics()
                 yield CounterMetricFamily("cmdare_collector_http_requests", "API requests served", value=svc.requests)
                 yield GaugeMetricFamily("cmdare_collector_ready", "1 once ingest runs", value=1.0 if svc.ready else 0.0)
 
         reg = CollectorRegistry(auto_describe=False)
         reg.register(Totals())  # type: ignore[arg-type]
         return generate_latest(reg)
+
+    def conclusion_metrics(self) -> Iterator[Any]:
+        """cmdare's conclusions as series (cmdare.analytics.fleet.conclusions), computed at
+        most every CONCLUSIONS_TTL seconds: a scrape does not re-run goodput for every job."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        now = time.monotonic()
+        if self._conclusions is None or now - self._conclusions[0] >= CONCLUSIONS_TTL:
+            from .fleet import conclusions
+
+            try:
+                with self.database.read() as con:
+                    self._conclusions = (now, conclusions(con))
+            except Exception as e:  # noqa: BLE001  (a scrape must answer: the rest of the metrics stand)
+                log.warning("metrics: conclusions unavailable: %s", str(e).splitlines()[0][:200])
+                return
+        c = self._conclusions[1]
+        f = GaugeMetricFamily("cmdare_finding_active", "stored findings whose window ended within the last hour",
+                              labels=("job", "kind", "severity"))
+        for job, kind, sev, n in c["findings"]:
+            f.add_metric([job, kind, sev], n)
+        yield f
+        g = GaugeMetricFamily("cmdare_job_goodput_ratio", "productive share of a running job's wall time",
+                              labels=("job",))
+        b = GaugeMetricFamily("cmdare_job_badput_seconds", "a running job's wall time lost, by cause",
+                              labels=("job", "category"))
+        for job, parts in sorted(c["goodput"].items()):
+            wall = parts.get("wall", 0.0)
+            if wall > 0:
+                g.add_metric([job], parts.get("productive", 0.0) / wall)
+            for cat, sec in sorted(parts.items()):
+                if cat not in ("wall", "productive"):
+                    b.add_metric([job, cat], sec)
+        yield g
+        yield b
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> str:

@@ -30,6 +30,9 @@ DATA = {
     "cmdare/dashboards/static/vendor/uPlot.min.css",
     "cmdare/dashboards/static/vendor/LICENSE-uPlot",
     "cmdare/dashboards/static/vendor/VENDOR.json",
+    "cmdare/dashboards/grafana/cmdare-fleet.json",
+    "cmdare/dashboards/grafana/cmdare-node.json",
+    "cmdare/dashboards/grafana/cmdare-job.json",
 } | {f"cmdare/collector/schema/{p.name}" for p in (ROOT / "collector" / "schema").glob("*.sql")} | {
     f"cmdare/collector/schema/views/{p.name}" for p in (ROOT / "collector" / "schema" / "views").glob("*.sql")
 }
