@@ -536,3 +536,53 @@ def job_series(db: Database, job: str, since: dt.datetime | None = None, until: 
     with db.read() as con:
         _known_job(con, job)
         return fleet.job_series(con, job, since, until, columns)
+
+
+# -- models and a job's advice (the models page, the job page) -------------------------------
+
+def stored_fits(db: Database) -> list[dict[str, Any]]:
+    """The latest stored fit of each kind: family, when, rows and groups, held-out error
+    (and its split inside / outside the fitted ranges), the families tried, the groups
+    predicted worst, coefficients, input ranges, and the held-out predictions against the
+    measured values."""
+    import json
+
+    out = []
+    with db.read() as con:
+        needs_schema(con, 5, "stored fits")
+        rows = con.execute(
+            """SELECT kind, fit_id, family, fitted_at, rows, groups, cv_mape, cv_r2, features, coefficients, model, cv
+               FROM model_fits QUALIFY row_number() OVER (PARTITION BY kind ORDER BY fitted_at DESC, fit_id DESC) = 1
+               ORDER BY kind""").fetchall()
+    for kind, fid, fam, at, n, g, mape, r2, feats, coefs, model, cv in rows:
+        m = json.loads(model) if model else {}
+        c = json.loads(cv) if cv else {}
+        out.append({"kind": kind, "fit_id": fid, "family": fam, "fitted_at": at, "rows": n, "groups": g,
+                    "cv_mape": mape, "cv_r2": r2, "features": json.loads(feats) if isinstance(feats, str) else feats,
+                    "coefficients": json.loads(coefs) if isinstance(coefs, str) else coefs,
+                    "input_ranges": m.get("input_ranges"), "families": c.get("families"), "worst": c.get("worst"),
+                    "in_range": c.get("in_range"), "extrapolated": c.get("extrapolated"),
+                    "held_out": c.get("held_out", [])})
+    return out
+
+
+def job_advice(db: Database, job: str) -> dict[str, Any]:
+    """What to do about one job now: its findings (the detectors run afresh, nothing
+    stored) and every recommendation they suggest, run, with its evidence and the fits it
+    rests on; or why it cannot answer."""
+    from . import codec
+    from .findings import NEXT_OPTIONS
+
+    b = bottlenecks(db, job, store=False, next_steps=True)
+    recs = []
+    for n in b.next:
+        item: dict[str, Any] = {"kind": n.kind, "command": n.command, "ok": n.ok, "reason": n.reason or None}
+        if n.ok:
+            try:
+                opt = NEXT_OPTIONS[n.kind][0]
+                item["recommendations"] = [codec.recommendation_json(r) for r in recommend(db, n.kind, **{opt: job})]
+            except AnalyticsError as e:
+                item |= {"ok": False, "reason": str(e).splitlines()[0][:200]}
+        recs.append(item)
+    return {"job": job, "findings": [codec.finding_json(f) for f in b.findings], "skipped": b.skipped,
+            "recommendations": recs}

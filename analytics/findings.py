@@ -218,6 +218,7 @@ class NextStep:
 
 # recommender -> (its option naming the job, the flag)
 _NEXT = {"cluster": ("from_job", "--from-job"), "data-workers": ("job", "--job"), "placement": ("job", "--job")}
+NEXT_OPTIONS = _NEXT  # recommender -> (its job option, the flag): what a finding's next step passes
 
 
 def next_steps(con: duckdb.DuckDBPyConnection, found: list[Finding]) -> list[NextStep]:

@@ -203,7 +203,8 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
     w = "WHERE job = $j AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)"
     lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM steps {w}", p).fetchone()
     if lo is None:
-        return {"job": job, "start": _iso(since), "step_seconds": None, "times": [], "series": {}, "ranks": []}
+        return {"job": job, "start": _iso(since), "step_seconds": None, "times": [], "series": {}, "ranks": [],
+                "gpus": {"allocated": 0, "active": 0, "busy_pct": BUSY_PCT, "rows": []}, "checkpoints": []}
     start = since or lo
     end = until or (hi + dt.timedelta(seconds=1))
     step = max(1.0, math.ceil(max((end - start).total_seconds(), 1.0) / columns))
@@ -240,11 +241,32 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
         m = med[len(med) // 2]
         for r in rank_rows:
             r["vs_median_pct"] = None if r["step_mean_s"] is None or m <= 0 else round(100 * (r["step_mean_s"] / m - 1), 1)
+    # the GPUs of the job's nodes over the window: allocated, and which of them really worked
+    gpus = con.execute(
+        f"""SELECT node, "index" AS gpu, any_value(name) AS name, round(avg(util_gpu_ratio) * 100, 1) AS util_pct,
+                   round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib
+            FROM gpu_samples WHERE node IN (SELECT DISTINCT node FROM steps {w})
+              AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
+            GROUP BY node, "index" ORDER BY node, "index" LIMIT {MAX_JOB_GPUS}""", p)
+    gcols = [d[0] for d in gpus.description]
+    gpu_rows = [dict(zip(gcols, r, strict=True)) for r in gpus.fetchall()]
+    for g in gpu_rows:
+        g["active"] = (g["util_pct"] or 0) >= BUSY_PCT
+    ck = con.execute(
+        f"""SELECT strftime(ts, '%Y-%m-%d %H:%M:%S') AS ts, node, rank, action, round(seconds, 3) AS seconds,
+                   round(bytes / 2^20, 1) AS mib, step, ok FROM checkpoints {w} ORDER BY ts LIMIT {MAX_JOB_CHECKPOINTS}""",
+        p)
+    ccols = [d[0] for d in ck.description]
     return {"job": job, "start": _iso(start), "step_seconds": step,
             "times": [_iso(start + dt.timedelta(seconds=step * i)) for i in range(n)],
-            "series": series, "ranks": rank_rows}
+            "series": series, "ranks": rank_rows,
+            "gpus": {"allocated": len(gpu_rows), "active": sum(g["active"] for g in gpu_rows), "busy_pct": BUSY_PCT,
+                     "rows": gpu_rows},
+            "checkpoints": [dict(zip(ccols, r, strict=True)) for r in ck.fetchall()]}
 
 
+MAX_JOB_GPUS = 4096  # GPUs a job page lists
+MAX_JOB_CHECKPOINTS = 1000  # checkpoints a job page lists (the first ones in the window)
 ACTIVE_SECONDS = 3600  # a finding whose window ended this recently is active; a job with steps this recent runs
 MAX_METRIC_JOBS = 200  # jobs whose goodput one scrape exports (the most recent)
 

@@ -281,6 +281,14 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
                    until: dt.datetime | None = Until(), columns: int = Columns()) -> Any:
         return codec.plain(api.job_series(db, job, _naive(since), _naive(until), columns))
 
+    @app.get("/api/v1/jobs/{job}/advice", tags=["jobs"])
+    def job_advice(job: str = Path(max_length=512)) -> Any:
+        return codec.plain(api.job_advice(db, job))
+
+    @app.get("/api/v1/fits", tags=["models"])
+    def fits() -> Any:
+        return {"fits": codec.plain(api.stored_fits(db))}
+
     @app.post("/api/v1/sql", tags=["sql"], responses={200: {"content": {ARROW: {}}}})
     def sql(request: Request, body: SqlBody) -> Any:
         rows = min(body.max_rows or 10_000, lim.max_rows)

@@ -45,11 +45,14 @@ PAGES: dict[str, Page] = {p.name: p for p in (
     Page("fleet", "/ui", "Fleet", "nodes by liveness, GPUs by state, jobs, findings, alerts, goodput; a per-GPU "
          "utilisation heatmap; revocations on a timeline; the node table, filtered by label"),
     Page("jobs", "/ui/jobs", "Jobs", "every job with its speed and input-bound verdict"),
-    Page("job", "/ui/jobs/{job}", "Job", "steps/s, step time and input wait over time; ranks, slowest first; "
+    Page("job", "/ui/jobs/{job}", "Job", "steps/s, step time and input wait over time; GPUs active of allocated; "
+         "what to do (the findings' recommendations with evidence and fits); checkpoints; ranks, slowest first; "
          "goodput and badput; the job's findings"),
     Page("findings", "/ui/findings", "Findings", "stored findings, worst first, with their evidence"),
     Page("alerts", "/ui/alerts", "Alerts", "alerts firing, pending and resolved with rule, labels and start; "
          "the rules' health (every alert's generatorURL opens this page at its rule)"),
+    Page("models", "/ui/models", "Models", "each stored fit: family, held-out error (inside and outside the fitted "
+         "ranges), predicted vs measured, input ranges, coefficients"),
     Page("report", "", "Report", "analyze report --html: the fleet, jobs, each job, findings and alerts in one "
          "self-contained file"),
 )}
@@ -179,6 +182,10 @@ def mount(app: Any, token: str | None) -> None:
     @app.get("/ui/alerts", include_in_schema=False)
     def alerts() -> Any:
         return page("alerts")
+
+    @app.get("/ui/models", include_in_schema=False)
+    def models() -> Any:
+        return page("models")
 
     @app.get("/ui/static/{name:path}", include_in_schema=False)
     def static(name: str) -> Any:

@@ -32,13 +32,38 @@ def local_get(db: Database) -> Get:
 
     def get(route: str, params: dict[str, Any]) -> Any:
         q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
-        status, body = asyncio.run(_asgi_get(app, route, q))
+        status, body = _run(lambda: _asgi_get(app, route, q))
         doc = json.loads(body) if body else {}
         if status != 200:
             raise AnalyticsError(doc.get("error") if isinstance(doc, dict) and doc.get("error") else f"HTTP {status}")
         return doc
 
     return get
+
+
+def _run(make: Callable[[], Any]) -> Any:
+    """Run a coroutine to its end; on a thread of its own when this thread already runs an
+    event loop (an embedding program's, a notebook's)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    import threading
+
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["value"] = asyncio.run(make())
+        except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
+            out["error"] = e
+
+    t = threading.Thread(target=target, name="cmdare-report")
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 async def _asgi_get(app: Any, path: str, query: str) -> tuple[int, bytes]:
@@ -83,6 +108,7 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
     jobs = put("/api/v1/jobs", since=s)
     findings = put("/api/v1/findings", since=s)
     put("/api/v1/alerts")
+    put("/api/v1/fits")
     if job:
         chosen = [job]
     else:
@@ -97,6 +123,7 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
         put(base)
         put(base + "/series", since=s, columns=COLUMNS)
         put(base + "/goodput")
+        put(base + "/advice")
     data["$report"] = {"jobs": chosen, "since": s, "made": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
                        "jobs_left_out": max(0, (len(jobs.get("rows", [])) if not job else 1) - len(chosen))}
     return data

@@ -145,6 +145,9 @@ def model_from(stored: dict[str, Any]) -> Linear | Nonlinear:
     return Linear(**stored["linear"])
 
 
+HELD_OUT_ROWS = 5000  # held-out predictions a stored fit keeps for its plot
+
+
 def logo_cv(
     X: np.ndarray, y: np.ndarray, groups: list[str], columns: list[str], log_target: bool, law: str | None = None,
     relative: bool = False,
@@ -169,6 +172,8 @@ def logo_cv(
         "r2": 1 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
         "folds": folds,
         "predictions": preds.tolist(),  # held out, row order (reports; not stored)
+        # each row's group, measured and held-out predicted value (stored: the models page plots them)
+        "held_out": [[str(gr), float(m), float(p)] for gr, m, p in zip(groups, y, preds, strict=True)][:HELD_OUT_ROWS],
         "worst": sorted(
             ({"group": gr, "ape": float(ape[g == gr].mean())} for gr in sorted(set(groups))),
             key=lambda d: -d["ape"],

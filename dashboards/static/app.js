@@ -176,10 +176,11 @@
   const PAGES = {};
 
   PAGES.fleet = async function (out) {
+    const label = params.get("label") || "";
     const q = { since: since() };
     const [sum, heat, nodes, revs] = await Promise.all([
-      get("/api/v1/fleet", { since: q.since, nodes: "false" }), get("/api/v1/fleet/heatmap", { since: q.since, columns: 120 }),
-      get("/api/v1/nodes"), get("/api/v1/revocations", q)]);
+      get("/api/v1/fleet", { since: q.since, nodes: "false" }), get("/api/v1/fleet/heatmap", { since: q.since, columns: 120, label }),
+      get("/api/v1/nodes", { label }), get("/api/v1/revocations", q)]);
     main.dataset.dataMs = String(Math.round(performance.now() - started));
     const nrows = rowsOf(nodes);
     const n = sum.nodes || {};
@@ -197,7 +198,18 @@
       stat("alerts firing", sum.alerts.firing || 0, `pending ${sum.alerts.pending || 0}`, sum.alerts.firing ? "bad" : ""),
       stat("goodput", gp.productive_pct === null ? "n/a" : gp.productive_pct + " %", `${gp.jobs} jobs, whole runs`));
     out.append(strip);
-    out.append(section("GPU utilisation", heatmap(heat)));
+    if (!REPORT) {
+      const f = el("form", { class: "labelfilter" }, el("label", { text: "nodes with label " }),
+        el("input", { name: "label", placeholder: "team=vision", value: label, size: "24" }), el("button", { type: "submit", text: "filter" }));
+      f.addEventListener("submit", (e) => {
+        e.preventDefault();
+        const p = new URLSearchParams(location.search), v = f.elements.label.value.trim();
+        if (v) p.set("label", v); else p.delete("label");
+        location.search = p.toString();
+      });
+      out.append(f);
+    }
+    out.append(section("GPU utilisation" + (label ? ` (nodes with ${label})` : ""), heatmap(heat)));
     out.append(section("Revocations", timeline(rowsOf(revs), heat)));
     const cols = nodes.columns.filter((c) => ["node", "role", "job", "zone", "instance_type", "spot", "state", "lives", "last_seen", "gpus", "not_ok"].includes(c));
     out.append(section("Nodes (" + nrows.length + ")", table(cols, nrows, {
@@ -308,21 +320,34 @@
     const [series, goodput] = await Promise.all([get(base + "/series", { since: since(), columns: 120 }), get(base + "/goodput")]);
     const s = rowsOf(detail.summary)[0] || {};
     out.append(el("div", { class: "strip" },
-      stat("steps/s", s.steps_per_s), stat("examples/s", s.examples_per_s),
+      stat("steps/s per rank", s.steps_per_s), stat("examples/s", s.examples_per_s),
       stat("input wait", s.input_wait_pct === null ? "n/a" : s.input_wait_pct + " %", s.input_bound,
         s.input_bound && s.input_bound !== "not input-bound" ? "warn" : ""),
-      stat("ranks", s.ranks, `${s.nodes} nodes, ${s.runs} runs`), stat("accelerator", s.accelerator, s.model)));
+      stat("ranks", s.ranks, `${s.nodes} nodes, ${s.runs} runs`), stat("accelerator", s.accelerator, s.model),
+      stat("GPUs active / allocated", `${series.gpus.active} / ${series.gpus.allocated}`,
+        `active: mean utilisation ≥ ${series.gpus.busy_pct} % over the range`,
+        series.gpus.active < series.gpus.allocated ? "warn" : "")));
+    const advice = get(base + "/advice").catch((e) => ({ error: String(e.message || e) }));
     const findings = rowsOf(detail.findings);
     const fsec = section("Findings (" + findings.length + ")");
     if (!findings.length) fsec.append(el("p", { class: "muted", text: "none stored for this job (analyze bottlenecks --job stores them)" }));
     for (const f of findings) fsec.append(findingCard(f));
     out.append(fsec);
+    const adv = section("What to do (the findings' recommendations, run now)");
+    out.append(adv);
+    adv.append(el("p", { class: "loading", text: "running the detectors and recommenders…" }));
+    advice.then((a) => { adv.querySelector(".loading").remove(); adviceInto(adv, a); adv.dataset.ready = "1"; });
     const ts = series.times, ss = series.series;
     const charts = el("div", { class: "grid2" });
     chart(charts, "steps/s (all ranks)", ts, [["steps/s", ss.steps_per_second || [], "#2563eb"]]);
     chart(charts, "step time (s)", ts, [["mean", ss.step_mean_s || [], "#2563eb"], ["p95 (mean of ranks)", ss.step_p95_s || [], "#b45309"], ["max", ss.step_max_s || [], "#b91c1c"]]);
     chart(charts, "input wait (% of step time)", ts, [["input wait %", ss.input_wait_pct || [], "#7c3aed"]]);
     out.append(section("Over time" + (series.step_seconds ? ` (per ${series.step_seconds} s)` : ""), charts));
+    out.append(section("GPUs of the job's nodes", table(["node", "gpu", "name", "util_pct", "mem_used_gib", "active"],
+      series.gpus.rows, { highlight: (r) => !r.active, empty: "no GPU samples from the job's nodes in the range" })));
+    out.append(section("Checkpoints (" + series.checkpoints.length + ")", table(
+      ["ts", "node", "rank", "action", "seconds", "mib", "step", "ok"], series.checkpoints,
+      { highlight: (r) => r.ok === false, empty: "no checkpoint in the range" })));
     out.append(section("Ranks, slowest first", table(
       ["run", "rank", "node", "steps", "step_mean_s", "vs_median_pct", "step_p95_s", "input_wait_pct"], series.ranks,
       { highlight: (r) => (r.vs_median_pct || 0) >= 10 })));
@@ -337,6 +362,28 @@
     }
     out.append(section("Goodput and badput (the parts add up to the wall time)", bar, table(["category", "seconds", "pct"], parts, {})));
   };
+
+  function adviceInto(box, a) {
+    if (a.error) { box.append(el("p", { class: "bad", text: a.error })); return; }
+    if (!a.recommendations.length) {
+      box.append(el("p", { class: "muted", text: a.findings.length ? "the findings suggest no recommendation" : "no finding now" }));
+    }
+    for (const r of a.recommendations) {
+      const card = el("div", { class: "finding info", "data-recommender": r.kind }, el("b", { text: r.kind }), " ",
+        el("code", { text: r.command }));
+      if (!r.ok) card.append(el("div", { class: "muted", text: "cannot answer: " + r.reason }));
+      for (const x of r.recommendations || []) {
+        card.append(el("div", { class: "action", text: Object.entries(x.action).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") +
+          (Object.keys(x.predicted || {}).length ? " → " + Object.entries(x.predicted).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") : "") }));
+        card.append(el("div", { text: x.why }));
+        const ev = { interval: x.interval, cost: x.cost, fits: x.fit_ids, assumptions: x.assumptions };
+        const d = el("details", {}, el("summary", { text: "evidence, fits and assumptions" }), el("div", { class: "ev", text: JSON.stringify(ev, null, 1) }));
+        for (const fid of x.fit_ids || []) d.append(el("a", { href: link("/ui/models") + "#fit-" + fid, text: " fit " + fid }));
+        card.append(d);
+      }
+      box.append(card);
+    }
+  }
 
   function findingCard(f) {
     let ev = f.evidence;
@@ -376,12 +423,62 @@
     })));
   };
 
+  PAGES.models = async function (out) {
+    const fits = (await get("/api/v1/fits")).fits;
+    if (!fits.length) { out.append(el("p", { class: "muted", text: "no stored fit: analyze fit speed | cluster | overhead | lifetime" })); return; }
+    for (const f of fits) {
+      const pct = (v) => (v === null || v === undefined ? "n/a" : fmt(100 * v, 1) + " %");
+      const card = el("section", { class: "fit", id: "fit-" + f.fit_id, "data-kind": f.kind },
+        el("h2", { text: `${f.kind}: ${f.family}` }),
+        el("div", { class: "strip" }, stat("held-out MAPE", pct(f.cv_mape), "leave one group out"),
+          stat("held-out R²", f.cv_r2 === null ? "n/a" : fmt(f.cv_r2, 3)), stat("rows", f.rows, `${f.groups} groups`),
+          f.in_range ? stat("inside the fitted ranges", pct(f.in_range.mape), `${f.in_range.rows} rows held out`) : null,
+          f.extrapolated ? stat("extrapolated", pct(f.extrapolated.mape), `${f.extrapolated.rows} rows held out`) : null),
+        el("p", { class: "muted", text: `fit ${f.fit_id}, fitted ${fmt(f.fitted_at)}` +
+          (f.families ? "; families tried: " + Object.entries(f.families).map(([k, v]) => `${k} ${pct(v.cv_mape)}`).join(", ") : "") +
+          (f.worst && f.worst.length ? "; predicted worst: " + f.worst.map((w) => `${w.group} ${pct(w.ape)}`).join(", ") : "") }));
+      if (f.held_out && f.held_out.length) card.append(scatter(f.held_out, f.kind));
+      if (f.input_ranges) {
+        const rows = Object.entries(f.input_ranges).map(([k, v]) => ({ input: k, range: Array.isArray(v) && typeof v[0] === "number" ? `${fmt(v[0])} .. ${fmt(v[1])}` : [].concat(v).join(", ") }));
+        card.append(el("h3", { text: "fitted on (a prediction outside says it extrapolates)" }), table(["input", "range"], rows, {}));
+      }
+      if (f.coefficients && Object.keys(f.coefficients).length) {
+        card.append(el("h3", { text: "coefficients" }), table(["name", "value"], Object.entries(f.coefficients).map(([k, v]) => ({ name: k, value: v })), {}));
+      }
+      out.append(card);
+    }
+  };
+
+  function scatter(points, kind) {
+    // held-out predicted against measured, log-log, with the y = x line: each point a row
+    const W = 420, H = 320, pad = 46;
+    const cv = el("canvas", { class: "scatter", "data-points": String(points.length) });
+    cv.width = W; cv.height = H;
+    const c = cv.getContext("2d");
+    const vals = points.flatMap((p) => [p[1], p[2]]).filter((v) => v > 0 && isFinite(v));
+    if (!vals.length) return el("p", { class: "muted", text: "no positive values to plot" });
+    const lo = Math.log10(Math.min(...vals)) - 0.05, hi = Math.log10(Math.max(...vals)) + 0.05;
+    const X = (v) => pad + ((Math.log10(v) - lo) / (hi - lo)) * (W - pad - 10);
+    const Y = (v) => H - pad - ((Math.log10(v) - lo) / (hi - lo)) * (H - pad - 10);
+    const dark = matchMedia("(prefers-color-scheme: dark)").matches;
+    c.strokeStyle = dark ? "#2a2f37" : "#e4e7ec"; c.strokeRect(pad, 10, W - pad - 10, H - pad - 10);
+    c.strokeStyle = dark ? "#98a2b3" : "#667085"; c.beginPath();
+    c.moveTo(X(10 ** lo), Y(10 ** lo)); c.lineTo(X(10 ** hi), Y(10 ** hi)); c.stroke();
+    c.fillStyle = "#2563eb";
+    for (const [, m, p] of points) if (m > 0 && p > 0) { c.beginPath(); c.arc(X(m), Y(p), 3, 0, 2 * Math.PI); c.fill(); }
+    c.fillStyle = dark ? "#98a2b3" : "#667085"; c.font = "11px system-ui, sans-serif";
+    c.fillText("measured (log)", W / 2 - 30, H - 8);
+    c.save(); c.translate(12, H / 2 + 40); c.rotate(-Math.PI / 2); c.fillText("held-out predicted (log)", 0, 0); c.restore();
+    c.fillText(fmt(10 ** lo, 3), pad, H - pad + 14); c.fillText(fmt(10 ** hi, 3), W - 60, H - pad + 14);
+    return el("div", {}, el("h3", { text: `held out, predicted vs measured (${points.length} rows; the line: exact)` }), cv);
+  }
+
   PAGES.report = async function (out) {
     const r = window.CMDARE_DATA.$report || { jobs: [] };
     out.append(el("p", { class: "muted", text: `made ${r.made} UTC from ${r.since ? "data since " + r.since : "all the data"}` +
       (r.jobs_left_out ? `; ${r.jobs_left_out} more jobs are in the jobs table only` : "") }));
     const parts = [["fleet", "Fleet"], ["jobs", "Jobs"]].concat(r.jobs.map((j) => ["job", "Job " + j, j]))
-      .concat([["findings", "Findings"], ["alerts", "Alerts"]]);
+      .concat([["findings", "Findings"], ["alerts", "Alerts"], ["models", "Models"]]);
     for (const [name, title, job] of parts) {
       const sec = el("section", { class: "page", id: job ? "job-" + job : name, "data-page": name }, el("h1", { text: title }));
       try { await PAGES[name](sec, { job }); } catch (e) { sec.append(el("p", { class: "bad", text: String(e.message || e) })); }

@@ -48,7 +48,9 @@ class Watched:
         self.problems: list[str] = []
         page.on("console", lambda m: self.problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
         page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
-        page.on("requestfailed", lambda r: self.problems.append(f"request failed: {r.url} {r.failure}"))
+        # a request the test's own navigation cut short (net::ERR_ABORTED) is not the page's fault
+        page.on("requestfailed", lambda r: self.problems.append(f"request failed: {r.url} {r.failure}")
+                if "ERR_ABORTED" not in (r.failure or "") else None)
         page.on("response", lambda r: self.problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
 
     def open(self, url: str, timeout: float = 20_000) -> Any:

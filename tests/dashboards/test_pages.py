@@ -18,7 +18,7 @@ from cmdare.analytics.service import HttpConfig, Service
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many
-from tests.fakes.fleet import DemoFleet
+from tests.fakes.fleet import MODELS, DemoFleet
 
 EVIL = '<img src=x onerror="window.__pwned=1">'
 
@@ -27,6 +27,8 @@ EVIL = '<img src=x onerror="window.__pwned=1">'
 def fleet_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     f = DemoFleet(seed=1, t0=time.time() - 40 * 60)
     f.build()
+    for m in MODELS[:5]:  # single-GPU runs of declared models: enough for a speed fit (the models page)
+        f.job(m, "v100", intervals=8)
     t = time.time() - 20 * 60  # a job whose model name is markup: shown as text, never run
     f._ev(t, "evil-n0", "train_job", {"run": "r1", "rank": 0, "world_size": 1, "model": EVIL, "batch_size": 8}, "sim-evil")
     for i in range(1, 4):
@@ -34,11 +36,16 @@ def fleet_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "run": "r1", "rank": 0, "interval_seconds": 10.0, "steps": 10, "first_step": 10 * i - 9, "last_step": 10 * i,
             "examples": 80.0, "step_mean_seconds": 1.0, "wait_mean_seconds": 0.1, "wait_share_ratio": 0.1,
             "steps_per_second": 1.0, "examples_per_second": 8.0}, "sim-evil")
+    for e in f.events:
+        if e["node"] == "evil-n0":
+            e["labels"] = {"team": "red"}  # not simulated=true: the label filter leaves it out
     db = tmp_path_factory.mktemp("pages") / "fleet.duckdb"
     con = connect(db)
     Writer(con).write([("sim", encode_many(f.events))])
     con.close()
     r = CliRunner().invoke(cli, ["bottlenecks", "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["fit", "speed", "--db", str(db)])
     assert r.exit_code == 0, r.output
     return db
 
@@ -108,6 +115,49 @@ def test_the_ps_bound_jobs_page_names_the_finding_and_its_numbers(page, api: str
     assert p.locator(".uplot").count() == 3
     widths = p.eval_on_selector_all(".bar span", "els => els.map(e => parseFloat(e.style.width))")
     assert abs(sum(widths) - 100) < 0.5
+    assert page.problems == []
+
+
+def test_a_job_page_says_what_to_do_its_gpus_and_its_checkpoints(page, api: str) -> None:
+    p = page.open(api + "/ui/jobs/sim-ps-5?range=all")
+    p.wait_for_selector("section[data-ready]")  # the advice: detectors and recommenders run now
+    card = p.locator('[data-recommender="cluster"]')
+    text = card.inner_text()
+    assert "analyze recommend cluster --from-job sim-ps-5" in text and "PS-bound now" in text
+    assert "workers 8, ps 4" in text  # the PS count that removes the bottleneck
+    p = page.open(api + "/ui/jobs/sim-idle-8?range=all")
+    p.wait_for_selector("section[data-ready]")
+    assert p.inner_text('[data-stat="GPUs active / allocated"] .v') == "2 / 4"  # 2 of its 4 GPUs idle
+    assert p.locator("section:has(h2:text-is(\"GPUs of the job's nodes\")) tr.hl").count() == 2
+    p = page.open(api + "/ui/jobs/sim-ckpt-11?range=all")
+    p.wait_for_selector("section[data-ready]")
+    ck = p.locator("section:has(h2:text-matches('^Checkpoints')) tbody tr")
+    assert ck.count() >= 10 and "save" in ck.first.inner_text()
+    assert page.problems == []
+
+
+def test_the_models_page_shows_each_fit_with_its_held_out_plot_and_ranges(page, api: str) -> None:
+    p = page.open(api + "/ui/models")
+    fit = p.locator('section.fit[data-kind="speed"]')
+    assert "held-out MAPE" in fit.inner_text() and "families tried:" in fit.inner_text()
+    fits = json.loads(urllib.request.urlopen(api + "/api/v1/fits").read())["fits"]
+    speed = next(f for f in fits if f["kind"] == "speed")
+    assert int(fit.locator("canvas.scatter").get_attribute("data-points")) == speed["rows"] == len(speed["held_out"])
+    assert all(m > 0 and pr > 0 for _, m, pr in speed["held_out"])
+    assert "flops_per_step" in fit.inner_text() and fit.get_attribute("id") == "fit-" + speed["fit_id"]
+    page.shot("models")
+    assert page.problems == []
+
+
+def test_the_fleet_page_filters_by_node_label(page, api: str) -> None:
+    p = page.open(api + "/ui?range=all")
+    everyone = int(p.get_attribute(".heat", "data-rows"))
+    p.fill("form.labelfilter input", "simulated=true")
+    p.click("form.labelfilter button")
+    p.wait_for_function("location.search.includes('label=simulated')")
+    p.wait_for_selector("main[data-ready='1']")
+    assert "evil-n0" not in p.inner_text("section:has(h2:text-matches('^Nodes'))")
+    assert 0 < int(p.get_attribute(".heat", "data-rows")) <= everyone
     assert page.problems == []
 
 
@@ -236,7 +286,7 @@ def test_the_html_report_is_the_pages_in_one_file_that_makes_no_request(page, fl
     p = page.open(out.as_uri())
     assert requests == [out.as_uri()]  # scripts, styles and data are all in the file
     sections = p.eval_on_selector_all("section.page", "els => els.map(e => e.id)")
-    assert sections[:2] == ["fleet", "jobs"] and "job-sim-ps-5" in sections and sections[-2:] == ["findings", "alerts"]
+    assert sections[:2] == ["fleet", "jobs"] and "job-sim-ps-5" in sections and sections[-3:] == ["findings", "alerts", "models"]
     ps = p.locator("#job-sim-ps-5")
     assert "8 workers x 1 PS" in ps.locator('.finding[data-kind="ps_bound"]').inner_text()
     assert ps.locator(".uplot").count() == 3
