@@ -586,3 +586,39 @@ def job_advice(db: Database, job: str) -> dict[str, Any]:
         recs.append(item)
     return {"job": job, "findings": [codec.finding_json(f) for f in b.findings], "skipped": b.skipped,
             "recommendations": recs}
+
+
+def scaling_curve(db: Database, job: str) -> dict[str, Any]:
+    """Cluster steps/s against workers for ``job``'s model on its accelerator and PS count:
+    the runs measured (every job of that model, accelerator and PS count), and the cluster
+    fit's prediction from this job with its interval (and where it extrapolates), for 1 ..
+    twice the most workers measured (at least 8)."""
+    from . import models
+
+    with db.read() as con:
+        _known_job(con, job)
+        speeds, _ = models.job_speeds(con)
+        me = next((j for j in speeds if j.job == job), None)
+        if me is None:
+            return {"job": job, "measured": [], "predicted": [], "note": "no steady speed for this job yet"}
+        same = sorted((j for j in speeds if j.model == me.model and j.accelerator == me.accelerator
+                       and j.ps == me.ps), key=lambda j: (j.workers, j.job))
+        cfit = latest_or_none(con, "cluster")
+    measured = [{"job": j.job, "workers": j.workers, "steps_per_second": round(j.speed, 4)} for j in same]
+    out: dict[str, Any] = {"job": job, "model": me.model, "accelerator": me.accelerator, "ps": me.ps,
+                           "measured": measured, "predicted": []}
+    if cfit is None or me.ps < 1:
+        out["note"] = ("no cluster fit: analyze fit cluster (with parameter-server runs of 3 architectures)"
+                       if me.ps >= 1 else "not a parameter-server job: the cluster fit does not apply")
+        return out
+    top = max(8, 2 * max(j.workers for j in same))
+    for w in range(1, top + 1):
+        try:
+            p = predict_cluster(db, [("", w)], me.ps, None, job)
+        except AnalyticsError as e:
+            out["note"] = str(e).splitlines()[0][:200]
+            break
+        out["predicted"].append({"workers": w, "steps_per_second": p["prediction"], "interval": p["interval"],
+                                 "extrapolated": bool(p.get("extrapolated"))})
+        out["fit_id"] = p["fit_id"]
+    return out

@@ -285,6 +285,10 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
     def job_advice(job: str = Path(max_length=512)) -> Any:
         return codec.plain(api.job_advice(db, job))
 
+    @app.get("/api/v1/jobs/{job}/scaling", tags=["jobs"])
+    def job_scaling(job: str = Path(max_length=512)) -> Any:
+        return codec.plain(api.scaling_curve(db, job))
+
     @app.get("/api/v1/fits", tags=["models"])
     def fits() -> Any:
         return {"fits": codec.plain(api.stored_fits(db))}

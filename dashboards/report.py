@@ -124,6 +124,7 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
         put(base + "/series", since=s, columns=COLUMNS)
         put(base + "/goodput")
         put(base + "/advice")
+        put(base + "/scaling")
     data["$report"] = {"jobs": chosen, "since": s, "made": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
                        "jobs_left_out": max(0, (len(jobs.get("rows", [])) if not job else 1) - len(chosen))}
     return data

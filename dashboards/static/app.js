@@ -337,6 +337,10 @@
     out.append(adv);
     adv.append(el("p", { class: "loading", text: "running the detectors and recommenders…" }));
     advice.then((a) => { adv.querySelector(".loading").remove(); adviceInto(adv, a); adv.dataset.ready = "1"; });
+    const sc = section("Scaling: steps/s against workers (measured runs of this model, accelerator and PS count; the cluster fit)");
+    out.append(sc);
+    get(base + "/scaling").then((c) => { scalingInto(sc, c); sc.dataset.scaling = "1"; })
+      .catch((e) => { sc.append(el("p", { class: "bad", text: String(e.message || e) })); sc.dataset.scaling = "1"; });
     const ts = series.times, ss = series.series;
     const charts = el("div", { class: "grid2" });
     chart(charts, "steps/s (all ranks)", ts, [["steps/s", ss.steps_per_second || [], "#2563eb"]]);
@@ -362,6 +366,28 @@
     }
     out.append(section("Goodput and badput (the parts add up to the wall time)", bar, table(["category", "seconds", "pct"], parts, {})));
   };
+
+  function scalingInto(box, c) {
+    if (c.note) box.append(el("p", { class: "muted", text: c.note }));
+    if (!c.measured.length) return;
+    const xs = [...new Set(c.measured.map((m) => m.workers).concat(c.predicted.map((p) => p.workers)))].sort((a, b) => a - b);
+    const mean = (w) => { const v = c.measured.filter((m) => m.workers === w).map((m) => m.steps_per_second); return v.length ? v.reduce((a, b) => a + b) / v.length : null; };
+    const pred = (w, k) => { const p = c.predicted.find((q) => q.workers === w); return p ? (k === undefined ? p.steps_per_second : p.interval[k]) : null; };
+    const series = [["measured (mean of runs)", xs.map(mean), "#b91c1c"]];
+    if (c.predicted.length) series.push(["cluster fit", xs.map((w) => pred(w)), "#2563eb"], ["95 % interval, low", xs.map((w) => pred(w, 0)), "#93c5fd"], ["95 % interval, high", xs.map((w) => pred(w, 1)), "#93c5fd"]);
+    const plot = el("div", { class: "chart", "data-measured": String(c.measured.length), "data-predicted": String(c.predicted.length) });
+    box.append(plot);
+    if (typeof uPlot !== "undefined") {
+      // eslint-disable-next-line no-new, no-undef
+      new uPlot({ width: 640, height: 240, scales: { x: { time: false } }, axes: [{ label: "workers" }, { label: "steps/s", size: 60 }],
+        series: [{ label: "workers" }].concat(series.map(([label, , colour], i) => ({ label, stroke: colour, width: i ? 1.5 : 0,
+          points: { show: i === 0, size: 8, fill: colour }, dash: i > 1 ? [4, 4] : undefined, spanGaps: true }))) },
+        [xs].concat(series.map((x) => x[1])), plot);
+    }
+    box.append(table(["workers", "job", "steps_per_second"], c.measured, {}));
+    const ex = c.predicted.filter((p) => p.extrapolated).map((p) => p.workers);
+    if (ex.length) box.append(el("p", { class: "muted", text: `the fit extrapolates at ${ex[0]} workers and more (past what it was fitted on)` }));
+  }
 
   function adviceInto(box, a) {
     if (a.error) { box.append(el("p", { class: "bad", text: a.error })); return; }

@@ -262,3 +262,24 @@ def test_a_cluster_recommendation_past_the_fitted_workers_says_it_extrapolates(f
     # resnet15 on P100 with 2+ PS still scales at 8 measured workers: the fit's knee lies past them
     assert a["knee_from"] == "cluster fit" and out["action"]["workers"] > 8
     assert a["extrapolated"] is True and "the largest fitted (8)" in a["extrapolated_because"]
+
+
+def test_the_scaling_curve_puts_the_measured_runs_beside_the_cluster_fit(fitted: Path) -> None:
+    """The job page's scaling plot for a measured CM-DARE P100 1-PS series: every run of the
+    series measured, the fit from 1 to 16 workers with its interval, extrapolation said past
+    the 8 workers it saw."""
+    from cmdare.analytics import api
+    from cmdare.analytics.db import Database
+
+    c = api.scaling_curve(Database(fitted), P100_4)
+    assert (c["model"], c["accelerator"], c["ps"]) == ("resnet15", "p100", 1)
+    assert sorted({m["workers"] for m in c["measured"]}) == list(range(1, 9))
+    assert [p["workers"] for p in c["predicted"]] == list(range(1, 17)) and c["fit_id"].startswith("cluster-")
+    for p in c["predicted"]:
+        lo, hi = p["interval"]
+        assert 0 < lo < p["steps_per_second"] < hi
+        assert p["extrapolated"] == (p["workers"] > 8)
+    # within the measured range the curve follows the runs (held-in: a sanity bound, not the held-out figure)
+    by_w = {p["workers"]: p["steps_per_second"] for p in c["predicted"]}
+    for m in c["measured"]:
+        assert abs(by_w[m["workers"]] / m["steps_per_second"] - 1) < 0.35, m

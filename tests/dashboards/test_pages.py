@@ -112,7 +112,7 @@ def test_the_ps_bound_jobs_page_names_the_finding_and_its_numbers(page, api: str
     assert ranks.count() == 8
     means = [float(ranks.nth(i).locator("td").nth(4).inner_text()) for i in range(8)]
     assert means == sorted(means, reverse=True)
-    assert p.locator(".uplot").count() == 3
+    assert p.locator("section:has(h2:text-matches('^Over time')) .uplot").count() == 3
     widths = p.eval_on_selector_all(".bar span", "els => els.map(e => parseFloat(e.style.width))")
     assert abs(sum(widths) - 100) < 0.5
     assert page.problems == []
@@ -125,6 +125,10 @@ def test_a_job_page_says_what_to_do_its_gpus_and_its_checkpoints(page, api: str)
     text = card.inner_text()
     assert "analyze recommend cluster --from-job sim-ps-5" in text and "PS-bound now" in text
     assert "workers 8, ps 4" in text  # the PS count that removes the bottleneck
+    p.wait_for_selector("section[data-scaling]")
+    sc = p.locator("section[data-scaling]")
+    assert sc.locator(".chart").get_attribute("data-measured") == "3"  # sim-ps-3, -4, -5: 2, 4 and 8 workers
+    assert "no cluster fit: analyze fit cluster" in sc.inner_text() and sc.locator(".uplot").count() == 1
     p = page.open(api + "/ui/jobs/sim-idle-8?range=all")
     p.wait_for_selector("section[data-ready]")
     assert p.inner_text('[data-stat="GPUs active / allocated"] .v') == "2 / 4"  # 2 of its 4 GPUs idle
@@ -289,7 +293,7 @@ def test_the_html_report_is_the_pages_in_one_file_that_makes_no_request(page, fl
     assert sections[:2] == ["fleet", "jobs"] and "job-sim-ps-5" in sections and sections[-3:] == ["findings", "alerts", "models"]
     ps = p.locator("#job-sim-ps-5")
     assert "8 workers x 1 PS" in ps.locator('.finding[data-kind="ps_bound"]').inner_text()
-    assert ps.locator(".uplot").count() == 3
+    assert ps.locator("section:has(h2:text-matches('^Over time')) .uplot").count() == 3
     assert p.evaluate("window.__pwned") is None and EVIL in p.inner_text("#jobs")
     # links between the pages stay inside the file
     p.click("#jobs a:text-is('sim-ps-5')")
