@@ -51,6 +51,8 @@ PAGES: dict[str, Page] = {p.name: p for p in (
     Page("findings", "/ui/findings", "Findings", "stored findings, worst first, with their evidence"),
     Page("alerts", "/ui/alerts", "Alerts", "alerts firing, pending and resolved with rule, labels and start; "
          "the rules' health (every alert's generatorURL opens this page at its rule)"),
+    Page("recommendations", "/ui/recommendations", "Recommendations", "for each job with findings: the "
+         "recommendations they suggest, run, with evidence, fits and assumptions, or why one cannot answer"),
     Page("models", "/ui/models", "Models", "each stored fit: family, held-out error (inside and outside the fitted "
          "ranges), predicted vs measured, input ranges, coefficients"),
     Page("report", "", "Report", "analyze report --html: the fleet, jobs, each job, findings and alerts in one "
@@ -182,6 +184,10 @@ def mount(app: Any, token: str | None) -> None:
     @app.get("/ui/alerts", include_in_schema=False)
     def alerts() -> Any:
         return page("alerts")
+
+    @app.get("/ui/recommendations", include_in_schema=False)
+    def recommendations() -> Any:
+        return page("recommendations")
 
     @app.get("/ui/models", include_in_schema=False)
     def models() -> Any:

@@ -449,6 +449,20 @@
     })));
   };
 
+  PAGES.recommendations = async function (out) {
+    const f = rowsOf(await get("/api/v1/findings", { since: since() }));
+    const jobs = [...new Set(f.map((x) => x.job).filter((j) => j))];
+    out.append(el("p", { class: "muted", text: `${jobs.length} jobs with stored findings in the range` +
+      (jobs.length > 20 ? " (the first 20, worst first)" : "") + ": for each, the detectors run afresh and the recommendations their findings suggest" }));
+    for (const job of jobs.slice(0, 20)) {
+      const sec = el("section", { class: "advice", "data-job": job }, el("h2", {}, el("a", { href: link("/ui/jobs/" + encodeURIComponent(job)), text: job })));
+      out.append(sec);
+      try { adviceInto(sec, await get("/api/v1/jobs/" + encodeURIComponent(job) + "/advice")); } catch (e) {
+        sec.append(el("p", { class: "bad", text: String(e.message || e) }));
+      }
+    }
+  };
+
   PAGES.models = async function (out) {
     const fits = (await get("/api/v1/fits")).fits;
     if (!fits.length) { out.append(el("p", { class: "muted", text: "no stored fit: analyze fit speed | cluster | overhead | lifetime" })); return; }
@@ -504,7 +518,7 @@
     out.append(el("p", { class: "muted", text: `made ${r.made} UTC from ${r.since ? "data since " + r.since : "all the data"}` +
       (r.jobs_left_out ? `; ${r.jobs_left_out} more jobs are in the jobs table only` : "") }));
     const parts = [["fleet", "Fleet"], ["jobs", "Jobs"]].concat(r.jobs.map((j) => ["job", "Job " + j, j]))
-      .concat([["findings", "Findings"], ["alerts", "Alerts"], ["models", "Models"]]);
+      .concat([["findings", "Findings"], ["recommendations", "Recommendations"], ["alerts", "Alerts"], ["models", "Models"]]);
     for (const [name, title, job] of parts) {
       const sec = el("section", { class: "page", id: job ? "job-" + job : name, "data-page": name }, el("h1", { text: title }));
       try { await PAGES[name](sec, { job }); } catch (e) { sec.append(el("p", { class: "bad", text: String(e.message || e) })); }

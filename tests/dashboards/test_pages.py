@@ -140,6 +140,17 @@ def test_a_job_page_says_what_to_do_its_gpus_and_its_checkpoints(page, api: str)
     assert page.problems == []
 
 
+def test_the_recommendations_page_answers_each_flagged_job_or_says_why_not(page, api: str) -> None:
+    p = page.open(api + "/ui/recommendations?range=all")
+    jobs = p.eval_on_selector_all("section.advice", "els => els.map(e => e.dataset.job)")
+    assert {"sim-ps-5", "sim-input-6", "sim-idle-8"} <= set(jobs)
+    ps = p.locator('section.advice[data-job="sim-ps-5"]').inner_text()
+    assert "workers 8, ps 4" in ps
+    inp = p.locator('section.advice[data-job="sim-input-6"]').inner_text()
+    assert "data-workers" in inp and ("cannot answer" in inp or "workers" in inp)
+    assert page.problems == []
+
+
 def test_the_models_page_shows_each_fit_with_its_held_out_plot_and_ranges(page, api: str) -> None:
     p = page.open(api + "/ui/models")
     fit = p.locator('section.fit[data-kind="speed"]')
@@ -290,7 +301,7 @@ def test_the_html_report_is_the_pages_in_one_file_that_makes_no_request(page, fl
     p = page.open(out.as_uri())
     assert requests == [out.as_uri()]  # scripts, styles and data are all in the file
     sections = p.eval_on_selector_all("section.page", "els => els.map(e => e.id)")
-    assert sections[:2] == ["fleet", "jobs"] and "job-sim-ps-5" in sections and sections[-3:] == ["findings", "alerts", "models"]
+    assert sections[:2] == ["fleet", "jobs"] and "job-sim-ps-5" in sections and sections[-4:] == ["findings", "recommendations", "alerts", "models"]
     ps = p.locator("#job-sim-ps-5")
     assert "8 workers x 1 PS" in ps.locator('.finding[data-kind="ps_bound"]').inner_text()
     assert ps.locator("section:has(h2:text-matches('^Over time')) .uplot").count() == 3
