@@ -508,117 +508,12 @@ def job_detail(db: Database, job: str) -> dict[str, Table]:
     return {"summary": Table(summary.columns, rows), "steps": steps(db, job), "findings": stored_findings(db, job)}
 
 
-# -- the fleet and one job over time (what the pages draw) ------------------------------------
-
-def fleet_summary(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
-                  lost_after: float = 3, with_nodes: bool = True) -> dict[str, Any]:
-    """The fleet page's stat strip (cmdare.analytics.fleet.summary)."""
-    from . import fleet
-
-    with db.read() as con:
-        return fleet.summary(con, since, until, lost_after, with_nodes)
-
-
-def gpu_heatmap(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
-                columns: int = 120, label: str | None = None) -> dict[str, Any]:
-    """Mean utilisation per GPU and time bucket (cmdare.analytics.fleet.heatmap)."""
-    from . import fleet
-
-    with db.read() as con:
-        return fleet.heatmap(con, since, until, columns, queries.parse_label(label))
-
-
-def job_series(db: Database, job: str, since: dt.datetime | None = None, until: dt.datetime | None = None,
-               columns: int = 120) -> dict[str, Any]:
-    """One job's speed, step time and input wait over time, and its ranks slowest first."""
-    from . import fleet
-
-    with db.read() as con:
-        _known_job(con, job)
-        return fleet.job_series(con, job, since, until, columns)
-
-
-# -- models and a job's advice (the models page, the job page) -------------------------------
-
-def stored_fits(db: Database) -> list[dict[str, Any]]:
-    """The latest stored fit of each kind: family, when, rows and groups, held-out error
-    (and its split inside / outside the fitted ranges), the families tried, the groups
-    predicted worst, coefficients, input ranges, and the held-out predictions against the
-    measured values."""
-    import json
-
-    out = []
-    with db.read() as con:
-        needs_schema(con, 5, "stored fits")
-        rows = con.execute(
-            """SELECT kind, fit_id, family, fitted_at, rows, groups, cv_mape, cv_r2, features, coefficients, model, cv
-               FROM model_fits QUALIFY row_number() OVER (PARTITION BY kind ORDER BY fitted_at DESC, fit_id DESC) = 1
-               ORDER BY kind""").fetchall()
-    for kind, fid, fam, at, n, g, mape, r2, feats, coefs, model, cv in rows:
-        m = json.loads(model) if model else {}
-        c = json.loads(cv) if cv else {}
-        out.append({"kind": kind, "fit_id": fid, "family": fam, "fitted_at": at, "rows": n, "groups": g,
-                    "cv_mape": mape, "cv_r2": r2, "features": json.loads(feats) if isinstance(feats, str) else feats,
-                    "coefficients": json.loads(coefs) if isinstance(coefs, str) else coefs,
-                    "input_ranges": m.get("input_ranges"), "families": c.get("families"), "worst": c.get("worst"),
-                    "in_range": c.get("in_range"), "extrapolated": c.get("extrapolated"),
-                    "held_out": c.get("held_out", [])})
-    return out
-
-
-def job_advice(db: Database, job: str) -> dict[str, Any]:
-    """What to do about one job now: its findings (the detectors run afresh, nothing
-    stored) and every recommendation they suggest, run, with its evidence and the fits it
-    rests on; or why it cannot answer."""
-    from . import codec
-    from .findings import NEXT_OPTIONS
-
-    b = bottlenecks(db, job, store=False, next_steps=True)
-    recs = []
-    for n in b.next:
-        item: dict[str, Any] = {"kind": n.kind, "command": n.command, "ok": n.ok, "reason": n.reason or None}
-        if n.ok:
-            try:
-                opt = NEXT_OPTIONS[n.kind][0]
-                item["recommendations"] = [codec.recommendation_json(r) for r in recommend(db, n.kind, **{opt: job})]
-            except AnalyticsError as e:
-                item |= {"ok": False, "reason": str(e).splitlines()[0][:200]}
-        recs.append(item)
-    return {"job": job, "findings": [codec.finding_json(f) for f in b.findings], "skipped": b.skipped,
-            "recommendations": recs}
-
-
-def scaling_curve(db: Database, job: str) -> dict[str, Any]:
-    """Cluster steps/s against workers for ``job``'s model on its accelerator and PS count:
-    the runs measured (every job of that model, accelerator and PS count), and the cluster
-    fit's prediction from this job with its interval (and where it extrapolates), for 1 ..
-    twice the most workers measured (at least 8)."""
-    from . import models
-
-    with db.read() as con:
-        _known_job(con, job)
-        speeds, _ = models.job_speeds(con)
-        me = next((j for j in speeds if j.job == job), None)
-        if me is None:
-            return {"job": job, "measured": [], "predicted": [], "note": "no steady speed for this job yet"}
-        same = sorted((j for j in speeds if j.model == me.model and j.accelerator == me.accelerator
-                       and j.ps == me.ps), key=lambda j: (j.workers, j.job))
-        cfit = latest_or_none(con, "cluster")
-    measured = [{"job": j.job, "workers": j.workers, "steps_per_second": round(j.speed, 4)} for j in same]
-    out: dict[str, Any] = {"job": job, "model": me.model, "accelerator": me.accelerator, "ps": me.ps,
-                           "measured": measured, "predicted": []}
-    if cfit is None or me.ps < 1:
-        out["note"] = ("no cluster fit: analyze fit cluster (with parameter-server runs of 3 architectures)"
-                       if me.ps >= 1 else "not a parameter-server job: the cluster fit does not apply")
-        return out
-    top = max(8, 2 * max(j.workers for j in same))
-    for w in range(1, top + 1):
-        try:
-            p = predict_cluster(db, [("", w)], me.ps, None, job)
-        except AnalyticsError as e:
-            out["note"] = str(e).splitlines()[0][:200]
-            break
-        out["predicted"].append({"workers": w, "steps_per_second": p["prediction"], "interval": p["interval"],
-                                 "extrapolated": bool(p.get("extrapolated"))})
-        out["fit_id"] = p["fit_id"]
-    return out
+# the pages' resources (the fleet, one job over time, a job's advice and scaling, stored fits)
+from .pageapi import (  # noqa: E402, F401  (re-exported; they call the functions above)
+    fleet_summary,
+    gpu_heatmap,
+    job_advice,
+    job_series,
+    scaling_curve,
+    stored_fits,
+)

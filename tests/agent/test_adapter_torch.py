@@ -84,7 +84,7 @@ def totals(got: list, job: str) -> tuple[int, float, float]:
 def test_dataloader_loops_input_bound_and_compute_bound(source) -> None:
     src, sock = source
     torch.set_num_threads(1)
-    slow, _ = train("torch-input", sock, width=32, hidden=32, work=40)
+    slow, _ = train("torch-input", sock, width=32, hidden=32, work=100)  # robustly input-bound on a loaded machine
     # each batch costs the loop ~2 ms to receive from a worker even when it is ready, so
     # the compute-bound model needs steps well above 20 ms: ~7 GFLOP per step here
     fast, _ = train("torch-compute", sock, width=1024, hidden=4096, work=0, deep=2)
