@@ -11,17 +11,7 @@ from pathlib import Path
 
 from cmdare.analytics.client import service_file
 from tests.conftest import BIN, agent_env, wait_for
-
-RULES = """
-groups:
-  - name: live
-    interval: 1s
-    rules:
-      - alert: AgentRunning
-        expr: SELECT node, 1 AS value FROM heartbeats WHERE ts > eval_time() - INTERVAL 5 SECOND GROUP BY node
-        labels: {severity: info}
-        annotations: {summary: "{{ $labels.node }} is sending heartbeats"}
-"""
+from tests.integration.test_alert_delivery import RULES  # AgentRunning: heartbeats in the last 3 s
 
 
 def test_a_live_collectors_pages_show_its_agents_and_an_alert_link_opens_the_alert(page, tmp_path: Path) -> None:
