@@ -150,8 +150,8 @@ class Remote:
     def _steps(self, job: str, **kw: Any) -> api.Table:
         return self._get_table(f"/api/v1/jobs/{_seg(job)}/steps", **kw)
 
-    def _goodput(self, job: str) -> api.Table:
-        return self._get_table(f"/api/v1/jobs/{_seg(job)}/goodput")
+    def _goodput(self, job: str, since: Any = None, until: Any = None) -> api.Table:
+        return self._get_table(f"/api/v1/jobs/{_seg(job)}/goodput", since=since, until=until)
 
     def _sql(self, query: str, max_rows: int | None = None, timeout: float | None = None) -> Any:
         from .safesql import SqlResult

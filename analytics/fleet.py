@@ -77,7 +77,7 @@ def summary(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt
             lost_after: float = 3, with_nodes: bool = True) -> dict[str, Any]:
     """Nodes by liveness (None without ``with_nodes``: a caller that reads the node table
     anyway counts them there), GPUs by state, jobs with steps in the window, stored findings
-    by severity, alerts by state, and goodput over the jobs with steps in the window."""
+    by severity, alerts by state, and goodput of those jobs' time inside the window."""
     nodes: dict[str, int] | None = None
     if with_nodes:
         nodes = {}
@@ -105,18 +105,22 @@ def summary(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt
     return {"since": _iso(since), "until": _iso(until), "nodes": nodes, "gpus": gpus,
             "gpu_thresholds": {"busy_pct": BUSY_PCT, "throttled_pct": THROTTLED_PCT},
             "jobs": {"running": len(jobs)}, "findings": findings, "alerts": alerts,
-            "goodput": _goodput(con, jobs)}
+            "goodput": _goodput(con, jobs, since, until)}
 
 
-def _goodput(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, Any]:
-    """Productive seconds over wall seconds summed over ``jobs`` (whole runs: goodput has no
-    time window yet), with the badput parts."""
+def _goodput(con: duckdb.DuckDBPyConnection, jobs: list[str], since: dt.datetime | None,
+             until: dt.datetime | None) -> dict[str, Any]:
+    """Productive seconds over wall seconds summed over ``jobs`` within the window (each job's
+    goodput cut at its edges), with the badput parts."""
     from .goodput import goodput
+
+    def epoch(t: dt.datetime | None) -> float | None:
+        return None if t is None else t.replace(tzinfo=dt.timezone.utc).timestamp()
 
     parts: dict[str, float] = {}
     for job in jobs[:500]:  # bounded work: a fleet page must answer
         try:
-            cols, rows = goodput(con, job).result()
+            cols, rows = goodput(con, job, epoch(since), epoch(until)).result()
         except AnalyticsError:
             continue
         for r in rows:

@@ -104,7 +104,12 @@ def _sweep(pieces: list[tuple[float, float, str]], start: float, end: float) -> 
     return out
 
 
-def goodput(con: duckdb.DuckDBPyConnection, job: str) -> Goodput:
+def goodput(con: duckdb.DuckDBPyConnection, job: str, since: float | None = None,
+            until: float | None = None) -> Goodput:
+    """``job``'s goodput over its whole run, or over the window [since, until) (epoch
+    seconds): the pieces are those of the whole run (lost work is judged against the run's
+    checkpoints wherever they fall), cut at the window's edges; the parts still add up to
+    the window's wall time (the part of it the job ran)."""
     needs_schema(con, 4, "analyze goodput")
     steps = con.execute(
         """
@@ -181,4 +186,9 @@ def goodput(con: duckdb.DuckDBPyConnection, job: str) -> Goodput:
 
     start = min([r.get("declared", r["first"]) for r in runs.values()])
     end = max([r["last"] for r in runs.values()] + [c[1] for c in ckpts if c[1] >= start])
+    if since is not None:
+        start = max(start, since)
+    if until is not None:
+        end = min(end, until)
+    end = max(end, start)  # a window the job did not run in: no wall time
     return Goodput(job, start, end, _sweep(pieces, start, end), len(runs), hit_notices, steps_lost)

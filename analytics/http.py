@@ -257,8 +257,9 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         return table(api.steps(db, job, node, since))
 
     @app.get("/api/v1/jobs/{job}/goodput", response_model=TableOut, tags=["jobs"])
-    def goodput(job: str = Path(max_length=512)) -> Any:
-        return table(api.goodput(db, job))
+    def goodput(job: str = Path(max_length=512), since: dt.datetime | None = Since(),
+                until: dt.datetime | None = Until()) -> Any:
+        return table(api.goodput(db, job, _naive(since), _naive(until)))
 
     def Columns() -> Any:
         return Query(120, ge=1, le=1440, description="time buckets across the window")

@@ -122,7 +122,7 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
         base = "/api/v1/jobs/" + j
         put(base)
         put(base + "/series", since=s, columns=COLUMNS)
-        put(base + "/goodput")
+        put(base + "/goodput", since=s)
         put(base + "/advice")
         put(base + "/scaling")
     data["$report"] = {"jobs": chosen, "since": s, "made": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),

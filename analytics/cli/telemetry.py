@@ -99,20 +99,25 @@ def revocations(since: str | None, region: str | None, gpu_type: str | None, db:
 
 @cli.command()
 @click.option("--job", required=True, help="the training job's id (see analyze jobs)")
+@click.option("--since", help="only the part of the job's wall time newer than this (e.g. 30m, 24h, 7d)")
+@until_option
 @db_option
 @json_option
-def goodput(job: str, db: str, as_json_: bool) -> None:
+def goodput(job: str, since: str | None, until: str | None, db: str, as_json_: bool) -> None:
     """Split a job's wall time into productive step time and badput: input wait, start-up,
     checkpoint save and restore, revocations (work redone since the last checkpoint, and
-    notice to steps resuming) and idle. The parts add up to the wall time.
+    notice to steps resuming) and idle. The parts add up to the wall time (with --since /
+    --until: the part of it inside that window).
 
     \b
     Example:
       analyze goodput --job resnet50-a
+      analyze goodput --job resnet50-a --since 24h
       analyze fit speed
       analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6 --json
     """
-    render.rows(call(db, "goodput", job=job), as_json_)
+    render.rows(call(db, "goodput", job=job, since=cutoff(since),
+                     until=time_option_value("--until", until)), as_json_)
 
 
 @cli.command()

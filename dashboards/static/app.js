@@ -196,7 +196,7 @@
       stat("findings", Object.values(sum.findings).reduce((a, b) => a + b, 0),
         Object.entries(sum.findings).map(([k, v]) => `${k} ${v}`).join(", ") || "none", sum.findings.critical ? "bad" : ""),
       stat("alerts firing", sum.alerts.firing || 0, `pending ${sum.alerts.pending || 0}`, sum.alerts.firing ? "bad" : ""),
-      stat("goodput", gp.productive_pct === null ? "n/a" : gp.productive_pct + " %", `${gp.jobs} jobs, whole runs`));
+      stat("goodput", gp.productive_pct === null ? "n/a" : gp.productive_pct + " %", `${gp.jobs} jobs, their time in the range`));
     out.append(strip);
     if (!REPORT) {
       const f = el("form", { class: "labelfilter" }, el("label", { text: "nodes with label " }),
@@ -317,7 +317,7 @@
     const job = (opts && opts.job) || main.dataset.job;
     const base = "/api/v1/jobs/" + encodeURIComponent(job);
     const detail = await get(base);  // first: an unknown job is said once, as the API says it
-    const [series, goodput] = await Promise.all([get(base + "/series", { since: since(), columns: 120 }), get(base + "/goodput")]);
+    const [series, goodput] = await Promise.all([get(base + "/series", { since: since(), columns: 120 }), get(base + "/goodput", { since: since() })]);
     const s = rowsOf(detail.summary)[0] || {};
     out.append(el("div", { class: "strip" },
       stat("steps/s per rank", s.steps_per_s), stat("examples/s", s.examples_per_s),
@@ -364,7 +364,7 @@
       if (p.category === "wall" || !p.seconds) continue;
       bar.append(el("span", { style: `width:${(100 * p.seconds) / Math.max(wall, 1e-9)}%;background:${colours[p.category] || "#999"}`, title: `${p.category} ${fmt(p.seconds, 1)} s (${p.pct} %)` }));
     }
-    out.append(section("Goodput and badput (the parts add up to the wall time)", bar, table(["category", "seconds", "pct"], parts, {})));
+    out.append(section("Goodput and badput in the range (the parts add up to the wall time)", bar, table(["category", "seconds", "pct"], parts, {})));
   };
 
   function scalingInto(box, c) {

@@ -269,6 +269,33 @@ def test_goodput_adds_up_to_the_wall_time(db: Path) -> None:
     assert parts == pytest.approx(got["wall"], abs=1e-6)
 
 
+def test_goodput_in_a_window_is_the_part_of_the_run_inside_it_and_windows_add_up(db: Path) -> None:
+    """The fleet page's "goodput of the last 24 h": a window cuts the same pieces at its
+    edges. Two windows split at any instant add up to the whole run, category by category."""
+    import datetime as dt
+
+    from cmdare.analytics import api
+    from cmdare.analytics.db import Database
+
+    whole = {r[0]: r[1] for r in api.goodput(Database(db), "j1").rows}
+
+    def at(x: float) -> dt.datetime:
+        return dt.datetime.fromtimestamp(x, dt.timezone.utc).replace(tzinfo=None)
+
+    for cut in (T0 + 10, T0 + 322.5, T0 + 650, T0 + 875):  # in start-up, a save, the lost work, the gap
+        a = {r[0]: r[1] for r in api.goodput(Database(db), "j1", None, at(cut)).rows}
+        b = {r[0]: r[1] for r in api.goodput(Database(db), "j1", at(cut), None).rows}
+        assert a["wall"] == pytest.approx(cut - T0) and b["wall"] == pytest.approx(T0 + 1030 - cut)
+        for k in whole:
+            assert a[k] + b[k] == pytest.approx(whole[k], abs=2e-3), (cut, k)
+    inside = {r["category"]: r["seconds"] for r in run("goodput", "--job", "j1", "--db", str(db), "--until",
+                                                            at(T0 + 320).isoformat())}
+    assert inside == {"productive": 240.0, "input_wait": 60.0, "startup": 20.0, "checkpoint_save": 0.0,
+                      "checkpoint_restore": 0.0, "revocation": 0.0, "idle": 0.0, "wall": 320.0}
+    nothing = api.goodput(Database(db), "j1", at(T0 + 5000), None)
+    assert {r[0]: r[1] for r in nothing.rows}["wall"] == 0 and all(r[2] is None for r in nothing.rows)
+
+
 def test_a_restarted_jobs_throughput_is_not_summed_over_its_runs(db: Path, tmp_path: Path) -> None:
     (j,) = run("jobs", "--db", str(db))
     # r1 then r2 (after the revocation), one rank each at 640 examples/s: one at a time
