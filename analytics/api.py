@@ -80,14 +80,10 @@ def steps(db: Database, job: str, node: str | None = None, since: dt.datetime | 
 
 def goodput(db: Database, job: str, since: dt.datetime | None = None, until: dt.datetime | None = None) -> Table:
     """A job's wall time (within [since, until) when given) split into goodput and badput."""
+    from .goodput import epoch
     from .goodput import goodput as compute
 
-    return _table(db, lambda con: compute(con, job, _epoch(since), _epoch(until)).result())
-
-
-def _epoch(t: dt.datetime | None) -> float | None:
-    """A naive UTC time (the database's) as epoch seconds."""
-    return None if t is None else t.replace(tzinfo=dt.timezone.utc).timestamp()
+    return _table(db, lambda con: compute(con, job, epoch(since), epoch(until)).result())
 
 
 def sql(db: Database, query: str, max_rows: int | None = None, timeout: float | None = None,

@@ -112,10 +112,7 @@ def _goodput(con: duckdb.DuckDBPyConnection, jobs: list[str], since: dt.datetime
              until: dt.datetime | None) -> dict[str, Any]:
     """Productive seconds over wall seconds summed over ``jobs`` within the window (each job's
     goodput cut at its edges), with the badput parts."""
-    from .goodput import goodput
-
-    def epoch(t: dt.datetime | None) -> float | None:
-        return None if t is None else t.replace(tzinfo=dt.timezone.utc).timestamp()
+    from .goodput import epoch, goodput
 
     parts: dict[str, float] = {}
     for job in jobs[:500]:  # bounded work: a fleet page must answer

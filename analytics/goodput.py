@@ -24,6 +24,7 @@ checkpoint save / restore, wasted progress and recovery after a disruption).
 
 from __future__ import annotations
 
+import datetime as dt
 import heapq
 from dataclasses import dataclass
 from typing import Any
@@ -102,6 +103,11 @@ def _sweep(pieces: list[tuple[float, float, str]], start: float, end: float) -> 
     if end > t:
         out["idle"] += end - t
     return out
+
+
+def epoch(t: dt.datetime | None) -> float | None:
+    """A naive UTC time (the database's) as the epoch seconds ``goodput`` takes."""
+    return None if t is None else t.replace(tzinfo=dt.timezone.utc).timestamp()
 
 
 def goodput(con: duckdb.DuckDBPyConnection, job: str, since: float | None = None,

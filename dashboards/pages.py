@@ -165,33 +165,19 @@ def mount(app: Any, token: str | None) -> None:
         p = PAGES[name]
         return HTMLResponse(shell(p, title or p.title, attrs), headers=headers)
 
-    @app.get("/ui", include_in_schema=False)
-    def fleet() -> Any:
-        return page("fleet")
+    def plain(name: str) -> Any:
+        def endpoint() -> Any:
+            return page(name)
 
-    @app.get("/ui/jobs", include_in_schema=False)
-    def jobs() -> Any:
-        return page("jobs")
+        return endpoint
+
+    for p in PAGES.values():  # every page of a fixed path: the registry is the route table
+        if p.path and "{" not in p.path:
+            app.add_api_route(p.path, plain(p.name), methods=["GET"], include_in_schema=False)
 
     @app.get("/ui/jobs/{job}", include_in_schema=False)
     def job(job: str = Path(max_length=512)) -> Any:
         return page("job", {"job": job}, f"Job {job}")
-
-    @app.get("/ui/findings", include_in_schema=False)
-    def findings() -> Any:
-        return page("findings")
-
-    @app.get("/ui/alerts", include_in_schema=False)
-    def alerts() -> Any:
-        return page("alerts")
-
-    @app.get("/ui/recommendations", include_in_schema=False)
-    def recommendations() -> Any:
-        return page("recommendations")
-
-    @app.get("/ui/models", include_in_schema=False)
-    def models() -> Any:
-        return page("models")
 
     @app.get("/ui/static/{name:path}", include_in_schema=False)
     def static(name: str) -> Any:

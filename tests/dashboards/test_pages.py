@@ -338,3 +338,20 @@ def test_the_readme_shows_the_pages_as_the_suite_took_them() -> None:
         img = ROOT / "docs" / "img" / f"{name}.png"
         assert f"](docs/img/{name}.png)" in readme.split("## Architecture")[0], name  # on the first screen
         assert img.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and 20_000 < img.stat().st_size < 600_000
+
+
+def test_ui_url_is_checked_and_a_credential_in_it_is_never_quoted() -> None:
+    from cmdare.analytics.service import parse_http
+
+    cfg = parse_http("127.0.0.1:0", ui_url="https://cmdare.example.com/fleet/")
+    assert cfg is not None and cfg.ui_url == "https://cmdare.example.com/fleet"
+    with pytest.raises(ValueError) as e:
+        parse_http("127.0.0.1:0", ui_url="https://admin:hunter2@cmdare.example.com")
+    assert "hunter2" not in str(e.value) and "admin" not in str(e.value) and "credentials" in str(e.value)
+    for bad in ("javascript:alert(1)", "ftp://x/", "https:///nohost", "https://h/?q=1", "x" * 5000):
+        with pytest.raises(ValueError, match="--ui-url") as e:
+            parse_http("127.0.0.1:0", ui_url=bad)
+        assert len(str(e.value)) < 120  # one line, a short excerpt
+    assert parse_http("off", ui_url="https://ok.example") is None  # checked even with the API off
+    with pytest.raises(ValueError):
+        parse_http("off", ui_url="https://u:p@ok.example")
