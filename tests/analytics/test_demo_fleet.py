@@ -126,15 +126,16 @@ def test_label_until_and_every_select_and_bucket_the_time_series(demo_db: Path) 
     assert sum(h["samples"] for h in labelled) == total  # the demo fleet: every node is simulated
     assert _cli(demo_db, "host", "--label", "team=vision").stdout.strip() == "(no rows)"
     assert _cli(demo_db, "nodes", "--label", "team=vision").stdout.strip() == "(no rows)"
+    # 30 minutes of samples touch 3 or 4 ten-minute buckets, as the clock falls (was >= 4: failed at :30)
     buckets = json.loads(_cli(demo_db, "host", "--every", "10m", "--json").stdout)
-    assert sum(h["samples"] for h in buckets) == total and len({h["bucket"] for h in buckets}) >= 4
+    assert sum(h["samples"] for h in buckets) == total and len({h["bucket"] for h in buckets}) >= 3
     assert list(buckets[0])[0] == "bucket"
     early = json.loads(_cli(demo_db, "host", "--until", "20m", "--json").stdout)
     late = json.loads(_cli(demo_db, "host", "--since", "20m", "--json").stdout)
     assert sum(h["samples"] for h in early) + sum(h["samples"] for h in late) == total
     assert 0 < sum(h["samples"] for h in early) < total
     gpus = json.loads(_cli(demo_db, "gpu", "--every", "10m", "--json").stdout)
-    assert len({g["bucket"] for g in gpus}) >= 4 and all("xid_events" in g for g in gpus)
+    assert len({g["bucket"] for g in gpus}) >= 3 and all("xid_events" in g for g in gpus)
 
 
 @pytest.mark.parametrize(("args", "error"), [
