@@ -327,6 +327,16 @@ PREDICTIONS: dict[str, dict[str, Any]] = {
         "gpu_type": Option("str", "", "the accelerator (catalogue name or alias)"),
         "hours": Option("float", 0.0, "hours after boot", lo=0, lo_open=True, hi=1e6),
     },
+    "checkpoint": {
+        "size_mb": Option("float", 0.0, "checkpoint size, MB", lo=0, lo_open=True, hi=1e8),
+        "tensors": Option("int", 0, "parameter tensors of the model (where known)", lo=1, hi=10**9),
+        "params": Option("int", 0, "parameters of the model (where known)", lo=1, hi=10**15),
+    },
+    "startup": {
+        "region": Option("str", "", "the region (e.g. us-east1)"),
+        "purchase": Option("str", "spot", "purchase option: spot or on-demand", choices=("spot", "on-demand")),
+        "gpu_type": Option("str", "", "the accelerator (e.g. p100)"),
+    },
 }
 
 
@@ -508,6 +518,9 @@ def job_detail(db: Database, job: str) -> dict[str, Table]:
         raise AnalyticsError(f"no such job {job!r} (analyze jobs lists them)")
     return {"summary": Table(summary.columns, rows), "steps": steps(db, job), "findings": stored_findings(db, job)}
 
+
+# the overheads' calls (import records, predict a save and a VM start-up)
+from .overheadapi import import_overheads, predict_checkpoint, predict_startup  # noqa: E402, F401
 
 # the pages' resources (the fleet, one job over time, a job's advice and scaling, stored fits)
 from .pageapi import (  # noqa: E402, F401  (re-exported; they call the functions above)

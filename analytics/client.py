@@ -209,6 +209,17 @@ class Remote:
         d = self.request("GET", f"/api/v1/recommendations/{_seg(kind.replace('_', '-'))}", _params(sent))
         return [codec.recommendation(r) for r in d]
 
+    def _import_overheads(self, kind: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.request("POST", f"/api/v1/imports/{_seg(kind)}", body={"records": records})
+
+    def _predict_checkpoint(self, size_mb: float, tensors: int | None = None, params: int | None = None) -> dict[str, Any]:
+        return codec.unplain(self.request("GET", "/api/v1/predictions/checkpoint",
+                                          _params({"size_mb": size_mb, "tensors": tensors, "params": params})))
+
+    def _predict_startup(self, region: str, purchase: str, gpu_type: str) -> dict[str, Any]:
+        return codec.unplain(self.request("GET", "/api/v1/predictions/startup",
+                                          {"region": region, "purchase": purchase, "gpu_type": gpu_type}))
+
     def _import_events(self, job: str, lines: list[bytes]) -> dict[str, Any]:
         return self.request("POST", "/api/v1/imports", body={"job": job, "events": [x.decode() for x in lines]})
 

@@ -42,10 +42,7 @@ class Limits:
     max_rule_files: int = 64
 
 
-def one_line(s: str, n: int = 500) -> str:
-    s = " ".join(str(s).split())
-    return s if len(s) <= n else s[: n - 3] + "..."
-
+from .output import one_line  # noqa: E402  (re-exported: the pages and the service use it from here)
 
 # -- bodies -----------------------------------------------------------------------------------
 
@@ -79,6 +76,11 @@ class FitBody(BaseModel):
 class ImportBody(BaseModel):
     job: str = Field(min_length=1, max_length=512)
     events: list[str] = Field(max_length=2_000_000)
+
+
+class OverheadBody(BaseModel):
+    records: list[dict[str, str | int | float | None]] = Field(
+        max_length=1_000_000, description="checkpoint or start-up records: the CSV format's columns as keys")
 
 
 class TableOut(BaseModel):
@@ -126,7 +128,7 @@ class Guard:
             # every body here is JSON: a client that did not say so (curl -d) is read as JSON
             scope = dict(scope, headers=[(k, v) for k, v in scope["headers"] if k != b"content-type"]
                          + [(b"content-type", b"application/json")])
-        limit = self.limits.max_import_body if scope["path"] == "/api/v1/imports" else self.limits.max_body
+        limit = self.limits.max_import_body if scope["path"].startswith("/api/v1/imports") else self.limits.max_body
         try:
             declared = int(headers.get(b"content-length", b"0") or 0)
         except ValueError:
@@ -373,6 +375,16 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
                            hours: float = Query(gt=0, le=1e6)) -> Any:
         return codec.plain(api.predict_revocation(db, region, gpu_type, hours))
 
+    @app.get("/api/v1/predictions/checkpoint", tags=["models"])
+    def predict_checkpoint(size_mb: float = Query(gt=0, le=1e8), tensors: int | None = Query(None, ge=1, le=10**9),
+                           params: int | None = Query(None, ge=1, le=10**15)) -> Any:
+        return codec.plain(api.predict_checkpoint(db, size_mb, tensors, params))
+
+    @app.get("/api/v1/predictions/startup", tags=["models"])
+    def predict_startup(region: str = Query(max_length=64), purchase: Literal["spot", "on-demand"] = Query(),
+                        gpu_type: str = Query(max_length=128)) -> Any:
+        return codec.plain(api.predict_startup(db, region, purchase, gpu_type))
+
     # recommendations: the options are the recommender's own option table, as query parameters
     @app.get("/api/v1/recommendations/{kind}", tags=["recommendations"])
     def recommendations(request: Request, kind: str = Path(max_length=64)) -> Any:
@@ -390,6 +402,10 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         return [codec.recommendation_json(r) for r in api.recommend(db, kind, **opts)]
 
     # imports
+    @app.post("/api/v1/imports/{kind}", tags=["imports"])
+    def import_overheads(body: OverheadBody, kind: Literal["checkpoints", "startups"] = Path()) -> Any:
+        return api.import_overheads(db, kind, body.records)
+
     @app.post("/api/v1/imports", tags=["imports"])
     def imports(body: ImportBody) -> Any:
         return api.import_events(db, body.job, [e.encode() for e in body.events])

@@ -64,3 +64,9 @@ def _jsonable(v: Any) -> Any:
 
 def as_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
     return json.dumps([{c: _jsonable(v) for c, v in zip(columns, r, strict=True)} for r in rows], default=str)
+
+
+def one_line(s: str, n: int = 500) -> str:
+    """``s`` on one line, at most ``n`` characters (errors quote no more)."""
+    s = " ".join(str(s).split())
+    return s if len(s) <= n else s[: n - 3] + "..."

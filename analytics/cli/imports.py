@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -11,6 +12,7 @@ from cmdare.wire.events import ROLES
 from cmdare.wire.tbevents import EXAMPLES_TAG, STEPS_TAG
 
 from ..db import AnalyticsError
+from ..overheads import FORMATS
 from . import call, cli, db_option, json_option
 
 
@@ -19,8 +21,10 @@ def import_() -> None:
     """Load historical runs into the database (read-write; not while a collector runs on it).
 
     \b
-    Example:
+    Examples:
       analyze import tensorboard runs/ --job resnet50-a --gpu-type v100 --workers 4
+      analyze import checkpoints checkpoints.csv
+      analyze import startups startups/
     """
 
 
@@ -120,3 +124,89 @@ def tensorboard(
             f"imported job {job}: {res.files} file(s), runs {', '.join(res.runs)}: {out['steps']} step intervals, "
             f"{out['scalars']} scalars stored ({out['duplicates']} already there)"
         )
+
+
+def _overheads(kind: str, paths: tuple[str, ...], db: str, as_json_: bool) -> None:
+    from .. import overheads
+
+    call(db, "import_overheads", kind=kind, records=[])  # the database first
+    try:
+        files = overheads.find(paths)
+        if len(files) > 1 and sys.stderr.isatty():
+            with click.progressbar(length=len(files), label=f"reading {kind}", file=sys.stderr,
+                                   show_pos=True, item_show_func=lambda p: p and Path(p).name) as bar:
+                recs = overheads.read(kind, files, progress=lambda p: bar.update(1, str(p)))
+        elif len(files) > 1:  # a log, not a terminal: one line a file
+            done = iter(range(1, len(files) + 1))
+            recs = overheads.read(kind, files, progress=lambda p: click.echo(
+                f"reading {kind}: {p.name} ({next(done)}/{len(files)})", err=True))
+        else:
+            recs = overheads.read(kind, files)
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    out = call(db, "import_overheads", kind=kind, records=recs.rows)
+    out["files"] = recs.files
+    if as_json_:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"imported {out['stored']} {kind[:-1]} record(s) from {recs.files} file(s)"
+                   + (f"; {out['duplicates']} already stored" if out["duplicates"] else "")
+                   + " (analyze fit overhead fits them)")
+
+
+_FORMAT_HELP = {
+    kind: "\n".join(f"  {c.name:15} {'required' if c.required else 'optional'}: {c.help}" for c in cols)
+    for kind, cols in FORMATS.items()
+}
+
+
+@import_.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@db_option
+@json_option
+def checkpoints(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
+    """Import checkpoint saves from CSV files (or directories of them): one save a row.
+
+    Columns (others ignored; a header line names them):
+
+    \b
+    {fmt}
+
+    Every file is checked before anything is written (a missing column or a bad value: one
+    line with the file, line and column, nothing stored); importing a file again stores
+    nothing twice. Then `analyze fit overhead` fits save time from size (and tensors /
+    params) and `analyze predict checkpoint` uses it.
+
+    \b
+    Example:
+      analyze import checkpoints checkpoints.csv
+    """
+    _overheads("checkpoints", paths, db, as_json_)
+
+
+@import_.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@db_option
+@json_option
+def startups(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
+    """Import cloud VM start-ups from CSV files (or directories of them): one VM a row, in
+    the phases the cloud reports.
+
+    Columns (others ignored; a header line names them):
+
+    \b
+    {fmt}
+
+    Checked whole before anything is written; importing again stores nothing twice. Then
+    `analyze fit overhead` fits start-up by region, purchase option and accelerator and
+    `analyze predict startup` uses it.
+
+    \b
+    Example:
+      analyze import startups startup.csv
+    """
+    _overheads("startups", paths, db, as_json_)
+
+
+checkpoints.help = (checkpoints.help or "").replace("{fmt}", _FORMAT_HELP["checkpoints"])
+startups.help = (startups.help or "").replace("{fmt}", _FORMAT_HELP["startups"])

@@ -145,3 +145,41 @@ def predict_revocation(db: str, as_json_: bool, **given: Any) -> None:
     """
     out = call(db, "predict_revocation", region=given["region"], gpu_type=given["gpu_type"], hours=given["hours"])
     render.prediction(out, as_json_, "probability")
+
+
+@predict.command(name="checkpoint")
+@table_options(api.PREDICTIONS["checkpoint"], size_mb={"required": True})
+@db_option
+@json_option
+def predict_checkpoint(db: str, as_json_: bool, **given: Any) -> None:
+    """Seconds to save a checkpoint of SIZE MB, from the overhead fit (imported and live
+    saves), with a 95% interval. The model's --tensors (and --params) sharpen it where the
+    fit's family uses them; without them the fit's size-only member answers.
+
+    \b
+    Examples:
+      analyze predict checkpoint --size-mb 48 --tensors 278
+      analyze predict checkpoint --size-mb 93 --json
+    """
+    out = call(db, "predict_checkpoint", size_mb=given["size_mb"], tensors=given.get("tensors"),
+               params=given.get("params"))
+    render.prediction(out, as_json_, "s")
+
+
+@predict.command(name="startup")
+@table_options(api.PREDICTIONS["startup"], region={"required": True}, purchase={"required": True},
+               gpu_type={"required": True})
+@db_option
+@json_option
+def predict_startup(db: str, as_json_: bool, **given: Any) -> None:
+    """Seconds from a VM request to the guest ready (the cloud's provisioning, staging and
+    booting phases) in this region, for this purchase option and accelerator, from the
+    overhead fit, with a 95% interval for one VM. A group never measured is predicted from
+    the nearest measured one and says that it extrapolates.
+
+    \b
+    Example:
+      analyze predict startup --region us-east1 --purchase spot --gpu-type p100 --json
+    """
+    out = call(db, "predict_startup", region=given["region"], purchase=given["purchase"], gpu_type=given["gpu_type"])
+    render.prediction(out, as_json_, "s")

@@ -139,6 +139,13 @@ def fit(f: api.FitResult, as_json_: bool) -> None:
             if k in f.model:
                 m = f.model[k]
                 click.echo(f"  {k}: mean {m['mean']:.1f}{_ci(m)}, n={m['n']}")
+        for part, what in (("checkpoint_save", "checkpoint save"), ("vm_startup", "VM start-up (cloud phases)")):
+            if part in f.model:
+                m = f.model[part]
+                fam = ", ".join(f"{k} {v * 100:.1f}%" for k, v in m["cv"]["families"].items())
+                click.echo(f"  {what}: {m['family']}, held-out MAPE {m['cv']['mape'] * 100:.1f}% over "
+                           f"{m['cv']['rows']} records ({m['cv']['imported']} imported, {m['cv']['live']} live); "
+                           f"families tried: {fam}")
         for g, m in f.model.get("vm_startup_seconds", {}).items():
             click.echo(f"  vm start-up {g}: mean {m['mean']:.1f}s{_ci(m)}, n={m['n']} "
                        f"({m.get('covers', 'kernel boot to agent ready')})")
@@ -178,8 +185,13 @@ def prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
     elif out.get("extrapolated") is None and out.get("extrapolation"):
         click.echo("  note: " + "; ".join(out["extrapolation"]))
     for k, v in out.items():
-        if k not in ("prediction", "interval", "fit_id", "extrapolated", "extrapolation", "interval_widened"):
-            click.echo(f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}")
+        if k in ("predicted", "prediction", "interval", "fit_id", "extrapolated", "extrapolation", "interval_widened"):
+            continue
+        if isinstance(v, dict):
+            v = ", ".join(f"{a} {b:.4g}" if isinstance(b, float) else f"{a} {b}" for a, b in v.items()) or "-"
+        elif isinstance(v, list) and not v:
+            continue
+        click.echo(f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}")
 
 
 def recommendation(rec: Any, as_json_: bool) -> None:

@@ -220,5 +220,7 @@ class Fit:
             "data_to": self.data_to.isoformat(sep=" ") if self.data_to else None,
             "coefficients": self.model.get("coefficients", {}),
             **{k: v for k, v in self.model.items() if k.endswith("_seconds")},  # overhead means
+            **{k: {"family": m["family"], "cv": {a: b for a, b in m["cv"].items() if a != "held_out"}}
+               for k, m in self.model.items() if k in ("checkpoint_save", "vm_startup")},  # overhead records' fits
             "notes": self.notes,
         }

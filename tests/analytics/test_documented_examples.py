@@ -105,6 +105,12 @@ def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     con = connect(db)
     Writer(con).write([("demo", encode_many(demo.events)), ("lives", encode_many(lives.events))])
     con.close()
+    for kind, f in (("checkpoints", "checkpoints.csv"), ("startups", "startup.csv")):  # CM-DARE's overheads
+        shutil.copy(DATA / "overheads" / f, d / f)
+        res = CliRunner().invoke(cli, ["import", kind, str(d / f), "--db", str(db)])
+        assert res.exit_code == 0, res.output
+    (d / "startups").mkdir()
+    shutil.copy(DATA / "overheads" / "startup.csv", d / "startups" / "2026-11.csv")
     for kind in ("speed", "cluster", "lifetime", "overhead"):
         res = CliRunner().invoke(cli, ["fit", kind, "--db", str(db)])
         assert res.exit_code == 0, (kind, res.output)
