@@ -29,6 +29,7 @@ class Table:
 
     columns: list[str]
     rows: list[tuple[Any, ...]]
+    notes: list[str] = field(default_factory=list)  # what the rows leave out, in words
 
 
 def _table(db: Database, fn: Any, *args: Any) -> Table:
@@ -78,12 +79,25 @@ def steps(db: Database, job: str, node: str | None = None, since: dt.datetime | 
     return _table(db, queries.steps, job, node, since)
 
 
-def goodput(db: Database, job: str, since: dt.datetime | None = None, until: dt.datetime | None = None) -> Table:
-    """A job's wall time (within [since, until) when given) split into goodput and badput."""
+def goodput(db: Database, job: str, since: dt.datetime | None = None, until: dt.datetime | None = None,
+            every: float | None = None) -> Table:
+    """A job's accelerator time (within [since, until) when given; per window of ``every``
+    seconds) in closed goodput / badput buckets, GPU-hours and dollars (cmdare.analytics.accounting)."""
+    from .accounting import job_table
     from .goodput import epoch
-    from .goodput import goodput as compute
 
-    return _table(db, lambda con: compute(con, job, epoch(since), epoch(until)).result())
+    return _table(db, lambda con: job_table(con, job, epoch(since), epoch(until), every))
+
+
+def fleet_goodput(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
+                  by: str = "fleet", every: float | None = None, detect: bool = False) -> Table:
+    """Every job's accelerator time in the range, rolled up ``by`` job, region, accelerator,
+    fleet or a node label (e.g. team); ``notes`` says what was not counted."""
+    from .accounting import fleet_table
+
+    with db.read() as con:
+        cols, rows, notes = fleet_table(con, since, until, by, every, detect)
+    return Table(cols, rows, notes=notes)
 
 
 def sql(db: Database, query: str, max_rows: int | None = None, timeout: float | None = None,

@@ -126,8 +126,9 @@ class Remote:
 
     # -- one method per library call: its resource, and its result rebuilt ----------------------
     def _get_table(self, route: str, **params: Any) -> api.Table:
-        cols, rows = codec.table_rows(self.request("GET", route, _params(params)))
-        return api.Table(cols, rows)
+        d = self.request("GET", route, _params(params))
+        cols, rows = codec.table_rows(d)
+        return api.Table(cols, rows, [str(n)[:500] for n in (d.get("notes") or [])[:20]])
 
     def _nodes(self, lost_after: float = 3, label: str | None = None) -> api.Table:
         return self._get_table("/api/v1/nodes", lost_after=lost_after, label=label)
@@ -150,8 +151,13 @@ class Remote:
     def _steps(self, job: str, **kw: Any) -> api.Table:
         return self._get_table(f"/api/v1/jobs/{_seg(job)}/steps", **kw)
 
-    def _goodput(self, job: str, since: Any = None, until: Any = None) -> api.Table:
-        return self._get_table(f"/api/v1/jobs/{_seg(job)}/goodput", since=since, until=until)
+    def _goodput(self, job: str, since: Any = None, until: Any = None, every: float | None = None) -> api.Table:
+        return self._get_table(f"/api/v1/jobs/{_seg(job)}/goodput", since=since, until=until, every=every)
+
+    def _fleet_goodput(self, since: Any = None, until: Any = None, by: str = "fleet", every: float | None = None,
+                       detect: bool = False) -> api.Table:
+        return self._get_table("/api/v1/goodput", since=since, until=until, by=by, every=every,
+                               detect=detect or None)
 
     def _sql(self, query: str, max_rows: int | None = None, timeout: float | None = None) -> Any:
         from .safesql import SqlResult

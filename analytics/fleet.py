@@ -112,17 +112,19 @@ def _goodput(con: duckdb.DuckDBPyConnection, jobs: list[str], since: dt.datetime
              until: dt.datetime | None) -> dict[str, Any]:
     """Productive seconds over wall seconds summed over ``jobs`` within the window (each job's
     goodput cut at its edges), with the badput parts."""
-    from .goodput import epoch, goodput
+    from . import prices
+    from .accounting import account
+    from .goodput import epoch
 
     parts: dict[str, float] = {}
-    for job in jobs[:500]:  # bounded work: a fleet page must answer
+    cat = prices.load()
+    for job in jobs[:500]:  # bounded work: a fleet page must answer (stored findings only: no detector runs)
         try:
-            cols, rows = goodput(con, job, epoch(since), epoch(until)).result()
+            acc = account(con, job, epoch(since), epoch(until), cat=cat, fresh=False)
         except AnalyticsError:
             continue
-        for r in rows:
-            d = dict(zip(cols, r, strict=True))
-            parts[d["category"]] = parts.get(d["category"], 0.0) + float(d["seconds"] or 0)
+        for k, v in (acc.seconds | {"wall": acc.total}).items():
+            parts[k] = parts.get(k, 0.0) + v
     wall = parts.get("wall", 0.0)
     return {"jobs": min(len(jobs), 500), "wall_seconds": wall,
             "productive_pct": round(100 * parts.get("productive", 0.0) / wall, 2) if wall > 0 else None,
@@ -286,13 +288,15 @@ def conclusions(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) 
     jobs = [j for (j,) in con.execute(
         "SELECT job FROM steps WHERE job IS NOT NULL AND ts >= ? GROUP BY job ORDER BY max(ts) DESC LIMIT ?",
         [since, MAX_METRIC_JOBS]).fetchall()]
-    from .goodput import goodput
+    from . import prices
+    from .accounting import account
 
     good: dict[str, dict[str, float]] = {}
-    for job in jobs:
+    cat = prices.load()
+    for job in jobs:  # accelerator-seconds per bucket ("wall": their total); stored findings only
         try:
-            cols, rows = goodput(con, job).result()
+            acc = account(con, job, cat=cat, fresh=False)
         except AnalyticsError:
             continue
-        good[job] = {r[cols.index("category")]: float(r[cols.index("seconds")] or 0) for r in rows}
+        good[job] = acc.seconds | {"wall": acc.total}
     return {"findings": findings, "goodput": good}

@@ -87,6 +87,7 @@ class TableOut(BaseModel):
     columns: list[str]
     types: list[str]
     rows: list[list[Any]]
+    notes: list[str] | None = None
 
 
 class SqlOut(TableOut):
@@ -193,7 +194,7 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         return JSONResponse({"error": f"internal error ({type(e).__name__}): see the collector's log"}, 500)
 
     def table(t: api.Table) -> dict[str, Any]:
-        return codec.table_json(t.columns, t.rows)
+        return codec.table_json(t.columns, t.rows) | ({"notes": t.notes} if t.notes else {})
 
     @app.get("/healthz", tags=["service"])
     def healthz() -> dict[str, str]:
@@ -258,10 +259,16 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
               since: dt.datetime | None = Since()) -> Any:
         return table(api.steps(db, job, node, since))
 
+    @app.get("/api/v1/goodput", response_model=TableOut, tags=["jobs"])
+    def fleet_goodput(since: dt.datetime | None = Since(), until: dt.datetime | None = Query(None),
+                      by: str = Query("fleet", max_length=64, pattern=r"^[A-Za-z0-9_.-]+$"),
+                      every: float | None = Query(None, ge=60, le=1e8), detect: bool = False) -> Any:
+        return table(api.fleet_goodput(db, _naive(since), _naive(until), by, every, detect))
+
     @app.get("/api/v1/jobs/{job}/goodput", response_model=TableOut, tags=["jobs"])
     def goodput(job: str = Path(max_length=512), since: dt.datetime | None = Since(),
-                until: dt.datetime | None = Until()) -> Any:
-        return table(api.goodput(db, job, _naive(since), _naive(until)))
+                until: dt.datetime | None = Until(), every: float | None = Query(None, ge=60, le=1e8)) -> Any:
+        return table(api.goodput(db, job, _naive(since), _naive(until), every))
 
     def Columns() -> Any:
         return Query(120, ge=1, le=1440, description="time buckets across the window")

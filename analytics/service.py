@@ -220,9 +220,9 @@ class Service:
         for job, kind, sev, n in c["findings"]:
             f.add_metric([job, kind, sev], n)
         yield f
-        g = GaugeMetricFamily("cmdare_job_goodput_ratio", "productive share of a running job's wall time",
+        g = GaugeMetricFamily("cmdare_job_goodput_ratio", "productive share of a running job's accelerator time",
                               labels=("job",))
-        b = GaugeMetricFamily("cmdare_job_badput_seconds", "a running job's wall time lost, by cause",
+        b = GaugeMetricFamily("cmdare_job_badput_seconds", "a running job's accelerator-seconds lost, by cause",
                               labels=("job", "category"))
         for job, parts in sorted(c["goodput"].items()):
             wall = parts.get("wall", 0.0)

@@ -98,26 +98,58 @@ def revocations(since: str | None, region: str | None, gpu_type: str | None, db:
 
 
 @cli.command()
-@click.option("--job", required=True, help="the training job's id (see analyze jobs)")
-@click.option("--since", help="only the part of the job's wall time newer than this (e.g. 30m, 24h, 7d)")
+@click.option("--job", help="the training job's id (see analyze jobs)")
+@click.option("--fleet", is_flag=True, help="every job that stepped in the range, rolled up --by")
+@click.option("--by", default="fleet", show_default=True, metavar="job|region|accelerator|fleet|LABEL",
+              help="with --fleet: one row per job, region, accelerator, the fleet, or value of a node label (team)")
+@click.option("--detect", is_flag=True, help="with --fleet: run the detectors now for jobs with no stored findings")
+@click.option("--since", help="only the part of the wall time newer than this (e.g. 30m, 24h, 7d)")
 @until_option
+@every_option
+@columns_option
+@wide_option
 @db_option
 @json_option
-def goodput(job: str, since: str | None, until: str | None, db: str, as_json_: bool) -> None:
-    """Split a job's wall time into productive step time and badput: input wait, start-up,
-    checkpoint save and restore, revocations (work redone since the last checkpoint, and
-    notice to steps resuming) and idle. The parts add up to the wall time (with --since /
-    --until: the part of it inside that window).
+def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | None, until: str | None,
+            every: str | None, columns: str | None, wide: bool, db: str, as_json_: bool) -> None:
+    """Split accelerator time (wall time x the GPUs held) into closed buckets: productive
+    steps, start-up, checkpoint save and restore, input wait, waiting on a saturated PS,
+    stragglers, idle accelerators, work lost to revocations and restarts, and other. Every
+    GPU-second lands in exactly one; the buckets add up to the total. GPU-hours, and dollars
+    from the price catalogue (spot or on-demand price of each node's instance type).
+
+    PS wait, stragglers and idle GPUs come from the detectors' evidence (the findings
+    analyze bottlenecks stored; for one job, run now when none are stored). With --fleet,
+    every job that stepped in the range, one row per --by group.
 
     \b
-    Example:
+    Examples:
       analyze goodput --job resnet50-a
-      analyze goodput --job resnet50-a --since 24h
-      analyze fit speed
-      analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6 --json
+      analyze goodput --job resnet50-a --since 24h --every 1h
+      analyze goodput --fleet --since 7d --by team
     """
-    render.rows(call(db, "goodput", job=job, since=cutoff(since),
-                     until=time_option_value("--until", until)), as_json_)
+    if fleet == bool(job):
+        raise click.UsageError("give --job JOB, or --fleet (with --by)")
+    if not fleet and (by != "fleet" or detect):
+        raise click.UsageError("--by and --detect go with --fleet")
+    if len(by) > 64 or not all(c.isalnum() or c in "_.-" for c in by):
+        raise click.BadParameter("a group (job, region, accelerator, fleet) or a label key", param_hint="--by")
+    ev = every_value(every)
+    if ev is not None and ev < 60:
+        raise click.BadParameter("goodput windows are at least 1m", param_hint="--every")
+    if fleet:
+        t = call(db, "fleet_goodput", since=cutoff(since), until=time_option_value("--until", until), by=by,
+                 every=ev, detect=detect)
+    else:
+        t = call(db, "goodput", job=job, since=cutoff(since), until=time_option_value("--until", until), every=ev)
+    default = None
+    if fleet:  # the bucket columns are many: the main ones, and the badput buckets that hold anything
+        busy = {c for c in t.columns if c.endswith("_gpu_hours") and c != "productive_gpu_hours"
+                and any(r[t.columns.index(c)] for r in t.rows)}
+        default = ("window", by, "jobs", "gpu_hours", "goodput_pct", *sorted(busy), "dollars", "badput_dollars")
+    render.rows(t, as_json_, columns, default, wide)
+    for n in t.notes:
+        click.echo(f"note: {n}", err=True)
 
 
 @cli.command()

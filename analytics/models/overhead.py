@@ -92,8 +92,8 @@ def fit_overhead(con: duckdb.DuckDBPyConnection) -> Fit:
     if ckpt_rows := checkpoint_rows(con):
         try:
             model["checkpoint_save"] = fit_checkpoint(ckpt_rows)
-        except AnalyticsError as e:
-            notes.append(str(e))
+        except AnalyticsError as e:  # says the same as the live-only fit's note, and what to import
+            notes = [n for n in notes if not n.startswith("checkpoint save: needs")] + [str(e)]
     if vm_rows := startup_rows(con, whole):
         try:
             model["vm_startup"] = fit_startup(vm_rows)

@@ -356,15 +356,17 @@
       ["run", "rank", "node", "steps", "step_mean_s", "vs_median_pct", "step_p95_s", "input_wait_pct"], series.ranks,
       { highlight: (r) => (r.vs_median_pct || 0) >= 10 })));
     const parts = rowsOf(goodput);
-    const wall = (parts.find((p) => p.category === "wall") || {}).seconds || 0;
+    const wall = (parts.find((p) => p.category === "total") || {}).seconds || 0;
     const colours = { productive: "#15803d", input_wait: "#7c3aed", startup: "#0891b2", checkpoint_save: "#b45309",
-      checkpoint_restore: "#ca8a04", revocation: "#b91c1c", idle: "#667085" };
+      checkpoint_restore: "#ca8a04", revocation: "#b91c1c", ps_wait: "#db2777", straggler: "#ea580c",
+      idle_accelerators: "#475569", other: "#98a2b3" };
     const bar = el("div", { class: "bar" });
     for (const p of parts) {
-      if (p.category === "wall" || !p.seconds) continue;
+      if (p.category === "total" || !p.seconds) continue;
       bar.append(el("span", { style: `width:${(100 * p.seconds) / Math.max(wall, 1e-9)}%;background:${colours[p.category] || "#999"}`, title: `${p.category} ${fmt(p.seconds, 1)} s (${p.pct} %)` }));
     }
-    out.append(section("Goodput and badput in the range (the parts add up to the wall time)", bar, table(["category", "seconds", "pct"], parts, {})));
+    out.append(section("Goodput and badput of the accelerator time in the range (the parts add up to the total)", bar,
+      table(["category", "gpu_hours", "pct", "dollars"], parts, {})));
   };
 
   function scalingInto(box, c) {

@@ -262,11 +262,13 @@ def test_goodput_adds_up_to_the_wall_time(db: Path) -> None:
         # r1's steps after the step-3000 save (+325..+625, redone by r2) and from the end of
         # r1 to r2's first step (+625..+720) less the restore: 300 + 95 - 8
         "revocation": 387.0,
-        "idle": 10.0,  # r2's evaluation gap
-        "wall": 1030.0,
+        "other": 10.0,  # r2's evaluation gap
+        # one accelerator (world size 1), no finding: nothing else
+        "ps_wait": 0.0, "straggler": 0.0, "idle_accelerators": 0.0,
+        "total": 1030.0,
     }
-    parts = sum(v for k, v in got.items() if k != "wall")
-    assert parts == pytest.approx(got["wall"], abs=1e-6)
+    parts = sum(v for k, v in got.items() if k != "total")
+    assert parts == pytest.approx(got["total"], abs=1e-6)
 
 
 def test_goodput_in_a_window_is_the_part_of_the_run_inside_it_and_windows_add_up(db: Path) -> None:
@@ -285,15 +287,16 @@ def test_goodput_in_a_window_is_the_part_of_the_run_inside_it_and_windows_add_up
     for cut in (T0 + 10, T0 + 322.5, T0 + 650, T0 + 875):  # in start-up, a save, the lost work, the gap
         a = {r[0]: r[1] for r in api.goodput(Database(db), "j1", None, at(cut)).rows}
         b = {r[0]: r[1] for r in api.goodput(Database(db), "j1", at(cut), None).rows}
-        assert a["wall"] == pytest.approx(cut - T0) and b["wall"] == pytest.approx(T0 + 1030 - cut)
+        assert a["total"] == pytest.approx(cut - T0) and b["total"] == pytest.approx(T0 + 1030 - cut)
         for k in whole:
             assert a[k] + b[k] == pytest.approx(whole[k], abs=2e-3), (cut, k)
     inside = {r["category"]: r["seconds"] for r in run("goodput", "--job", "j1", "--db", str(db), "--until",
                                                             at(T0 + 320).isoformat())}
     assert inside == {"productive": 240.0, "input_wait": 60.0, "startup": 20.0, "checkpoint_save": 0.0,
-                      "checkpoint_restore": 0.0, "revocation": 0.0, "idle": 0.0, "wall": 320.0}
+                      "checkpoint_restore": 0.0, "revocation": 0.0, "other": 0.0, "ps_wait": 0.0, "straggler": 0.0,
+                      "idle_accelerators": 0.0, "total": 320.0}
     nothing = api.goodput(Database(db), "j1", at(T0 + 5000), None)
-    assert {r[0]: r[1] for r in nothing.rows}["wall"] == 0 and all(r[2] is None for r in nothing.rows)
+    assert {r[0]: r[1] for r in nothing.rows}["total"] == 0 and all(r[3] is None for r in nothing.rows)
 
 
 def test_a_restarted_jobs_throughput_is_not_summed_over_its_runs(db: Path, tmp_path: Path) -> None:

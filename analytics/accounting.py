@@ -1,0 +1,361 @@
+"""Accelerator time of jobs in closed buckets, in GPU-hours and dollars, rolled up.
+
+A job's accelerator time over a window is its wall time there (``goodput``: the job's own
+time line, each instant once) times the accelerators it held: the distinct GPUs its samples
+name in the window, else its declared world size (one accelerator a worker), else its
+stepping nodes. Every accelerator-second lands in exactly one bucket:
+
+- ``startup``, ``checkpoint_save``, ``checkpoint_restore``, ``input_wait``, ``revocation``
+  (work lost and the time until steps resumed): the wall-time buckets, times the GPUs;
+- the productive step time is then split by the detectors' evidence, in this order, each
+  taking its share of what is left: ``idle_accelerators`` (gpu_idle: idle GPUs x their idle
+  share, over the job's GPUs), ``straggler`` (the slowest rank's slowdown s: the others wait
+  1 - 1/s of each step), ``ps_wait`` (ps_bound: 1 - the measured scaling efficiency);
+  ``productive`` is what remains;
+- ``other``: the rest of the wall time (gaps without telemetry, evaluation, a crash's
+  downtime).
+
+Findings are those ``analyze bottlenecks`` stored for the job and overlapping the window;
+a job without stored findings has the detectors run for it (``fresh``). Dollars: each GPU
+hour at its node's price (the price catalogue's spot or on-demand price of the node's
+instance type and region, over its accelerators), the job's nodes averaged; a job whose
+nodes have no catalogue price has no dollars (said, never zero).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from .db import AnalyticsError
+from .goodput import goodput
+
+BUCKETS = ("productive", "startup", "checkpoint_save", "checkpoint_restore", "input_wait", "ps_wait", "straggler",
+           "idle_accelerators", "revocation", "other")
+DETECTORS = ("gpu_idle", "straggler", "ps_bound")
+BY = ("job", "region", "accelerator", "fleet")  # or any node label key (team, ...)
+
+
+@dataclass
+class JobAccount:
+    job: str
+    start: float
+    end: float
+    gpus: int
+    gpus_from: str
+    seconds: dict[str, float]  # accelerator-seconds per bucket
+    usd_per_gpu_hour: float | None
+    groups: dict[str, str] = field(default_factory=dict)  # region, accelerator, labels
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def dollars(self, bucket: str | None = None) -> float | None:
+        if self.usd_per_gpu_hour is None:
+            return None
+        s = self.total if bucket is None else self.seconds[bucket]
+        return s / 3600.0 * self.usd_per_gpu_hour
+
+
+def _gpus(con: duckdb.DuckDBPyConnection, job: str, t0: dt.datetime, t1: dt.datetime) -> tuple[int, str]:
+    n = con.execute(  # the 5-minute rollup (exact: pending samples are read raw), not every sample
+        """SELECT count(DISTINCT (node, "index")) FROM gpu_5m WHERE job = ? AND bucket >= ? - INTERVAL 5 MINUTE
+             AND bucket <= ?""", [job, t0, t1]).fetchall()[0][0]
+    if n:
+        return int(n), "GPU samples"
+    w = con.execute("SELECT arg_max(world_size, ts) FROM jobs WHERE job = ?", [job]).fetchall()[0][0]
+    if w:
+        return int(w), "declared world size"
+    n = con.execute("SELECT count(DISTINCT node) FROM steps WHERE job = ?", [job]).fetchall()[0][0]
+    return max(1, int(n)), "stepping nodes"
+
+
+def _nodes(con: duckdb.DuckDBPyConnection, job: str) -> list[tuple[str, str | None, str | None, bool | None, str | None, int | None, str]]:
+    """The job's stepping nodes: region, instance type, spot, accelerator, its count, labels."""
+    return con.execute(
+        """WITH n AS (SELECT DISTINCT node FROM steps WHERE job = ?),
+           i AS (SELECT node, arg_max(region, ts) AS region, arg_max(instance_type, ts) AS itype,
+                        arg_max(spot, ts) AS spot, arg_max(accelerator, ts) AS acc,
+                        arg_max(accelerator_count, ts) AS acc_n
+                 FROM instance_identity WHERE node IN (SELECT node FROM n) GROUP BY node),
+           g AS (SELECT node, any_value(name) AS gname, count(DISTINCT "index") AS gn FROM gpu_5m
+                 WHERE node IN (SELECT node FROM n) GROUP BY node)
+           SELECT n.node, i.region, i.itype, i.spot, coalesce(i.acc, g.gname), coalesce(i.acc_n, g.gn),
+                  coalesce(nd.labels::VARCHAR, '{}')
+           FROM n LEFT JOIN i USING (node) LEFT JOIN g USING (node) LEFT JOIN nodes nd USING (node) ORDER BY n.node""",
+        [job]).fetchall()
+
+
+def _acc_name(name: str | None) -> str | None:
+    from . import catalog
+
+    if not name:
+        return None
+    try:
+        return catalog.lookup(name).name
+    except AnalyticsError:
+        return None
+
+
+def _price(nodes: list[tuple], cat: dict[Any, Any]) -> tuple[float | None, str]:
+    """$/GPU-hour averaged over the priced nodes: the catalogue's row for the node's instance
+    type in its region, or (GCE: GPUs attached to a VM) for ``TYPE+NxACC``."""
+    from . import prices
+
+    per = []
+    for _node, region, itype, spot, acc, acc_n, _labels in nodes:
+        if not itype:
+            continue
+        p = None
+        short = _acc_name(acc)
+        for name in (*([f"{itype}+{acc_n}x{short}"] if short and acc_n else []), itype):
+            try:
+                p = prices.lookup(name, region, cat) or prices.lookup(name, None, cat)
+            except AnalyticsError:
+                p = None
+            if p is not None and not p.accelerator_count and acc_n:
+                p = None  # a CPU host's price does not cover the node's GPUs
+            if p is not None:
+                break
+        usd = None if p is None else (p.spot if spot else p.on_demand)
+        count = p.accelerator_count if p is not None and p.accelerator_count else acc_n
+        if usd is not None and count:
+            per.append(usd / count)
+    if not per:
+        return None, "no catalogue price for the job's instance types"
+    return sum(per) / len(per), f"price catalogue ({len(per)} of {len(nodes)} nodes priced)"
+
+
+def _groups(nodes: list[tuple], declared_acc: str | None) -> dict[str, str]:
+    def most(xs: list[Any]) -> str:
+        xs = [x for x in xs if x]
+        return max(sorted(set(xs)), key=xs.count) if xs else "unknown"
+
+    out = {"region": most([n[1] for n in nodes]), "accelerator": most([_acc_name(n[4]) or n[4] for n in nodes])}
+    if out["accelerator"] == "unknown" and declared_acc:
+        out["accelerator"] = declared_acc
+    labels: dict[str, list[str]] = {}
+    for n in nodes:
+        try:
+            d = json.loads(n[6])
+        except ValueError:
+            continue
+        for k, v in (d if isinstance(d, dict) else {}).items():
+            labels.setdefault(str(k), []).append(str(v))
+    for k, vs in labels.items():
+        out["label:" + k] = most(vs)
+    return out
+
+
+def stored_findings(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, t0: dt.datetime,
+                    t1: dt.datetime) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """job -> [(kind, evidence)] of the stored findings of these kinds overlapping [t0, t1]."""
+    rows = con.execute(
+        f"""SELECT job, kind, evidence::VARCHAR FROM findings
+            WHERE kind IN ({", ".join("?" * len(DETECTORS))}) AND job IS NOT NULL
+              AND coalesce(window_end, detected_at) >= ? AND coalesce(window_start, first_detected) <= ?
+              {"AND job IN (SELECT unnest(?))" if jobs is not None else ""}""",
+        [*DETECTORS, t0, t1, *([jobs] if jobs is not None else [])]).fetchall()
+    out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for job, kind, ev in rows:
+        try:
+            out.setdefault(job, []).append((kind, json.loads(ev) or {}))
+        except ValueError:
+            continue
+    return out
+
+
+def fresh_findings(con: duckdb.DuckDBPyConnection, job: str | None, t0: dt.datetime,
+                   t1: dt.datetime) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """The same, from running the detectors now (one job, or every job)."""
+    from . import findings
+    from .units import Scope
+
+    out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    res = findings.run(con, Scope(job, t0, t1), list(DETECTORS), {})
+    for f in res.findings:
+        if f.job:
+            out.setdefault(f.job, []).append((f.kind, dict(f.evidence)))
+    return out
+
+
+def shares(found: list[tuple[str, dict[str, Any]]], gpus: int) -> dict[str, float]:
+    """The productive time's shares the evidence takes: idle, straggler, ps_wait (each of
+    what is left after the one before)."""
+    idle = sum(float(e.get("idle_gpus", 0)) * float(e.get("idle_share", 1.0)) for k, e in found
+               if k == "gpu_idle" and e.get("in_job", True) is not False)
+    slow = max([float(e.get("slowdown", 1.0)) for k, e in found if k == "straggler"] or [1.0])
+    eff = min([float(e["efficiency"]) for k, e in found if k == "ps_bound" and e.get("efficiency") is not None] or [1.0])
+
+    def frac(x: float) -> float:
+        return min(1.0, max(0.0, x)) if math.isfinite(x) else 0.0
+
+    return {"idle_accelerators": frac(idle / gpus) if gpus else 0.0,
+            "straggler": frac(1.0 - 1.0 / slow) if slow > 0 else 0.0,
+            "ps_wait": frac(1.0 - eff)}
+
+
+def account(con: duckdb.DuckDBPyConnection, job: str, since: float | None = None, until: float | None = None,
+            found: list[tuple[str, dict[str, Any]]] | None = None, cat: dict[Any, Any] | None = None,
+            fresh: bool = True) -> JobAccount:
+    """Job ``job``'s accelerator time over [since, until) (epoch seconds) in BUCKETS."""
+    from . import prices
+
+    g = goodput(con, job, since, until)
+    t0 = dt.datetime.fromtimestamp(g.start, dt.timezone.utc).replace(tzinfo=None)
+    t1 = dt.datetime.fromtimestamp(g.end, dt.timezone.utc).replace(tzinfo=None)
+    gpus, gpus_from = _gpus(con, job, t0, t1)
+    if found is None:
+        found = stored_findings(con, [job], t0, t1).get(job)
+        if found is None and fresh:
+            found = fresh_findings(con, job, t0, t1).get(job, [])
+    found = found or []
+    sh = shares(found, gpus)
+    w = g.seconds
+    sec = {b: 0.0 for b in BUCKETS}
+    for b in ("startup", "checkpoint_save", "checkpoint_restore", "input_wait", "revocation"):
+        sec[b] = w[b] * gpus
+    left = w["productive"] * gpus
+    for b in ("idle_accelerators", "straggler", "ps_wait"):
+        sec[b] = left * sh[b]
+        left -= sec[b]
+    sec["productive"] = left
+    sec["other"] = (g.wall * gpus) - sum(v for k, v in sec.items() if k != "other")
+    sec["other"] = max(0.0, sec["other"])  # rounding: the parts add to the wall time x GPUs
+    nodes = _nodes(con, job)
+    declared = con.execute("SELECT arg_max(accelerator, ts) FROM jobs WHERE job = ?", [job]).fetchall()[0][0]
+    usd, price_from = _price(nodes, cat if cat is not None else prices.load())
+    return JobAccount(job, g.start, g.end, gpus, gpus_from, sec, usd, _groups(nodes, declared),
+                      {"shares": sh, "findings": sorted({k for k, _ in found}), "price_from": price_from})
+
+
+def jobs_in(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None) -> list[str]:
+    return [j for (j,) in con.execute(
+        """SELECT DISTINCT job FROM steps WHERE job IS NOT NULL AND ($s IS NULL OR ts >= $s)
+             AND ($u IS NULL OR ts - to_microseconds(CAST(coalesce(steps / nullif(steps_per_second, 0), 0) * 1e6 AS BIGINT)) < $u)
+           ORDER BY 1""", {"s": since, "u": until}).fetchall()]
+
+
+def rollup(accounts: list[JobAccount], by: str) -> tuple[list[str], list[list[Any]]]:
+    """One row per group: accelerator-hours per bucket, total, goodput %, dollars."""
+    key = {"job": lambda a: a.job, "fleet": lambda a: "fleet", "region": lambda a: a.groups.get("region", "unknown"),
+           "accelerator": lambda a: a.groups.get("accelerator", "unknown")}.get(
+        by, lambda a: a.groups.get("label:" + by, "(no " + by + " label)"))
+    groups: dict[str, list[JobAccount]] = {}
+    for a in accounts:
+        groups.setdefault(key(a), []).append(a)
+    cols = [by, "jobs", "gpu_hours", "goodput_pct", *[f"{b}_gpu_hours" for b in BUCKETS], "dollars",
+            "badput_dollars", "unpriced_jobs"]
+    rows = []
+    for name, accs in sorted(groups.items()):
+        tot = sum(a.total for a in accs)
+        per = {b: sum(a.seconds[b] for a in accs) for b in BUCKETS}
+        priced = [a for a in accs if a.usd_per_gpu_hour is not None]
+        dollars = sum(a.dollars() or 0.0 for a in priced) if priced else None
+        bad = sum((a.dollars() or 0.0) - (a.dollars("productive") or 0.0) for a in priced) if priced else None
+        rows.append([name, len(accs), round(tot / 3600, 4), round(100 * per["productive"] / tot, 2) if tot else None,
+                     *[round(per[b] / 3600, 4) for b in BUCKETS],
+                     None if dollars is None else round(dollars, 2), None if bad is None else round(bad, 2),
+                     len(accs) - len(priced)])
+    return cols, rows
+
+
+MAX_WINDOWS = 1000
+
+
+def windows(t0: float, t1: float, every: float | None) -> list[tuple[float, float]]:
+    """[t0, t1) cut at multiples of ``every`` (epoch-aligned), or whole."""
+    if every is None:
+        return [(t0, t1)]
+    if (t1 - t0) / every > MAX_WINDOWS:
+        raise AnalyticsError(f"--every: {(t1 - t0) / every:.0f} windows; at most {MAX_WINDOWS}: a longer --every "
+                             "or a shorter range")
+    out, a = [], t0
+    while a < t1:
+        b = min(t1, (math.floor(a / every) + 1) * every)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def _stamp(t: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).replace(tzinfo=None)
+
+
+def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, until: float | None,
+              every: float | None = None) -> tuple[list[str], list[list[Any]]]:
+    """One job: a row per bucket (and a ``total``) with accelerator-seconds, GPU-hours, % and
+    dollars; with ``every``, those rows per window (a leading ``window`` column)."""
+    from . import prices
+
+    whole = goodput(con, job, since, until)
+    cat = prices.load()
+    found = stored_findings(con, [job], _stamp(whole.start), _stamp(whole.end)).get(job)
+    if found is None:
+        found = fresh_findings(con, job, _stamp(whole.start), _stamp(whole.end)).get(job, [])
+    rows = []
+    for a, b in windows(whole.start, whole.end, every) if whole.end > whole.start else [(whole.start, whole.end)]:
+        acc = account(con, job, a, b, found=found, cat=cat)
+        tot = acc.total
+        lead = [_stamp(a)] if every is not None else []
+        for k in (*BUCKETS, "total"):
+            s = tot if k == "total" else acc.seconds[k]
+            d = acc.dollars(None if k == "total" else k)
+            rows.append([*lead, k, round(s, 3), round(s / 3600, 4), round(100 * s / tot, 2) if tot else None,
+                         None if d is None else round(d, 4)])
+    cols = (["window"] if every is not None else []) + ["category", "seconds", "gpu_hours", "pct", "dollars"]
+    return cols, rows
+
+
+def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None, by: str,
+                every: float | None = None, detect: bool = False) -> tuple[list[str], list[list[Any]], list[str]]:
+    """Every job that stepped in [since, until), accounted and rolled up ``by`` (job, region,
+    accelerator, fleet, or a node label such as team); with ``every``, per window. Findings:
+    those stored; ``detect`` runs the detectors now for jobs without any."""
+    from . import prices
+    from .goodput import epoch
+
+    jobs = jobs_in(con, since, until)
+    notes: list[str] = []
+    if not jobs:
+        return [by, "jobs"], [], ["no job stepped in the range"]
+    lo = since or con.execute("SELECT min(ts) FROM steps").fetchall()[0][0]
+    hi = until or con.execute("SELECT max(ts) FROM steps").fetchall()[0][0]
+    found = stored_findings(con, jobs, lo, hi)
+    missing = [j for j in jobs if j not in found]
+    if missing and detect:
+        fresh = fresh_findings(con, None, lo, hi)
+        for j in missing:
+            found[j] = fresh.get(j, [])
+    elif missing:
+        notes.append(f"{len(missing)} of {len(jobs)} jobs have no stored findings for the range: their productive "
+                     "time is not split by the detectors' evidence (analyze bottlenecks stores findings; "
+                     "--detect runs the detectors now)")
+    cat = prices.load()
+    out_rows: list[list[Any]] = []
+    cols: list[str] = []
+    for a, b in windows(epoch(lo), epoch(hi), every):  # type: ignore[arg-type]
+        accs = []
+        for j in jobs:
+            try:
+                accs.append(account(con, j, a, b, found=found.get(j, []), cat=cat))
+            except AnalyticsError:
+                continue
+        accs = [x for x in accs if x.total > 0]
+        cols, rows = rollup(accs, by)
+        if every is not None:
+            cols = ["window", *cols]
+            rows = [[_stamp(a), *r] for r in rows]
+        out_rows += rows
+    unpriced = sum(r[-1] for r in out_rows) if out_rows and cols and cols[-1] == "unpriced_jobs" else 0
+    if unpriced:
+        notes.append(f"{unpriced} job(s) run on instance types the price catalogue has no price for: no dollars "
+                     "for them ($CMDARE_PRICES adds prices)")
+    return cols or [by, "jobs"], out_rows, notes

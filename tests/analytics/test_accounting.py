@@ -1,0 +1,175 @@
+"""Accelerator time in closed buckets: exact shares on constructed jobs, dollars by hand,
+roll-ups by label, windows that add up, and the simulated fleet's labelled jobs in the
+buckets their problems belong to."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics import accounting
+from cmdare.analytics.cli import cli
+from cmdare.collector.db import connect
+from cmdare.collector.writer import Writer
+from cmdare.wire.events import encode_many
+from tests.fakes.fleet import DemoFleet
+
+T0 = 1_790_000_000.0
+_n = [0]
+
+
+def ev(ts: float, node: str, type_: str, data: dict[str, Any], job: str, labels: dict[str, str]) -> dict[str, Any]:
+    _n[0] += 1
+    return {"v": 1, "id": f"a{_n[0]}", "ts": ts, "node": node, "role": "worker", "job": job, "labels": labels,
+            "type": type_, "data": data}
+
+
+def job(name: str, node: str, itype: str, spot: bool, acc: str, team: str, world: int, t0: float = T0,
+        records: int = 36) -> list[dict[str, Any]]:
+    """Declared at t0; 10 s step intervals from t0 + 20 to t0 + 20 + 10 * records, 20 % of
+    each waiting on input; the node's cloud identity."""
+    lab = {"team": team}
+    out = [ev(t0 - 5, node, "instance", {"cloud": "gce", "region": "us-central1", "zone": "us-central1-a",
+                                         "instance_id": f"id-{node}", "instance_type": itype, "spot": spot,
+                                         "accelerator": acc, "accelerator_count": 1, "boot_time": t0 - 60},
+              name, lab),
+           ev(t0, node, "train_job", {"run": f"{name}-r", "rank": 0, "world_size": world, "model": "m"}, name, lab)]
+    for i in range(records):
+        out.append(ev(t0 + 30 + 10 * i, node, "train_steps", {
+            "run": f"{name}-r", "rank": 0, "interval_seconds": 10.0, "steps": 100, "first_step": 1 + 100 * i,
+            "last_step": 100 + 100 * i, "examples": 6400.0, "step_mean_seconds": 0.1, "wait_mean_seconds": 0.02,
+            "steps_per_second": 10.0, "examples_per_second": 640.0}, name, lab))
+    return out
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("acct") / "a.duckdb"
+    events = (job("c1", "n1", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "vision", 4)
+              + job("c2", "n2", "n1-standard-8", False, "Tesla V100-SXM2-16GB", "speech", 2)
+              + job("c3", "n3", "x9-unknown", False, "Tesla V100-SXM2-16GB", "vision", 1))
+    con = connect(p)
+    Writer(con).write([("t", encode_many(events))])
+    con.close()
+    return p
+
+
+EVIDENCE = [("gpu_idle", {"idle_gpus": 1, "idle_share": 1.0, "in_job": True}),
+            ("straggler", {"slowdown": 1.5}), ("ps_bound", {"efficiency": 0.5})]
+
+
+def test_every_accelerator_second_lands_in_one_bucket_with_exact_shares(db: Path) -> None:
+    """4 GPUs x 380 s: start-up 20 s, input wait 20 % of 360 s of steps; the rest split by
+    the evidence: a quarter idle, then a third to the straggler (slowdown 1.5), then half to
+    the saturated PS: 288 GPU-seconds each."""
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        a = accounting.account(con, "c1", found=EVIDENCE)
+    assert a.gpus == 4 and a.gpus_from == "declared world size"
+    want = {"startup": 80.0, "input_wait": 288.0, "idle_accelerators": 288.0, "straggler": 288.0, "ps_wait": 288.0,
+            "productive": 288.0}
+    for k, v in want.items():
+        assert a.seconds[k] == pytest.approx(v, abs=1e-6), k
+    assert sum(a.seconds.values()) == pytest.approx(4 * 380.0)
+    assert a.seconds["other"] == pytest.approx(0.0, abs=1e-6)
+    with duckdb.connect(str(db), read_only=True) as con:
+        none = accounting.account(con, "c1", found=[])
+    assert none.seconds["productive"] == pytest.approx(1152.0) and none.seconds["ps_wait"] == 0
+
+
+def test_goodput_in_dollars_matches_a_hand_computation(db: Path) -> None:
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        c1 = accounting.account(con, "c1", found=EVIDENCE)
+        c2 = accounting.account(con, "c2", found=[])
+        c3 = accounting.account(con, "c3", found=[])
+    # a2-highgpu-1g spot in us-central1: $1.1016 an hour for its one A100
+    assert c1.usd_per_gpu_hour == pytest.approx(1.1016)
+    assert c1.dollars() == pytest.approx(4 * 380 / 3600 * 1.1016)
+    assert c1.dollars("productive") == pytest.approx(288 / 3600 * 1.1016)
+    # n1-standard-8 with one V100 attached, on-demand: the catalogue's n1-standard-8+1xv100 row, $2.86
+    assert c2.usd_per_gpu_hour == pytest.approx(2.86)
+    assert c2.dollars() == pytest.approx(2 * 380 / 3600 * 2.86)
+    assert c3.usd_per_gpu_hour is None and c3.dollars() is None  # never a made-up zero
+    cols, rows = accounting.rollup([c1, c2, c3], "team")
+    by = {r[0]: dict(zip(cols, r, strict=True)) for r in rows}
+    assert by["vision"]["dollars"] == pytest.approx(round(4 * 380 / 3600 * 1.1016, 2))  # c3 unpriced: counted apart
+    assert by["vision"]["unpriced_jobs"] == 1 and by["vision"]["jobs"] == 2
+    assert by["vision"]["gpu_hours"] == pytest.approx((4 + 1) * 380 / 3600, abs=1e-4)
+    bad = 2 * (380 - 288) / 3600 * 2.86  # start-up 20 s + input wait 72 s, on 2 GPUs
+    assert by["speech"]["badput_dollars"] == pytest.approx(round(bad, 2))
+
+
+def test_the_fleet_rolls_up_by_label_region_accelerator_and_job(db: Path) -> None:
+    r = CliRunner().invoke(cli, ["goodput", "--fleet", "--by", "team", "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {x["team"]: x for x in json.loads(r.stdout)}
+    assert set(rows) == {"vision", "speech"}
+    assert "no stored findings" in r.stderr and "price catalogue has no price" in r.stderr
+    fleet = json.loads(CliRunner().invoke(cli, ["goodput", "--fleet", "--db", str(db), "--json"]).stdout)
+    assert len(fleet) == 1 and fleet[0]["jobs"] == 3
+    assert fleet[0]["gpu_hours"] == pytest.approx(sum(x["gpu_hours"] for x in rows.values()), abs=1e-3)
+    acc = {x["accelerator"] for x in json.loads(CliRunner().invoke(
+        cli, ["goodput", "--fleet", "--by", "accelerator", "--db", str(db), "--json"]).stdout)}
+    assert acc == {"a100-40gb", "v100"}
+    text = CliRunner().invoke(cli, ["goodput", "--fleet", "--by", "job", "--db", str(db)]).stdout
+    assert text.splitlines()[0].split()[:5] == ["job", "jobs", "gpu_hours", "goodput_pct", "input_wait_gpu_hours"]
+
+
+def test_windows_add_up_to_the_whole(db: Path) -> None:
+    whole = json.loads(CliRunner().invoke(cli, ["goodput", "--job", "c1", "--db", str(db), "--json"]).stdout)
+    per = json.loads(CliRunner().invoke(cli, ["goodput", "--job", "c1", "--every", "1m", "--db", str(db),
+                                              "--json"]).stdout)
+    assert len({x["window"] for x in per}) == 7  # 380 s from T0 (:13:20) to :19:40: 7 windows of a minute
+    for k in ("productive", "input_wait", "startup", "total"):
+        w = next(x["seconds"] for x in whole if x["category"] == k)
+        assert sum(x["seconds"] for x in per if x["category"] == k) == pytest.approx(w, abs=0.01), k
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["goodput"], "give --job JOB, or --fleet"),
+    (["goodput", "--job", "c1", "--fleet"], "give --job JOB, or --fleet"),
+    (["goodput", "--job", "c1", "--by", "team"], "--by and --detect go with --fleet"),
+    (["goodput", "--fleet", "--by", "team'); DROP TABLE steps; --"], "a group (job, region, accelerator"),
+    (["goodput", "--job", "c1", "--every", "10s"], "goodput windows are at least 1m"),
+    (["goodput", "--fleet", "--every", "1m", "--since", "3650d"], "at most 1000"),
+])
+def test_bad_goodput_requests_get_one_line_errors(db: Path, args: list[str], message: str) -> None:
+    r = CliRunner().invoke(cli, [*args, "--db", str(db)])
+    assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output, r.output
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    f = DemoFleet(seed=1, t0=time.time() - 40 * 60)
+    f.build()
+    p = tmp_path_factory.mktemp("demo") / "demo.duckdb"
+    con = connect(p)
+    Writer(con).write([("sim", encode_many(f.events))])
+    con.close()
+    return p
+
+
+def test_the_simulated_fleets_problems_land_in_their_buckets(demo_db: Path) -> None:
+    def pct(job: str) -> dict[str, float]:
+        r = CliRunner().invoke(cli, ["goodput", "--job", job, "--db", str(demo_db), "--json"])
+        assert r.exit_code == 0, r.output
+        return {x["category"]: x["pct"] for x in json.loads(r.stdout)}
+
+    idle = pct("sim-idle-8")  # 2 of its 4 GPUs idle: half of its step time
+    assert idle["idle_accelerators"] == pytest.approx(idle["productive"], abs=0.5) and idle["productive"] < 50
+    ps = pct("sim-ps-5")  # at 32 % of linear scaling: two thirds of its step time waits on the PS
+    assert 60 < ps["ps_wait"] < 72 and ps["productive"] < 35
+    strag = pct("sim-straggler-7")
+    assert strag["straggler"] > 10 and strag["ps_wait"] == 0 and strag["idle_accelerators"] == 0
+    inp = pct("sim-input-6")
+    assert inp["input_wait"] > 40 and inp["ps_wait"] == 0 and inp["idle_accelerators"] == 0
+    healthy = pct("sim-healthy-1")
+    assert healthy["productive"] > 95
