@@ -33,7 +33,7 @@ from typing import Any
 import duckdb
 
 from .db import AnalyticsError
-from .goodput import goodput
+from .goodput import Goodput, goodput, goodput_many
 
 BUCKETS = ("productive", "startup", "checkpoint_save", "checkpoint_restore", "input_wait", "ps_wait", "straggler",
            "idle_accelerators", "revocation", "other")
@@ -64,33 +64,47 @@ class JobAccount:
         return s / 3600.0 * self.usd_per_gpu_hour
 
 
-def _gpus(con: duckdb.DuckDBPyConnection, job: str, t0: dt.datetime, t1: dt.datetime) -> tuple[int, str]:
-    n = con.execute(  # the 5-minute rollup (exact: pending samples are read raw), not every sample
-        """SELECT count(DISTINCT (node, "index")) FROM gpu_5m WHERE job = ? AND bucket >= ? - INTERVAL 5 MINUTE
-             AND bucket <= ?""", [job, t0, t1]).fetchall()[0][0]
-    if n:
-        return int(n), "GPU samples"
-    w = con.execute("SELECT arg_max(world_size, ts) FROM jobs WHERE job = ?", [job]).fetchall()[0][0]
-    if w:
-        return int(w), "declared world size"
-    n = con.execute("SELECT count(DISTINCT node) FROM steps WHERE job = ?", [job]).fetchall()[0][0]
-    return max(1, int(n)), "stepping nodes"
+def _gpus(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime) -> dict[str, tuple[int, str]]:
+    """job -> (accelerators it held in [t0, t1], from where that count comes)."""
+    out: dict[str, tuple[int, str]] = {}
+    for j, n in con.execute(  # the 5-minute rollup (exact: pending samples are read raw), not every sample
+            """SELECT job, count(DISTINCT (node, "index")) FROM gpu_5m WHERE job IN (SELECT unnest(?::VARCHAR[]))
+                 AND bucket >= ?::TIMESTAMP - INTERVAL 5 MINUTE AND bucket <= ? GROUP BY job""", [jobs, t0, t1]).fetchall():
+        if n:
+            out[j] = (int(n), "GPU samples")
+    rest = [j for j in jobs if j not in out]
+    if rest:
+        for j, w in con.execute("""SELECT job, arg_max(world_size, ts) FROM jobs WHERE job IN (SELECT unnest(?::VARCHAR[]))
+                                   GROUP BY job""", [rest]).fetchall():
+            if w:
+                out[j] = (int(w), "declared world size")
+    rest = [j for j in jobs if j not in out]
+    if rest:
+        for j, n in con.execute("""SELECT job, count(DISTINCT node) FROM steps WHERE job IN (SELECT unnest(?::VARCHAR[]))
+                                   GROUP BY job""", [rest]).fetchall():
+            out[j] = (max(1, int(n)), "stepping nodes")
+    return out
 
 
-def _nodes(con: duckdb.DuckDBPyConnection, job: str) -> list[tuple[str, str | None, str | None, bool | None, str | None, int | None, str]]:
-    """The job's stepping nodes: region, instance type, spot, accelerator, its count, labels."""
-    return con.execute(
-        """WITH n AS (SELECT DISTINCT node FROM steps WHERE job = ?),
+def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tuple]]:
+    """job -> its stepping nodes: (node, region, instance type, spot, accelerator, its count, labels)."""
+    out: dict[str, list[tuple]] = {}
+    for r in con.execute(
+        """WITH jn AS (SELECT DISTINCT job, node FROM steps WHERE job IN (SELECT unnest(?::VARCHAR[]))),
+           n AS (SELECT DISTINCT node FROM jn),
            i AS (SELECT node, arg_max(region, ts) AS region, arg_max(instance_type, ts) AS itype,
                         arg_max(spot, ts) AS spot, arg_max(accelerator, ts) AS acc,
                         arg_max(accelerator_count, ts) AS acc_n
                  FROM instance_identity WHERE node IN (SELECT node FROM n) GROUP BY node),
            g AS (SELECT node, any_value(name) AS gname, count(DISTINCT "index") AS gn FROM gpu_5m
                  WHERE node IN (SELECT node FROM n) GROUP BY node)
-           SELECT n.node, i.region, i.itype, i.spot, coalesce(i.acc, g.gname), coalesce(i.acc_n, g.gn),
+           SELECT jn.job, jn.node, i.region, i.itype, i.spot, coalesce(i.acc, g.gname), coalesce(i.acc_n, g.gn),
                   coalesce(nd.labels::VARCHAR, '{}')
-           FROM n LEFT JOIN i USING (node) LEFT JOIN g USING (node) LEFT JOIN nodes nd USING (node) ORDER BY n.node""",
-        [job]).fetchall()
+           FROM jn LEFT JOIN i USING (node) LEFT JOIN g USING (node) LEFT JOIN nodes nd USING (node)
+           ORDER BY jn.job, jn.node""",
+        [jobs]).fetchall():
+        out.setdefault(r[0], []).append(r[1:])
+    return out
 
 
 def _acc_name(name: str | None) -> str | None:
@@ -205,35 +219,52 @@ def shares(found: list[tuple[str, dict[str, Any]]], gpus: int) -> dict[str, floa
 def account(con: duckdb.DuckDBPyConnection, job: str, since: float | None = None, until: float | None = None,
             found: list[tuple[str, dict[str, Any]]] | None = None, cat: dict[Any, Any] | None = None,
             fresh: bool = True) -> JobAccount:
-    """Job ``job``'s accelerator time over [since, until) (epoch seconds) in BUCKETS."""
+    """Job ``job``'s accelerator time over [since, until) (epoch seconds) in BUCKETS (a one-line
+    error for a job without steps)."""
+    g = goodput(con, job, since, until)
+    if found is None:
+        found = stored_findings(con, [job], _stamp(g.start), _stamp(g.end)).get(job)
+        if found is None and fresh:
+            found = fresh_findings(con, job, _stamp(g.start), _stamp(g.end)).get(job, [])
+    return account_many(con, [job], since, until, {job: found or []}, cat, {job: g})[job]
+
+
+def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float | None, until: float | None,
+                 found: dict[str, list[tuple[str, dict[str, Any]]]], cat: dict[Any, Any] | None = None,
+                 gp: dict[str, Goodput] | None = None) -> dict[str, JobAccount]:
+    """The accounts of ``jobs`` (those with steps) over [since, until), in a few queries for all."""
     from . import prices
 
-    g = goodput(con, job, since, until)
-    t0 = dt.datetime.fromtimestamp(g.start, dt.timezone.utc).replace(tzinfo=None)
-    t1 = dt.datetime.fromtimestamp(g.end, dt.timezone.utc).replace(tzinfo=None)
-    gpus, gpus_from = _gpus(con, job, t0, t1)
-    if found is None:
-        found = stored_findings(con, [job], t0, t1).get(job)
-        if found is None and fresh:
-            found = fresh_findings(con, job, t0, t1).get(job, [])
-    found = found or []
-    sh = shares(found, gpus)
-    w = g.seconds
-    sec = {b: 0.0 for b in BUCKETS}
-    for b in ("startup", "checkpoint_save", "checkpoint_restore", "input_wait", "revocation"):
-        sec[b] = w[b] * gpus
-    left = w["productive"] * gpus
-    for b in ("idle_accelerators", "straggler", "ps_wait"):
-        sec[b] = left * sh[b]
-        left -= sec[b]
-    sec["productive"] = left
-    sec["other"] = (g.wall * gpus) - sum(v for k, v in sec.items() if k != "other")
-    sec["other"] = max(0.0, sec["other"])  # rounding: the parts add to the wall time x GPUs
-    nodes = _nodes(con, job)
-    declared = con.execute("SELECT arg_max(accelerator, ts) FROM jobs WHERE job = ?", [job]).fetchall()[0][0]
-    usd, price_from = _price(nodes, cat if cat is not None else prices.load())
-    return JobAccount(job, g.start, g.end, gpus, gpus_from, sec, usd, _groups(nodes, declared),
-                      {"shares": sh, "findings": sorted({k for k, _ in found}), "price_from": price_from})
+    gp = gp if gp is not None else goodput_many(con, jobs, since, until)
+    live = [j for j in jobs if j in gp]
+    if not live:
+        return {}
+    lo, hi = min(gp[j].start for j in live), max(gp[j].end for j in live)
+    gpus = _gpus(con, live, _stamp(lo), _stamp(hi))
+    nodes = _nodes(con, live)
+    declared = dict(con.execute("""SELECT job, arg_max(accelerator, ts) FROM jobs WHERE job IN (SELECT unnest(?::VARCHAR[]))
+                                   GROUP BY job""", [live]).fetchall())
+    cat = cat if cat is not None else prices.load()
+    out = {}
+    for job in live:
+        g = gp[job]
+        n, n_from = gpus.get(job, (1, "stepping nodes"))
+        sh = shares(found.get(job, []), n)
+        w = g.seconds
+        sec = dict.fromkeys(BUCKETS, 0.0)
+        for b in ("startup", "checkpoint_save", "checkpoint_restore", "input_wait", "revocation"):
+            sec[b] = w[b] * n
+        left = w["productive"] * n
+        for b in ("idle_accelerators", "straggler", "ps_wait"):
+            sec[b] = left * sh[b]
+            left -= sec[b]
+        sec["productive"] = left
+        sec["other"] = max(0.0, g.wall * n - sum(v for k, v in sec.items() if k != "other"))  # = w["idle"] x GPUs
+        usd, price_from = _price(nodes.get(job, []), cat)
+        out[job] = JobAccount(job, g.start, g.end, n, n_from, sec, usd, _groups(nodes.get(job, []), declared.get(job)),
+                              {"shares": sh, "findings": sorted({k for k, _ in found.get(job, [])}),
+                               "price_from": price_from})
+    return out
 
 
 def jobs_in(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None) -> list[str]:
@@ -302,7 +333,7 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
         found = fresh_findings(con, job, _stamp(whole.start), _stamp(whole.end)).get(job, [])
     rows = []
     for a, b in windows(whole.start, whole.end, every) if whole.end > whole.start else [(whole.start, whole.end)]:
-        acc = account(con, job, a, b, found=found, cat=cat)
+        acc = account_many(con, [job], a, b, {job: found}, cat)[job]
         tot = acc.total
         lead = [_stamp(a)] if every is not None else []
         for k in (*BUCKETS, "total"):
@@ -342,13 +373,7 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     out_rows: list[list[Any]] = []
     cols: list[str] = []
     for a, b in windows(epoch(lo), epoch(hi), every):  # type: ignore[arg-type]
-        accs = []
-        for j in jobs:
-            try:
-                accs.append(account(con, j, a, b, found=found.get(j, []), cat=cat))
-            except AnalyticsError:
-                continue
-        accs = [x for x in accs if x.total > 0]
+        accs = [x for x in account_many(con, jobs, a, b, found, cat).values() if x.total > 0]
         cols, rows = rollup(accs, by)
         if every is not None:
             cols = ["window", *cols]

@@ -112,17 +112,14 @@ def _goodput(con: duckdb.DuckDBPyConnection, jobs: list[str], since: dt.datetime
              until: dt.datetime | None) -> dict[str, Any]:
     """Productive seconds over wall seconds summed over ``jobs`` within the window (each job's
     goodput cut at its edges), with the badput parts."""
-    from . import prices
-    from .accounting import account
+    from .accounting import account_many, stored_findings
     from .goodput import epoch
 
     parts: dict[str, float] = {}
-    cat = prices.load()
-    for job in jobs[:500]:  # bounded work: a fleet page must answer (stored findings only: no detector runs)
-        try:
-            acc = account(con, job, epoch(since), epoch(until), cat=cat, fresh=False)
-        except AnalyticsError:
-            continue
+    jobs = jobs[:500]  # bounded work: a fleet page must answer (stored findings only: no detector runs)
+    lo = since or dt.datetime(1970, 1, 1)
+    hi = until or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    for acc in account_many(con, jobs, epoch(since), epoch(until), stored_findings(con, jobs, lo, hi)).values():
         for k, v in (acc.seconds | {"wall": acc.total}).items():
             parts[k] = parts.get(k, 0.0) + v
     wall = parts.get("wall", 0.0)
@@ -288,15 +285,9 @@ def conclusions(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) 
     jobs = [j for (j,) in con.execute(
         "SELECT job FROM steps WHERE job IS NOT NULL AND ts >= ? GROUP BY job ORDER BY max(ts) DESC LIMIT ?",
         [since, MAX_METRIC_JOBS]).fetchall()]
-    from . import prices
-    from .accounting import account
+    from .accounting import account_many, stored_findings
 
-    good: dict[str, dict[str, float]] = {}
-    cat = prices.load()
-    for job in jobs:  # accelerator-seconds per bucket ("wall": their total); stored findings only
-        try:
-            acc = account(con, job, cat=cat, fresh=False)
-        except AnalyticsError:
-            continue
-        good[job] = acc.seconds | {"wall": acc.total}
+    found = stored_findings(con, jobs, dt.datetime(1970, 1, 1), now) if jobs else {}
+    # accelerator-seconds per bucket ("wall": their total); stored findings only
+    good = {j: a.seconds | {"wall": a.total} for j, a in account_many(con, jobs, None, None, found).items()}
     return {"findings": findings, "goodput": good}

@@ -17,7 +17,9 @@ So the parts add up to the wall time exactly.  Time is the reference rank's (the
 rank of each run; all ranks step together in synchronous training); checkpoints of any
 rank count.  Within one step interval the split is by totals: the interval's input-wait
 share of its time is input wait.  A notice counts for a run when the run was stepping on
-the notice's node at the time (its last step there no more than a minute before it).
+the notice's node at the time (its last step there no more than a minute before it) and
+stopped stepping there soon after (within 10 minutes: a run that steps on for hours on that
+node was not revoked).
 Google's ml-goodput-measurement uses the same badput families (start-up, data loading,
 checkpoint save / restore, wasted progress and recovery after a disruption).
 """
@@ -25,7 +27,6 @@ checkpoint save / restore, wasted progress and recovery after a disruption).
 from __future__ import annotations
 
 import datetime as dt
-import heapq
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,7 @@ PRIORITY = {
     "startup": 5,
 }
 NOTICE_WINDOW = 60.0  # seconds: a run stepping on the node this recently is hit by its notice
+STOPPED_WITHIN = 600.0  # ... when it stopped stepping there this soon after (else the VM was not taken from it)
 
 
 @dataclass
@@ -78,33 +80,6 @@ class Goodput:
         return ["category", "seconds", "pct"], rows
 
 
-def _sweep(pieces: list[tuple[float, float, str]], start: float, end: float) -> dict[str, float]:
-    """Length of [start, end] covered by each category, the highest precedence winning;
-    uncovered time is idle."""
-    out = dict.fromkeys(CATEGORIES, 0.0)
-    points: list[tuple[float, int, str]] = []
-    for a, b, cat in pieces:
-        a, b = max(a, start), min(b, end)
-        if b > a:
-            points += [(a, 1, cat), (b, -1, cat)]
-    points.sort()
-    active = dict.fromkeys(PRIORITY, 0)
-    heap: list[tuple[int, str]] = []
-    t = start
-    for x, delta, cat in points:
-        if x > t:
-            while heap and active[heap[0][1]] == 0:
-                heapq.heappop(heap)
-            out[heap[0][1] if heap else "idle"] += x - t
-            t = x
-        active[cat] += delta
-        if delta > 0:
-            heapq.heappush(heap, (PRIORITY[cat], cat))
-    if end > t:
-        out["idle"] += end - t
-    return out
-
-
 def epoch(t: dt.datetime | None) -> float | None:
     """A naive UTC time (the database's) as the epoch seconds ``goodput`` takes."""
     return None if t is None else t.replace(tzinfo=dt.timezone.utc).timestamp()
@@ -117,84 +92,150 @@ def goodput(con: duckdb.DuckDBPyConnection, job: str, since: float | None = None
     checkpoints wherever they fall), cut at the window's edges; the parts still add up to
     the window's wall time (the part of it the job ran)."""
     needs_schema(con, 4, "analyze goodput")
-    steps = con.execute(
-        """
-        WITH ref AS (SELECT run, min(rank) AS rank FROM steps WHERE job = ? GROUP BY run)
-        SELECT s.run, s.node, epoch(s.ts) AS t, s.steps, s.first_step, s.last_step,
-               coalesce(s.steps / nullif(s.steps_per_second, 0), s.step_mean_seconds * s.steps) AS span,
-               coalesce(s.wait_mean_seconds / nullif(s.step_mean_seconds, 0), 0) AS wait_share
-        FROM steps s JOIN ref USING (run, rank) WHERE s.job = ? ORDER BY s.ts""",
-        [job, job],
-    ).fetchall()
-    if not steps:
+    got = goodput_many(con, [job], since, until)
+    if job not in got:
         known = [r[0] for r in con.execute("SELECT DISTINCT job FROM steps ORDER BY 1 LIMIT 10").fetchall()]
         hint = f" (jobs with steps: {', '.join(known)})" if known else " (no job has sent steps yet)"
         raise AnalyticsError(f"no steps for job {job!r}{hint}")
-    decls = con.execute(
-        """
-        WITH ref AS (SELECT run, min(rank) AS rank FROM steps WHERE job = ? GROUP BY run)
-        SELECT j.run, min(epoch(j.ts)) FROM jobs j JOIN ref USING (run, rank) WHERE j.job = ? GROUP BY j.run""",
-        [job, job],
-    ).fetchall()
+    return got[job]
+
+
+# the reference rank's step intervals (lowest rank of each run) of the jobs asked for
+_REF = """ref AS (SELECT job, run, min(rank) AS rank FROM steps WHERE {jobs} GROUP BY job, run),
+    st AS (SELECT s.job, s.run, s.node, epoch(s.ts) AS t, s.steps AS n, s.first_step, s.last_step,
+                  greatest(0, coalesce(coalesce(s.steps / nullif(s.steps_per_second, 0), s.step_mean_seconds * s.steps), 0))
+                      AS span,
+                  least(1, greatest(0, coalesce(s.wait_mean_seconds / nullif(s.step_mean_seconds, 0), 0))) AS w
+           FROM steps s JOIN ref USING (job, run, rank))"""
+
+
+def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: float | None = None,
+                 until: float | None = None) -> dict[str, Goodput]:
+    """The goodput of each of ``jobs`` (None: every job with steps) that has steps, in one
+    sweep inside DuckDB: every piece's start and end, the count of open pieces of each
+    category at each instant, and each instant-to-next assigned to the open category of
+    highest precedence (none: idle). Work lost to revocations is judged per run in Python
+    for the few jobs a notice hit."""
+    cond = "job IN (SELECT unnest($jobs::VARCHAR[]))" if jobs is not None else "job IS NOT NULL"
+    params: dict[str, Any] = {"jobs": jobs} if jobs is not None else {}
+    spans = con.execute(
+        f"""WITH {_REF.format(jobs=cond)},
+            d AS (SELECT j.job, j.run, min(epoch(j.ts)) AS declared FROM jobs j JOIN ref USING (job, run, rank)
+                  GROUP BY ALL),
+            r AS (SELECT job, run, min(t - span) AS first, max(t) AS last FROM st GROUP BY ALL),
+            c AS (SELECT job, max(epoch(ts)) AS t FROM checkpoints WHERE {cond} GROUP BY job)
+            SELECT r.job, min(coalesce(d.declared, r.first)), greatest(max(r.last), max(c.t)), count(DISTINCT r.run),
+                   max(r.last)
+            FROM r LEFT JOIN d USING (job, run) LEFT JOIN c ON c.job = r.job AND c.t >= r.first GROUP BY r.job""",
+        params).fetchall()
+    if not spans:
+        return {}
+    # revocations: which runs a notice hit (stepping on its node then), their lost work, and
+    # the time to resume; only for jobs with a notice on one of their nodes
+    hit = con.execute(
+        f"""WITH {_REF.format(jobs=cond)},
+            rn AS (SELECT job, run, node, min(t - span) AS lo, max(t) AS hi FROM st GROUP BY ALL)
+            SELECT DISTINCT rn.job FROM rn JOIN revocations v ON v.node = rn.node AND v.revokes
+            WHERE epoch(v.ts) BETWEEN rn.lo AND rn.hi + {NOTICE_WINDOW}
+              AND rn.hi <= epoch(v.ts) + {STOPPED_WITHIN}""", params).fetchall()
+    rev: dict[str, tuple[list[tuple[float, float]], int, int]] = {j: _revocations(con, j) for (j,) in hit}
+    rv_job = [j for j, (ps, _, _) in rev.items() for _ in ps]
+    rv_a = [a for ps, _, _ in rev.values() for a, _b in ps]
+    rv_b = [b for ps, _, _ in rev.values() for _a, b in ps]
+    win = {j: (max(a, since) if since is not None else a, min(b, until) if until is not None else b)
+           for j, a, b, _, _ in spans}
+    win = {j: (a, max(a, b)) for j, (a, b) in win.items()}
+    prio = sorted(PRIORITY, key=PRIORITY.get)  # type: ignore[arg-type]
+    sums = ", ".join(f"sum(d) FILTER (WHERE cat = '{c}') OVER w AS \"{c}\"" for c in prio)
+    case = " ".join(f"WHEN coalesce(\"{c}\", 0) > 0 THEN '{c}'" for c in prio)
+    # A step interval that overlaps nothing (no other piece, no window edge) is its own split
+    # (input wait, then productive): summed directly. Only the others go through the sweep,
+    # which is exact because the direct ones share no instant with anything.
+    rows = con.execute(
+        f"""WITH {_REF.format(jobs=cond)},
+            win AS (SELECT unnest($wj::VARCHAR[]) AS job, unnest($wa::DOUBLE[]) AS lo, unnest($wb::DOUBLE[]) AS hi),
+            d AS (SELECT j.job, j.run, min(epoch(j.ts)) AS declared FROM jobs j JOIN ref USING (job, run, rank)
+                  GROUP BY ALL),
+            r AS (SELECT job, run, min(t - span) AS first FROM st GROUP BY ALL),
+            other AS (
+                SELECT d.job, d.declared AS a, r.first AS b, 'startup' AS cat FROM d JOIN r USING (job, run)
+                UNION ALL SELECT job, epoch(ts) - coalesce(seconds, 0), epoch(ts),
+                                 CASE WHEN action = 'save' THEN 'checkpoint_save' ELSE 'checkpoint_restore' END
+                          FROM checkpoints WHERE {cond}
+                UNION ALL SELECT unnest($rj::VARCHAR[]), unnest($ra::DOUBLE[]), unnest($rb::DOUBLE[]), 'revocation'),
+            allp AS (SELECT job, t - span AS a, t AS b, NULL AS cat, span, w FROM st WHERE span > 0
+                     UNION ALL SELECT job, a, b, cat, NULL, NULL FROM other WHERE b > a),
+            flag AS (SELECT *, max(b) OVER (PARTITION BY job ORDER BY a, b ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                                 AS prev_b,
+                               lead(a) OVER (PARTITION BY job ORDER BY a, b) AS next_a
+                     FROM allp),
+            marked AS (SELECT f.*, win.lo, win.hi,
+                              f.cat IS NULL AND coalesce(f.prev_b <= f.a, true) AND coalesce(f.next_a >= f.b, true)
+                              AND f.a >= win.lo AND f.b <= win.hi AS clean
+                       FROM flag f JOIN win USING (job) WHERE f.b > win.lo AND f.a < win.hi),
+            direct AS (SELECT job, sum(span * w) AS iw, sum(span * (1 - w)) AS pr FROM marked WHERE clean GROUP BY job),
+            pieces AS (SELECT job, a, a + span * w AS b, 'input_wait' AS cat, lo, hi FROM marked WHERE NOT clean AND cat IS NULL
+                       UNION ALL SELECT job, a + span * w, b, 'productive', lo, hi FROM marked WHERE NOT clean AND cat IS NULL
+                       UNION ALL SELECT job, a, b, cat, lo, hi FROM marked WHERE cat IS NOT NULL),
+            clipped AS (SELECT job, greatest(a, lo) AS a, least(b, hi) AS b, cat FROM pieces WHERE least(b, hi) > greatest(a, lo)),
+            pts AS (SELECT job, a AS t, cat, 1 AS d FROM clipped UNION ALL SELECT job, b, cat, -1 FROM clipped),
+            run AS (SELECT job, t, lead(t) OVER (PARTITION BY job ORDER BY t, d) AS t2, {sums}
+                    FROM pts WINDOW w AS (PARTITION BY job ORDER BY t, d ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+            SELECT job, CASE {case} ELSE 'idle' END AS cat, sum(t2 - t) FROM run WHERE t2 > t GROUP BY ALL
+            UNION ALL SELECT job, 'input_wait', iw FROM direct
+            UNION ALL SELECT job, 'productive', pr FROM direct""",
+        params | {"wj": list(win), "wa": [w[0] for w in win.values()], "wb": [w[1] for w in win.values()],
+                  "rj": rv_job, "ra": rv_a, "rb": rv_b}).fetchall()
+    out = {j: Goodput(j, a, b, dict.fromkeys(CATEGORIES, 0.0), runs, rev.get(j, ([], 0, 0))[1],
+                      rev.get(j, ([], 0, 0))[2]) for j, (a, b), (_, _, _, runs, _) in
+           zip(win, win.values(), spans, strict=True)}
+    for job, cat, secs in rows:
+        if cat != "idle":  # the sweep's idle covers only its own pieces: idle is what the rest leaves
+            out[job].seconds[cat] += float(secs or 0.0)
+    for g in out.values():
+        g.seconds["idle"] = max(0.0, g.wall - sum(v for k, v in g.seconds.items() if k != "idle"))
+    return out
+
+
+def _revocations(con: duckdb.DuckDBPyConnection, job: str) -> tuple[list[tuple[float, float]], int, int]:
+    """A job's revocation pieces: from each notice that hit one of its runs until steps
+    resumed, and the hit run's steps after its last good save (redone); the notices that
+    hit, and the steps lost."""
+    steps = con.execute(
+        f"""WITH {_REF.format(jobs="job = $job")}
+            SELECT run, node, t, n, first_step, last_step, span FROM st ORDER BY t""", {"job": job}).fetchall()
     ckpts = con.execute(
-        """SELECT action, epoch(ts) AS t, coalesce(seconds, 0), step, coalesce(ok, true)
-           FROM checkpoints WHERE job = ? ORDER BY ts""",
-        [job],
-    ).fetchall()
+        """SELECT action, epoch(ts) AS t, step, coalesce(ok, true) FROM checkpoints WHERE job = ? ORDER BY ts""",
+        [job]).fetchall()
     nodes = sorted({s[1] for s in steps})
     notices = con.execute(
         f"""SELECT node, epoch(ts) FROM revocations WHERE revokes AND node IN ({", ".join("?" * len(nodes))})
-            ORDER BY ts""",
-        nodes,
-    ).fetchall()
-
-    pieces: list[tuple[float, float, str]] = []
+            ORDER BY ts""", nodes).fetchall()
     runs: dict[str, dict[str, Any]] = {}
-    for run, node, t, _n, _first, _last, span, _share in steps:
-        span = max(0.0, span or 0.0)
+    for run, node, t, _n, _first, _last, span in steps:
         r = runs.setdefault(run, {"first": t - span, "last": t, "nodes": {}})
         r["first"], r["last"] = min(r["first"], t - span), max(r["last"], t)
         lo, hi = r["nodes"].get(node, (t - span, t))
         r["nodes"][node] = (min(lo, t - span), max(hi, t))
-    for run, t in decls:
-        if run in runs:
-            runs[run]["declared"] = t
-            pieces.append((t, runs[run]["first"], "startup"))
-    for action, t, secs, _step, _ok in ckpts:
-        pieces.append((t - secs, t, "checkpoint_save" if action == "save" else "checkpoint_restore"))
-
-    # revocations: which runs they hit, where their lost work starts, when steps resumed
+    pieces: list[tuple[float, float]] = []
     lost_from: dict[str, float] = {}  # run -> steps numbered above this were lost
-    hit_notices = 0
+    hit = 0
     for node, tn in notices:
         for run, r in runs.items():
             span = r["nodes"].get(node)
-            if span is None or not span[0] <= tn <= span[1] + NOTICE_WINDOW:
+            if span is None or not span[0] <= tn <= span[1] + NOTICE_WINDOW or span[1] > tn + STOPPED_WITHIN:
                 continue
-            hit_notices += 1
-            saves = [c for c in ckpts if c[0] == "save" and c[4] and c[1] <= r["last"] and c[3] is not None]
-            lost_from[run] = max((c[3] for c in saves), default=0)
+            hit += 1
+            saves = [c for c in ckpts if c[0] == "save" and c[3] and c[1] <= r["last"] and c[2] is not None]
+            lost_from[run] = max((c[2] for c in saves), default=0)
             after = [x["first"] for x in runs.values() if x["first"] >= r["last"]]
             resume = min(after) if after else max(x["last"] for x in runs.values())
-            pieces.append((tn, resume, "revocation"))
-    steps_lost = 0
-    for run, _node, t, n, first, last, span, share in steps:
-        span = max(0.0, span or 0.0)
-        a = t - span
+            pieces.append((tn, resume))
+    lost = 0
+    for run, _node, t, n, first, last, span in steps:
         if run in lost_from and last is not None and last > lost_from[run]:
-            lost = last - max(lost_from[run], (first or 1) - 1)
-            frac = min(1.0, lost / n) if n else 1.0
-            steps_lost += int(lost)
-            pieces.append((t - span * frac, t, "revocation"))
-        w = min(1.0, max(0.0, share or 0.0))
-        pieces.append((a, a + span * w, "input_wait"))
-        pieces.append((a + span * w, t, "productive"))
-
-    start = min([r.get("declared", r["first"]) for r in runs.values()])
-    end = max([r["last"] for r in runs.values()] + [c[1] for c in ckpts if c[1] >= start])
-    if since is not None:
-        start = max(start, since)
-    if until is not None:
-        end = min(end, until)
-    end = max(end, start)  # a window the job did not run in: no wall time
-    return Goodput(job, start, end, _sweep(pieces, start, end), len(runs), hit_notices, steps_lost)
+            k = last - max(lost_from[run], (first or 1) - 1)
+            frac = min(1.0, k / n) if n else 1.0
+            lost += int(k)
+            pieces.append((t - span * frac, t))
+    return pieces, hit, lost

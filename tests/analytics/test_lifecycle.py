@@ -326,4 +326,4 @@ def test_overhead_fit_measures_resume_after_the_revocation_and_the_restart(db: P
     out = run("fit", "overhead", "--db", str(db))
     assert out["resume_after_revocation_seconds"]["mean"] == pytest.approx(120.0)  # notice +600 -> step +720
     assert out["resume_after_restart_seconds"]["mean"] == pytest.approx(95.0)  # r1 ends +625, r2 steps +720
-    assert any("checkpoint save: needs at least 5 timings" in n for n in out["notes"])
+    assert any("checkpoint save: needs at least 5 saves" in n and "analyze import checkpoints" in n for n in out["notes"])
