@@ -30,6 +30,9 @@ def mtbf_hours(curve: dict[str, Any]) -> float | None:
     return area / gone if gone > 0 else None
 
 
+FEW_SAVES = 5  # a job with fewer saves has its Young/Daly interval from the overhead fit's save time
+
+
 def young_daly_seconds(save_seconds: float, mtbf_seconds: float) -> float:
     """The checkpoint interval that balances save time against work lost to failures."""
     return math.sqrt(2.0 * save_seconds * mtbf_seconds)
@@ -73,6 +76,7 @@ class CheckpointOverhead(Detector):
         if not rows:
             return []
         fit = evidence.latest_fit(con, "lifetime")
+        over = evidence.latest_fit(con, "overhead")
         out = []
         for job, saves, secs, t0, t1 in rows:
             wall = (t1 - t0).total_seconds()  # the span of its steps (never empty: joined above)
@@ -85,7 +89,12 @@ class CheckpointOverhead(Detector):
             mtbf, mtbf_from, fits = self._mtbf(con, job, fit)
             if mtbf is None:
                 mtbf, mtbf_from = o["default_mtbf"], "assumed (default_mtbf)"
-            best = young_daly_seconds(mean_save, mtbf)
+            fitted = self._fitted_save(con, job, over)
+            save_for_interval, save_from = mean_save, "measured"
+            if fitted is not None and saves < FEW_SAVES:  # a few saves: the fit over many models says more
+                save_for_interval, save_from = fitted, f"overhead fit {over['fit_id']}"  # type: ignore[index]
+                fits = (*fits, over["fit_id"])  # type: ignore[index]
+            best = young_daly_seconds(save_for_interval, mtbf)
             every = wall / saves
             out.append(
                 Finding(
@@ -103,6 +112,8 @@ class CheckpointOverhead(Detector):
                         "mtbf_seconds": round(mtbf, 1),
                         "mtbf_from": mtbf_from,
                         "young_daly_interval_seconds": round(best, 1),
+                        "young_daly_save_seconds_from": save_from,
+                        **({"fitted_save_seconds": round(fitted, 3)} if fitted is not None else {}),
                         "share_at_young_daly": round(mean_save / best, 4),
                     },
                     window_start=t0,
@@ -111,6 +122,22 @@ class CheckpointOverhead(Detector):
                 )
             )
         return out
+
+    def _fitted_save(self, con: duckdb.DuckDBPyConnection, job: str, over: dict[str, Any] | None) -> float | None:
+        """The overhead fit's save time for this job's checkpoints (their mean size, the job's
+        declared tensors), where the fit has a save model and the size is inside its range."""
+        m = (over or {}).get("model", {}).get("checkpoint_save")
+        if not m:
+            return None
+        size, tensors = con.execute(
+            """SELECT avg(bytes) / 1e6, (SELECT arg_max(tensors, ts) FROM jobs WHERE job = $job)
+               FROM checkpoints WHERE job = $job AND action = 'save' AND bytes > 0""", {"job": job}).fetchall()[0]
+        if not size:
+            return None
+        from ..models.overhead_records import predict_save
+
+        p = predict_save(m, float(size), int(tensors) if tensors else None)
+        return None if p["extrapolates"] else float(p["seconds"])
 
     def _mtbf(
         self, con: duckdb.DuckDBPyConnection, job: str, fit: dict[str, Any] | None

@@ -346,18 +346,39 @@ class _Risk:
                 continue
             self.rate[:, m] = r
             self.counted[m] = True
-            restart, src = self._restart(over, t.region, acc, prof.restart_seconds)
+            restart, src = self._restart(over, t.region, acc, prof.restart_seconds, prof.param_mb)
             used_over |= src == "fit"
             self.delay[m] = restart + lost
         if used_over and over:
             self.fit_ids.append(over["fit_id"])
 
-    def _restart(self, over: dict[str, Any] | None, region: str, acc: str, given: float | None) -> tuple[float, str]:
+    def _restart(self, over: dict[str, Any] | None, region: str, acc: str, given: float | None,
+                 param_mb: float | None = None) -> tuple[float, str]:
+        """Seconds from a revocation to training again (the work lost is added apart): the
+        measured notice-to-resume; else the fitted spot start-up of this region and
+        accelerator (the cloud's phases) plus restoring the checkpoint (the fitted restore of
+        a checkpoint of the model's size, else its fitted save time: reading it back costs
+        about what writing it did); else the start-up the agents measured."""
         if over:
             m = over["model"]
             r = m.get("resume_after_revocation_seconds")
             if r and r.get("mean") is not None and r["mean"] > 0:
                 return float(r["mean"]), "fit"
+            if m.get("vm_startup"):
+                from ..models.overhead_records import predict_save, predict_startup
+
+                st = predict_startup(m["vm_startup"], region, "spot", acc)
+                if not st["extrapolates"]:
+                    restore, how = 0.0, "no checkpoint restore time known"
+                    if param_mb and m.get("checkpoint", {}).get("restore"):
+                        from ..models.overhead import predict_checkpoint
+
+                        restore, how = predict_checkpoint(over, "restore", param_mb / 1000)[0], "fitted restore"
+                    elif param_mb and m.get("checkpoint_save"):
+                        restore, how = predict_save(m["checkpoint_save"], param_mb)["seconds"], "fitted save time"
+                    self.notes.append(f"{region}/{acc}: restart = fitted spot start-up {st['seconds']:.0f} s + "
+                                      f"restore {restore:.1f} s ({how})")
+                    return st["seconds"] + restore, "fit"
             s = m.get("vm_startup_seconds", {}).get(f"{region}/{acc}/spot")
             if s and s.get("mean") is not None:
                 return float(s["mean"]), "fit"

@@ -219,15 +219,25 @@ class Region(Recommender):
         return ranked, thin
 
     def _startups(self, over: dict[str, Any], acc: str) -> dict[str, dict[str, float]]:
-        """region -> start-up seconds of spot VMs with this accelerator (overhead fit)."""
+        """region -> start-up seconds of spot VMs with this accelerator (overhead fit): the
+        cloud's phases where imported start-ups measured the group, else what agents saw."""
         out = {}
         cat = catalog.load()
+        vs = over["model"].get("vm_startup")
+        if vs:
+            from ..models.overhead_records import predict_startup
+
+            for region in sorted({g.split("/")[0] for g in vs.get("groups", {})}):
+                p = predict_startup(vs, region, "spot", acc)
+                if not p["extrapolates"]:
+                    out[region] = {"mean": p["seconds"], "lower": p["interval"][0], "upper": p["interval"][1],
+                                   "n": p["group_vms"], "covers": "request to guest ready (the cloud's phases)"}
         for key, m in over["model"].get("vm_startup_seconds", {}).items():
             region, a, kind = (key.split("/") + ["", ""])[:3]
             try:
                 name = catalog.lookup(a, cat).name
             except AnalyticsError:
                 continue
-            if name == acc and kind == "spot":
+            if name == acc and kind == "spot" and region not in out:
                 out[region] = m
         return out

@@ -94,7 +94,7 @@ def test_the_finding_states_its_numbers_exactly(fleet) -> None:
     assert a.evidence == {
         "save_share": 0.05, "saves": 4, "mean_save_seconds": 45.0, "interval_seconds": 900.0, "mtbf_seconds": 86400.0,
         "mtbf_from": "assumed (default_mtbf)", "young_daly_interval_seconds": round(best, 1),
-        "share_at_young_daly": round(45 / best, 4),
+        "share_at_young_daly": round(45 / best, 4), "young_daly_save_seconds_from": "measured",
     }
     assert a.summary == ("checkpoint saves take 5% of wall time (4 saves of 45.0 s, every 15 min); with 24.0 h "
                          "between revocations (assumed (default_mtbf)) save every 46 min")
@@ -125,3 +125,34 @@ def test_mtbf_of_a_curve_exactly() -> None:
     assert mtbf_hours({"times": [1.0, 2.0], "surv": [0.5, 0.25]}) == 2.0
     assert mtbf_hours({"times": [1.0, 2.0], "surv": [1.0, 1.0]}) is None  # nobody revoked: unknown
     assert mtbf_hours({}) is None
+
+
+def test_a_job_with_few_saves_takes_its_save_time_from_the_overhead_fit(fleet) -> None:
+    """Young/Daly with the fitted save time: three saves of a 48 MB checkpoint said little; the
+    fit over CM-DARE's imported saves (about 5 s at that size) sets the interval, and says so."""
+    from cmdare.analytics import models, overheads
+    from cmdare.wire.events import EventFactory
+    from tests.analytics.conftest import DATA
+
+    def build(s):
+        f = EventFactory("slow-n0", "worker", "slow")
+        for ts in range(int(T0) + 60, int(T0) + 1200 + 1, 60):
+            s.events.append(f.make("train_steps", {"run": "r", "steps": 60, "steps_per_second": 1.0,
+                                                   "interval_seconds": 60.0}, float(ts)))
+        for i in range(3):
+            s.events.append(f.make("train_checkpoint", {"run": "r", "rank": 0, "action": "save", "seconds": 40.0,
+                                                        "bytes": 48_000_000, "ok": True}, T0 + 300 + i * 300))
+
+    con, _ = fleet(build)
+    rows = overheads.parse("checkpoints", (DATA / "overheads" / "checkpoints.csv").read_text(), "c.csv")
+    cols = [c.name for c in overheads.FORMATS["checkpoints"]] + ["id", "source", "line"]
+    con.executemany(f"INSERT INTO checkpoint_records ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                    [[r[c] for c in cols] for r in rows])
+    over = models.fit_overhead(con)
+    models.save(con, over)
+    (x,) = found(con, "checkpoint_overhead")["slow"]
+    fitted = x.evidence["fitted_save_seconds"]
+    assert 4.0 < fitted < 6.5  # CM-DARE's 48 MB checkpoints save in 4.8-5.2 s
+    assert x.evidence["young_daly_save_seconds_from"] == f"overhead fit {over.fit_id}"
+    assert x.evidence["young_daly_interval_seconds"] == pytest.approx(math.sqrt(2 * fitted * 86400), abs=0.2)
+    assert x.evidence["mean_save_seconds"] == 40.0 and over.fit_id in x.fit_ids

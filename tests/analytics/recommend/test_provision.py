@@ -324,3 +324,35 @@ def test_loss_and_profile_required(tmp_path: Path) -> None:
     code, out, err = run("--profile", str(prof), "--json")
     assert code == 0, err
     assert out["assumptions"]["loss_target"] == 0.8 and out["assumptions"]["deadline_hours"] == 1.0
+
+
+def test_a_revocation_costs_the_fitted_start_up_plus_restore(tmp_path: Path, lives) -> None:
+    """With start-ups and checkpoint saves imported, a revocation's restart is the fitted spot
+    start-up of the instance's region and accelerator plus restoring the checkpoint (its fitted
+    save time for the model's size): slower starts make the same plan longer."""
+    import shutil
+
+    from tests.analytics.conftest import DATA
+
+    src, _ = lives
+    prof = write(tmp_path, GCE)
+    args = ["--profile", str(prof), "--loss", "0.8", "--deadline", "45m", "--json"]
+    _, base, _ = run(*args, "--db", str(src))
+    db = tmp_path / "slow.duckdb"
+    shutil.copy(src, db)
+    csv = tmp_path / "starts.csv"
+    csv.write_text("region,purchase,gpu_type,provisioning_s,staging_s,booting_s\n"
+                   + "".join(f"us-central1,spot,{g},2,{200 + i},60\n" for i in range(3) for g in ("v100", "k80")))
+    for kind, f in (("startups", csv), ("checkpoints", DATA / "overheads" / "checkpoints.csv")):
+        assert CliRunner().invoke(cli, ["import", kind, str(f), "--db", str(db)]).exit_code == 0
+    assert CliRunner().invoke(cli, ["fit", "overhead", "--db", str(db)]).exit_code == 0
+    code, out, err = run(*args, "--db", str(db))
+    assert code == 0, err
+    said = " ".join(str(v) for v in out["assumptions"].values())
+    assert "restart = fitted spot start-up 263 s + restore" in said and "(fitted save time)" in said
+    def per_revocation(o: dict) -> float:  # hours each expected revocation adds to the plan
+        return (o["predicted"]["hours"] - o["predicted"]["hours_without_revocations"]) / o["assumptions"]["expected_revocations"]
+
+    assert per_revocation(out) > per_revocation(base) + 150 / 3600  # 263 s to restart instead of ~60-90 s
+    assert out["cost"]["dollars"] > base["cost"]["dollars"]  # a 4th VM keeps P(meet the deadline) up
+    assert out["fit_ids"][1].startswith("overhead-")

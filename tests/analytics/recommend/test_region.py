@@ -136,3 +136,27 @@ def test_start_up_is_measured_only_where_the_boot_started_the_agent_and_one_star
     assert code == 0, err
     r = CliRunner().invoke(cli, ["fit", "overhead", "--db", str(db)])
     assert "vm start-up us-central1/v100/spot: mean" in r.stdout and "one sample: no interval" in r.stdout
+
+
+def test_imported_start_ups_in_the_clouds_phases_rank_regions_and_replace_the_agents_view(lives, tmp_path: Path) -> None:
+    """Start-ups a team imported (request to guest ready, the cloud's phases) are what a region's
+    start-up is, where they measured its spot VMs of that accelerator; the agents' kernel-boot
+    figure stays for the others."""
+    import shutil
+
+    src, _ = lives
+    db = tmp_path / "rg.duckdb"
+    shutil.copy(src, db)
+    csv = tmp_path / "starts.csv"
+    csv.write_text("region,purchase,gpu_type,provisioning_s,staging_s,booting_s\n"
+                   + "".join(f"us-central1,spot,Tesla V100,1.5,{40 + i},41\n" for i in range(5))
+                   + "us-central1,on-demand,v100,1.5,26,41\n")
+    assert CliRunner().invoke(cli, ["import", "startups", str(csv), "--db", str(db)]).exit_code == 0
+    r = CliRunner().invoke(cli, ["fit", "overhead", "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    code, out, err = rec(db, "--gpu-type", "v100", "--json")
+    assert code == 0, err
+    assert out["action"]["region"] == "us-central1"
+    # phase medians: 1.5 + staging 42 (shrunk toward the v100 spot median, the same VMs) + 41
+    assert out["predicted"]["startup_seconds"] == pytest.approx(84.5, abs=0.1)
+    assert out["assumptions"]["startup_covers"].startswith("request to guest ready (the cloud's phases), 5 VM starts")
