@@ -25,6 +25,7 @@ nodes have no catalogue price has no dollars (said, never zero).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -90,14 +91,19 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tu
     """job -> its stepping nodes: (node, region, instance type, spot, accelerator, its count, labels)."""
     out: dict[str, list[tuple]] = {}
     for r in con.execute(
-        """WITH jn AS (SELECT DISTINCT job, node FROM steps WHERE job IN (SELECT unnest(?::VARCHAR[]))),
+        """WITH dj AS (SELECT DISTINCT job, node FROM jobs WHERE job IN (SELECT unnest($1::VARCHAR[]))),
+           -- the nodes each rank declared (few rows); a job that declared none: the nodes it stepped on
+           jn AS (SELECT * FROM dj UNION ALL SELECT DISTINCT job, node FROM steps
+                  WHERE job IN (SELECT unnest($1::VARCHAR[])) AND job NOT IN (SELECT job FROM dj)),
            n AS (SELECT DISTINCT node FROM jn),
            i AS (SELECT node, arg_max(region, ts) AS region, arg_max(instance_type, ts) AS itype,
                         arg_max(spot, ts) AS spot, arg_max(accelerator, ts) AS acc,
                         arg_max(accelerator_count, ts) AS acc_n
                  FROM instance_identity WHERE node IN (SELECT node FROM n) GROUP BY node),
+           -- the GPUs' own name and count, only where the cloud's identity lacks them
            g AS (SELECT node, any_value(name) AS gname, count(DISTINCT "index") AS gn FROM gpu_5m
-                 WHERE node IN (SELECT node FROM n) GROUP BY node)
+                 WHERE node IN (SELECT node FROM n WHERE node NOT IN
+                                (SELECT node FROM i WHERE acc IS NOT NULL AND acc_n IS NOT NULL)) GROUP BY node)
            SELECT jn.job, jn.node, i.region, i.itype, i.spot, coalesce(i.acc, g.gname), coalesce(i.acc_n, g.gn),
                   coalesce(nd.labels::VARCHAR, '{}')
            FROM jn LEFT JOIN i USING (node) LEFT JOIN g USING (node) LEFT JOIN nodes nd USING (node)
@@ -107,6 +113,7 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tu
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def _acc_name(name: str | None) -> str | None:
     from . import catalog
 
@@ -118,14 +125,21 @@ def _acc_name(name: str | None) -> str | None:
         return None
 
 
-def _price(nodes: list[tuple], cat: dict[Any, Any]) -> tuple[float | None, str]:
+def _price(nodes: list[tuple], cat: dict[Any, Any], memo: dict[tuple, float | None] | None = None
+           ) -> tuple[float | None, str]:
     """$/GPU-hour averaged over the priced nodes: the catalogue's row for the node's instance
     type in its region, or (GCE: GPUs attached to a VM) for ``TYPE+NxACC``."""
     from . import prices
 
     per = []
+    memo = {} if memo is None else memo  # one catalogue pass per kind of node
     for _node, region, itype, spot, acc, acc_n, _labels in nodes:
         if not itype:
+            continue
+        key = (region, itype, spot, acc, acc_n)
+        if key in memo:
+            if memo[key] is not None:
+                per.append(memo[key])
             continue
         p = None
         short = _acc_name(acc)
@@ -140,8 +154,9 @@ def _price(nodes: list[tuple], cat: dict[Any, Any]) -> tuple[float | None, str]:
                 break
         usd = None if p is None else (p.spot if spot else p.on_demand)
         count = p.accelerator_count if p is not None and p.accelerator_count else acc_n
-        if usd is not None and count:
-            per.append(usd / count)
+        memo[key] = usd / count if usd is not None and count else None
+        if memo[key] is not None:
+            per.append(memo[key])
     if not per:
         return None, "no catalogue price for the job's instance types"
     return sum(per) / len(per), f"price catalogue ({len(per)} of {len(nodes)} nodes priced)"
@@ -245,6 +260,7 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
     declared = dict(con.execute("""SELECT job, arg_max(accelerator, ts) FROM jobs WHERE job IN (SELECT unnest(?::VARCHAR[]))
                                    GROUP BY job""", [live]).fetchall())
     cat = cat if cat is not None else prices.load()
+    memo: dict[tuple, float | None] = {}
     out = {}
     for job in live:
         g = gp[job]
@@ -260,7 +276,7 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
             left -= sec[b]
         sec["productive"] = left
         sec["other"] = max(0.0, g.wall * n - sum(v for k, v in sec.items() if k != "other"))  # = w["idle"] x GPUs
-        usd, price_from = _price(nodes.get(job, []), cat)
+        usd, price_from = _price(nodes.get(job, []), cat, memo)
         out[job] = JobAccount(job, g.start, g.end, n, n_from, sec, usd, _groups(nodes.get(job, []), declared.get(job)),
                               {"shares": sh, "findings": sorted({k for k, _ in found.get(job, [])}),
                                "price_from": price_from})

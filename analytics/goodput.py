@@ -118,45 +118,42 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
     for the few jobs a notice hit."""
     cond = "job IN (SELECT unnest($jobs::VARCHAR[]))" if jobs is not None else "job IS NOT NULL"
     params: dict[str, Any] = {"jobs": jobs} if jobs is not None else {}
-    spans = con.execute(
-        f"""WITH {_REF.format(jobs=cond)},
-            d AS (SELECT j.job, j.run, min(epoch(j.ts)) AS declared FROM jobs j JOIN ref USING (job, run, rank)
-                  GROUP BY ALL),
-            r AS (SELECT job, run, min(t - span) AS first, max(t) AS last FROM st GROUP BY ALL),
-            c AS (SELECT job, max(epoch(ts)) AS t FROM checkpoints WHERE {cond} GROUP BY job)
-            SELECT r.job, min(coalesce(d.declared, r.first)), greatest(max(r.last), max(c.t)), count(DISTINCT r.run),
-                   max(r.last)
-            FROM r LEFT JOIN d USING (job, run) LEFT JOIN c ON c.job = r.job AND c.t >= r.first GROUP BY r.job""",
-        params).fetchall()
-    if not spans:
-        return {}
-    # revocations: which runs a notice hit (stepping on its node then), their lost work, and
-    # the time to resume; only for jobs with a notice on one of their nodes
-    hit = con.execute(
-        f"""WITH {_REF.format(jobs=cond)},
-            rn AS (SELECT job, run, node, min(t - span) AS lo, max(t) AS hi FROM st GROUP BY ALL)
-            SELECT DISTINCT rn.job FROM rn JOIN revocations v ON v.node = rn.node AND v.revokes
-            WHERE epoch(v.ts) BETWEEN rn.lo AND rn.hi + {NOTICE_WINDOW}
-              AND rn.hi <= epoch(v.ts) + {STOPPED_WITHIN}""", params).fetchall()
-    rev: dict[str, tuple[list[tuple[float, float]], int, int]] = {j: _revocations(con, j) for (j,) in hit}
-    rv_job = [j for j, (ps, _, _) in rev.items() for _ in ps]
-    rv_a = [a for ps, _, _ in rev.values() for a, _b in ps]
-    rv_b = [b for ps, _, _ in rev.values() for _a, b in ps]
-    win = {j: (max(a, since) if since is not None else a, min(b, until) if until is not None else b)
-           for j, a, b, _, _ in spans}
-    win = {j: (a, max(a, b)) for j, (a, b) in win.items()}
+    # revocations: the jobs stepping on a notice's node around it (a superset, cheap: by time),
+    # then per run in Python which notices hit, the lost work and the time to resume
+    cand = con.execute(
+        f"""SELECT DISTINCT s.job FROM revocations v JOIN steps s ON s.node = v.node
+            WHERE v.revokes AND s.ts BETWEEN v.ts - INTERVAL {int(NOTICE_WINDOW)} SECOND AND v.ts + INTERVAL 1 DAY
+              AND s.{cond}""", params).fetchall()
+    rev = {j: r for (j,) in cand if (r := _revocations(con, j))[0]}
     prio = sorted(PRIORITY, key=PRIORITY.get)  # type: ignore[arg-type]
     sums = ", ".join(f"sum(d) FILTER (WHERE cat = '{c}') OVER w AS \"{c}\"" for c in prio)
     case = " ".join(f"WHEN coalesce(\"{c}\", 0) > 0 THEN '{c}'" for c in prio)
-    # A step interval that overlaps nothing (no other piece, no window edge) is its own split
-    # (input wait, then productive): summed directly. Only the others go through the sweep,
-    # which is exact because the direct ones share no instant with anything.
+    # One query: the reference rank's intervals once (materialised), each job's span cut to
+    # the window, and the split. A step interval that overlaps nothing (no other piece, no
+    # window edge) is its own split (input wait, then productive): summed directly. Only the
+    # others go through the sweep, which is exact because the direct ones share no instant
+    # with anything.
     rows = con.execute(
-        f"""WITH {_REF.format(jobs=cond)},
-            win AS (SELECT unnest($wj::VARCHAR[]) AS job, unnest($wa::DOUBLE[]) AS lo, unnest($wb::DOUBLE[]) AS hi),
+        f"""WITH ref AS (SELECT job, run, min(rank) AS rank FROM steps WHERE {cond} GROUP BY job, run),
+            st AS MATERIALIZED (
+                SELECT s.job, s.run, epoch(s.ts) AS t,
+                       greatest(0, coalesce(coalesce(s.steps / nullif(s.steps_per_second, 0),
+                                                     s.step_mean_seconds * s.steps), 0)) AS span,
+                       least(1, greatest(0, coalesce(s.wait_mean_seconds / nullif(s.step_mean_seconds, 0), 0))) AS w
+                FROM steps s JOIN ref USING (job, run, rank)),
             d AS (SELECT j.job, j.run, min(epoch(j.ts)) AS declared FROM jobs j JOIN ref USING (job, run, rank)
                   GROUP BY ALL),
-            r AS (SELECT job, run, min(t - span) AS first FROM st GROUP BY ALL),
+            r AS (SELECT job, run, min(t - span) AS first, max(t) AS last FROM st GROUP BY ALL),
+            c AS (SELECT job, max(epoch(ts)) AS t FROM checkpoints WHERE {cond} GROUP BY job),
+            span AS (SELECT r.job, min(coalesce(d.declared, r.first)) AS a, max(r.last) AS last, min(r.first) AS first,
+                            count(DISTINCT r.run) AS runs
+                     FROM r LEFT JOIN d USING (job, run) GROUP BY r.job),
+            span2 AS (SELECT span.*, greatest(span.last, coalesce((SELECT max(c.t) FROM c WHERE c.job = span.job
+                                                                    AND c.t >= span.first), span.last)) AS b
+                      FROM span),
+            win AS (SELECT job, lo, greatest(lo, hi) AS hi, runs FROM (
+                        SELECT job, runs, CASE WHEN $since IS NULL THEN a ELSE greatest(a, $since) END AS lo,
+                               CASE WHEN $until IS NULL THEN b ELSE least(b, $until) END AS hi FROM span2)),
             other AS (
                 SELECT d.job, d.declared AS a, r.first AS b, 'startup' AS cat FROM d JOIN r USING (job, run)
                 UNION ALL SELECT job, epoch(ts) - coalesce(seconds, 0), epoch(ts),
@@ -181,17 +178,23 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
             pts AS (SELECT job, a AS t, cat, 1 AS d FROM clipped UNION ALL SELECT job, b, cat, -1 FROM clipped),
             run AS (SELECT job, t, lead(t) OVER (PARTITION BY job ORDER BY t, d) AS t2, {sums}
                     FROM pts WINDOW w AS (PARTITION BY job ORDER BY t, d ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
-            SELECT job, CASE {case} ELSE 'idle' END AS cat, sum(t2 - t) FROM run WHERE t2 > t GROUP BY ALL
-            UNION ALL SELECT job, 'input_wait', iw FROM direct
-            UNION ALL SELECT job, 'productive', pr FROM direct""",
-        params | {"wj": list(win), "wa": [w[0] for w in win.values()], "wb": [w[1] for w in win.values()],
-                  "rj": rv_job, "ra": rv_a, "rb": rv_b}).fetchall()
-    out = {j: Goodput(j, a, b, dict.fromkeys(CATEGORIES, 0.0), runs, rev.get(j, ([], 0, 0))[1],
-                      rev.get(j, ([], 0, 0))[2]) for j, (a, b), (_, _, _, runs, _) in
-           zip(win, win.values(), spans, strict=True)}
-    for job, cat, secs in rows:
-        if cat != "idle":  # the sweep's idle covers only its own pieces: idle is what the rest leaves
-            out[job].seconds[cat] += float(secs or 0.0)
+            SELECT job, CASE {case} ELSE 'idle' END AS cat, sum(t2 - t), NULL, NULL FROM run WHERE t2 > t GROUP BY ALL
+            UNION ALL SELECT job, 'input_wait', iw, NULL, NULL FROM direct
+            UNION ALL SELECT job, 'productive', pr, NULL, NULL FROM direct
+            UNION ALL SELECT job, '', lo, hi, runs FROM win""",
+        params | {"since": since, "until": until,
+                  "rj": [j for j, (ps, _, _) in rev.items() for _ in ps],
+                  "ra": [a for ps, _, _ in rev.values() for a, _b in ps],
+                  "rb": [b for ps, _, _ in rev.values() for _a, b in ps]}).fetchall()
+    out: dict[str, Goodput] = {}
+    for job, cat, v, hi, runs in rows:
+        if cat == "":
+            g = out.setdefault(job, Goodput(job, 0.0, 0.0, dict.fromkeys(CATEGORIES, 0.0), 0, 0, 0))
+            g.start, g.end, g.runs = float(v), float(hi), int(runs)
+            g.notices, g.steps_lost = rev.get(job, ([], 0, 0))[1:]
+    for job, cat, v, _hi, _runs in rows:
+        if cat not in ("", "idle"):  # the sweep's idle covers only its own pieces: idle is what the rest leaves
+            out[job].seconds[cat] += float(v or 0.0)
     for g in out.values():
         g.seconds["idle"] = max(0.0, g.wall - sum(v for k, v in g.seconds.items() if k != "idle"))
     return out
