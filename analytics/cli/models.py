@@ -1,4 +1,4 @@
-"""``analyze fit`` and ``analyze predict speed|cluster|revocation``: performance models."""
+"""``analyze fit`` and ``analyze predict speed|cluster|revocation|checkpoint|startup``: performance models."""
 
 from __future__ import annotations
 
@@ -25,12 +25,15 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
               compute+tensors families; the one with the lowest held-out error is kept)
     cluster   per-worker step time as workers and parameter servers grow (spotDNN's
               PS-bandwidth contention term)
-    overhead  checkpoint save / restore time against size; resume after a revocation;
-              VM start-up by region, accelerator and spot
+    overhead  checkpoint save time from size (and tensors / params) over imported and
+              live saves; VM start-up by region, purchase option and accelerator in
+              the cloud's phases (imported) and as agents measured it; restore time
+              against size; resume after a revocation
     lifetime  Kaplan-Meier survival of spot VM lives per region and accelerator, with
               Cox proportional hazards across them
 
-    Error is held out: leave one model architecture out (MAPE, R^2), never training error.
+    Error is held out: leave one model architecture out (MAPE, R^2; VM start-ups: leave
+    one VM out), never training error.
 
     \b
     Example:

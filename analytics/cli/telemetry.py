@@ -118,9 +118,9 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
     GPU-second lands in exactly one; the buckets add up to the total. GPU-hours, and dollars
     from the price catalogue (spot or on-demand price of each node's instance type).
 
-    PS wait, stragglers and idle GPUs come from the detectors' evidence (the findings
-    analyze bottlenecks stored; for one job, run now when none are stored). With --fleet,
-    every job that stepped in the range, one row per --by group.
+    PS wait, stragglers and idle GPUs come from the detectors' evidence: the findings that
+    `analyze bottlenecks` stored (for one job, the detectors run now when none are stored).
+    With --fleet, every job that stepped in the range, one row per --by group.
 
     \b
     Examples:

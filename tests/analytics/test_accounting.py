@@ -173,3 +173,43 @@ def test_the_simulated_fleets_problems_land_in_their_buckets(demo_db: Path) -> N
     assert inp["input_wait"] > 40 and inp["ps_wait"] == 0 and inp["idle_accelerators"] == 0
     healthy = pct("sim-healthy-1")
     assert healthy["productive"] > 95
+
+
+def test_the_fleet_roll_up_through_the_collectors_api_is_the_local_one(db: Path, tmp_path: Path) -> None:
+    import shutil
+    import urllib.error
+    import urllib.request
+
+    from cmdare.analytics.service import HttpConfig, Service
+
+    served = tmp_path / "served.duckdb"
+    shutil.copy(db, served)
+    con = connect(served)
+    svc = Service(con, served, HttpConfig("127.0.0.1", 0))
+    url = svc.start()
+    svc.ready = True
+    try:
+        args = ["goodput", "--fleet", "--by", "team", "--db", str(served), "--json"]
+        local = CliRunner().invoke(cli, args)
+        remote = CliRunner().invoke(cli, args, obj={"server": url})
+        assert remote.exit_code == 0 and remote.stdout == local.stdout
+        assert "no stored findings" in remote.stderr  # the notes travel too
+        one = CliRunner().invoke(cli, ["goodput", "--job", "c1", "--every", "1m", "--db", str(served), "--json"],
+                                 obj={"server": url})
+        assert one.exit_code == 0 and len(json.loads(one.stdout)) == 7 * 11
+
+        def get(q: str) -> int:
+            try:
+                with urllib.request.urlopen(f"{url}/api/v1/goodput?{q}", timeout=30) as r:
+                    return r.status
+            except urllib.error.HTTPError as e:
+                return e.code
+
+        assert get("by=team") == 200
+        assert get("by=team%27%29%3B%20DROP%20TABLE%20steps") == 422  # a label key is letters, digits, _ . -
+        assert get("by=" + "x" * 100) == 422
+        assert get("every=1") == 422 and get("every=nan") == 422
+        assert get("since=not-a-time") == 422
+    finally:
+        svc.stop()
+        con.close()
