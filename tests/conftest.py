@@ -3,11 +3,13 @@ repo root, and helpers to run the real console commands."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,26 @@ class Alertmanager(_GoServer):
 
         with urllib.request.urlopen(f"{self.url}/api/v2/alerts", timeout=10) as r:
             return json.loads(r.read())
+
+
+@contextlib.contextmanager
+def serving(src: Path, db: Path | None = None, token: str | None = None) -> Iterator[str]:
+    """Database ``src`` (or a copy of it at ``db``) served by a live collector's API, with
+    ``token`` when given: its URL."""
+    import shutil
+
+    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.collector.db import connect
+
+    if db is not None:
+        shutil.copy(src, db)
+    path = db or src
+    con = connect(path)
+    svc = Service(con, path, HttpConfig("127.0.0.1", 0, token))
+    url = svc.start()
+    svc.ready = True
+    try:
+        yield url
+    finally:
+        svc.stop()
+        con.close()

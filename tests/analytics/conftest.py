@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from cmdare.analytics.cli import cli
+from tests.conftest import serving  # noqa: F401  (re-exported for the analytics tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 # CM-DARE's shared half: $CMDARE_REAL_DATA (another copy, the held-out half), else the
@@ -32,5 +33,6 @@ def real_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 0, res.output
     return db
+
 
 

@@ -5,7 +5,6 @@ buckets their problems belong to."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from cmdare.analytics.cli import cli
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many
-from tests.fakes.fleet import DemoFleet
+from tests.analytics.test_demo_fleet import demo_db  # noqa: F401  (the simulated fleet, a module fixture)
 
 T0 = 1_790_000_000.0
 _n = [0]
@@ -146,18 +145,7 @@ def test_bad_goodput_requests_get_one_line_errors(db: Path, args: list[str], mes
     assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output, r.output
 
 
-@pytest.fixture(scope="module")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    f = DemoFleet(seed=1, t0=time.time() - 40 * 60)
-    f.build()
-    p = tmp_path_factory.mktemp("demo") / "demo.duckdb"
-    con = connect(p)
-    Writer(con).write([("sim", encode_many(f.events))])
-    con.close()
-    return p
-
-
-def test_the_simulated_fleets_problems_land_in_their_buckets(demo_db: Path) -> None:
+def test_the_simulated_fleets_problems_land_in_their_buckets(demo_db: Path) -> None:  # noqa: F811
     def pct(job: str) -> dict[str, float]:
         r = CliRunner().invoke(cli, ["goodput", "--job", job, "--db", str(demo_db), "--json"])
         assert r.exit_code == 0, r.output
@@ -176,19 +164,13 @@ def test_the_simulated_fleets_problems_land_in_their_buckets(demo_db: Path) -> N
 
 
 def test_the_fleet_roll_up_through_the_collectors_api_is_the_local_one(db: Path, tmp_path: Path) -> None:
-    import shutil
     import urllib.error
     import urllib.request
 
-    from cmdare.analytics.service import HttpConfig, Service
+    from tests.analytics.conftest import serving
 
     served = tmp_path / "served.duckdb"
-    shutil.copy(db, served)
-    con = connect(served)
-    svc = Service(con, served, HttpConfig("127.0.0.1", 0))
-    url = svc.start()
-    svc.ready = True
-    try:
+    with serving(db, served) as url:
         args = ["goodput", "--fleet", "--by", "team", "--db", str(served), "--json"]
         local = CliRunner().invoke(cli, args)
         remote = CliRunner().invoke(cli, args, obj={"server": url})
@@ -210,6 +192,3 @@ def test_the_fleet_roll_up_through_the_collectors_api_is_the_local_one(db: Path,
         assert get("by=" + "x" * 100) == 422
         assert get("every=1") == 422 and get("every=nan") == 422
         assert get("since=not-a-time") == 422
-    finally:
-        svc.stop()
-        con.close()

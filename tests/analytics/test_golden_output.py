@@ -81,23 +81,14 @@ def test_local_output_is_unchanged(fleet_db: Path, tmp_path: Path) -> None:
 
 
 def test_the_same_output_through_a_live_collectors_api(fleet_db: Path, tmp_path: Path) -> None:
-    from cmdare.analytics.service import HttpConfig, Service
-    from cmdare.collector.db import connect as open_rw
+    from tests.analytics.conftest import serving
 
     db = tmp_path / "fleet.duckdb"
-    shutil.copy(fleet_db, db)
-    con = open_rw(db)
-    svc = Service(con, db, HttpConfig("127.0.0.1", 0))
-    url = svc.start()
-    svc.ready = True
-    try:
-        got = []
+    got = []
+    with serving(fleet_db, db) as url:
         for argv in CASES:
             r = CliRunner().invoke(cli, [*argv, "--db", str(db)], obj={"server": url})
             got.append(case(argv, r.exit_code, r.stdout, r.stderr, db))
-    finally:
-        svc.stop()
-        con.close()
     want = json.loads(GOLDEN.read_text())
     for g, w in zip(got, want, strict=True):
         assert g == w, g["argv"]

@@ -13,9 +13,7 @@ from click.testing import CliRunner
 
 from cmdare.analytics import overheads
 from cmdare.analytics.cli import cli
-from cmdare.analytics.service import HttpConfig, Service
-from cmdare.collector.db import connect
-from tests.analytics.conftest import DATA
+from tests.analytics.conftest import DATA, serving
 
 CKPTS = DATA / "overheads" / "checkpoints.csv"
 STARTS = DATA / "overheads" / "startup.csv"
@@ -182,19 +180,9 @@ def test_no_fit_without_records_says_what_to_import(tmp_path: Path) -> None:
 
 @pytest.fixture()
 def served(fitted: Path, tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    import shutil
-
     db = tmp_path / "served.duckdb"
-    shutil.copy(fitted, db)
-    con = connect(db)
-    svc = Service(con, db, HttpConfig("127.0.0.1", 0))
-    url = svc.start()
-    svc.ready = True
-    try:
+    with serving(fitted, db) as url:
         yield db, url
-    finally:
-        svc.stop()
-        con.close()
 
 
 def test_imports_and_predictions_through_the_collectors_api(served: tuple[Path, str], tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import pytest
 from click.testing import CliRunner
 
 from cmdare.analytics.cli import cli
-from cmdare.analytics.service import HttpConfig, Service
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many
@@ -51,15 +50,10 @@ def fleet_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve(db: Path, token: str | None = None) -> Iterator[str]:
-    con = connect(db)
-    svc = Service(con, db, HttpConfig("127.0.0.1", 0, token))
-    url = svc.start()
-    svc.ready = True
-    try:
+    from tests.conftest import serving
+
+    with serving(db, token=token) as url:
         yield url
-    finally:
-        svc.stop()
-        con.close()
 
 
 @pytest.fixture(scope="module")
