@@ -192,3 +192,38 @@ def test_the_fleet_roll_up_through_the_collectors_api_is_the_local_one(db: Path,
         assert get("by=" + "x" * 100) == 422
         assert get("every=1") == 422 and get("every=nan") == 422
         assert get("since=not-a-time") == 422
+
+
+@pytest.mark.parametrize(("found", "gpus", "want"), [
+    ([], 4, {"idle_accelerators": 0.0, "straggler": 0.0, "ps_wait": 0.0}),
+    ([("gpu_idle", {"idle_gpus": 2, "idle_share": 1.0, "in_job": False})], 4, {"idle_accelerators": 0.0}),  # not the job's
+    ([("gpu_idle", {"idle_gpus": 1})], 4, {"idle_accelerators": 0.25}),  # no share given: idle all along
+    ([("gpu_idle", {"idle_gpus": 3, "idle_share": 0.5}), ("gpu_idle", {"idle_gpus": 1, "idle_share": 1.0})], 4,
+     {"idle_accelerators": 0.625}),  # two nodes' findings add up
+    ([("gpu_idle", {"idle_gpus": 9, "idle_share": 1.0})], 4, {"idle_accelerators": 1.0}),  # never past all of it
+    ([("straggler", {"slowdown": 2.0}), ("straggler", {"slowdown": 1.25})], 4, {"straggler": 0.5}),  # the slowest sets the pace
+    ([("straggler", {"slowdown": 0.5})], 4, {"straggler": 0.0}),  # a fast rank costs nothing
+    ([("straggler", {})], 4, {"straggler": 0.0}),
+    ([("ps_bound", {"efficiency": 0.5}), ("ps_bound", {"efficiency": 0.25})], 4, {"ps_wait": 0.75}),
+    ([("ps_bound", {"efficiency": 1.4})], 4, {"ps_wait": 0.0}),
+    ([("ps_bound", {"efficiency": float("nan")})], 4, {"ps_wait": 0.0}),  # a broken figure costs nothing
+    ([("ps_bound", {"efficiency": None})], 4, {"ps_wait": 0.0}),
+    ([("gpu_idle", {"idle_gpus": 1, "idle_share": 1.0})], 0, {"idle_accelerators": 0.0}),
+])
+def test_evidence_shares_are_clamped_and_default_to_nothing(found: list, gpus: int, want: dict) -> None:
+    got = accounting.shares(found, gpus)
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v), k
+
+
+def test_the_fleet_splits_by_evidence_only_with_findings_stored_or_detected(demo_db: Path) -> None:  # noqa: F811
+    def ps_wait(*extra: str) -> tuple[float, str]:
+        r = CliRunner().invoke(cli, ["goodput", "--fleet", "--by", "job", "--db", str(demo_db), "--json", *extra])
+        assert r.exit_code == 0, r.output
+        row = next(x for x in json.loads(r.stdout) if x["job"] == "sim-ps-5")
+        return row["ps_wait_gpu_hours"], r.stderr
+
+    plain, said = ps_wait()
+    assert plain == 0 and "have no stored findings" in said
+    detected, said = ps_wait("--detect")
+    assert detected > 0 and "no stored findings" not in said

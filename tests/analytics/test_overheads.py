@@ -193,6 +193,9 @@ def test_imports_and_predictions_through_the_collectors_api(served: tuple[Path, 
     assert code == 0 and json.loads(out)["stored"] == 1
     code, out = run("import", "checkpoints", str(f), "--db", str(db), "--json", server=url)
     assert json.loads(out)["duplicates"] == 1
+    code, out = run("sql", "SELECT source, line FROM checkpoint_records WHERE model = 'big'", "--db", str(db), "--json",
+                    server=url)
+    assert code == 0 and json.loads(out) == [{"source": "more.csv", "line": 2}]  # the client's file and line, kept
     local = json.loads(run("predict", "startup", "--region", "us-west1", "--purchase", "spot", "--gpu-type", "k80",
                            "--db", str(db), "--json")[1])
     remote = json.loads(run("predict", "startup", "--region", "us-west1", "--purchase", "spot", "--gpu-type", "k80",
@@ -226,3 +229,32 @@ def test_the_api_checks_records_as_the_cli_does(served: tuple[Path, str]) -> Non
     assert code == 400 and "is not a region name" in body["error"] and "x" * 30 not in body["error"]
     code, body = post("startups", {"records": [{"region": {"a": 1}}]})
     assert code == 422
+
+
+def test_blank_lines_limits_and_where_each_record_came_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blank line in the middle costs nothing after it; values at the limits are kept; every
+    stored record names its file and line; the row limit holds in a file and across files."""
+    db = tmp_path / "o.duckdb"
+    f = tmp_path / "c.csv"
+    f.write_text("size_mb,save_s,model\n10,3.5,a\n\n12,86400," + "m" * 256 + "\n,\n14,4.0,c\n")
+    code, out = run("import", "checkpoints", str(f), "--db", str(db), "--json")
+    assert code == 0 and json.loads(out)["stored"] == 3, out
+    with duckdb.connect(str(db), read_only=True) as c:
+        got = c.execute("SELECT source, line, save_s FROM checkpoint_records ORDER BY line").fetchall()
+    assert got == [("c.csv", 2, 3.5), ("c.csv", 4, 86400.0), ("c.csv", 6, 4.0)]
+    monkeypatch.setattr(overheads, "MAX_ROWS", 3)
+    code, out = run("import", "checkpoints", str(f), "--db", str(tmp_path / "p.duckdb"))
+    assert code == 0, out  # exactly at the limit
+    g = tmp_path / "d.csv"
+    g.write_text("size_mb,save_s\n" + "".join(f"{i + 1},3\n" for i in range(4)))
+    code, out = run("import", "checkpoints", str(g), "--db", str(tmp_path / "p.duckdb"))
+    assert code == 1 and "more than 3 rows: split the file" in out
+    code, out = run("import", "checkpoints", str(f), str(f), "--db", str(tmp_path / "p.duckdb"))
+    assert code == 1 and "more than 3 rows in all" in out
+
+
+def test_a_file_missing_several_columns_names_them_all(tmp_path: Path) -> None:
+    f = tmp_path / "s.csv"
+    f.write_text("region,gpu_type,provisioning_s,staging_s\nus-east1,k80,1,2\n")
+    code, out = run("import", "startups", str(f), "--db", str(tmp_path / "o.duckdb"))
+    assert code == 1 and "missing required columns purchase, booting_s" in out
