@@ -89,7 +89,7 @@ def test_reimport_is_idempotent_and_identical_rows_in_one_file_stay_apart(tmp_pa
     f = tmp_path / "c.csv"
     f.write_text("size_mb,save_s,extra\n10,3.5,x\n10,3.5,y\n12,3.9,z\n")  # two identical saves (extra ignored)
     code, out = run("import", "checkpoints", str(f), "--db", str(db), "--json")
-    assert code == 0 and json.loads(out)["stored"] == 3
+    assert code == 0 and json.loads(out) == {"kind": "checkpoints", "records": 3, "stored": 3, "duplicates": 0, "files": 1}
     code, out = run("import", "checkpoints", str(f), str(f), "--db", str(db), "--json")
     assert code == 0 and json.loads(out) == {"kind": "checkpoints", "records": 6, "stored": 0, "duplicates": 6, "files": 2}
     assert stored(db, "checkpoint_records") == 3
@@ -258,3 +258,80 @@ def test_a_file_missing_several_columns_names_them_all(tmp_path: Path) -> None:
     f.write_text("region,gpu_type,provisioning_s,staging_s\nus-east1,k80,1,2\n")
     code, out = run("import", "startups", str(f), "--db", str(tmp_path / "o.duckdb"))
     assert code == 1 and "missing required columns purchase, booting_s" in out
+
+
+CK_HEAD = "size_mb,save_s,weight_mb,tensors,params,local_write_s,model"
+ST_HEAD = "region,purchase,gpu_type,provisioning_s,staging_s,booting_s"
+
+
+@pytest.mark.parametrize(("kind", "head", "row", "message"), [
+    *[("checkpoints", CK_HEAD, r, m) for r, m in [
+        ("100000000,86400,0,1000000000,1000000000000000,86400,m", None),  # every limit exactly: kept; zero weight part
+        ("100000001,3,,,,,m", "size_mb '100000001' is out of range (above 0 and at most 1e+08)"),
+        ("10,86401,,,,,m", "save_s '86401' is out of range"),
+        ("10,3,100000001,,,,m", "weight_mb '100000001' is out of range (at least 0 and at most 1e+08)"),
+        ("10,3,-0.5,,,,m", "weight_mb '-0.5' is out of range"),
+        ("10,3,,1000000001,,,m", "tensors '1000000001' is out of range"),
+        ("10,3,,,1000000000000001,,m", "params '1000000000000001' is out of range"),
+        ("10,3,,,,86401,m", "local_write_s '86401' is out of range"),
+        ("10,3,,,,," + "m" * 257, "model longer than 256 characters"),
+        ("10,3,,,,,a\x1fb", "model has control characters"),
+        ("10,3,,,,,a b", None),  # a space is text
+        ("10,3,,7.5,,,m", "tensors '7.5' is not a whole number"),
+        ("10,abcdefghijklmnopqrstuvwxyz0123,,,,,m", "save_s 'abcdefghijklmnopqrstu...' is not a number"),
+    ]],
+    *[("startups", ST_HEAD, r, m) for r, m in [
+        ("us-east1,spot,k80,0,0,0", None),  # a phase of zero seconds is one
+        ("us-east1,spot,k80,86401,1,1", "provisioning_s '86401' is out of range"),
+        ("us-east1,spot,k80,1,86401,1", "staging_s '86401' is out of range"),
+        ("us-east1,spot,k80,1,1,86401", "booting_s '86401' is out of range"),
+        ("us-east1,reserved-capacity-block-x,k80,1,1,1", "purchase 'reserved-capacity-blo...' is not spot or on-demand"),
+        ("US-EAST1,Preemptible,k80,1,1,1", None),  # case does not matter; preemptible is spot
+    ]],
+])
+def test_each_column_is_held_to_its_range(tmp_path: Path, kind: str, head: str, row: str, message: str | None) -> None:
+    f = tmp_path / "x.csv"
+    f.write_text(f"{head}\n{row}\n")
+    code, out = run("import", kind, str(f), "--db", str(tmp_path / "o.duckdb"))
+    if message is None:
+        assert code == 0, out
+    else:
+        assert code == 1 and f"x.csv: line 2: {message}" in out, out
+
+
+@pytest.mark.parametrize(("kind", "head"), [("checkpoints", "size_mb,save_s"), ("startups", ST_HEAD)])
+def test_every_required_column_is_required(tmp_path: Path, kind: str, head: str) -> None:
+    cols = head.split(",")
+    for i, c in enumerate(cols):
+        f = tmp_path / "x.csv"
+        f.write_text(",".join(cols[:i] + cols[i + 1:]) + "\n" + ",".join(["1"] * (len(cols) - 1)) + "\n")
+        code, out = run("import", kind, str(f), "--db", str(tmp_path / "o.duckdb"))
+        assert code == 1 and f"missing required column {c} " in out, (c, out)
+
+
+def test_records_over_the_api_keep_their_file_and_line_within_reason(tmp_path: Path) -> None:
+    from cmdare.analytics import api
+    from cmdare.analytics.db import Database
+
+    db = Database(tmp_path / "o.duckdb")
+    assert api.import_overheads(db, "checkpoints", []) == {"kind": "checkpoints", "records": 0, "stored": 0,
+                                                          "duplicates": 0}
+    rows = overheads.check("checkpoints", [
+        {"size_mb": 1, "save_s": 2, "source": "a.csv", "line": 7},
+        {"size_mb": 1, "save_s": 2},  # the same save again: a second record
+        {"size_mb": 3, "save_s": 2, "source": "b" * 500, "line": -1},
+        {"size_mb": 4, "save_s": 2, "line": 2**31},
+        {"size_mb": 5, "save_s": 2, "line": "7"},
+    ])
+    assert [(r["source"], r["line"]) for r in rows] == [("a.csv", 7), ("api", None), ("b" * 117 + "...", None),
+                                                        ("api", None), ("api", None)]
+    assert rows[0]["id"] != rows[1]["id"]
+    assert api.import_overheads(db, "checkpoints", [{"size_mb": 1, "save_s": 2}]) == {
+        "kind": "checkpoints", "records": 1, "stored": 1, "duplicates": 0}
+
+
+def test_a_header_that_is_not_csv_is_one_line(tmp_path: Path) -> None:
+    f = tmp_path / "x.csv"
+    f.write_text('size_mb,"save_s\n')
+    code, out = run("import", "checkpoints", str(f), "--db", str(tmp_path / "o.duckdb"))
+    assert code == 1 and "x.csv" in out and len(out.strip().splitlines()) == 1, out
