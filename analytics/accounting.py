@@ -16,7 +16,8 @@ stepping nodes. Every accelerator-second lands in exactly one bucket:
   downtime).
 
 Findings are those ``analyze bottlenecks`` stored for the job and overlapping the window;
-a job without stored findings has the detectors run for it (``fresh``). Dollars: each GPU
+a job without stored findings has the detectors run for it (``job_table``; the fleet's
+with ``--detect``). Dollars: each GPU
 hour at its node's price (the price catalogue's spot or on-demand price of the node's
 instance type and region, over its accelerators), the job's nodes averaged; a job whose
 nodes have no catalogue price has no dollars (said, never zero).
@@ -91,8 +92,10 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tu
     """job -> its stepping nodes: (node, region, instance type, spot, accelerator, its count, labels)."""
     out: dict[str, list[tuple]] = {}
     for r in con.execute(
-        """WITH dj AS (SELECT DISTINCT job, node FROM jobs WHERE job IN (SELECT unnest($1::VARCHAR[]))),
-           -- the nodes each rank declared (few rows); a job that declared none: the nodes it stepped on
+        """WITH dj AS (SELECT job, node FROM jobs WHERE job IN (SELECT unnest($1::VARCHAR[]))
+                      UNION SELECT job, node FROM nodes WHERE job IN (SELECT unnest($1::VARCHAR[]))),
+           -- the nodes each rank declared and those whose agent is labelled with the job (small
+           -- tables); a job with neither: the nodes it stepped on
            jn AS (SELECT * FROM dj UNION ALL SELECT DISTINCT job, node FROM steps
                   WHERE job IN (SELECT unnest($1::VARCHAR[])) AND job NOT IN (SELECT job FROM dj)),
            n AS (SELECT DISTINCT node FROM jn),
@@ -231,19 +234,6 @@ def shares(found: list[tuple[str, dict[str, Any]]], gpus: int) -> dict[str, floa
             "ps_wait": frac(1.0 - eff)}
 
 
-def account(con: duckdb.DuckDBPyConnection, job: str, since: float | None = None, until: float | None = None,
-            found: list[tuple[str, dict[str, Any]]] | None = None, cat: dict[Any, Any] | None = None,
-            fresh: bool = True) -> JobAccount:
-    """Job ``job``'s accelerator time over [since, until) (epoch seconds) in BUCKETS (a one-line
-    error for a job without steps)."""
-    g = goodput(con, job, since, until)
-    if found is None:
-        found = stored_findings(con, [job], _stamp(g.start), _stamp(g.end)).get(job)
-        if found is None and fresh:
-            found = fresh_findings(con, job, _stamp(g.start), _stamp(g.end)).get(job, [])
-    return account_many(con, [job], since, until, {job: found or []}, cat, {job: g})[job]
-
-
 def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float | None, until: float | None,
                  found: dict[str, list[tuple[str, dict[str, Any]]]], cat: dict[Any, Any] | None = None,
                  gp: dict[str, Goodput] | None = None) -> dict[str, JobAccount]:
@@ -362,6 +352,7 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
 
 
 def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None, by: str,
+                # mutation-equivalent: ReplaceFalseWithTrue: every caller names detect
                 every: float | None = None, detect: bool = False) -> tuple[list[str], list[list[Any]], list[str]]:
     """Every job that stepped in [since, until), accounted and rolled up ``by`` (job, region,
     accelerator, fleet, or a node label such as team); with ``every``, per window. Findings:
@@ -373,8 +364,8 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     notes: list[str] = []
     if not jobs:
         return [by, "jobs"], [], ["no job stepped in the range"]
-    lo = since or con.execute("SELECT min(ts) FROM steps").fetchall()[0][0]
-    hi = until or con.execute("SELECT max(ts) FROM steps").fetchall()[0][0]
+    lo = since or con.execute("SELECT min(ts) FROM steps").fetchall()[0][0]  # mutation-equivalent: NumberReplacer: one cell
+    hi = until or con.execute("SELECT max(ts) FROM steps").fetchall()[0][0]  # mutation-equivalent: NumberReplacer: one cell
     found = stored_findings(con, jobs, lo, hi)
     missing = [j for j in jobs if j not in found]
     if missing and detect:

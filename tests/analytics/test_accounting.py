@@ -58,6 +58,10 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
+def account(con: Any, job: str, found: list) -> accounting.JobAccount:
+    return accounting.account_many(con, [job], None, None, {job: found})[job]
+
+
 EVIDENCE = [("gpu_idle", {"idle_gpus": 1, "idle_share": 1.0, "in_job": True}),
             ("straggler", {"slowdown": 1.5}), ("ps_bound", {"efficiency": 0.5})]
 
@@ -69,7 +73,7 @@ def test_every_accelerator_second_lands_in_one_bucket_with_exact_shares(db: Path
     import duckdb
 
     with duckdb.connect(str(db), read_only=True) as con:
-        a = accounting.account(con, "c1", found=EVIDENCE)
+        a = account(con, "c1", EVIDENCE)
     assert a.gpus == 4 and a.gpus_from == "declared world size"
     want = {"startup": 80.0, "input_wait": 288.0, "idle_accelerators": 288.0, "straggler": 288.0, "ps_wait": 288.0,
             "productive": 288.0}
@@ -78,7 +82,7 @@ def test_every_accelerator_second_lands_in_one_bucket_with_exact_shares(db: Path
     assert sum(a.seconds.values()) == pytest.approx(4 * 380.0)
     assert a.seconds["other"] == pytest.approx(0.0, abs=1e-6)
     with duckdb.connect(str(db), read_only=True) as con:
-        none = accounting.account(con, "c1", found=[])
+        none = account(con, "c1", [])
     assert none.seconds["productive"] == pytest.approx(1152.0) and none.seconds["ps_wait"] == 0
 
 
@@ -86,9 +90,9 @@ def test_goodput_in_dollars_matches_a_hand_computation(db: Path) -> None:
     import duckdb
 
     with duckdb.connect(str(db), read_only=True) as con:
-        c1 = accounting.account(con, "c1", found=EVIDENCE)
-        c2 = accounting.account(con, "c2", found=[])
-        c3 = accounting.account(con, "c3", found=[])
+        c1 = account(con, "c1", EVIDENCE)
+        c2 = account(con, "c2", [])
+        c3 = account(con, "c3", [])
     # a2-highgpu-1g spot in us-central1: $1.1016 an hour for its one A100
     assert c1.usd_per_gpu_hour == pytest.approx(1.1016)
     assert c1.dollars() == pytest.approx(4 * 380 / 3600 * 1.1016)
@@ -227,3 +231,52 @@ def test_the_fleet_splits_by_evidence_only_with_findings_stored_or_detected(demo
     assert plain == 0 and "have no stored findings" in said
     detected, said = ps_wait("--detect")
     assert detected > 0 and "no stored findings" not in said
+
+
+def test_a_mixed_job_is_priced_node_by_node_and_counted_by_what_it_stepped_on(tmp_path: Path) -> None:
+    """Nodes of one job on different instance types (one without an identity, one in a region
+    the catalogue does not list, one of 8 GPUs) average their per-GPU prices; a job that
+    declared no world size and sent no GPU samples holds one accelerator per stepping node;
+    a gap without telemetry on many GPUs is `other`, times the GPUs."""
+    import duckdb
+
+    evs = job("m", "n-c", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "x", 0, records=10)
+    for node, itype, spot, acc, region in (("n-a", None, False, None, None),  # no identity: not priced
+                                           ("n-b", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "us-central1"),
+                                           ("n-d", "a2-highgpu-8g", False, "NVIDIA A100-SXM4-40GB", "us-central1"),
+                                           ("n-e", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "us-west4")):
+        if itype:
+            evs.append(ev(T0 - 5, node, "instance", {"cloud": "gce", "region": region, "zone": region + "-a",
+                                                     "instance_id": f"id-{node}", "instance_type": itype, "spot": spot,
+                                                     "accelerator": acc, "accelerator_count": 8 if "8g" in itype else 1,
+                                                     "boot_time": T0 - 60}, "m", {}))
+        evs.append(ev(T0 + 30, node, "train_steps", {"run": "m-r", "rank": 1, "interval_seconds": 10.0, "steps": 100,
+                                                     "first_step": 1, "last_step": 100, "step_mean_seconds": 0.1,
+                                                     "steps_per_second": 10.0}, "m", {}))
+    gap = [e for e in evs if not (e["type"] == "train_steps" and e["node"] == "n-c" and 60 < e["ts"] - T0 < 90)]
+    p = tmp_path / "m.duckdb"
+    con = connect(p)
+    Writer(con).write([("t", encode_many(gap))])
+    con.close()
+    with duckdb.connect(str(p), read_only=True) as c:
+        a = account(c, "m", [])
+    assert (a.gpus, a.gpus_from) == (5, "stepping nodes")
+    assert a.usd_per_gpu_hour == pytest.approx((1.1016 + 1.1016 + 1.1016 + 29.3873 / 8) / 4)
+    assert a.evidence["price_from"] == "price catalogue (4 of 4 nodes priced)"  # n-a: no identity, no agent
+    # steps 20..120 s with the intervals ending at 70 and 80 missing: 20 s of gap, on 5 GPUs
+    assert a.seconds["other"] == pytest.approx(5 * 20.0)
+    assert sum(a.seconds.values()) == pytest.approx(5 * 120.0)
+
+
+def test_stored_findings_split_the_fleet_without_running_a_detector(demo_db: Path, tmp_path: Path) -> None:  # noqa: F811
+    import shutil
+
+    db = tmp_path / "stored.duckdb"
+    shutil.copy(demo_db, db)
+    r = CliRunner().invoke(cli, ["bottlenecks", "--db", str(db)])  # stores the findings
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["goodput", "--fleet", "--by", "job", "--db", str(db), "--json"])
+    rows = {x["job"]: x for x in json.loads(r.stdout)}
+    assert rows["sim-ps-5"]["ps_wait_gpu_hours"] > 0 and rows["sim-idle-8"]["idle_accelerators_gpu_hours"] > 0
+    assert rows["sim-healthy-1"]["ps_wait_gpu_hours"] == 0
+    assert "no stored findings" not in r.stderr or "of 11 jobs" in r.stderr  # jobs with no problem store none
