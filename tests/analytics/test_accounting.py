@@ -280,3 +280,28 @@ def test_stored_findings_split_the_fleet_without_running_a_detector(demo_db: Pat
     assert rows["sim-ps-5"]["ps_wait_gpu_hours"] > 0 and rows["sim-idle-8"]["idle_accelerators_gpu_hours"] > 0
     assert rows["sim-healthy-1"]["ps_wait_gpu_hours"] == 0
     assert "no stored findings" not in r.stderr or "of 11 jobs" in r.stderr  # jobs with no problem store none
+
+
+@pytest.mark.parametrize(("notice_after_last", "steps_after_notice", "hit"), [
+    (59.5, 0, True),   # the run's last step on the node under a minute before the notice: hit
+    (60.5, 0, False),  # longer: the notice came to an idle node
+    (0, 599.5, True),  # it stepped on there until 10 minutes after the notice: the VM was taken then
+    (0, 600.5, False),  # longer: the VM was not taken from it
+])
+def test_a_notice_counts_against_a_run_at_its_edges(tmp_path: Path, notice_after_last: float, steps_after_notice: float,
+                                                     hit: bool) -> None:
+    import duckdb
+
+    evs = job("v", "nv", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "x", 1, records=80)  # last step at T0 + 820
+    last = T0 + 820
+    # the steps going on past the notice: the notice moved back by as much
+    tn = last + notice_after_last if steps_after_notice == 0 else last - steps_after_notice
+    evs.append(ev(tn, "nv", "revocation", {"cloud": "gce", "kind": "preemption", "action": "stop", "revokes": True,
+                                            "deadline": tn + 30, "lead_seconds": 30.0, "notice_id": "gce:p"}, "v", {}))
+    p = tmp_path / "v.duckdb"
+    con = connect(p)
+    Writer(con).write([("t", encode_many(evs))])
+    con.close()
+    with duckdb.connect(str(p), read_only=True) as c:
+        a = account(c, "v", [])
+    assert (a.seconds["revocation"] > 0) == hit, a.seconds
