@@ -273,13 +273,6 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
     return out
 
 
-def jobs_in(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None) -> list[str]:
-    return [j for (j,) in con.execute(
-        """SELECT DISTINCT job FROM steps WHERE job IS NOT NULL AND ($s IS NULL OR ts >= $s)
-             AND ($u IS NULL OR ts - to_microseconds(CAST(coalesce(steps / nullif(steps_per_second, 0), 0) * 1e6 AS BIGINT)) < $u)
-           ORDER BY 1""", {"s": since, "u": until}).fetchall()]
-
-
 def rollup(accounts: list[JobAccount], by: str) -> tuple[list[str], list[list[Any]]]:
     """One row per group: accelerator-hours per bucket, total, goodput %, dollars."""
     key = {"job": lambda a: a.job, "fleet": lambda a: "fleet", "region": lambda a: a.groups.get("region", "unknown"),
@@ -360,12 +353,14 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     from . import prices
     from .goodput import epoch
 
-    jobs = jobs_in(con, since, until)
+    # every job's goodput over the range in one sweep: the jobs are those with time in it
+    whole = goodput_many(con, None, epoch(since), epoch(until))
+    jobs = sorted(j for j, g in whole.items() if g.wall > 0)
     notes: list[str] = []
     if not jobs:
-        return [by, "jobs"], [], ["no job stepped in the range"]
-    lo = since or con.execute("SELECT min(ts) FROM steps").fetchall()[0][0]  # mutation-equivalent: NumberReplacer: one cell
-    hi = until or con.execute("SELECT max(ts) FROM steps").fetchall()[0][0]  # mutation-equivalent: NumberReplacer: one cell
+        return [by, "jobs"], [], ["no job ran in the range"]
+    lo = since or _stamp(min(whole[j].start for j in jobs))
+    hi = until or _stamp(max(whole[j].end for j in jobs))
     found = stored_findings(con, jobs, lo, hi)
     missing = [j for j in jobs if j not in found]
     if missing and detect:
@@ -380,7 +375,8 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     out_rows: list[list[Any]] = []
     cols: list[str] = []
     for a, b in windows(epoch(lo), epoch(hi), every):  # type: ignore[arg-type]
-        accs = [x for x in account_many(con, jobs, a, b, found, cat).values() if x.total > 0]
+        gp = {j: whole[j] for j in jobs} if every is None else None  # one window: the sweep above
+        accs = [x for x in account_many(con, jobs, a, b, found, cat, gp).values() if x.total > 0]
         cols, rows = rollup(accs, by)
         if every is not None:
             cols = ["window", *cols]
