@@ -116,7 +116,7 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tu
     return out
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)  # mutation-equivalent: NumberReplacer: a cache's size
 def _acc_name(name: str | None) -> str | None:
     from . import catalog
 
@@ -257,7 +257,7 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
         n, n_from = gpus.get(job, (1, "stepping nodes"))
         sh = shares(found.get(job, []), n)
         w = g.seconds
-        sec = dict.fromkeys(BUCKETS, 0.0)
+        sec = dict.fromkeys(BUCKETS, 0.0)  # mutation-equivalent: NumberReplacer: every bucket is set below
         for b in ("startup", "checkpoint_save", "checkpoint_restore", "input_wait", "revocation"):
             sec[b] = w[b] * n
         left = w["productive"] * n
