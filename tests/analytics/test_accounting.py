@@ -307,3 +307,34 @@ def test_a_notice_counts_against_a_run_at_its_edges(tmp_path: Path, notice_after
     with duckdb.connect(str(p), read_only=True) as c:
         a = account(c, "v", [])
     assert (a.seconds["revocation"] > 0) == hit, a.seconds
+
+
+def test_work_lost_to_a_revocation_counts_from_the_last_good_save_of_the_run(tmp_path: Path) -> None:
+    """Run 1 steps 100 a 10 s interval to T0 + 620 (step 6000); a good save at step 2850 (half
+    way through the interval ending T0 + 310), a failed save at 4800 and one after the run's
+    end do not count; a notice at T0 + 610; run 2's first interval starts at T0 + 790. Lost:
+    the half interval and everything after (T0 + 305 .. 620), then the notice until steps
+    resume (.. 790): 485 s on one GPU."""
+    import duckdb
+
+    evs = job("w", "nw", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "x", 1, records=60)
+    for ts, step, ok, secs in ((T0 + 300, 2850, True, 1.0), (T0 + 500, 4800, False, 0.0), (T0 + 700, 6000, True, 0.0)):
+        evs.append(ev(ts, "nw", "train_checkpoint", {"run": "w-r", "rank": 0, "action": "save", "seconds": secs,
+                                                      "ok": ok, "step": step}, "w", {}))
+    evs.append(ev(T0 + 610, "nw", "revocation", {"cloud": "gce", "kind": "preemption", "action": "stop",
+                                                  "revokes": True, "deadline": T0 + 640, "lead_seconds": 30.0,
+                                                  "notice_id": "gce:p"}, "w", {}))
+    for i in range(5):
+        evs.append(ev(T0 + 800 + 10 * i, "nw2", "train_steps", {
+            "run": "w-r2", "rank": 0, "interval_seconds": 10.0, "steps": 100, "first_step": 2851 + 100 * i,
+            "last_step": 2950 + 100 * i, "step_mean_seconds": 0.1, "wait_mean_seconds": 0.0, "steps_per_second": 10.0},
+            "w", {}))
+    p = tmp_path / "w.duckdb"
+    con = connect(p)
+    Writer(con).write([("t", encode_many(evs))])
+    con.close()
+    with duckdb.connect(str(p), read_only=True) as c:
+        a = account(c, "w", [])
+    assert a.seconds["revocation"] == pytest.approx(485.0)
+    assert a.seconds["checkpoint_save"] == pytest.approx(1.0)
+    assert sum(a.seconds.values()) == pytest.approx(840.0)  # declared at T0, the last step at T0 + 840
