@@ -62,6 +62,18 @@ def account(con: Any, job: str, found: list) -> accounting.JobAccount:
     return accounting.account_many(con, [job], None, None, {job: found})[job]
 
 
+def account_of(tmp_path: Path, evs: list[dict[str, Any]], job_: str) -> accounting.JobAccount:
+    """``job_``'s account, with no findings, in a database of ``evs`` written by the collector."""
+    import duckdb
+
+    p = tmp_path / f"{job_}.duckdb"
+    con = connect(p)
+    Writer(con).write([("t", encode_many(evs))])
+    con.close()
+    with duckdb.connect(str(p), read_only=True) as c:
+        return account(c, job_, [])
+
+
 EVIDENCE = [("gpu_idle", {"idle_gpus": 1, "idle_share": 1.0, "in_job": True}),
             ("straggler", {"slowdown": 1.5}), ("ps_bound", {"efficiency": 0.5})]
 
@@ -240,7 +252,6 @@ def test_a_mixed_job_is_priced_node_by_node_and_counted_by_what_it_stepped_on(tm
     the catalogue does not list, one of 8 GPUs) average their per-GPU prices; a job that
     declared no world size and sent no GPU samples holds one accelerator per stepping node;
     a gap without telemetry on many GPUs is `other`, times the GPUs."""
-    import duckdb
 
     evs = job("m", "n-c", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "x", 0, records=10)
     for node, itype, spot, acc, region in (("n-a", None, False, None, None),  # no identity: not priced
@@ -256,12 +267,7 @@ def test_a_mixed_job_is_priced_node_by_node_and_counted_by_what_it_stepped_on(tm
                                                      "first_step": 1, "last_step": 100, "step_mean_seconds": 0.1,
                                                      "steps_per_second": 10.0}, "m", {}))
     gap = [e for e in evs if not (e["type"] == "train_steps" and e["node"] == "n-c" and 60 < e["ts"] - T0 < 90)]
-    p = tmp_path / "m.duckdb"
-    con = connect(p)
-    Writer(con).write([("t", encode_many(gap))])
-    con.close()
-    with duckdb.connect(str(p), read_only=True) as c:
-        a = account(c, "m", [])
+    a = account_of(tmp_path, gap, "m")
     assert (a.gpus, a.gpus_from) == (5, "stepping nodes")
     assert a.usd_per_gpu_hour == pytest.approx((1.1016 + 1.1016 + 1.1016 + 29.3873 / 8) / 4)
     assert a.evidence["price_from"] == "price catalogue (4 of 4 nodes priced)"  # n-a: no identity, no agent
@@ -292,7 +298,6 @@ def test_stored_findings_split_the_fleet_without_running_a_detector(demo_db: Pat
 ])
 def test_a_notice_counts_against_a_run_at_its_edges(tmp_path: Path, notice_after_last: float, steps_after_notice: float,
                                                      hit: bool) -> None:
-    import duckdb
 
     evs = job("v", "nv", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "x", 1, records=80)  # last step at T0 + 820
     last = T0 + 820
@@ -300,12 +305,7 @@ def test_a_notice_counts_against_a_run_at_its_edges(tmp_path: Path, notice_after
     tn = last + notice_after_last if steps_after_notice == 0 else last - steps_after_notice
     evs.append(ev(tn, "nv", "revocation", {"cloud": "gce", "kind": "preemption", "action": "stop", "revokes": True,
                                             "deadline": tn + 30, "lead_seconds": 30.0, "notice_id": "gce:p"}, "v", {}))
-    p = tmp_path / "v.duckdb"
-    con = connect(p)
-    Writer(con).write([("t", encode_many(evs))])
-    con.close()
-    with duckdb.connect(str(p), read_only=True) as c:
-        a = account(c, "v", [])
+    a = account_of(tmp_path, evs, "v")
     assert (a.seconds["revocation"] > 0) == hit, a.seconds
 
 
@@ -315,7 +315,6 @@ def test_work_lost_to_a_revocation_counts_from_the_last_good_save_of_the_run(tmp
     end do not count; a notice at T0 + 610; run 2's first interval starts at T0 + 790. Lost:
     the half interval and everything after (T0 + 305 .. 620), then the notice until steps
     resume (.. 790): 485 s on one GPU."""
-    import duckdb
 
     evs = job("w", "nw", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "x", 1, records=60)
     for ts, step, ok, secs in ((T0 + 300, 2850, True, 1.0), (T0 + 500, 4800, False, 0.0), (T0 + 700, 6000, True, 0.0)):
@@ -329,12 +328,7 @@ def test_work_lost_to_a_revocation_counts_from_the_last_good_save_of_the_run(tmp
             "run": "w-r2", "rank": 0, "interval_seconds": 10.0, "steps": 100, "first_step": 2851 + 100 * i,
             "last_step": 2950 + 100 * i, "step_mean_seconds": 0.1, "wait_mean_seconds": 0.0, "steps_per_second": 10.0},
             "w", {}))
-    p = tmp_path / "w.duckdb"
-    con = connect(p)
-    Writer(con).write([("t", encode_many(evs))])
-    con.close()
-    with duckdb.connect(str(p), read_only=True) as c:
-        a = account(c, "w", [])
+    a = account_of(tmp_path, evs, "w")
     assert a.seconds["revocation"] == pytest.approx(485.0)
     assert a.seconds["checkpoint_save"] == pytest.approx(1.0)
     assert sum(a.seconds.values()) == pytest.approx(840.0)  # declared at T0, the last step at T0 + 840
