@@ -367,10 +367,10 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
         fresh = fresh_findings(con, None, lo, hi)
         for j in missing:
             found[j] = fresh.get(j, [])
-    elif missing:
-        notes.append(f"{len(missing)} of {len(jobs)} jobs have no stored findings for the range: their productive "
-                     "time is not split by the detectors' evidence (analyze bottlenecks stores findings; "
-                     "--detect runs the detectors now)")
+    elif not found:  # nothing stored at all (a job with no problem stores none once bottlenecks ran)
+        notes.append(f"the {len(jobs)} jobs have no stored findings for the range: their productive time is not "
+                     "split by the detectors' evidence (analyze bottlenecks stores findings; --detect runs the "
+                     "detectors now)")
     cat = prices.load()
     out_rows: list[list[Any]] = []
     cols: list[str] = []
