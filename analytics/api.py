@@ -485,6 +485,10 @@ def import_events(db: Database, job: str, lines: list[bytes]) -> dict[str, Any]:
     stored. Anything else is refused whole, with nothing written."""
     import json
 
+    if getattr(db, "lake", None) is not None:
+        raise AnalyticsError("import into a lake: events reach a lake through a collector "
+                             "(write them to a spool and run cmdare-collector spool DIR --lake URI)")
+
     from cmdare.collector.writer import Writer
 
     for i, line in enumerate(lines):

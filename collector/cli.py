@@ -197,6 +197,42 @@ def _serve(con, db: str, cfg, totals, al=None):
     return svc
 
 
+LAKE_HELP = ("write an Apache Iceberg lake instead of --db: a directory (its catalog: DIR/catalog.db) or an "
+             "object-store URI with --catalog; several collectors in one group may write one lake ($CMDARE_LAKE)")
+
+
+def _lake_options(f):
+    f = click.option("--commit-every", default="10s", show_default=True,
+                     help="with --lake: commit what is staged this often (data is visible to analyze this late)")(f)
+    f = click.option("--catalog", envvar="CMDARE_LAKE_CATALOG", metavar="URL",
+                     help="with --lake: the Iceberg SQL catalog, postgresql://user@host/db (many hosts) or "
+                          "sqlite:///file ($CMDARE_LAKE_CATALOG; default: DIR/catalog.db)")(f)
+    return click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", help=LAKE_HELP)(f)
+
+
+def _open_lake(ctx: click.Context, lake: str, catalog: str | None, commit_every: str):
+    """The lake and the round interval; the options lake mode does not take refused."""
+    from .lake import Lake, LakeError
+
+    given = [f"--{n.replace('_', '-')}" for n in ("db", "http", "rules", "alertmanagers", "alert_webhooks")
+             if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)
+             and ctx.params.get(n)]
+    if given:
+        raise click.UsageError(f"--lake: {', '.join(given)} belong to a database file; in lake mode the collector "
+                               "only ingests (query with analyze --lake)")
+    try:
+        ce = parse_duration("--commit-every", commit_every)
+        if not 0.05 <= ce <= 3600:
+            raise ConfigError(f"--commit-every: {commit_every[:20]!r} must be from 50ms to 1h")
+        lk = Lake(lake, catalog)
+        lk.ensure()
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    except LakeError as e:
+        raise click.ClickException(str(e)) from None
+    return lk, ce
+
+
 def _open(db: str):
     try:
         return connect(db)
@@ -240,10 +276,13 @@ def cli() -> None:
 )
 @click.option("--progress-every", default="10s", show_default=True, help="how often to print progress")
 @_skew_option
+@_lake_options
 @_kafka_security_options
 @_http_options
 @_alert_options
+@click.pass_context
 def kafka(
+    ctx: click.Context,
     url: str,
     db: str,
     group: str,
@@ -252,6 +291,9 @@ def kafka(
     idle_exit: str | None,
     progress_every: str,
     max_clock_skew: str,
+    lake: str | None,
+    catalog: str | None,
+    commit_every: str,
     http: str,
     http_token_file: str | None,
     http_tls_cert: str | None,
@@ -286,6 +328,11 @@ def kafka(
     Examples:
       cmdare-collector kafka kafka://127.0.0.1:9092/cmdare.events --db fleet.duckdb
       cmdare-collector kafka kafka://b1:9093/cmdare.events --sasl-username collector --sasl-password-file /etc/cmdare/kafka.pw --ssl-cafile /etc/cmdare/kafka-ca.pem
+      cmdare-collector kafka kafka://b1:9092/cmdare.events --lake /srv/cmdare-lake   # several hosts: --catalog postgresql://...
+
+    With --lake, each member of the group writes the same Iceberg tables; the lake
+    records the offsets each commit covers, and a member given partitions starts where
+    the lake has everything: every record is stored once (docs/scale.md).
     """
     try:
         u = parse_kafka_url("URL", url)
@@ -304,6 +351,9 @@ def kafka(
         skew = _max_skew(max_clock_skew)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
+    if lake:
+        _kafka_lake(ctx, u, lake, catalog, commit_every, group, bb, mw, ie, pe, skew)
+        return
     hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key, ui_url)
     con = _open(db)
     try:
@@ -351,15 +401,41 @@ def kafka(
     click.echo(f"cmdare-collector: done: {t.line()}", err=True)
 
 
+def _kafka_lake(ctx, u, lake, catalog, commit_every, group, bb, mw, ie, pe, skew) -> None:
+    from .lakeingest import LakeKafkaIngest
+
+    lk, ce = _open_lake(ctx, lake, catalog, commit_every)
+    ing = LakeKafkaIngest(lk, u, group, commit_every=ce, batch_bytes=bb, max_wait=mw, progress=_progress,
+                          progress_every=pe, max_skew=skew)
+    try:
+        ing.open()
+    except ConnectionError as e:
+        raise click.ClickException(str(e)) from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ing.stop())
+    click.echo(f"cmdare-collector: consuming {u.text} (group {group}) into the lake {lk.name} "
+               f"as {ing.stager.id}", err=True)
+    try:
+        t = ing.run(idle_exit=ie)
+    finally:
+        ing.close()
+        ing.stager.close()
+    click.echo(f"cmdare-collector: done: {t.line()}; {ing.stager.stored} rows in {ing.stager.rounds} lake commits",
+               err=True)
+
+
 @cli.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--db", envvar="CMDARE_DB", default="cmdare.duckdb", show_default=True, help=DB_HELP)
 @click.option("--follow", is_flag=True, help="keep loading new events until stopped")
 @click.option("--interval", default="1s", show_default=True, help="with --follow: how often to look")
 @_skew_option
+@_lake_options
 @_http_options
 @_alert_options
-def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str, http: str,
+@click.pass_context
+def spool(ctx: click.Context, directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str,
+          lake: str | None, catalog: str | None, commit_every: str, http: str,
           http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None, ui_url: str | None,
           rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...],
           alert_webhooks: tuple[str, ...], alert_kafka: tuple[str, ...], alert_resend: str,
@@ -382,6 +458,9 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
     hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key, ui_url) if follow else None
     if not directory.is_dir():
         raise click.ClickException(f"{directory}: no such spool directory")
+    if lake:
+        _spool_lake(ctx, directory, lake, catalog, commit_every, follow, iv, skew)
+        return
     if rules and not follow:
         raise click.UsageError("--rules: alert rules are evaluated while collecting: add --follow")
     con = _open(db)
@@ -420,6 +499,23 @@ def spool(directory: Path, db: str, follow: bool, interval: str, max_clock_skew:
             svc.stop()
         con.close()
     click.echo(f"cmdare-collector: {directory} -> {db}: {ing.totals.line()}", err=True)
+
+
+def _spool_lake(ctx, directory, lake, catalog, commit_every, follow, iv, skew) -> None:
+    from .lakeingest import LakeSpoolIngest
+
+    lk, ce = _open_lake(ctx, lake, catalog, commit_every)
+    ing = LakeSpoolIngest(lk, directory, progress=_progress, max_skew=skew, commit_every=ce)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ing.stop())
+    try:
+        if follow:
+            ing.follow(iv)
+        else:
+            ing.load_available()
+    finally:
+        ing.stager.close()
+    click.echo(f"cmdare-collector: {directory} -> lake {lk.name}: {ing.totals.line()}", err=True)
 
 
 @cli.command()

@@ -197,11 +197,23 @@ class KafkaIngest:
                 bootstrap_timeout_ms=15000,
                 **self.url.client_options(),  # SASL / TLS
             )
-            self.consumer = KafkaConsumer(self.url.topic, **{**options, **self.options})
+            self.consumer = self._subscribe(KafkaConsumer, {**options, **self.options})
         except KafkaError as e:
             from cmdare.wire.kafka import explain
 
             raise ConnectionError(f"{self.url.text}: {explain(e)}") from None
+
+    def _subscribe(self, consumer_class: Any, options: dict[str, Any]) -> Any:
+        """The consumer, subscribed to the topic (lake mode also listens to rebalances)."""
+        return consumer_class(self.url.topic, **options)
+
+    def _idle(self) -> None:
+        """Called when a poll brought nothing and nothing is being written (lake mode:
+        commit what is staged once it is due)."""
+
+    def _take(self, batch: Batch, offsets: dict[Any, int]) -> tuple[Batch, dict[Any, int]]:
+        """The batch being filled, after a poll (lake mode drops it after a rebalance)."""
+        return batch, offsets
 
     def run(self, idle_exit: float | None = None) -> Totals:
         """Consume until stop() (or, with ``idle_exit``, until no message came for that long
@@ -249,11 +261,15 @@ class KafkaIngest:
                     batch, offsets = Batch(), {}  # nothing written yet: it will be fetched again
                     self.reconnect()
                     break
+                batch, offsets = self._take(batch, offsets)
                 got = batch.bytes
                 n = 0
                 for tp, records in polled.items():
                     for rec in records:
                         batch.add(f"kafka:{tp.topic}/{tp.partition}@{rec.offset}", rec.value)
+                        key = f"{tp.topic}/{tp.partition}"
+                        batch.first.setdefault(key, rec.offset)
+                        batch.next[key] = rec.offset + 1
                         offsets[tp] = rec.offset
                     n += len(records)
                     if records:
@@ -272,6 +288,8 @@ class KafkaIngest:
                 last_data = now
             else:
                 self._commit_done()
+                if self._pipe.idle():
+                    self._idle()
                 if now - last_horizon >= self.horizon_every and self._pipe.idle():
                     last_horizon = now
                     self._check_at_end()
@@ -573,14 +591,18 @@ class SpoolIngest:
             self.totals.add(r, len(msgs))
             stored += r.inserted
             pos = nxt
-            try:
-                write_cursor(self.dir, "collected", pos, fsync=False)
-            except OSError:
-                pass  # read-only spool: the agent's size/age bounds still apply
+            self._collected(pos)
             if self.progress and time.monotonic() - last_report >= self.progress_every:
                 self.progress(self.totals)
                 last_report = time.monotonic()
         return stored
+
+    def _collected(self, pos: Position) -> None:
+        """Tell the agent what it may delete: all up to ``pos`` is stored."""
+        try:
+            write_cursor(self.dir, "collected", pos, fsync=False)
+        except OSError:
+            pass  # read-only spool: the agent's size/age bounds still apply
 
     def follow(self, interval: float = 1.0) -> None:
         self.following = True

@@ -47,11 +47,24 @@ gpu_type_option = click.option(
 def call(db: str, name: str, **kw: Any) -> Any:
     """Library call ``name`` on ``db``: locally, or through the collector serving it."""
     ctx = click.get_current_context(silent=True)
-    server = (ctx.find_root().obj or {}).get("server") if ctx is not None else None
+    obj = (ctx.find_root().obj or {}) if ctx is not None else {}
+    server = obj.get("server")
     try:
+        if obj.get("lake"):
+            from .. import api
+            from ..lakedb import LakeDatabase
+
+            return getattr(api, name)(LakeDatabase(obj["lake"], obj.get("catalog")), **kw)
         return backend(db, server).call(name, **kw)
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
+
+
+def where(db: str) -> str:
+    """What the command reads, in words: the database file, or the lake (--lake)."""
+    ctx = click.get_current_context(silent=True)
+    obj = (ctx.find_root().obj or {}) if ctx is not None else {}
+    return f"the lake {obj['lake']}" if obj.get("lake") else db
 
 
 def time_option_value(flag: str, text: str | None) -> Any:
@@ -105,8 +118,15 @@ def _db_defaults(group: click.Group, db: str) -> dict[str, Any]:
     metavar="URL",
     help="run the command through this collector's API (default: the one holding the database, if any)",
 )
+@click.option("--lake", envvar="CMDARE_LAKE", metavar="URI",
+              help="read (and write fits and findings to) an Iceberg lake written by cmdare-collector --lake, "
+                   "instead of a database file ($CMDARE_LAKE)")
+@click.option("--catalog", envvar="CMDARE_LAKE_CATALOG", metavar="URL",
+              help="with --lake: its SQL catalog, postgresql://... or sqlite:///... ($CMDARE_LAKE_CATALOG; "
+                   "default: DIR/catalog.db)")
 @click.pass_context
-def cli(ctx: click.Context, group_db: str | None, server: str | None) -> None:
+def cli(ctx: click.Context, group_db: str | None, server: str | None, lake: str | None,
+        catalog: str | None) -> None:
     """Query cmdare telemetry: nodes, GPUs, hosts, training jobs and steps, or any SQL.
     Times shown are UTC, as stored.
 
@@ -127,6 +147,7 @@ def cli(ctx: click.Context, group_db: str | None, server: str | None) -> None:
       analyze predict speed --gpu-type v100 --flops-per-step 3.1e12 --params 25.6e6
       analyze sql "SELECT node, count(*) FROM gpu_samples GROUP BY node"
       analyze import tensorboard runs/ --job resnet50-a --gpu-type v100 --workers 4
+      analyze --lake /srv/cmdare-lake goodput --fleet --by team --since 30d
 
     A database held by a running collector is read through that collector's API (found
     in DB.service.json beside it, trusted only when it belongs to the database's owner and
@@ -136,6 +157,10 @@ def cli(ctx: click.Context, group_db: str | None, server: str | None) -> None:
     ctx.ensure_object(dict)
     if server:
         ctx.obj["server"] = server
+    if lake:
+        if server or group_db:
+            raise click.UsageError("--lake: give either a lake or a database (--db / --server), not both")
+        ctx.obj["lake"], ctx.obj["catalog"] = lake, catalog
     if group_db is not None:  # `analyze --db X nodes` as `analyze nodes --db X`
         ctx.default_map = _db_defaults(cli, group_db)
 

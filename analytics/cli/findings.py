@@ -8,7 +8,7 @@ import click
 
 from .. import api
 from ..db import AnalyticsError
-from . import call, cli, cutoff, db_option, json_option, render, since_option
+from . import call, cli, cutoff, db_option, json_option, render, since_option, where
 
 
 def _detector_names() -> list[str]:
@@ -78,7 +78,7 @@ def bottlenecks(
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
     out = call(db, "bottlenecks", job=job, since=cutoff(since), kinds=list(kinds), options=options, store=not no_store)
-    render.bottlenecks(out, as_json_, db)
+    render.bottlenecks(out, as_json_, where(db))
 @cli.group(name="alerts", invoke_without_command=True)
 @click.option("--rule", "rule_filter", help="only this rule (group/alert or alert name)")
 @db_option

@@ -28,8 +28,15 @@ def report(html_path: str, job: str | None, since: str | None, db: str) -> None:
     from cmdare.dashboards import report as rep
 
     ctx = click.get_current_context()
-    b = backend(db, (ctx.find_root().obj or {}).get("server"))
+    obj = ctx.find_root().obj or {}
     try:
+        if obj.get("lake"):
+            from cmdare.analytics.lakedb import LakeDatabase
+
+            b = Local(db)
+            b.db = LakeDatabase(obj["lake"], obj.get("catalog"))
+        else:
+            b = backend(db, obj.get("server"))
         if isinstance(b, Local):
             if not b.db.exists():
                 raise AnalyticsError(f"{db}: no such database (cmdare-collector writes it)")

@@ -82,6 +82,9 @@ class Batch:
         self.bytes = 0  # message values read, the bound --batch-bytes sets
         self.empty = 0  # messages with an empty value
         self.not_utf8 = 0  # lines dead-lettered for bytes that are not UTF-8
+        # Kafka: per topic/partition, the batch's first offset and the one after its last
+        self.first: dict[str, int] = {}
+        self.next: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self.messages

@@ -91,39 +91,45 @@ def start_collector(url: str, db: Path, idle_exit: str, log: Path) -> subprocess
 def check_database(db: Path, agents: list[AgentRun]) -> None:
     con = duckdb.connect(str(db), read_only=True)
     try:
-        assert con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
-        for a in agents:
-            spooled, shipped, pending = a.result()
-            assert shipped == spooled and pending == 0, f"{a.node}: spooled {spooled}, shipped {shipped}"
-            stored = con.execute(
-                """
-                SELECT (SELECT count(*) FROM host_samples WHERE node = $n) + (SELECT count(*) FROM gpu_samples WHERE node = $n)
-                     + (SELECT count(*) FROM gpu_events WHERE node = $n) + (SELECT count(*) FROM heartbeats WHERE node = $n)
-                     + (SELECT count(*) FROM agent_status WHERE node = $n) + (SELECT count(*) FROM unknown_events WHERE node = $n)
-                     + (SELECT count(*) FROM lifecycle_events WHERE node = $n)
-                     + (SELECT count(*) FROM instance_identity WHERE node = $n)
-            """,
-                {"n": a.node},
-            ).fetchone()[0]
-            assert stored == spooled, f"{a.node}: {spooled} events sent, {stored} stored"
-            ticks, seqs = con.execute(
-                "SELECT count(*), list(seq ORDER BY seq) FROM heartbeats WHERE node = ?", [a.node]
-            ).fetchone()
-            assert seqs == list(range(1, ticks + 1)), f"{a.node}: heartbeat gaps or repeats"
-            assert (
-                con.execute("SELECT count(*) FROM host_samples WHERE node = ?", [a.node]).fetchone()[0]
-                == ticks
-            )
-            assert (
-                con.execute("SELECT count(*) FROM gpu_samples WHERE node = ?", [a.node]).fetchone()[0]
-                == 2 * ticks
-            )
-            assert ticks >= 10
-        for table in ("host_samples", "gpu_samples", "heartbeats", "agent_status"):
-            n, distinct = con.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
-            assert n == distinct, f"duplicates in {table}"
+        check_rows(con, agents)
     finally:
         con.close()
+
+
+def check_rows(con: duckdb.DuckDBPyConnection, agents: list[AgentRun]) -> None:
+    """Every event each agent sent stored exactly once (counts per node and table, ids,
+    heartbeats contiguous), nothing dead-lettered."""
+    assert con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
+    for a in agents:
+        spooled, shipped, pending = a.result()
+        assert shipped == spooled and pending == 0, f"{a.node}: spooled {spooled}, shipped {shipped}"
+        stored = con.execute(
+            """
+            SELECT (SELECT count(*) FROM host_samples WHERE node = $n) + (SELECT count(*) FROM gpu_samples WHERE node = $n)
+                 + (SELECT count(*) FROM gpu_events WHERE node = $n) + (SELECT count(*) FROM heartbeats WHERE node = $n)
+                 + (SELECT count(*) FROM agent_status WHERE node = $n) + (SELECT count(*) FROM unknown_events WHERE node = $n)
+                 + (SELECT count(*) FROM lifecycle_events WHERE node = $n)
+                 + (SELECT count(*) FROM instance_identity WHERE node = $n)
+        """,
+            {"n": a.node},
+        ).fetchone()[0]
+        assert stored == spooled, f"{a.node}: {spooled} events sent, {stored} stored"
+        ticks, seqs = con.execute(
+            "SELECT count(*), list(seq ORDER BY seq) FROM heartbeats WHERE node = ?", [a.node]
+        ).fetchone()
+        assert seqs == list(range(1, ticks + 1)), f"{a.node}: heartbeat gaps or repeats"
+        assert (
+            con.execute("SELECT count(*) FROM host_samples WHERE node = ?", [a.node]).fetchone()[0]
+            == ticks
+        )
+        assert (
+            con.execute("SELECT count(*) FROM gpu_samples WHERE node = ?", [a.node]).fetchone()[0]
+            == 2 * ticks
+        )
+        assert ticks >= 10
+    for table in ("host_samples", "gpu_samples", "heartbeats", "agent_status"):
+        n, distinct = con.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
+        assert n == distinct, f"duplicates in {table}"
 
 
 def broker_outage(

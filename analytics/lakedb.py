@@ -1,0 +1,128 @@
+"""``LakeDatabase``: the analytics library over an Apache Iceberg lake (collector/lake.py),
+through DuckDB, so every command, detector, fit, rule and page runs unchanged on it.
+
+Each ``read()`` / ``write()`` is an in-memory DuckDB connection holding the schema of a
+database file, where
+
+- each table the collectors append is a view over the Parquet files of the table's current
+  Iceberg snapshot, as its metadata plans them (DuckDB then skips the row groups a query's
+  filters exclude by their statistics);
+- ``nodes`` aggregates the collectors' per-round node rows (first seen the least, role,
+  job and labels of the newest);
+- the tables analyze writes (findings, fits, alerts, imported overhead records) are loaded
+  whole (they are small), and ``write()`` replaces in the lake those a command changed;
+- 5-minute GPU aggregates (``gpu_5m``) are computed from the samples.
+
+``read()`` cannot change the lake: nothing it does leaves the process's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import duckdb
+
+from cmdare.collector.lake import APPENDED, DERIVED, Lake, LakeError
+
+from .db import AnalyticsError, Database
+
+NODES_SQL = """SELECT node, arg_max(role, last_seen) AS role,
+    arg_max(job, last_seen) FILTER (WHERE job IS NOT NULL) AS job, arg_max(labels, last_seen) AS labels,
+    min(first_seen) AS first_seen, max(last_seen) AS last_seen
+FROM ({src}) GROUP BY node"""
+
+
+class LakeDatabase(Database):
+    """An Iceberg lake seen as a database (``path``: the lake's URI)."""
+
+    def __init__(self, uri: str, catalog: str | None = None) -> None:
+        super().__init__(uri)
+        try:
+            self.lake = Lake(uri, catalog, create=False)
+        except LakeError as e:
+            raise AnalyticsError(str(e)) from None
+
+    def exists(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    @contextlib.contextmanager
+    def read(self, config: dict[str, object] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        con = self._open(config)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._write_lock:
+            con = self._open(None)
+            try:
+                before = {t: _digest(con, t) for t in DERIVED}
+                yield con
+                for t in DERIVED:
+                    if _digest(con, t) != before[t]:
+                        self.lake.replace(t, con.sql(f"SELECT * FROM {t}").to_arrow_table())
+            except LakeError as e:
+                raise AnalyticsError(str(e)) from None
+            finally:
+                con.close()
+
+    def _open(self, config: dict[str, object] | None) -> duckdb.DuckDBPyConnection:
+        from cmdare.collector import views
+        from cmdare.collector.db import migrate
+
+        cfg = dict(config or {})
+        # the guards of user SQL (safesql.CONFIG) are set once the views exist: the lake's
+        # files stay readable through them (allowed_directories), nothing else is
+        closed = cfg.pop("enable_external_access", True) is False
+        lock = bool(cfg.pop("lock_configuration", False))
+        con = duckdb.connect(config=cfg)
+        try:
+            migrate(con)
+            for t in (*APPENDED, *DERIVED):
+                try:
+                    files = self.lake.files(t) if self.lake.exists(t) else []
+                except LakeError:
+                    files = []
+                if not files:
+                    continue  # the empty table stays
+                cols = ", ".join(f'CAST("{c}" AS {ty}) AS "{c}"' for c, ty in con.execute(
+                    "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
+                    "ORDER BY ordinal_position", [t]).fetchall())
+                src = f"SELECT {cols} FROM read_parquet({_list(files)})"
+                if t in DERIVED:
+                    con.execute(f"INSERT INTO {t} {src}")
+                    continue
+                con.execute(f"DROP TABLE {t}")
+                con.execute(f"CREATE VIEW {t} AS {NODES_SQL.format(src=src) if t == 'nodes' else src}")
+            # no rollup in a lake: every GPU sample's range is "pending", so gpu_5m reads samples
+            con.execute("DROP TABLE rollup_dirty")
+            con.execute("CREATE VIEW rollup_dirty AS SELECT node, min(ts) AS lo, max(ts) AS hi "
+                        "FROM gpu_samples GROUP BY node")
+            views.apply(con)
+            if closed:
+                loc = self.lake.location
+                where = str(loc.local) + "/" if loc.local is not None else loc.warehouse.rstrip("/") + "/"
+                con.execute("SET allowed_directories = $d", {"d": [where]})
+                con.execute("SET enable_external_access = false")
+            if lock:
+                con.execute("SET lock_configuration = true")
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+
+def _digest(con: duckdb.DuckDBPyConnection, table: str) -> Any:
+    return con.execute(f"SELECT count(*), md5(coalesce(string_agg(x::VARCHAR, '|' ORDER BY x::VARCHAR), '')) "
+                       f"FROM {table} x").fetchall()[0]
+
+
+def _list(files: list[str]) -> str:
+    return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
