@@ -24,7 +24,7 @@ from typing import Any
 
 import duckdb
 
-from cmdare.collector.lake import APPENDED, DERIVED, Lake, LakeError
+from cmdare.collector.lake import APPENDED, DERIVED, Lake, LakeError, lake_io
 
 from .db import AnalyticsError, Database
 
@@ -113,6 +113,9 @@ class LakeDatabase(Database):
                 con.execute("SET enable_external_access = false")
             if lock:
                 con.execute("SET lock_configuration = true")
+        except OSError as e:
+            con.close()
+            raise AnalyticsError(f"{self.path}: {lake_io(e)}") from None
         except BaseException:
             con.close()
             raise

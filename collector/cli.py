@@ -243,12 +243,14 @@ def _open(db: str):
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cmdare", prog_name="cmdare-collector")
 def cli() -> None:
-    """Load cmdare telemetry events into a DuckDB database file.
+    """Load cmdare telemetry events into a DuckDB database file, or an Iceberg lake (--lake).
 
     \b
     Examples:
       cmdare-collector kafka kafka://10.0.0.5:9092/cmdare.events --db fleet.duckdb
       cmdare-collector spool /var/lib/cmdare/spool --db cmdare.duckdb
+      cmdare-collector kafka kafka://10.0.0.5:9092/cmdare.events --lake /srv/cmdare-lake
+      cmdare-collector maintain --lake /srv/cmdare-lake
     """
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -516,6 +518,50 @@ def _spool_lake(ctx, directory, lake, catalog, commit_every, follow, iv, skew) -
     finally:
         ing.stager.close()
     click.echo(f"cmdare-collector: {directory} -> lake {lk.name}: {ing.totals.line()}", err=True)
+
+
+@cli.command()
+@click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", required=True, help=LAKE_HELP)
+@click.option("--catalog", envvar="CMDARE_LAKE_CATALOG", metavar="URL", help="the lake's SQL catalog (as for kafka)")
+@click.option("--retain-raw", default="7d", show_default=True,
+              help="delete raw GPU / host / TPU samples older than this (whole days); off: keep all")
+@click.option("--compact-files", default=8, show_default=True, type=click.IntRange(2, 100_000),
+              help="rewrite a day partition held in more files than this as one file per partition")
+@click.option("--expire-snapshots", default="1d", show_default=True,
+              help="drop snapshots older than this (time travel back that far), then their unreferenced files; off: keep")
+def maintain(lake: str, catalog: str | None, retain_raw: str, compact_files: int, expire_snapshots: str) -> None:
+    """Lake maintenance: retention of raw samples, compaction of small files, snapshot
+    expiry.  Safe while collectors write (a step that loses to a collector's commit is
+    left for the next run); run it hourly or daily (a systemd timer, cron), or use the
+    Spark procedures on big lakes (docs/scale.md).
+
+    \b
+    Example:
+      cmdare-collector maintain --lake /srv/cmdare-lake --retain-raw 7d
+    """
+    from .lake import Lake, LakeError, lake_io
+    from .lakemaint import maintain as run
+
+    def dur(flag: str, text: str) -> float | None:
+        if text.strip().lower() == "off":
+            return None
+        v = parse_duration(flag, text)
+        if v < 0:
+            raise ConfigError(f"{flag}: {text[:20]!r} must not be negative")
+        return v
+
+    try:
+        rr, ex = dur("--retain-raw", retain_raw), dur("--expire-snapshots", expire_snapshots)
+        lk = Lake(lake, catalog, create=False)
+        rep = run(lk, rr, compact_files, ex)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    except LakeError as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{lake}: {lake_io(e)}") from None
+    for line in rep.lines():
+        click.echo(line)
 
 
 @cli.command()

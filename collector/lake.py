@@ -311,6 +311,12 @@ class Lake:
             t.overwrite(rows.cast(schema(name)))
 
 
+def lake_io(e: OSError) -> str:
+    """A file of the lake that cannot be read, in one line."""
+    return (f"cannot read the lake's files ({redact(_first(e))[:160]}); Iceberg metadata holds absolute paths: "
+            "a lake moved or copied elsewhere cannot be read there")
+
+
 def _first(e: BaseException) -> str:
     text = str(e).strip()
     return (text.splitlines()[0] if text else type(e).__name__)

@@ -1,0 +1,153 @@
+"""Lake maintenance (``cmdare-collector maintain --lake URI``), safe while collectors write:
+
+- **retention**: raw samples (``RAW_TABLES``) older than ``retain_raw`` are deleted (whole
+  day partitions: a metadata-only commit);
+- **compaction**: a day partition held in more than ``compact_files`` files is rewritten
+  as one file per partition in one commit (the same rows);
+- **snapshot expiry**: snapshots older than ``expire_after`` are dropped from the
+  metadata (the current one is always kept), then, for a local lake, data files no kept
+  snapshot references and older than an hour are deleted.
+
+Every commit carries the table's source positions forward, and is optimistic like the
+collectors' appends: one that loses to a collector's commit is skipped (the next run
+does it), never merged blindly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .lake import APPENDED, MARKER, NAMESPACE, POSITIONS, WRITER, Lake, _path, time_column
+
+log = logging.getLogger("cmdare.collector")
+RAW_TABLES = ("gpu_samples", "host_samples", "tpu_samples")
+ORPHAN_AGE = 3600.0  # seconds: a newer unreferenced file may belong to a commit in flight
+
+
+@dataclass
+class Report:
+    deleted_partitions: dict[str, int] = field(default_factory=dict)  # table -> days dropped
+    compacted: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (files before, after)
+    expired_snapshots: int = 0
+    orphans_deleted: int = 0
+    skipped: list[str] = field(default_factory=list)  # commits lost to a collector: next run
+
+    def lines(self) -> list[str]:
+        out = [f"retention: {t}: {n} day partition(s) deleted" for t, n in self.deleted_partitions.items()]
+        out += [f"compaction: {t}: {a} files -> {b}" for t, (a, b) in self.compacted.items()]
+        out.append(f"snapshots expired: {self.expired_snapshots}; unreferenced data files deleted: "
+                   f"{self.orphans_deleted}")
+        out += [f"skipped (a collector committed meanwhile; the next run does it): {s}" for s in self.skipped]
+        return out
+
+
+def _props(t: Any) -> dict[str, str]:
+    snap = t.current_snapshot()
+    pos = snap.summary[POSITIONS] if snap is not None else None
+    return {POSITIONS: pos, WRITER: "maintenance"} if pos else {WRITER: "maintenance"}
+
+
+def _days(t: Any) -> dict[dt.date, list[Any]]:
+    """Data files per day partition (tables partitioned by day only)."""
+    out: dict[dt.date, list[Any]] = {}
+    if t.current_snapshot() is None or not t.spec().fields:
+        return out
+    for task in t.scan().plan_files():
+        day = task.file.partition[0]
+        if day is not None:
+            out.setdefault(dt.date(1970, 1, 1) + dt.timedelta(days=int(day)), []).append(task.file)
+    return out
+
+
+def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: int | None = 8,
+             expire_after: float | None = 86400, now: dt.datetime | None = None) -> Report:
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+
+    now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    rep = Report()
+    for name in (*APPENDED, MARKER):
+        if not lake.exists(name):
+            continue
+        t = lake.table(name)
+        col = time_column(name) if name != MARKER else "committed_at"
+        if retain_raw is not None and name in RAW_TABLES:
+            cut = (now - dt.timedelta(seconds=retain_raw)).date()  # whole days before the cut's day
+            old = [d for d in _days(t) if d < cut]
+            if old:
+                try:
+                    t.delete(LessThan(col, dt.datetime.combine(cut, dt.time()).isoformat()),
+                             snapshot_properties=_props(t))
+                    rep.deleted_partitions[name] = len(old)
+                except CommitFailedException:
+                    rep.skipped.append(f"retention of {name}")
+                t = lake.table(name)
+        if compact_files is not None and col is not None:
+            before = after = 0
+            for day, files in sorted(_days(t).items()):
+                if len(files) <= compact_files:
+                    continue
+                lo = dt.datetime.combine(day, dt.time())
+                filt = And(GreaterThanOrEqual(col, lo.isoformat()), LessThan(col, (lo + dt.timedelta(days=1)).isoformat()))
+                rows = t.scan(row_filter=filt).to_arrow()
+                try:
+                    t.overwrite(rows, overwrite_filter=filt, snapshot_properties=_props(t))
+                except CommitFailedException:
+                    rep.skipped.append(f"compaction of {name} {day}")
+                    continue
+                finally:
+                    t = lake.table(name)
+                before += len(files)
+                after += len(_days(t).get(day, []))
+            if before:
+                rep.compacted[name] = (before, after)
+        if expire_after is not None:
+            wall = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)  # snapshots are stamped when committed
+            rep.expired_snapshots += _expire(lake, name, wall - dt.timedelta(seconds=expire_after), rep)
+    return rep
+
+
+def _expire(lake: Lake, name: str, older: dt.datetime, rep: Report) -> int:
+    from pyiceberg.exceptions import CommitFailedException
+
+    t = lake.table(name)
+    cur = t.current_snapshot()
+    ms = int(older.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+    old = [s.snapshot_id for s in t.snapshots() if s.timestamp_ms < ms and (cur is None or s.snapshot_id != cur.snapshot_id)]
+    if not old:
+        return 0
+    try:
+        t.maintenance.expire_snapshots().by_ids(old).commit()
+    except CommitFailedException:
+        rep.skipped.append(f"snapshot expiry of {name}")
+        return 0
+    if lake.location.local is not None:
+        rep.orphans_deleted += _orphans(lake, name)
+    return len(old)
+
+
+def _orphans(lake: Lake, name: str) -> int:
+    """Delete the table's data files no kept snapshot references (older than ORPHAN_AGE)."""
+    t = lake.table(name)
+    kept = set()
+    for snap in t.snapshots():
+        for m in snap.manifests(t.io):
+            for entry in m.fetch_manifest_entry(t.io, discard_deleted=True):
+                kept.add(_path(entry.data_file.file_path))
+    root = lake.location.local / NAMESPACE / name / "data" if lake.location.local else None
+    if root is None or not root.is_dir():
+        return 0
+    n = 0
+    limit = dt.datetime.now().timestamp() - ORPHAN_AGE
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            if f.endswith(".parquet") and p not in kept and os.path.getmtime(p) < limit:
+                os.unlink(p)
+                n += 1
+    return n
+

@@ -1,0 +1,149 @@
+"""The lake's own rules: exactly-once appends by event id whatever the positions say,
+positions merged across collectors, a lost optimistic commit retried, maintenance that
+keeps every row it should, and the lake's inputs refused in one line."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics.cli import cli as analyze
+from cmdare.analytics.lakedb import LakeDatabase
+from cmdare.collector.cli import cli as collector
+from cmdare.collector.lake import Lake, LakeError, Location, schema
+from cmdare.collector.lakeingest import Stager
+from cmdare.collector.lakemaint import maintain
+from cmdare.wire.events import encode_many
+
+DAY0 = dt.datetime(2026, 9, 1)
+
+
+def samples(first: int, n: int, day: int = 0, node: str = "n1") -> pa.Table:
+    s = schema("gpu_samples")
+    con = duckdb.connect()
+    t = con.sql(f"""SELECT 'ev-' || i AS id, TIMESTAMP '{DAY0 + dt.timedelta(days=day)}' + INTERVAL (i) SECOND AS ts,
+                     '{node}' AS node, 0 AS "index", 0.5 AS util_gpu_ratio FROM range({first}, {first + n}) t(i)""").to_arrow_table()
+    return pa.table({f.name: t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(n, f.type) for f in s},
+                    schema=s)
+
+
+def count(lake: Lake, table: str = "gpu_samples") -> tuple[int, int]:
+    with LakeDatabase(str(lake.location.local)).read() as con:
+        return con.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchall()[0]
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Lake:
+    lk = Lake(str(tmp_path / "lake"))
+    lk.ensure()
+    return lk
+
+
+def test_a_record_read_twice_is_stored_once_and_positions_merge(lake: Lake) -> None:
+    assert lake.append("gpu_samples", samples(0, 100), {"t/0": ([0], [10])}, "a") == 100
+    # another collector re-reads part of partition 0 (a rebalance) and goes on: only new ids land
+    assert lake.append("gpu_samples", samples(50, 100), {"t/0": ([5], [20]), "t/1": ([0], [3])}, "b") == 50
+    assert count(lake) == (150, 150)
+    assert lake.positions("gpu_samples") == {"t/0": [20], "t/1": [3]}
+    # a late commit of an older range never moves a position back
+    lake.append("gpu_samples", samples(150, 5), {"t/0": ([0], [12])}, "zombie")
+    assert lake.positions("gpu_samples")["t/0"] == [20]
+
+
+def test_concurrent_commits_lose_nothing_and_store_nothing_twice(lake: Lake) -> None:
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            for j in range(4):  # each round overlaps the neighbour's ids
+                lake.append("gpu_samples", samples(k * 300 + j * 50, 100), {f"t/{k}": ([j], [j + 1])}, f"w{k}")
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    ids = {f"ev-{i}" for k in range(3) for j in range(4) for i in range(k * 300 + j * 50, k * 300 + j * 50 + 100)}
+    assert count(lake) == (len(ids), len(ids))
+    assert lake.positions("gpu_samples") == {"t/0": [4], "t/1": [4], "t/2": [4]}
+
+
+def test_a_staged_round_reaches_the_lake_once(lake: Lake, tmp_path: Path) -> None:
+    ev = [{"v": 1, "id": f"hb-{i}", "ts": 1.79e9 + i, "node": "n1", "role": "worker", "job": "j", "labels": {},
+           "type": "heartbeat", "data": {"seq": i + 1}} for i in range(30)]
+    st = Stager(lake, max_skew=None, commit_every=3600)
+    st.write([("spool:x/1@0", encode_many(ev[:20]))], position=("spool:x", 1, 100))
+    st.write([("spool:x/1@100", encode_many(ev[10:]))], position=("spool:x", 1, 200))  # 10 repeated
+    assert st.flush() >= 30
+    assert lake.positions() == {"spool:x": [1, 200]}
+    st.write([("spool:x/1@0", encode_many(ev))], position=("spool:x", 1, 200))  # all again
+    st.flush()
+    assert count(lake, "heartbeats") == (30, 30)
+    with LakeDatabase(str(lake.location.local)).read() as con:
+        assert con.execute("SELECT node, job FROM nodes").fetchall() == [("n1", "j")]
+
+
+def test_maintenance_drops_old_raw_days_compacts_and_keeps_every_other_row(lake: Lake) -> None:
+    for j in range(10):  # day 0: ten small files; day 9: two
+        lake.append("gpu_samples", samples(j * 10, 10, day=0), {"t/0": ([j], [j + 1])}, "a")
+    for j in range(2):
+        lake.append("gpu_samples", samples(1000 + j * 10, 10, day=9), {"t/0": ([10 + j], [11 + j])}, "a")
+    rep = maintain(lake, retain_raw=None, compact_files=4, expire_after=None)
+    assert rep.compacted["gpu_samples"] == (10, 1)
+    assert count(lake) == (120, 120)
+    assert lake.positions("gpu_samples") == {"t/0": [12]}  # carried through the rewrite
+    rep = maintain(lake, retain_raw=7 * 86400, compact_files=None, expire_after=0,
+                   now=DAY0 + dt.timedelta(days=10))
+    assert rep.deleted_partitions == {"gpu_samples": 1}
+    assert count(lake) == (20, 20)
+    assert rep.expired_snapshots > 0
+    assert lake.positions("gpu_samples") == {"t/0": [12]}
+    assert "retention: gpu_samples: 1 day partition(s) deleted" in rep.lines()
+
+
+@pytest.mark.parametrize("uri,catalog,words", [
+    ("", None, "give a directory"),
+    ("s3://bucket/x", None, "needs --catalog"),
+    ("s3://key:secret@bucket/x", "postgresql://h/db", "credentials do not belong"),
+    ("ftp://host/x", None, "unknown scheme"),
+    ("/tmp/x", "mysql://u:hunter2@h/db", "--catalog"),
+    ("x" * 2000, None, "give a directory"),
+])
+def test_bad_lake_locations_are_one_line_without_secrets(uri: str, catalog: str | None, words: str) -> None:
+    with pytest.raises(LakeError) as e:
+        Location.parse(uri, catalog)
+    assert words in str(e.value) and "\n" not in str(e.value)
+    assert "secret" not in str(e.value) and "hunter2" not in str(e.value)
+
+
+def test_cli_refuses_a_missing_lake_and_mixed_options(tmp_path: Path) -> None:
+    r = CliRunner().invoke(analyze, ["--lake", str(tmp_path / "none"), "nodes"])
+    assert r.exit_code == 1 and "no such lake" in r.output
+    r = CliRunner().invoke(analyze, ["--lake", str(tmp_path), "--db", "x.duckdb", "nodes"])
+    assert r.exit_code == 2 and "not both" in r.output
+    (tmp_path / "spool").mkdir()
+    r = CliRunner().invoke(collector, ["spool", str(tmp_path / "spool"), "--lake", str(tmp_path / "l"),
+                                       "--rules", "default"])
+    assert r.exit_code == 2 and "--rules" in r.output and "lake mode" in r.output
+
+
+def test_user_sql_reads_the_lake_and_nothing_else(lake: Lake) -> None:
+    lake.append("gpu_samples", samples(0, 10), {"t/0": ([0], [1])}, "a")
+    d = str(lake.location.local)
+    r = CliRunner().invoke(analyze, ["--lake", d, "sql", "SELECT count(*) AS n FROM gpu_samples", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout) == [{"n": 10}]
+    r = CliRunner().invoke(analyze, ["--lake", d, "sql", "SELECT * FROM read_csv('/etc/passwd')"])
+    assert r.exit_code == 1 and "root:" not in r.output
+    r = CliRunner().invoke(analyze, ["--lake", d, "sql", "DELETE FROM gpu_samples"])
+    assert r.exit_code == 1
+    assert count(lake) == (10, 10)
