@@ -82,7 +82,7 @@ class LakeDatabase(Database):
         # files stay readable through them (allowed_directories), nothing else is
         closed = cfg.pop("enable_external_access", True) is False
         lock = bool(cfg.pop("lock_configuration", False))
-        con = duckdb.connect(config=cfg)
+        con = duckdb.connect(":memory:", config=cfg)
         try:
             migrate(con)
             for t in (*APPENDED, *DERIVED):

@@ -95,7 +95,7 @@ def time_column(table: str) -> str | None:
 def _schemas() -> dict[str, pa.Schema]:
     from .db import migrate
 
-    con = duckdb.connect()
+    con = duckdb.connect(":memory:")
     try:
         migrate(con)
         out = {}
@@ -277,7 +277,7 @@ class Lake:
         files = self.files(name, filt, tbl=t)
         if not files:
             return rows
-        con = duckdb.connect()
+        con = duckdb.connect(":memory:")
         try:
             con.register("_new", rows)
             on = " AND ".join(f'n."{c}" IS NOT DISTINCT FROM o."{c}"' for c in key)

@@ -50,7 +50,7 @@ class Stager:
                  commit_every: float = DEFAULT_COMMIT_EVERY) -> None:
         self.lake = lake
         self.id = writer_id()
-        self.con = duckdb.connect()
+        self.con = duckdb.connect(":memory:")
         migrate(self.con)
         self.writer = Writer(self.con, max_skew, rollup_every=None)
         self.commit_every = commit_every
