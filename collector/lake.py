@@ -169,7 +169,14 @@ class Lake:
                                       init_catalog_tables="true" if create else "false")
             if create:
                 self.catalog.create_namespace_if_not_exists(NAMESPACE)
+            self.catalog.list_tables(NAMESPACE)  # reachable, and a cmdare lake
+        except LakeError:
+            raise
         except Exception as e:
+            from pyiceberg.exceptions import NoSuchNamespaceError
+
+            if isinstance(e, NoSuchNamespaceError):
+                raise LakeError(f"{self.name}: not a cmdare lake (no namespace {NAMESPACE!r} in its catalog)") from None
             raise LakeError(f"lake catalog {redact(loc.catalog)[:120]}: {redact(_first(e))[:200]}") from None
         self._tables: dict[str, Any] = {}
 

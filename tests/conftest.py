@@ -292,3 +292,53 @@ def serving(src: Path, db: Path | None = None, token: str | None = None) -> Iter
     finally:
         svc.stop()
         con.close()
+
+
+def _pg_bindir() -> Path | None:
+    """Debian's PostgreSQL server programs (the newest installed), or None."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parent.parent.name)
+                   if p.parent.parent.name.isdigit() else 0)
+    return found[-1].parent if found else None
+
+
+class Postgres:
+    """A real PostgreSQL server on a loopback port, its data in a temporary folder (run as
+    the ``postgres`` user when the suite runs as root: the server refuses root)."""
+
+    def __init__(self, bindir: Path, d: Path) -> None:
+        self.bin, self.dir, self.port = bindir, d, free_port()
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _run(self, *args: str) -> None:
+        r = subprocess.run([*self.as_user, *args], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"{Path(args[0]).name} failed: {(r.stderr or r.stdout).strip()[-1500:]}")
+
+    def start(self) -> str:
+        if self.as_user:
+            subprocess.run(["chown", "postgres", str(self.dir)], check=True)
+        self._run(str(self.bin / "initdb"), "-D", str(self.dir / "data"), "-A", "trust", "-U", "cmdare",
+                  "--no-sync", "-E", "UTF8")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-l", str(self.dir / "server.log"), "-w",
+                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        self._run(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "cmdare", "cmdare")
+        return self.url
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg2://cmdare@127.0.0.1:{self.port}/cmdare"
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    bindir = _pg_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed: apt-get install postgresql (scripts/test installs it)")
+    pg = Postgres(bindir, Path(tempfile.mkdtemp(prefix="cmdare-test-pg-")))
+    pg.start()
+    yield pg
+    pg.stop()
