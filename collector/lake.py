@@ -258,7 +258,7 @@ class Lake:
                 return 0  # (the table's positions lag: a later overlap costs an anti-join, no row)
             props = {POSITIONS: json.dumps(merged, sort_keys=True, separators=(",", ":")), WRITER: writer}
             try:
-                t.append(data, snapshot_properties=props)
+                _append(t, data, props)
                 return data.num_rows
             except CommitFailedException:
                 time.sleep(delay * (1 + random.random()))  # another collector committed first
@@ -316,6 +316,54 @@ class Lake:
         with warnings.catch_warnings():  # "Delete operation did not match any records": an empty table
             warnings.simplefilter("ignore", UserWarning)
             t.overwrite(rows.cast(schema(name)))
+
+
+def _append(t: Any, rows: pa.Table, props: dict[str, str]) -> None:
+    """``t.append(rows)`` without pyiceberg's generic partition split, which filters and
+    copies the whole table once per partition even when there is one (most rounds hold
+    one day): measured 1.8 us a GPU sample, twice the staging's own cost.  The rows are
+    split by the table's one day partition here (a copy only when a round spans days),
+    written by pyiceberg's own file writer and committed as a fast append."""
+    import itertools
+    import uuid as uuid_
+
+    import pyarrow.compute as pc
+    from pyiceberg.io.pyarrow import bin_pack_arrow_table, pyarrow_to_schema, write_file
+    from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+    from pyiceberg.table import TableProperties, WriteTask
+    from pyiceberg.transforms import DayTransform
+    from pyiceberg.utils.properties import property_as_int
+
+    meta = t.metadata
+    spec, ice = meta.spec(), meta.schema()
+    parts: list[tuple[Any, pa.Table]] = []
+    if spec.is_unpartitioned():
+        parts = [(None, rows)]
+    else:
+        (field,) = spec.fields
+        assert isinstance(field.transform, DayTransform)
+        col = ice.find_column_name(field.source_id)
+        days = pc.divide(rows[col].cast(pa.int64()), pa.scalar(86_400_000_000, pa.int64()))
+        # floor for times before 1970 (integer division truncates towards zero)
+        days = pc.if_else(pc.less(rows[col].cast(pa.int64()), 0),
+                          pc.subtract(days, pa.scalar(1, pa.int64())), days)
+        for d in pc.unique(days).to_pylist():
+            part = rows if len(parts) == 0 and pc.count_distinct(days).as_py() <= 1 and (
+                d is not None or rows[col].null_count == rows.num_rows) else rows.filter(
+                pc.is_null(days) if d is None else pc.equal(days, pa.scalar(d, pa.int64())))
+            key = PartitionKey(field_values=[PartitionFieldValue(field=field, value=None if d is None else int(d))],
+                               partition_spec=spec, schema=ice)
+            parts.append((key, part))
+    task_schema = pyarrow_to_schema(rows.schema, name_mapping=ice.name_mapping, format_version=meta.format_version)
+    target = property_as_int(meta.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+                             TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT)
+    write_uuid, counter = uuid_.uuid4(), itertools.count(0)
+    tasks = (WriteTask(write_uuid=write_uuid, task_id=next(counter), record_batches=batches, partition_key=key,
+                       schema=task_schema)
+             for key, part in parts for batches in bin_pack_arrow_table(part, target))
+    with t.transaction() as tx, tx.update_snapshot(snapshot_properties=props).fast_append() as fa:
+        for data_file in write_file(t.io, meta, tasks):
+            fa.append_data_file(data_file)
 
 
 def lake_io(e: OSError) -> str:

@@ -1,9 +1,10 @@
 """Ingest in lake mode (collector/lake.py): the same checks, typing and de-duplication as a
 database file, into an in-memory staging database, committed to the lake in rounds.
 
-- ``Stager``: the staging database and the round in progress (which source positions
-  its rows came from); ``flush()`` commits a round: one exactly-once append per table
-  with rows, then the round's row in ``lake_commits``, then empties the staging tables;
+- ``Stager``: the staging databases and the round in progress (which source positions
+  its rows came from); a due round is committed on its own thread while the next is
+  staged: one exactly-once append per table with rows, then the round's row in
+  ``lake_commits``, then its staging tables are emptied;
 - ``LakeKafkaIngest``: a Kafka consumer group member; when the group gives it partitions
   it starts each where the lake says everything is stored; when it loses them, it first
   commits what it staged (a member that cannot, being dead or cut off, is made harmless
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -43,16 +45,26 @@ def writer_id() -> str:
     return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+class _Buffer:
+    """One staging database and its writer."""
+
+    def __init__(self, max_skew: float | None) -> None:
+        self.con = duckdb.connect(":memory:")
+        migrate(self.con)
+        self.writer = Writer(self.con, max_skew, rollup_every=None)
+
+
 class Stager:
-    """The staging database and the round in progress.  Used from one thread at a time."""
+    """Two staging databases: while a round is committed to the lake (its own thread), the
+    next one is staged in the other; a third round waits for the first's commit (memory
+    stays bounded at two rounds).  Called from one thread at a time."""
 
     def __init__(self, lake: Lake, max_skew: float | None = DEFAULT_MAX_SKEW,
                  commit_every: float = DEFAULT_COMMIT_EVERY) -> None:
         self.lake = lake
         self.id = writer_id()
-        self.con = duckdb.connect(":memory:")
-        migrate(self.con)
-        self.writer = Writer(self.con, max_skew, rollup_every=None)
+        self._bufs = (_Buffer(max_skew), _Buffer(max_skew))
+        self.active = self._bufs[0]
         self.commit_every = commit_every
         # source -> ([start position], [end position]) of the round's rows
         self.ranges: dict[str, tuple[list[int], list[int]]] = {}
@@ -61,7 +73,16 @@ class Stager:
         self.staged_rows = 0
         self.rounds = 0
         self.stored = 0  # rows committed to the lake
-        self.on_flush: Any = None  # called after a round is in the lake
+        self.flush_seconds = 0.0  # the last round's commit (all tables and lake_commits)
+        # called with a round's ranges once it is in the lake (on the committing thread)
+        self.on_flush: Any = None
+        self._committing: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._last = 0
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        return self.active.con
 
     def _range(self, source: str, start: list[int], end: list[int]) -> None:
         if source in self.ranges:
@@ -71,8 +92,10 @@ class Stager:
             self.ranges[source] = (start, end)
 
     def write_batch(self, batch: Batch, position: tuple[str, int, int] | None = None) -> WriteResult:
-        """Stage a batch (Kafka: its partitions' offsets ride on it); commit the round when due."""
-        res = self.writer.write_batch(batch) if batch else WriteResult()
+        """Stage a batch (Kafka: its partitions' offsets ride on it); hand the round over
+        for committing when due."""
+        self._raise()
+        res = self.active.writer.write_batch(batch) if batch else WriteResult()
         self.staged_rows += res.inserted + res.dead
         for key, first in batch.first.items():
             self._range(key, [first], [batch.next[key]])
@@ -81,7 +104,7 @@ class Stager:
             self._range(source, self.ends.get(source, [0, 0]), [seg, off])
             self.ends[source] = [seg, off]
         if self.due():
-            self.flush()
+            self._hand_off()
         return res
 
     def write(self, messages: list[tuple[str, bytes | None]],
@@ -100,30 +123,61 @@ class Stager:
         return self.flush()
 
     def flush(self) -> int:
-        """Commit the round to the lake; the rows stored (0: nothing was staged)."""
+        """Commit what is staged and wait for it; the rows the last round stored."""
+        if self.ranges:
+            self._hand_off()
+        self._wait()
         self.started = time.monotonic()
-        if not self.ranges:
-            return 0
-        stored = 0
-        for table in APPENDED:
-            ((n,),) = self.con.execute(f"SELECT count(*) FROM {table}").fetchall()
-            if n:
-                stored += self.lake.append(table, self.con.sql(f"SELECT * FROM {table}").to_arrow_table(),
-                                           self.ranges, self.id)
-        self.lake.mark(self.ranges, self.id, stored)
-        self.con.execute("BEGIN")
-        for table in (*APPENDED, "rollup_dirty", "ingest_positions"):
-            self.con.execute(f"DELETE FROM {table}")
-        self.con.execute("COMMIT")
-        self.ranges, self.staged_rows = {}, 0
-        self.rounds += 1
-        self.stored += stored
-        if self.on_flush is not None:
-            self.on_flush()
-        return stored
+        return self._last
+
+    def _hand_off(self) -> None:
+        self._wait()  # the previous round is in the lake (or its error is raised here)
+        full, ranges = self.active, self.ranges
+        self.active = self._bufs[1] if full is self._bufs[0] else self._bufs[0]
+        self.ranges, self.staged_rows, self.started = {}, 0, time.monotonic()
+        self._committing = threading.Thread(target=self._commit, args=(full, ranges), name="cmdare-lake-commit",
+                                            daemon=True)
+        self._committing.start()
+
+    def _commit(self, buf: _Buffer, ranges: dict[str, tuple[list[int], list[int]]]) -> None:
+        t0 = time.monotonic()
+        try:
+            stored = 0
+            for table in APPENDED:
+                ((n,),) = buf.con.execute(f"SELECT count(*) FROM {table}").fetchall()
+                if n:
+                    stored += self.lake.append(table, buf.con.sql(f"SELECT * FROM {table}").to_arrow_table(),
+                                               ranges, self.id)
+            self.lake.mark(ranges, self.id, stored)
+            buf.con.execute("BEGIN")
+            for table in (*APPENDED, "rollup_dirty", "ingest_positions"):
+                buf.con.execute(f"DELETE FROM {table}")
+            buf.con.execute("COMMIT")
+            self.rounds += 1
+            self.stored += stored
+            self._last = stored
+            self.flush_seconds = time.monotonic() - t0
+            if self.on_flush is not None:
+                self.on_flush(ranges)
+        except BaseException as e:  # raised on the staging thread; nothing of the round is acknowledged
+            self._error = e
+
+    def _wait(self) -> None:
+        if self._committing is not None:
+            self._committing.join()
+            self._committing = None
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
 
     def close(self) -> None:
-        self.con.close()
+        if self._committing is not None:
+            self._committing.join()
+        for b in self._bufs:
+            b.con.close()
 
 
 class LakeKafkaIngest(KafkaIngest):
@@ -211,7 +265,6 @@ class LakeSpoolIngest(SpoolIngest):
         super().__init__(self.stager.con, directory, progress=progress, max_skew=max_skew, **kw)
         self.writer = self.stager  # type: ignore[assignment]
         self.lake = lake
-        self._pending: Position | None = None
         self.stager.on_flush = self._flushed
 
     def position(self) -> Position:
@@ -224,12 +277,12 @@ class LakeSpoolIngest(SpoolIngest):
         return p
 
     def _collected(self, pos: Position) -> None:
-        self._pending = pos  # the agent may delete it once the round is in the lake
+        """(The agent may delete only what a committed round holds: see ``_flushed``.)"""
 
-    def _flushed(self) -> None:
-        if self._pending is not None:
-            super()._collected(self._pending)
-            self._pending = None
+    def _flushed(self, ranges: dict[str, tuple[list[int], list[int]]]) -> None:
+        end = ranges.get(self.source)
+        if end is not None and len(end[1]) == 2:
+            super()._collected(Position(*end[1]))
 
     def load_available(self) -> int:
         stored = super().load_available()
