@@ -347,10 +347,12 @@ def _append(t: Any, rows: pa.Table, props: dict[str, str]) -> None:
         # floor for times before 1970 (integer division truncates towards zero)
         days = pc.if_else(pc.less(rows[col].cast(pa.int64()), 0),
                           pc.subtract(days, pa.scalar(1, pa.int64())), days)
-        for d in pc.unique(days).to_pylist():
-            part = rows if len(parts) == 0 and pc.count_distinct(days).as_py() <= 1 and (
-                d is not None or rows[col].null_count == rows.num_rows) else rows.filter(
-                pc.is_null(days) if d is None else pc.equal(days, pa.scalar(d, pa.int64())))
+        uniq = pc.unique(days).to_pylist()
+        for d in uniq:
+            if len(uniq) == 1:
+                part = rows  # one day (or only rows without a time): no copy
+            else:
+                part = rows.filter(pc.is_null(days) if d is None else pc.equal(days, pa.scalar(d, pa.int64())))
             key = PartitionKey(field_values=[PartitionFieldValue(field=field, value=None if d is None else int(d))],
                                partition_spec=spec, schema=ice)
             parts.append((key, part))

@@ -147,3 +147,16 @@ def test_user_sql_reads_the_lake_and_nothing_else(lake: Lake) -> None:
     r = CliRunner().invoke(analyze, ["--lake", d, "sql", "DELETE FROM gpu_samples"])
     assert r.exit_code == 1
     assert count(lake) == (10, 10)
+
+
+def test_a_round_spanning_days_lands_in_each_days_partition(lake: Lake) -> None:
+    import pyarrow as pa_
+
+    rows = pa_.concat_tables([samples(0, 30, day=0), samples(100, 20, day=1), samples(200, 10, day=-400)])
+    assert lake.append("gpu_samples", rows, {"t/0": ([0], [1])}, "a") == 60
+    files = lake.files("gpu_samples")
+    assert len(files) == 3 and {Path(f).parent.name for f in files} == {
+        "ts_day=2026-09-01", "ts_day=2026-09-02", "ts_day=2025-07-28"}
+    assert count(lake) == (60, 60)
+    with LakeDatabase(str(lake.location.local)).read() as con:  # each file holds its day only
+        assert con.execute("SELECT count(DISTINCT ts::DATE) FROM gpu_samples").fetchall()[0][0] == 3
