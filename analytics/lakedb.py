@@ -85,11 +85,9 @@ class LakeDatabase(Database):
         con = duckdb.connect(":memory:", config=cfg)
         try:
             migrate(con)
+            present = self.lake.names()
             for t in (*APPENDED, *DERIVED):
-                try:
-                    files = self.lake.files(t) if self.lake.exists(t) else []
-                except LakeError:
-                    files = []
+                files = self.lake.files(t) if t in present else []
                 if not files:
                     continue  # the empty table stays
                 cols = ", ".join(f'CAST("{c}" AS {ty}) AS "{c}"' for c, ty in con.execute(

@@ -219,6 +219,10 @@ class Lake:
                 raise LakeError(f"{self.name}: no table {name} (is this a cmdare lake?)") from None
         return self._tables[name]
 
+    def names(self) -> set[str]:
+        """The tables the lake has (one catalog query)."""
+        return {n for _, n in self.catalog.list_tables(NAMESPACE)}
+
     def exists(self, name: str) -> bool:
         return self.catalog.table_exists(f"{NAMESPACE}.{name}")
 
