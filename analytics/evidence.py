@@ -7,9 +7,9 @@ once (bench/findings.py):
   belongs to a job when it was taken on one of the job's nodes during that span;
 - ``gpu_buckets``: per GPU (node, index) and 5-minute bucket: samples, mean utilisation,
   mean memory used, samples with a throttle mask, throttled samples
-  (``verdicts.throttled_sql``) and their reasons (the masks or-ed); as few columns as the
-  detectors need, because this one pass over ``gpu_samples`` is most of a fleet-wide run's
-  time (bench/findings.py);
+  (``verdicts.throttled_sql``) and their reasons (the masks or-ed); read from the 5-minute
+  rollup where the scope holds whole buckets (a pass over ``gpu_samples`` was most of a
+  fleet-wide run's time: bench/findings.py), from the samples at the scope's edges;
 - ``host_buckets``: per node and bucket: mean CPU utilisation;
 - ``job_gpus`` / ``job_hosts``: those buckets joined to the job spans they fall in.
 
@@ -18,6 +18,7 @@ Temporary tables work on read-only connections too, and go with the connection.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ BUCKET_SECONDS = 300
 _ids = itertools.count(1)
 
 
-def _temp(con: duckdb.DuckDBPyConnection, scope: Scope, key: str, sql: str, params: list[Any]) -> str:
+def _temp(con: duckdb.DuckDBPyConnection, scope: Scope, key: str, sql: str, params: list[Any] | dict[str, Any]) -> str:
     """The temporary table ``key`` of this run, created from ``sql`` the first time."""
     name = scope.cache.get(key)
     if name is None:
@@ -63,22 +64,50 @@ def spans(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     )
 
 
-def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
-    """Temp table of per-GPU 5-minute buckets (see the module doc)."""
-    where, params = _time_where(scope)
-    thr = throttled_sql("throttle_mask")
-    return _temp(
-        con,
-        scope,
-        "gpu_buckets",
-        f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem, mask_n,
+_RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem, mask_n,
                   thr_n, thr_mask
            FROM (SELECT node, "index", epoch_us(ts) // {BUCKET_SECONDS * 1_000_000} AS bi, count(*) AS n,
                         avg(util_gpu_ratio) AS util, avg(mem_used_bytes) AS mem, count(throttle_mask) AS mask_n,
-                        count(*) FILTER ({thr}) AS thr_n, bit_or(throttle_mask) FILTER ({thr}) AS thr_mask
-                 FROM gpu_samples WHERE {where} GROUP BY node, "index", bi)""",
-        params,
-    )
+                        count(*) FILTER ({{thr}}) AS thr_n, bit_or(throttle_mask) FILTER ({{thr}}) AS thr_mask
+                 FROM gpu_samples WHERE {{where}} GROUP BY node, "index", bi)"""
+# the same columns from the 5-minute rollup (collector/rollup.py keeps them)
+_ROLLED_GPU = """SELECT node, "index", bucket AS b, samples AS n, util_sum / nullif(util_samples, 0) AS util,
+                  mem_sum / nullif(mem_samples, 0) AS mem, throttle_samples AS mask_n, throttled AS thr_n, thr_mask
+           FROM gpu_5m WHERE ($lo IS NULL OR bucket >= $lo) AND ($hi IS NULL OR bucket < $hi)"""
+
+
+def _bucket(t: dt.datetime) -> dt.datetime:
+    """The start of ``t``'s 5-minute bucket (as DuckDB's time_bucket and the rollup)."""
+    us = (t - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
+    return dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=us - us % (BUCKET_SECONDS * 1_000_000))
+
+
+def rolled(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the database keeps the rollup columns the GPU buckets need (migration 015)."""
+    return bool(con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'gpu_rollup_5m' "
+                            "AND column_name = 'thr_mask'").fetchall()[0][0]) and has_rows(con, "gpu_5m")
+
+
+def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
+    """Temp table of per-GPU 5-minute buckets (see the module doc): the buckets wholly inside
+    the scope's time range from the rollup (``gpu_5m``, exact however far behind the
+    rollup is), the partial ones at its edges from the samples."""
+    thr = throttled_sql("throttle_mask")
+    if not rolled(con):
+        where, params = _time_where(scope)
+        return _temp(con, scope, "gpu_buckets", _RAW_GPU.format(thr=thr, where=where), params)
+    step = dt.timedelta(seconds=BUCKET_SECONDS)
+    s, u = scope.since, scope.until
+    lo = None if s is None else (s if _bucket(s) == s else _bucket(s) + step)  # first whole bucket
+    hi = None if u is None else _bucket(u)  # whole buckets end before u's own
+    edge = ["false"]
+    if lo is not None:
+        edge.append("ts < $lo")
+    if hi is not None:
+        edge.append("ts >= $hi")
+    raw = _RAW_GPU.format(thr=thr, where=f"($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u) AND ({' OR '.join(edge)})")
+    return _temp(con, scope, "gpu_buckets", f"{_ROLLED_GPU} UNION ALL {raw}",
+                 {"lo": lo, "hi": hi, "s": s, "u": u})
 
 
 def host_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:

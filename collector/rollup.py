@@ -31,7 +31,9 @@ AGGREGATES = f"""any_value(uuid) AS uuid, any_value(name) AS name, any_value(job
     count(*) FILTER (WHERE throttle_mask & ~{GPU_IDLE_BIT} <> 0) AS throttled,
     count(throttle_mask) AS throttle_samples, max(mem_used_bytes) AS mem_used_max,
     max(mem_total_bytes) AS mem_total_bytes, sum(power_watts) AS power_sum, count(power_watts) AS power_samples,
-    max(temp_celsius) AS temp_max, min(ts) AS first_ts, max(ts) AS last_ts"""
+    max(temp_celsius) AS temp_max, min(ts) AS first_ts, max(ts) AS last_ts,
+    sum(mem_used_bytes) AS mem_sum, count(mem_used_bytes) AS mem_samples,
+    bit_or(throttle_mask) FILTER (WHERE throttle_mask & ~{GPU_IDLE_BIT} <> 0) AS thr_mask"""
 
 KEY = f'time_bucket({BUCKET}, ts) AS bucket, node, "index"'
 

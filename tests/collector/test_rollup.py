@@ -36,7 +36,8 @@ def lines(node: str, start: float, n: int, every: float = 10.0, util: float = 0.
     f = EventFactory(node, "worker", "job-1", {}, rows=rows)
     return b"".join(
         f.line("gpu", {"index": g, "uuid": f"GPU-{node}-{g}", "name": "A100", "util_gpu_ratio": util + 0.01 * i,
-                       "temp_celsius": 50.0 + i, "power_watts": 200.0 + g, "throttle_mask": throttle}, start + every * i)
+                       "temp_celsius": 50.0 + i, "power_watts": 200.0 + g, "throttle_mask": throttle,
+                       "mem_used_bytes": (1 << 30) + 4096 * i + g}, start + every * i)
         for i in range(n) for g in range(2))
 
 
@@ -123,13 +124,53 @@ def test_a_database_from_before_the_rollups_is_rolled_up_from_its_samples(tmp_pa
     db = tmp_path / "old.duckdb"
     con = connect(db)
     Writer(con, rollup_every=None).write([("m", lines("a", T0, 30))])
-    # as migration 012 left it: no rollup tables, no pending ranges
+    # as migration 012 left it: no rollup tables, no pending ranges (015 adds to the rollup)
     con.execute("DROP VIEW gpu_5m")
     con.execute("DROP TABLE gpu_rollup_5m")
     con.execute("DROP TABLE rollup_dirty")
-    con.execute("DELETE FROM schema_migrations WHERE version = 13")
+    con.execute("DELETE FROM schema_migrations WHERE version IN (13, 15)")
     con.close()
     con = connect(db)  # migration 013 marks every node's samples pending
     assert rolled(con, "gpu_5m") == con.execute(RAW).fetchall()
     assert rollup.run(con) == 2 * 2 and rolled(con, "gpu_rollup_5m") == con.execute(RAW).fetchall()  # 2 GPUs x 2 buckets
     con.close()
+
+
+@pytest.mark.parametrize("since,until", [
+    (None, None),
+    (T0 + 95, None),  # starts inside a bucket
+    (None, T0 + 1234),  # ends inside one
+    (T0 + 95, T0 + 1234),
+    (T0 + 20, T0 + 40),  # one bucket, partly
+    (T0 - 6.6e3 + 300 * 23, T0 + 600 * 2),  # bucket-aligned start
+])
+def test_the_detectors_gpu_buckets_from_the_rollup_equal_those_from_the_samples(
+        tmp_path: Path, since: float | None, until: float | None) -> None:
+    """analytics.evidence reads whole buckets from the rollup and the edges from the samples:
+    the same buckets, counts and means as a pass over every sample, at any scope edges."""
+    import datetime as dt
+
+    from cmdare.analytics import evidence
+    from cmdare.analytics.units import Scope
+
+    con = connect(tmp_path / "e.duckdb")
+    w = Writer(con, max_skew=None, rollup_every=None)
+    w.write([("m", lines("a", T0, 180, every=9.7, throttle=0x4) + lines("b", T0 + 3, 150, every=11.3, util=0.2))])
+    w.write([("m", lines("a", T0 + 5, 20, every=31.0, throttle=0x1))])  # late samples into rolled buckets
+    assert rollup.run(con) > 0
+    con.execute("INSERT INTO rollup_dirty VALUES ('b', to_timestamp(1.75e9 + 400)::TIMESTAMP, "
+                "to_timestamp(1.75e9 + 500)::TIMESTAMP)")  # a range pending again: read from samples
+
+    def at(x: float | None) -> dt.datetime | None:
+        return None if x is None else dt.datetime.fromtimestamp(x, dt.timezone.utc).replace(tzinfo=None)
+
+    cols = 'node, "index", b, n, round(util, 9), round(mem, 3), mask_n, thr_n, thr_mask'
+    got = con.execute(f"SELECT {cols} FROM {evidence.gpu_buckets(con, Scope(None, at(since), at(until)))} "
+                      "ORDER BY ALL").fetchall()
+    assert evidence.rolled(con)
+    con.execute("ALTER TABLE gpu_rollup_5m DROP COLUMN thr_mask")  # as a database before migration 015
+    assert not evidence.rolled(con)
+    want = con.execute(f"SELECT {cols} FROM {evidence.gpu_buckets(con, Scope(None, at(since), at(until)))} "
+                       "ORDER BY ALL").fetchall()
+    con.close()
+    assert got == want and want
