@@ -168,7 +168,8 @@ class Lake:
             self.catalog = SqlCatalog(NAMESPACE, uri=loc.catalog, warehouse=loc.warehouse,
                                       init_catalog_tables="true" if create else "false")
             if create:
-                self.catalog.create_namespace_if_not_exists(NAMESPACE)
+                _settle(lambda: self.catalog.create_namespace_if_not_exists(NAMESPACE),
+                        lambda: (NAMESPACE,) in self.catalog.list_namespaces())
             self.catalog.list_tables(NAMESPACE)  # reachable, and a cmdare lake
         except LakeError:
             raise
@@ -188,26 +189,38 @@ class Lake:
     def ensure(self, names: tuple[str, ...] = (*APPENDED, *DERIVED, MARKER)) -> None:
         """Create the tables that do not exist (partitioned by day of their time column)."""
         from pyiceberg.exceptions import TableAlreadyExistsError
+
+        existing = self.names()
+        for name in names:
+            col = "committed_at" if name == MARKER else time_column(name)
+            if name not in existing:
+                try:
+                    _settle(lambda name=name: self.catalog.create_table(
+                        f"{NAMESPACE}.{name}", schema=schema(name),
+                        properties={"commit.retry.num-retries": "0", "write.parquet.compression-codec": "zstd",
+                                    # appends merge small manifests: planning stays cheap after many commits
+                                    "commit.manifest-merge.enabled": "true"}),
+                        lambda name=name: self.exists(name))
+                except TableAlreadyExistsError:
+                    pass  # another collector made it first
+            elif not self.partition_missing(name, col):
+                continue
+            if col is not None and name != "nodes":
+                # (a collector that made the table may die before partitioning it: any later
+                # ensure() does it; two at once: one wins, the other finds it done)
+                _settle(lambda name=name, col=col: self._partition(name, col),
+                        lambda name=name, col=col: not self.partition_missing(name, col))
+
+    def partition_missing(self, name: str, col: str | None) -> bool:
+        return col is not None and name != "nodes" and self.table(name).spec().is_unpartitioned()
+
+    def _partition(self, name: str, col: str) -> None:
         from pyiceberg.transforms import DayTransform
 
-        existing = {n for _, n in self.catalog.list_tables(NAMESPACE)}
-        for name in names:
-            if name in existing:
-                continue
-            sch = schema(name)
-            col = "committed_at" if name == MARKER else time_column(name)
-            try:
-                t = self.catalog.create_table(
-                    f"{NAMESPACE}.{name}", schema=sch,
-                    properties={"commit.retry.num-retries": "0", "write.parquet.compression-codec": "zstd",
-                                # appends merge small manifests: planning stays cheap after many commits
-                                "commit.manifest-merge.enabled": "true"},
-                )
-            except TableAlreadyExistsError:
-                continue  # another collector made it first (and partitions it)
-            if col is not None and name != "nodes":
-                with t.update_spec() as u:
-                    u.add_field(col, DayTransform(), f"{col}_day")
+        t = self.table(name)
+        if t.spec().is_unpartitioned():
+            with t.update_spec() as u:
+                u.add_field(col, DayTransform(), f"{col}_day")
 
     def table(self, name: str, fresh: bool = True) -> Any:
         from pyiceberg.exceptions import NoSuchTableError
@@ -370,6 +383,52 @@ def _append(t: Any, rows: pa.Table, props: dict[str, str]) -> None:
     with t.transaction() as tx, tx.update_snapshot(snapshot_properties=props).fast_append() as fa:
         for data_file in write_file(t.io, meta, tasks):
             fa.append_data_file(data_file)
+
+
+def load_database(lake: Lake, con: duckdb.DuckDBPyConnection, source: str,
+                  progress: Any = None) -> tuple[dict[str, int], dict[str, int]]:
+    """Copy a database file's tables into the lake (cmdare-collector to-lake): the appended
+    tables exactly once by event id (a second run stores no event again), the tables
+    analyze writes replacing the lake's; (event rows stored, rows replaced) per table."""
+    have = {t for (t,) in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'").fetchall()}
+    ranges = {f"db:{Path(source).name}"[:200]: ([0], [1])}
+    who = f"to-lake:{Path(source).name}"[:200]
+    out: dict[str, int] = {}
+    replaced: dict[str, int] = {}
+    for name in (*APPENDED, *DERIVED):
+        if name not in have:
+            continue
+        cols = ", ".join(f'"{c}"' for c in schema(name).names)
+        rows = con.sql(f"SELECT {cols} FROM {name}").to_arrow_table().cast(schema(name))
+        if progress is not None:
+            progress(f"{name}: {rows.num_rows:,} rows")
+        if name in DERIVED:
+            if rows.num_rows:
+                lake.replace(name, rows)
+                replaced[name] = rows.num_rows
+        elif rows.num_rows:
+            out[name] = lake.append(name, rows, ranges, who)
+    lake.mark(ranges, who, sum(out.values()))
+    return out, replaced
+
+
+def _settle(act: Any, done: Any, tries: int = 20) -> None:
+    """Run ``act`` until it works or ``done()`` says another process did it (collectors
+    starting together race to create the lake's namespace, tables and partitions)."""
+    for i in range(tries):
+        try:
+            act()
+            return
+        except Exception:
+            time.sleep(0.05 * (i + 1) * (1 + random.random()))
+            try:
+                if done():
+                    return
+            except Exception:
+                pass
+            if i == tries - 1:
+                raise
 
 
 def lake_io(e: OSError) -> str:

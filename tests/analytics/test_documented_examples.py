@@ -126,6 +126,14 @@ def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     test = (rules / "cmdare.test.yml").read_text().replace("cmdare.yml", "gpu.yml")
     (d / "rules" / "gpu.test.yml").write_text(test)
     (d / "my-rules.test.yml").write_text((rules / "cmdare.test.yml").read_text().replace("cmdare.yml", "my-rules.yml"))
+    # the lake the --lake examples name, holding the same (cmdare-collector to-lake)
+    from cmdare.collector.lake import Lake, load_database
+
+    lake = Lake(str(d / "lake"))
+    lake.ensure()
+    con = connect(db, read_only=True)
+    load_database(lake, con, str(db))
+    con.close()
     run = next(r for r in rows if r["gpu_type"] == "K80" and r["workers"] == "4")
     (d / "runs" / "resnet50-k80x4").mkdir(parents=True)
     shutil.copy(DATA / run["file"], d / "runs" / "resnet50-k80x4" / "events.csv")
@@ -150,6 +158,7 @@ def server(place: Path):
 def _argv(example: str, d: Path, server: str | None = None) -> list[str]:
     argv = []
     for a in shlex.split(example)[1:]:
+        a = str(d / "lake") if a == "/srv/cmdare-lake" else a
         argv += sorted(glob.glob(str(d / a))) if "*" in a and " " not in a and "/" in a else [a]
     if "--server" in argv:
         argv[argv.index("--server") + 1] = server or ""

@@ -25,16 +25,22 @@ from tests.fixtures.analyze_golden.cases import CASES, T0
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "analyze_golden" / "expected.json"
 
 
-def build(path: Path) -> Path:
+def fleets() -> tuple[DemoFleet, Fleet]:
+    """scripts/demo's fleet, and enough configurations and VM lives for every fit."""
     f = DemoFleet(seed=1, t0=T0)
     f.build()
-    fits = Fleet(Truth(), seed=7)  # enough configurations and VM lives for every fit
+    fits = Fleet(Truth(), seed=7)
     for m in MODELS[:4]:
         for a in ("k80", "v100"):
             fits.job(m, a)
         for w, p in ((2, 1), (4, 1), (4, 2)):
             fits.job(m, "k80", workers=w, ps=p, intervals=8)
     fits.vm_lives(per_group=12)
+    return f, fits
+
+
+def build(path: Path) -> Path:
+    f, fits = fleets()
     con = connect(path)
     Writer(con).write([("sim", encode_many(f.events)), ("fits", encode_many(fits.events))])
     con.close()

@@ -16,22 +16,13 @@ from cmdare.collector.lake import Lake
 from cmdare.collector.lakeingest import LakeSpoolIngest
 from cmdare.wire.events import encode_many
 from cmdare.wire.spool import seg_name
-from tests.analytics.test_golden_output import FIT_ID, LONG_FLOAT
-from tests.fakes.fleet import MODELS, DemoFleet, Fleet, Truth
-from tests.fixtures.analyze_golden.cases import CASES, T0
+from tests.analytics.test_golden_output import FIT_ID, LONG_FLOAT, fleets
+from tests.fixtures.analyze_golden.cases import CASES
 
 
 def recording(spool: Path, segments: int = 4) -> int:
     """scripts/demo's fleet and the fits' jobs as an agent's spool (``segments`` files)."""
-    f = DemoFleet(seed=1, t0=T0)
-    f.build()
-    fits = Fleet(Truth(), seed=7)
-    for m in MODELS[:4]:
-        for a in ("k80", "v100"):
-            fits.job(m, a)
-        for w, p in ((2, 1), (4, 1), (4, 2)):
-            fits.job(m, "k80", workers=w, ps=p, intervals=8)
-    fits.vm_lives(per_group=12)
+    f, fits = fleets()
     for e in fits.events:  # the two fleets number their events alike: ids are unique in a real fleet
         e["id"] = "fits-" + e["id"]
     lines = (encode_many(f.events) + encode_many(fits.events)).splitlines(keepends=True)

@@ -3,7 +3,6 @@ through it concurrently, each event once; analyze reads the lake through it."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -11,30 +10,15 @@ from click.testing import CliRunner
 from cmdare.analytics.cli import cli as analyze
 from cmdare.collector.lake import Lake
 from tests.conftest import Postgres
-from tests.lake.test_lake_unit import samples
+from tests.lake.test_lake_unit import concurrent_rounds
 
 
 def test_concurrent_collectors_through_a_postgresql_catalog(postgres: Postgres, tmp_path: Path) -> None:
     lakes = [Lake(str(tmp_path / "lake"), postgres.url) for _ in range(3)]  # three processes' views of it
     for lk in lakes:
         lk.ensure()  # all three create the tables at once: one wins, none fails
-    errors: list[BaseException] = []
-
-    def writer(k: int) -> None:
-        try:
-            for j in range(4):
-                lakes[k].append("gpu_samples", samples(k * 300 + j * 50, 100), {f"t/{k}": ([j], [j + 1])}, f"w{k}")
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    n = concurrent_rounds(lakes)
     assert lakes[0].positions("gpu_samples") == {"t/0": [4], "t/1": [4], "t/2": [4]}
-    n = len({i for k in range(3) for j in range(4) for i in range(k * 300 + j * 50, k * 300 + j * 50 + 100)})
     r = CliRunner().invoke(analyze, ["--lake", str(tmp_path / "lake"), "--catalog", postgres.url, "sql",
                                      "SELECT count(*) AS n, count(DISTINCT id) AS d FROM gpu_samples", "--json"])
     assert r.exit_code == 0, r.output

@@ -57,24 +57,30 @@ def test_a_record_read_twice_is_stored_once_and_positions_merge(lake: Lake) -> N
     assert lake.positions("gpu_samples")["t/0"] == [20]
 
 
-def test_concurrent_commits_lose_nothing_and_store_nothing_twice(lake: Lake) -> None:
+def concurrent_rounds(lakes: list[Lake]) -> int:
+    """Three writers (one Lake each, as three processes) committing four overlapping rounds
+    each at once; the distinct ids they sent."""
     errors: list[BaseException] = []
 
     def writer(k: int) -> None:
         try:
             for j in range(4):  # each round overlaps the neighbour's ids
-                lake.append("gpu_samples", samples(k * 300 + j * 50, 100), {f"t/{k}": ([j], [j + 1])}, f"w{k}")
+                lakes[k].append("gpu_samples", samples(k * 300 + j * 50, 100), {f"t/{k}": ([j], [j + 1])}, f"w{k}")
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(len(lakes))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors
-    ids = {f"ev-{i}" for k in range(3) for j in range(4) for i in range(k * 300 + j * 50, k * 300 + j * 50 + 100)}
-    assert count(lake) == (len(ids), len(ids))
+    return len({i for k in range(len(lakes)) for j in range(4) for i in range(k * 300 + j * 50, k * 300 + j * 50 + 100)})
+
+
+def test_concurrent_commits_lose_nothing_and_store_nothing_twice(lake: Lake) -> None:
+    n = concurrent_rounds([lake, Lake(str(lake.location.local)), Lake(str(lake.location.local))])
+    assert count(lake) == (n, n)
     assert lake.positions("gpu_samples") == {"t/0": [4], "t/1": [4], "t/2": [4]}
 
 
@@ -160,3 +166,29 @@ def test_a_round_spanning_days_lands_in_each_days_partition(lake: Lake) -> None:
     assert count(lake) == (60, 60)
     with LakeDatabase(str(lake.location.local)).read() as con:  # each file holds its day only
         assert con.execute("SELECT count(DISTINCT ts::DATE) FROM gpu_samples").fetchall()[0][0] == 3
+
+
+def test_to_lake_copies_a_database_file_once(tmp_path: Path) -> None:
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+
+    db = tmp_path / "f.duckdb"
+    ev = [{"v": 1, "id": f"hb-{i}", "ts": 1.79e9 + i, "node": f"n{i % 3}", "role": "worker", "job": "j",
+           "labels": {"team": "t"}, "type": "heartbeat", "data": {"seq": i + 1}} for i in range(40)]
+    con = connect(db)
+    Writer(con, max_skew=None).write([("x", encode_many(ev))])
+    con.execute("INSERT INTO model_fits (fit_id, kind, family, model, rows, groups, fitted_at) "
+                "VALUES ('f1', 'speed', 'ols', '{}', 10, 2, now())")
+    con.close()
+    lake = str(tmp_path / "lake")
+    r = CliRunner().invoke(collector, ["to-lake", "--db", str(db), "--lake", lake])
+    assert r.exit_code == 0, r.output
+    assert "40 new event rows stored" in r.stdout and "model_fits (1 rows) replaced" in r.stdout
+    r = CliRunner().invoke(collector, ["to-lake", "--db", str(db), "--lake", lake])
+    assert r.exit_code == 0 and "0 new event rows stored" in r.stdout
+    with LakeDatabase(lake).read() as con:
+        assert con.execute("SELECT count(*), count(DISTINCT id) FROM heartbeats").fetchall() == [(40, 40)]
+        assert con.execute("SELECT count(*) FROM nodes").fetchall() == [(3,)]
+        assert con.execute("SELECT fit_id FROM model_fits").fetchall() == [("f1",)]
+    r = CliRunner().invoke(collector, ["to-lake", "--db", str(tmp_path / "none.duckdb"), "--lake", lake])
+    assert r.exit_code == 1 and "no such database" in r.output

@@ -1,0 +1,155 @@
+"""cmdare-collector's lake mode (collector/lake.py): the --lake options of ``kafka`` and
+``spool``, ``maintain`` and ``to-lake``."""
+
+from __future__ import annotations
+
+import signal
+
+import click
+
+from cmdare.wire.units import ConfigError, parse_duration
+
+from .cli import LAKE_HELP, _progress, cli
+from .lake import Lake, LakeError, lake_io
+
+
+def _open_lake(ctx: click.Context, lake: str, catalog: str | None, commit_every: str):
+    """The lake and the round interval; the options lake mode does not take refused."""
+
+    given = [f"--{n.replace('_', '-')}" for n in ("db", "http", "rules", "alertmanagers", "alert_webhooks")
+             if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)
+             and ctx.params.get(n)]
+    if given:
+        raise click.UsageError(f"--lake: {', '.join(given)} belong to a database file; in lake mode the collector "
+                               "only ingests (query with analyze --lake)")
+    try:
+        ce = parse_duration("--commit-every", commit_every)
+        if not 0.05 <= ce <= 3600:
+            raise ConfigError(f"--commit-every: {commit_every[:20]!r} must be from 50ms to 1h")
+        lk = Lake(lake, catalog)
+        lk.ensure()
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    except LakeError as e:
+        raise click.ClickException(str(e)) from None
+    return lk, ce
+
+
+def _kafka_lake(ctx, u, lake, catalog, commit_every, group, bb, mw, ie, pe, skew) -> None:
+    from .lakeingest import LakeKafkaIngest
+
+    lk, ce = _open_lake(ctx, lake, catalog, commit_every)
+    ing = LakeKafkaIngest(lk, u, group, commit_every=ce, batch_bytes=bb, max_wait=mw, progress=_progress,
+                          progress_every=pe, max_skew=skew)
+    try:
+        ing.open()
+    except ConnectionError as e:
+        raise click.ClickException(str(e)) from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ing.stop())
+    click.echo(f"cmdare-collector: consuming {u.text} (group {group}) into the lake {lk.name} "
+               f"as {ing.stager.id}", err=True)
+    try:
+        t = ing.run(idle_exit=ie)
+    finally:
+        ing.close()
+        ing.stager.close()
+    click.echo(f"cmdare-collector: done: {t.line()}; {ing.stager.stored} rows in {ing.stager.rounds} lake commits",
+               err=True)
+
+
+def _spool_lake(ctx, directory, lake, catalog, commit_every, follow, iv, skew) -> None:
+    from .lakeingest import LakeSpoolIngest
+
+    lk, ce = _open_lake(ctx, lake, catalog, commit_every)
+    ing = LakeSpoolIngest(lk, directory, progress=_progress, max_skew=skew, commit_every=ce)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ing.stop())
+    try:
+        if follow:
+            ing.follow(iv)
+        else:
+            ing.load_available()
+    finally:
+        ing.stager.close()
+    click.echo(f"cmdare-collector: {directory} -> lake {lk.name}: {ing.totals.line()}", err=True)
+
+
+@cli.command()
+@click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", required=True, help=LAKE_HELP)
+@click.option("--catalog", envvar="CMDARE_LAKE_CATALOG", metavar="URL", help="the lake's SQL catalog (as for kafka)")
+@click.option("--retain-raw", default="7d", show_default=True,
+              help="delete raw GPU / host / TPU samples older than this (whole days); off: keep all")
+@click.option("--compact-files", default=8, show_default=True, type=click.IntRange(2, 100_000),
+              help="rewrite a day partition held in more files than this as one file per partition")
+@click.option("--expire-snapshots", default="1d", show_default=True,
+              help="drop snapshots older than this (time travel back that far), then their unreferenced files; off: keep")
+def maintain(lake: str, catalog: str | None, retain_raw: str, compact_files: int, expire_snapshots: str) -> None:
+    """Lake maintenance: retention of raw samples, compaction of small files, snapshot
+    expiry.  Safe while collectors write (a step that loses to a collector's commit is
+    left for the next run); run it hourly or daily (a systemd timer, cron), or use the
+    Spark procedures on big lakes (docs/scale.md).
+
+    \b
+    Example:
+      cmdare-collector maintain --lake /srv/cmdare-lake --retain-raw 7d
+    """
+    from .lakemaint import maintain as run
+
+    def dur(flag: str, text: str) -> float | None:
+        if text.strip().lower() == "off":
+            return None
+        v = parse_duration(flag, text)
+        if v < 0:
+            raise ConfigError(f"{flag}: {text[:20]!r} must not be negative")
+        return v
+
+    try:
+        rr, ex = dur("--retain-raw", retain_raw), dur("--expire-snapshots", expire_snapshots)
+        lk = Lake(lake, catalog, create=False)
+        rep = run(lk, rr, compact_files, ex)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    except LakeError as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{lake}: {lake_io(e)}") from None
+    for line in rep.lines():
+        click.echo(line)
+
+
+
+@cli.command("to-lake")
+@click.option("--db", envvar="CMDARE_DB", default="cmdare.duckdb", show_default=True,
+              help="the DuckDB database file to copy (read-only)")
+@click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", required=True, help=LAKE_HELP)
+@click.option("--catalog", envvar="CMDARE_LAKE_CATALOG", metavar="URL", help="the lake's SQL catalog (as for kafka)")
+def to_lake(db: str, lake: str, catalog: str | None) -> None:
+    """Copy a database file into a lake: every event table, the nodes, and the findings,
+    fits, alerts and imported records (which replace the lake's).  Events the lake already
+    holds are not stored twice, so it can be run again, or on several files of one fleet.
+
+    \b
+    Example:
+      cmdare-collector to-lake --db fleet.duckdb --lake /srv/cmdare-lake
+    """
+    from .db import DatabaseError, connect
+    from .lake import load_database
+
+    try:
+        con = connect(db, read_only=True)
+    except DatabaseError as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        lk = Lake(lake, catalog)
+        lk.ensure()
+        stored, replaced = load_database(lk, con, db, progress=lambda t: click.echo(f"to-lake: {t}", err=True))
+    except LakeError as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{lake}: {lake_io(e)}") from None
+    finally:
+        con.close()
+    events = sum(n for t, n in stored.items() if t != "nodes")
+    click.echo(f"{db} -> lake {lk.name}: {events:,} new event rows stored"
+               + (f"; {', '.join(f'{t} ({n:,} rows)' for t, n in replaced.items())} replaced" if replaced else ""))
