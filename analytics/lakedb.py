@@ -43,6 +43,7 @@ class LakeDatabase(Database):
             self.lake = Lake(uri, catalog, create=False)
         except LakeError as e:
             raise AnalyticsError(str(e)) from None
+        self._snapshot: duckdb.DuckDBPyConnection | None = None
 
     def exists(self) -> bool:
         return True
@@ -52,11 +53,27 @@ class LakeDatabase(Database):
 
     @contextlib.contextmanager
     def read(self, config: dict[str, object] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-        con = self._open(config)
+        """The lake as of this object's first read (planned once: a report's many reads
+        share it) in a read-only transaction; with ``config`` (user SQL's guards), a
+        connection of its own."""
+        if config:
+            con = self._open(config)
+            try:
+                yield con
+            finally:
+                con.close()
+            return
+        with self._lock:
+            if self._snapshot is None:
+                self._snapshot = self._open(None)
+            cur = self._snapshot.cursor()
         try:
-            yield con
+            cur.execute("BEGIN TRANSACTION READ ONLY")
+            yield cur
         finally:
-            con.close()
+            with contextlib.suppress(duckdb.Error):
+                cur.execute("ROLLBACK")
+            cur.close()
 
     @contextlib.contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -68,10 +85,21 @@ class LakeDatabase(Database):
                 for t in DERIVED:
                     if _digest(con, t) != before[t]:
                         self.lake.replace(t, con.sql(f"SELECT * FROM {t}").to_arrow_table())
+                        self.forget()
             except LakeError as e:
                 raise AnalyticsError(str(e)) from None
             finally:
                 con.close()
+
+    def forget(self) -> None:
+        """Plan the lake again at the next read (after this object wrote to it)."""
+        with self._lock:
+            if self._snapshot is not None:
+                self._snapshot.close()
+            self._snapshot = None
+
+    def close(self) -> None:
+        self.forget()
 
     def _open(self, config: dict[str, object] | None) -> duckdb.DuckDBPyConnection:
         from cmdare.collector import views

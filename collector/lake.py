@@ -165,8 +165,12 @@ class Lake:
             elif not create and not (loc.local / "catalog.db").exists() and catalog is None:
                 raise LakeError(f"{loc.local}: not a lake (no catalog.db; write one with cmdare-collector --lake)")
         try:
-            self.catalog = SqlCatalog(NAMESPACE, uri=loc.catalog, warehouse=loc.warehouse,
-                                      init_catalog_tables="true" if create else "false")
+            made: list[Any] = []
+            # collectors starting together race to create the catalog's own SQL tables too
+            _settle(lambda: made.append(SqlCatalog(NAMESPACE, uri=loc.catalog, warehouse=loc.warehouse,
+                                                   init_catalog_tables="true" if create else "false")),
+                    lambda: False, tries=5 if create else 1)
+            self.catalog = made[-1]
             if create:
                 _settle(lambda: self.catalog.create_namespace_if_not_exists(NAMESPACE),
                         lambda: (NAMESPACE,) in self.catalog.list_namespaces())
