@@ -26,7 +26,7 @@ import duckdb
 
 from cmdare.collector.lake import APPENDED, DERIVED, Lake, LakeError, lake_io
 
-from .db import AnalyticsError, Database
+from .db import AnalyticsError, Database, _q
 
 NODES_SQL = """SELECT node, arg_max(role, last_seen) AS role,
     arg_max(job, last_seen) FILTER (WHERE job IS NOT NULL) AS job, arg_max(labels, last_seen) AS labels,
@@ -43,7 +43,6 @@ class LakeDatabase(Database):
             self.lake = Lake(uri, catalog, create=False)
         except LakeError as e:
             raise AnalyticsError(str(e)) from None
-        self._snapshot: duckdb.DuckDBPyConnection | None = None
 
     def exists(self) -> bool:
         return True
@@ -54,8 +53,8 @@ class LakeDatabase(Database):
     @contextlib.contextmanager
     def read(self, config: dict[str, object] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
         """The lake as of this object's first read (planned once: a report's many reads
-        share it) in a read-only transaction; with ``config`` (user SQL's guards), a
-        connection of its own."""
+        share it), served as a collector's connection is (a read-only transaction, always
+        rolled back); with ``config`` (user SQL's guards), a connection of its own."""
         if config:
             con = self._open(config)
             try:
@@ -64,16 +63,11 @@ class LakeDatabase(Database):
                 con.close()
             return
         with self._lock:
-            if self._snapshot is None:
-                self._snapshot = self._open(None)
-            cur = self._snapshot.cursor()
-        try:
-            cur.execute("BEGIN TRANSACTION READ ONLY")
+            if self._live is None:
+                self._live = self._open(None)
+                self._catalog = _q(self._live.execute("SELECT current_database()").fetchall()[0][0])
+        with super().read() as cur:
             yield cur
-        finally:
-            with contextlib.suppress(duckdb.Error):
-                cur.execute("ROLLBACK")
-            cur.close()
 
     @contextlib.contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -94,9 +88,9 @@ class LakeDatabase(Database):
     def forget(self) -> None:
         """Plan the lake again at the next read (after this object wrote to it)."""
         with self._lock:
-            if self._snapshot is not None:
-                self._snapshot.close()
-            self._snapshot = None
+            if self._live is not None:
+                self._live.close()
+            self._live = None
 
     def close(self) -> None:
         self.forget()

@@ -217,13 +217,13 @@ class KafkaIngest:
                 for tp, records in polled.items():
                     for rec in records:
                         batch.add(f"kafka:{tp.topic}/{tp.partition}@{rec.offset}", rec.value)
-                        key = f"{tp.topic}/{tp.partition}"
-                        batch.first.setdefault(key, rec.offset)
-                        batch.next[key] = rec.offset + 1
                         offsets[tp] = rec.offset
-                    n += len(records)
-                    if records:
+                    if records:  # the range the batch holds of this partition (lake mode's positions)
+                        key = f"{tp.topic}/{tp.partition}"
+                        batch.first.setdefault(key, records[0].offset)
+                        batch.next[key] = records[-1].offset + 1
                         self._lag(tp, records[-1])
+                    n += len(records)
                 if n:
                     self._mean_size = 0.5 * self._mean_size + 0.5 * max(1.0, (batch.bytes - got) / n)
                     at_end = poll_wall if self._at_end() else None
