@@ -11,7 +11,7 @@ database file, where
   job and labels of the newest);
 - the tables analyze writes (findings, fits, alerts, imported overhead records) are loaded
   whole (they are small), and ``write()`` replaces in the lake those a command changed;
-- 5-minute GPU aggregates (``gpu_5m``) are computed from the samples.
+- the 1- and 5-minute rollup views (``gpu_5m``, ``steps_5m``, ...) aggregate the rows.
 
 ``read()`` cannot change the lake: nothing it does leaves the process's memory.
 """
@@ -24,6 +24,7 @@ from typing import Any
 
 import duckdb
 
+from cmdare.collector import rollup
 from cmdare.collector.lake import APPENDED, DERIVED, Lake, LakeError, lake_io
 
 from .db import AnalyticsError, Database, _q
@@ -121,10 +122,12 @@ class LakeDatabase(Database):
                     continue
                 con.execute(f"DROP TABLE {t}")
                 con.execute(f"CREATE VIEW {t} AS {NODES_SQL.format(src=src) if t == 'nodes' else src}")
-            # no rollup in a lake: every GPU sample's range is "pending", so gpu_5m reads samples
+            # no rollup in a lake: every rolled row's range is "pending", so the rollup views
+            # (gpu_5m, steps_5m, ...) aggregate the rows
             con.execute("DROP TABLE rollup_dirty")
-            con.execute("CREATE VIEW rollup_dirty AS SELECT node, min(ts) AS lo, max(ts) AS hi "
-                        "FROM gpu_samples GROUP BY node")
+            con.execute("CREATE VIEW rollup_dirty AS " + " UNION ALL ".join(
+                f"SELECT node, min(ts) AS lo, max(ts) AS hi, '{t}' AS src FROM {t} GROUP BY node"
+                for t in rollup.SOURCES))
             views.apply(con)
             if closed:
                 loc = self.lake.location

@@ -105,8 +105,9 @@ def build(db: Path, nodes: int, gpus: int, hours: float, every: int) -> int:
     from cmdare.collector import rollup
 
     t = time.perf_counter()
-    con.execute("INSERT INTO rollup_dirty SELECT node, min(ts), max(ts) FROM gpu_samples GROUP BY node")
-    rolled = rollup.run(con)
+    for src in rollup.SOURCES:
+        con.execute(f"INSERT INTO rollup_dirty (node, lo, hi, src) SELECT node, min(ts), max(ts), '{src}' FROM {src} GROUP BY node")
+    rolled = sum(rollup.run(con).values())
     print(f"  rollup: {rolled:,} rows in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     con.execute("CHECKPOINT")
     n = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]

@@ -51,7 +51,8 @@ def generate(path: Path, nodes: int, gpus: int, hours: int, interval: int) -> dt
     con.execute(f"""INSERT INTO gpu_events (id, ts, node, job, "index", uuid, kind, count, xid)
         SELECT 'x' || n, $t0::TIMESTAMP + INTERVAL 1 HOUR, 'node-' || n, 'job-' || (n // 8), 0, 'GPU-' || n || '-0',
                'xid', 1, 79 FROM range(0, {nodes}, 63) r(n)""", {"t0": t0})
-    con.execute("INSERT INTO rollup_dirty SELECT node, min(ts), max(ts) FROM gpu_samples GROUP BY node")
+    for src in rollup.SOURCES:
+        con.execute(f"INSERT INTO rollup_dirty (node, lo, hi, src) SELECT node, min(ts), max(ts), '{src}' FROM {src} GROUP BY node")
     con.close()
     return t0
 
@@ -85,7 +86,7 @@ def main() -> None:
               f"in {time.perf_counter() - t:.1f} s; file {db.stat().st_size / 2**30:.2f} GiB")
         con = connect(db)
         t = time.perf_counter()
-        n = rollup.run(con)
+        n = sum(rollup.run(con).values())
         print(f"5-minute rollups built: {n:,} rows in {time.perf_counter() - t:.1f} s (once; then every minute, "
               "for what arrived)")
         svc = Service(con, db, HttpConfig("127.0.0.1", 0))

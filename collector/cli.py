@@ -15,6 +15,7 @@ from cmdare.wire.kafka import client_logging, parse_kafka_security, parse_kafka_
 from cmdare.wire.units import ConfigError, parse_duration, parse_size
 
 from .consumer import KafkaIngest, SpoolIngest, Totals
+from .writer import Retention
 from .db import DatabaseError, connect
 
 DB_HELP = "DuckDB database file (default: $CMDARE_DB, else ./cmdare.duckdb)"
@@ -210,6 +211,32 @@ def _lake_options(f):
     return click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", help=LAKE_HELP)(f)
 
 
+def _retention_options(f):
+    f = click.option("--retain-rollups", default="400d", show_default=True,
+                     help="delete 1- and 5-minute rollup rows this much older than the newest (off: keep all)")(f)
+    return click.option("--retain-raw", default="7d", show_default=True,
+                        help="delete raw GPU / host / TPU samples this much older than the newest, once rolled up "
+                             "(off: keep all; a lake: cmdare-collector maintain)")(f)
+
+
+def _retention(ctx: click.Context, lake: str | None, retain_raw: str, retain_rollups: str) -> Retention:
+    """The --retain-* options (ConfigError when bad or given with --lake)."""
+    if lake:
+        for name in ("retain_raw", "retain_rollups"):
+            if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+                raise ConfigError(f"--{name.replace('_', '-')}: a lake's retention is cmdare-collector maintain's")
+
+    def keep(flag: str, text: str) -> float | None:
+        if text.strip().lower() == "off":
+            return None
+        v = parse_duration(flag, text)
+        if v < 300:
+            raise ConfigError(f"{flag}: {text[:20]!r} is under 5 minutes (the rollups' window); 'off' keeps all")
+        return v
+
+    return Retention(keep("--retain-raw", retain_raw), keep("--retain-rollups", retain_rollups))
+
+
 def _open(db: str):
     try:
         return connect(db)
@@ -255,6 +282,7 @@ def cli() -> None:
 )
 @click.option("--progress-every", default="10s", show_default=True, help="how often to print progress")
 @_skew_option
+@_retention_options
 @_lake_options
 @_kafka_security_options
 @_http_options
@@ -270,6 +298,8 @@ def kafka(
     idle_exit: str | None,
     progress_every: str,
     max_clock_skew: str,
+    retain_raw: str,
+    retain_rollups: str,
     lake: str | None,
     catalog: str | None,
     commit_every: str,
@@ -328,6 +358,7 @@ def kafka(
         ie = parse_duration("--idle-exit", idle_exit) if idle_exit else None
         pe = parse_duration("--progress-every", progress_every)
         skew = _max_skew(max_clock_skew)
+        keep = _retention(ctx, lake, retain_raw, retain_rollups)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     if lake:
@@ -343,7 +374,7 @@ def kafka(
     except click.UsageError:
         con.close()
         raise
-    ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe, max_skew=skew)
+    ing = KafkaIngest(con, u, group, bb, mw, progress=_progress, progress_every=pe, max_skew=skew, retention=keep)
     if al:
         ing.totals.on_batch = al.on_batch
         al.caught_up = lambda: ing.totals.caught_up_at
@@ -388,12 +419,13 @@ def kafka(
 @click.option("--follow", is_flag=True, help="keep loading new events until stopped")
 @click.option("--interval", default="1s", show_default=True, help="with --follow: how often to look")
 @_skew_option
+@_retention_options
 @_lake_options
 @_http_options
 @_alert_options
 @click.pass_context
 def spool(ctx: click.Context, directory: Path, db: str, follow: bool, interval: str, max_clock_skew: str,
-          lake: str | None, catalog: str | None, commit_every: str, http: str,
+          retain_raw: str, retain_rollups: str, lake: str | None, catalog: str | None, commit_every: str, http: str,
           http_token_file: str | None, http_tls_cert: str | None, http_tls_key: str | None, ui_url: str | None,
           rules: tuple[str, ...], inhibit_window: str, alertmanagers: tuple[str, ...],
           alert_webhooks: tuple[str, ...], alert_kafka: tuple[str, ...], alert_resend: str,
@@ -411,6 +443,7 @@ def spool(ctx: click.Context, directory: Path, db: str, follow: bool, interval: 
     try:
         iv = parse_duration("--interval", interval)
         skew = _max_skew(max_clock_skew)
+        keep = _retention(ctx, lake, retain_raw, retain_rollups)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     hc = _http_config(http, http_token_file, http_tls_cert, http_tls_key, ui_url) if follow else None
@@ -430,7 +463,7 @@ def spool(ctx: click.Context, directory: Path, db: str, follow: bool, interval: 
     except click.UsageError:
         con.close()
         raise
-    ing = SpoolIngest(con, directory, progress=_progress, max_skew=skew)
+    ing = SpoolIngest(con, directory, progress=_progress, max_skew=skew, retention=keep)
     if al:
         ing.totals.on_batch = al.on_batch
         al.caught_up = lambda: ing.totals.caught_up_at

@@ -27,7 +27,7 @@ from cmdare.wire.kafka import KafkaURL
 from cmdare.wire.spool import Position, read_lines, write_cursor
 
 from .retry import StorageRetry, storage_problem  # noqa: F401  (storage_problem: its home before)
-from .writer import Batch, Writer, WriteResult
+from .writer import Batch, Retention, Writer, WriteResult
 
 log = logging.getLogger("cmdare.collector")
 _MAX_POLL = 256  # records per poll at most
@@ -109,8 +109,9 @@ class KafkaIngest:
         progress_every: float = 10.0,
         consumer_options: dict[str, Any] | None = None,
         max_skew: float | None = DEFAULT_MAX_SKEW,
+        retention: Retention | None = None,
     ) -> None:
-        self.writer = Writer(con, max_skew)
+        self.writer = Writer(con, max_skew, retention=retention)
         self.url, self.group = url, group
         self.batch_bytes, self.max_wait = batch_bytes, max_wait
         self.progress, self.progress_every = progress, progress_every
@@ -496,8 +497,9 @@ class SpoolIngest:
         progress: Progress | None = None,
         progress_every: float = 10.0,
         max_skew: float | None = DEFAULT_MAX_SKEW,
+        retention: Retention | None = None,
     ) -> None:
-        self.con, self.writer = con, Writer(con, max_skew)
+        self.con, self.writer = con, Writer(con, max_skew, retention=retention)
         self.following = False
         self.dir = Path(directory).resolve()
         self.source = f"spool:{self.dir}"

@@ -51,6 +51,8 @@ import pyarrow as pa
 
 from cmdare.wire.registry import TABLES
 
+from . import rollup
+
 log = logging.getLogger("cmdare.collector")
 
 NAMESPACE = "cmdare"
@@ -63,7 +65,7 @@ APPENDED = (*EVENT_TABLES, "nodes")
 # written by analyze, replaced whole (small)
 DERIVED = ("findings", "model_fits", "alerts", "alert_rules", "checkpoint_records", "startup_records")
 # single-file bookkeeping with no lake counterpart
-LOCAL_ONLY = ("ingest_positions", "rollup_dirty", "gpu_rollup_5m", "schema_migrations")
+LOCAL_ONLY = ("ingest_positions", "rollup_dirty", "rollup_horizon", *rollup.TABLES, "schema_migrations")
 # how one stored row is recognised when a round overlaps what a table holds (nodes rows
 # are partial aggregates: storing one twice changes nothing a reader computes)
 IDENTITY: dict[str, tuple[str, ...]] = {"dead_letters": ("origin", "line"), "nodes": ()}

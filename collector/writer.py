@@ -44,7 +44,17 @@ __all__ = ["RAW_CAP", "Batch", "WriteResult", "Writer"]
 RAW_CAP = dead_letters.RAW_CAP
 log = logging.getLogger("cmdare.collector")
 ROLLUP_EVERY = 60.0  # seconds between rollup runs while ingesting
-ROLLED = "gpu_samples"  # the table whose writes mark rollup ranges pending
+RETAIN_EVERY = 3600.0  # seconds between retention runs while ingesting
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long raw samples and rollup rows are kept (seconds before the newest row of
+    their table; None: for ever), applied every ``every`` seconds (collector/rollup.py)."""
+
+    raw: float | None = 7 * 86400.0
+    rollups: float | None = 400 * 86400.0
+    every: float = RETAIN_EVERY
 
 
 @dataclass
@@ -81,8 +91,10 @@ class Writer:
     past runs, where old timestamps are the point)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, max_skew: float | None = None,
-                 rollup_every: float | None = ROLLUP_EVERY) -> None:
+                 rollup_every: float | None = ROLLUP_EVERY, retention: Retention | None = None) -> None:
         self.con = con
+        self.retention = retention  # None: nothing is deleted
+        self._retained_at: float | None = None  # the first batch runs it
         self.max_skew = max_skew
         # rollups (collector/rollup.py) brought up to date at most this often, between
         # batches (None: only by rollup()); reads are exact whatever their lag
@@ -138,14 +150,33 @@ class Writer:
             s.drop(con)
         if self.rollup_every is not None and time.monotonic() - self._rolled_at >= self.rollup_every:
             self.rollup()
+        r = self.retention
+        if r is not None and (self._retained_at is None or time.monotonic() - self._retained_at >= r.every):
+            self.retain()
         return res
+
+    def retain(self) -> dict[str, int]:
+        """Apply the retention now (rollups first; a failure is logged and retried at the
+        next run); rows deleted per table."""
+        self._retained_at = time.monotonic()
+        r = self.retention
+        if r is None:
+            return {}
+        try:
+            out = rollup.retain(self.con, r.raw, r.rollups)
+        except duckdb.Error as e:
+            log.warning("retention: %s (retried at the next run)", str(e).splitlines()[0][:200])
+            return {}
+        if out:
+            log.info("retention: deleted %s", ", ".join(f"{n:,} {t}" for t, n in sorted(out.items())))
+        return out
 
     def rollup(self) -> int:
         """Bring the rollups up to date now (a failure is logged and retried at the next
-        run: the samples are stored, and reads stay exact meanwhile)."""
+        run: the samples are stored, and reads stay exact meanwhile); rollup rows written."""
         self._rolled_at = time.monotonic()
         try:
-            return rollup.run(self.con)
+            return sum(rollup.run(self.con).values())
         except duckdb.Error as e:
             log.warning("rollup: %s (retried at the next run)", str(e).splitlines()[0][:200])
             return 0
@@ -209,8 +240,9 @@ class Writer:
         if not clean or repeats or self._skewed(lo, hi):
             return None  # the checked path finds each row's reason (or skew)
         (inserted,) = con.execute(insert, [lo, hi]).fetchone()
-        if inserted and TABLES[type_] == ROLLED:
-            con.execute(rollup.dirty_sql(f"_cf_{type_}", "make_timestamp(TRY_CAST(round(ts * 1e6) AS BIGINT))"))
+        if inserted and TABLES[type_] in rollup.SOURCES:
+            con.execute(rollup.dirty_sql(TABLES[type_], f"_cf_{type_}",
+                                         "make_timestamp(TRY_CAST(round(ts * 1e6) AS BIGINT))"))
         return inserted, n
 
     # -- 3. store -----------------------------------------------------------------------------
@@ -284,8 +316,8 @@ class Writer:
                 SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""",
             [lo, hi],
         ).fetchone()
-        if inserted and table == ROLLED:
-            self.con.execute(rollup.dirty_sql(src, where="reason IS NULL"))
+        if inserted and table in rollup.SOURCES:
+            self.con.execute(rollup.dirty_sql(table, src, where="reason IS NULL"))
         return inserted
 
     def _skewed(self, lo: dt.datetime | None, hi: dt.datetime | None) -> bool:

@@ -57,10 +57,10 @@ def test_json_rows_and_column_blocks_all_mark_their_range_and_the_rollup_equals_
     assert pending == {"a": 1, "b": 1, "c": 1}
     raw = con.execute(RAW).fetchall()
     assert rolled(con, "gpu_5m") == raw  # exact before any run: the samples stand in
-    assert rollup.run(con) == len(raw) == 3 * 2 * 2  # 3 nodes x 2 GPUs x 2 buckets (15:05, 15:10)
+    assert rollup.run(con)["gpu_rollup_5m"] == len(raw) == 3 * 2 * 2  # 3 nodes x 2 GPUs x 2 buckets (15:05, 15:10)
     assert rolled(con, "gpu_rollup_5m") == raw and rolled(con, "gpu_5m") == raw
     assert con.execute("SELECT count(*) FROM rollup_dirty").fetchone() == (0,)
-    assert rollup.run(con) == 0  # nothing pending, nothing rewritten
+    assert rollup.run(con) == {}  # nothing pending, nothing rewritten
     c = con.execute("SELECT sum(throttled), sum(throttle_samples) FROM gpu_rollup_5m WHERE node = 'c'").fetchone()
     assert c == (80, 80)
 
@@ -116,7 +116,7 @@ def test_pending_ranges_survive_a_crash_between_a_write_and_its_rollup(tmp_path:
     con.close()  # the process ends before any rollup ran
     con = connect(db)
     assert con.execute("SELECT count(*) FROM rollup_dirty").fetchone() == (1,)
-    assert rollup.run(con) > 0 and rolled(con, "gpu_rollup_5m") == con.execute(RAW).fetchall()
+    assert rollup.run(con)["gpu_rollup_5m"] > 0 and rolled(con, "gpu_rollup_5m") == con.execute(RAW).fetchall()
     con.close()
 
 
@@ -124,15 +124,17 @@ def test_a_database_from_before_the_rollups_is_rolled_up_from_its_samples(tmp_pa
     db = tmp_path / "old.duckdb"
     con = connect(db)
     Writer(con, rollup_every=None).write([("m", lines("a", T0, 30))])
-    # as migration 012 left it: no rollup tables, no pending ranges (015 adds to the rollup)
-    con.execute("DROP VIEW gpu_5m")
-    con.execute("DROP TABLE gpu_rollup_5m")
+    # as migration 012 left it: no rollup tables, no pending ranges (015, 016 add to them)
+    for r in rollup.ROLLUPS:
+        con.execute(f"DROP VIEW {r.view}")
+        con.execute(f"DROP TABLE {r.table}")
     con.execute("DROP TABLE rollup_dirty")
-    con.execute("DELETE FROM schema_migrations WHERE version IN (13, 15)")
+    con.execute("DROP TABLE rollup_horizon")
+    con.execute("DELETE FROM schema_migrations WHERE version IN (13, 15, 16)")
     con.close()
     con = connect(db)  # migration 013 marks every node's samples pending
     assert rolled(con, "gpu_5m") == con.execute(RAW).fetchall()
-    assert rollup.run(con) == 2 * 2 and rolled(con, "gpu_rollup_5m") == con.execute(RAW).fetchall()  # 2 GPUs x 2 buckets
+    assert rollup.run(con)["gpu_rollup_5m"] == 2 * 2 and rolled(con, "gpu_rollup_5m") == con.execute(RAW).fetchall()  # 2 GPUs x 2 buckets
     con.close()
 
 
@@ -157,9 +159,9 @@ def test_the_detectors_gpu_buckets_from_the_rollup_equal_those_from_the_samples(
     w = Writer(con, max_skew=None, rollup_every=None)
     w.write([("m", lines("a", T0, 180, every=9.7, throttle=0x4) + lines("b", T0 + 3, 150, every=11.3, util=0.2))])
     w.write([("m", lines("a", T0 + 5, 20, every=31.0, throttle=0x1))])  # late samples into rolled buckets
-    assert rollup.run(con) > 0
+    assert rollup.run(con)["gpu_rollup_5m"] > 0
     con.execute("INSERT INTO rollup_dirty VALUES ('b', to_timestamp(1.75e9 + 400)::TIMESTAMP, "
-                "to_timestamp(1.75e9 + 500)::TIMESTAMP)")  # a range pending again: read from samples
+                "to_timestamp(1.75e9 + 500)::TIMESTAMP, 'gpu_samples')")  # a range pending again: read from samples
 
     def at(x: float | None) -> dt.datetime | None:
         return None if x is None else dt.datetime.fromtimestamp(x, dt.timezone.utc).replace(tzinfo=None)

@@ -1,0 +1,214 @@
+"""The 1-minute and 5-minute rollups per GPU, per host and per (job, rank) (collector/rollup.py):
+each equals the same aggregation over every raw row, before a run (the views), after it
+(the tables) and after late rows, re-deliveries and a rank moving node; retention deletes
+raw samples only behind their rollups and never changes a rollup row it cannot rebuild."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from cmdare.collector import rollup
+from cmdare.collector.db import connect
+from cmdare.collector.writer import Writer
+from cmdare.wire.columns import encode
+from cmdare.wire.events import EventFactory
+
+T0 = 1.75e9 + 17  # not on a minute boundary
+
+
+def gpu(node: str, start: float, n: int, every: float = 10.0, rows: bool = False) -> bytes:
+    f = EventFactory(node, "worker", "job-1", {}, rows=rows)
+    return b"".join(
+        f.line("gpu", {"index": g, "uuid": f"GPU-{node}-{g}", "name": "A100", "util_gpu_ratio": (i * 7 % 10) / 10,
+                       "temp_celsius": 50.0 + i % 9, "power_watts": 200.0 + g + i % 3,
+                       "throttle_mask": 4 if i % 5 == 0 else 1 if i % 7 == 0 else 0,
+                       "mem_used_bytes": (1 << 30) + 4096 * i + g}, start + every * i)
+        for i in range(n) for g in range(2))
+
+
+def host(node: str, start: float, n: int, every: float = 10.0, rows: bool = False) -> bytes:
+    f = EventFactory(node, "worker", "job-1", {}, rows=rows)
+    return b"".join(
+        f.line("host", {"cpu_util_ratio": (i * 3 % 11) / 10, "load1": 1.0 + i % 4, "mem_total_bytes": 1 << 34,
+                        "mem_used_bytes": (1 << 32) + 1000 * i}, start + every * i)
+        for i in range(n))
+
+
+def steps(node: str, rank: int, start: float, n: int, every: float = 10.0, slow: float = 1.0,
+          rows: bool = False, job: str = "job-1") -> bytes:
+    f = EventFactory(node, "worker", job, {}, rows=rows)
+    out = []
+    for i in range(n):
+        k = 0 if i % 11 == 3 else 5 + i % 3  # some intervals without a step
+        t = (0.2 + 0.01 * (i % 6)) * slow
+        out.append(f.line("train_steps", {
+            "run": "r1", "rank": rank, "interval_seconds": every, "steps": k, "first_step": 10 * i,
+            "last_step": 10 * i + k, "examples": 32.0 * k, "step_mean_seconds": t if k else None,
+            "wait_mean_seconds": (0.02 * (i % 4)) if k and i % 6 else None,
+            "steps_per_second": (k / (t * k)) if k and i % 2 else None}, start + every * i))
+    return b"".join(out)
+
+
+def raw(con: duckdb.DuckDBPyConnection, r: rollup.Rollup) -> list[tuple]:
+    return norm(con.execute(f"{r.from_raw()} GROUP BY ALL").fetchall())
+
+
+def norm(rows: list[tuple]) -> list[tuple]:
+    """Sorted, floats to 9 significant digits (sums of partial sums differ in the last bits)."""
+    def v(x: object) -> object:
+        if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x):
+            return float(f"{x:.9g}")  # a sum of integers is an integer raw, a DOUBLE rolled
+        return x
+    return sorted((tuple(v(x) for x in row) for row in rows), key=repr)
+
+
+def cols(con: duckdb.DuckDBPyConnection, r: rollup.Rollup, source: str) -> list[tuple]:
+    names = ", ".join(f'"{c}"' for c in ("bucket", *(k for k, _ in r.key), *(c for c, *_ in r.columns)))
+    return norm(con.execute(f"SELECT {names} FROM {source}").fetchall())
+
+
+def check_all(con: duckdb.DuckDBPyConnection, tables: bool) -> None:
+    for r in rollup.ROLLUPS:
+        want = raw(con, r)
+        assert want, r.view
+        assert cols(con, r, r.view) == want, r.view
+        if tables:
+            assert cols(con, r, r.table) == want, r.table
+
+
+@pytest.fixture()
+def con(tmp_path: Path):
+    c = connect(tmp_path / "w.duckdb")
+    yield c
+    c.close()
+
+
+def test_every_rollup_equals_the_raw_rows_on_every_write_path_late_rows_and_redelivery(con) -> None:
+    w = Writer(con, max_skew=None, rollup_every=None)
+    first = gpu("a", T0, 50) + host("a", T0, 50) + steps("a", 0, T0, 50)
+    w.write([("j", first)])  # JSON lines
+    w.write([("r", gpu("b", T0 + 5, 50, rows=True) + host("b", T0 + 5, 50, rows=True)
+              + steps("b", 1, T0 + 5, 50, slow=2.0, rows=True))])  # row lines
+    w.write([("c", encode(gpu("c", T0 + 7, 50, rows=True) + host("c", T0 + 7, 50, rows=True)
+                          + steps("c", 2, T0 + 7, 50, rows=True)))])  # column blocks
+    pending = {s for (s,) in con.execute("SELECT DISTINCT src FROM rollup_dirty").fetchall()}
+    assert pending == {"gpu_samples", "host_samples", "steps"}
+    check_all(con, tables=False)  # exact before any run
+    written = rollup.run(con)
+    assert set(written) == set(rollup.TABLES) and all(written.values())
+    check_all(con, tables=True)
+    assert con.execute("SELECT count(*) FROM rollup_dirty").fetchone() == (0,)
+    # late rows into rolled buckets, and the same events again (stored once, nothing pending)
+    assert w.write([("j", first)]).inserted == 0
+    assert con.execute("SELECT count(*) FROM rollup_dirty").fetchone() == (0,)
+    w.write([("late", gpu("a", T0 + 3, 4, every=37) + host("c", T0 + 2, 3, every=71) + steps("a", 0, T0 + 1, 3, every=97))])
+    check_all(con, tables=False)
+    rollup.run(con)
+    check_all(con, tables=True)
+
+
+def test_a_rank_that_moves_node_inside_a_bucket_has_a_row_per_node_and_the_medians_stay_exact(con) -> None:
+    w = Writer(con, max_skew=None, rollup_every=None)
+    w.write([("m", steps("a", 3, T0, 12) + steps("b", 3, T0 + 125, 12, slow=3.0))])  # rank 3 restarted on b
+    rollup.run(con)
+    check_all_steps = [r for r in rollup.ROLLUPS if r.source == "steps"]
+    for r in check_all_steps:
+        assert cols(con, r, r.table) == raw(con, r)
+    nodes = con.execute("SELECT count(DISTINCT node) FROM step_rollup_5m WHERE rank = 3").fetchone()
+    assert nodes == (2,)
+
+
+def test_five_minute_rows_combined_from_minutes_equal_those_from_the_raw_rows(con) -> None:
+    """gpu_5m and host_5m are built from the 1-minute rows: a wrong combining aggregate (a
+    sum of maxima, a count of counts) differs from the raw aggregation."""
+    w = Writer(con, max_skew=None, rollup_every=None)
+    w.write([("m", gpu("a", T0, 90, every=7.3) + host("a", T0, 90, every=7.3))])
+    rollup.run(con)
+    for view in ("gpu_5m", "host_5m"):
+        r = rollup.BY_VIEW[view]
+        assert r.finer is not None
+        assert cols(con, r, r.table) == raw(con, r)
+
+
+def at(x: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(x, dt.timezone.utc).replace(tzinfo=None)
+
+
+def test_retention_deletes_raw_samples_behind_their_rollups_and_keeps_the_rollup_rows(con) -> None:
+    w = Writer(con, max_skew=None, rollup_every=None)
+    w.write([("m", gpu("a", T0, 180) + host("a", T0, 180) + steps("a", 0, T0, 180))])  # 30 minutes
+    before = {r.table: cols(con, r, r.view) for r in rollup.ROLLUPS}  # nothing rolled yet: views from raw
+    newest = con.execute("SELECT max(ts) FROM gpu_samples").fetchone()[0]
+    out = rollup.retain(con, 900, None)  # keep the last 15 minutes (whole 5-minute windows)
+    floor = rollup._floor(newest - dt.timedelta(seconds=900))
+    assert at(T0 + 600) < floor < at(T0 + 1200)
+    assert out["gpu_samples"] > 0 and out["host_samples"] > 0
+    assert con.execute("SELECT count(*) FROM gpu_samples WHERE ts < ?", [floor]).fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM gpu_samples WHERE ts >= ?", [floor]).fetchone()[0] > 0
+    assert con.execute("SELECT count(*) FROM steps WHERE ts < ?", [floor]).fetchone()[0] > 0  # steps are kept
+    for r in rollup.ROLLUPS:  # every rollup row is still there, the same
+        assert cols(con, r, r.table) == before[r.table], r.table
+        assert cols(con, r, r.view) == before[r.table], r.view
+    # a late sample before the horizon: stored, but its (already rolled) bucket is not rebuilt
+    # from the few raw rows left; after the horizon: rebuilt as usual
+    w.write([("late", gpu("a", T0 + 1, 1) + gpu("a", T0 + 1201, 1))])
+    g5 = rollup.BY_VIEW["gpu_5m"]
+    old = [row for row in before["gpu_rollup_5m"] if row[0] < floor]
+    assert [row for row in cols(con, g5, "gpu_5m") if row[0] < floor] == old
+    rollup.run(con)
+    assert [row for row in cols(con, g5, g5.table) if row[0] < floor] == old
+    newer = [row for row in cols(con, g5, g5.table) if row[0] >= floor]
+    assert newer == [row for row in raw(con, g5) if row[0] >= floor]
+    # rollups past their own retention go, whole buckets only
+    newest = con.execute("SELECT max(bucket) FROM gpu_rollup_5m").fetchone()[0]
+    out = rollup.retain(con, None, 1500)
+    assert out["gpu_rollup_5m"] > 0
+    assert con.execute("SELECT min(bucket) FROM gpu_rollup_5m").fetchone() == (newest - dt.timedelta(seconds=1500),)
+
+
+def test_retention_rolls_up_what_is_pending_before_deleting(con) -> None:
+    """A deliberate retain() that skips run() would drop samples no rollup row holds."""
+    w = Writer(con, max_skew=None, rollup_every=None)
+    w.write([("m", gpu("a", T0, 120))])
+    want = raw(con, rollup.BY_VIEW["gpu_5m"])
+    rollup.retain(con, 0, None)  # every sample before the newest one's 5-minute window
+    left = con.execute("SELECT count(*), min(ts) FROM gpu_samples").fetchone()
+    assert 0 < left[0] < 240 and left[1] >= rollup._floor(at(T0 + 1190))  # only the newest window's
+    con.execute("DELETE FROM gpu_samples")
+    assert cols(con, rollup.BY_VIEW["gpu_5m"], "gpu_5m") == want
+    assert con.execute("SELECT count(*) FROM rollup_dirty").fetchone() == (0,)
+
+
+def test_the_collector_keeps_raw_samples_for_retain_raw_and_their_rollups_stay(tmp_path: Path) -> None:
+    """``cmdare-collector spool --retain-raw 1h``: a 3-hour recording keeps its last hour of
+    samples (relative to the newest, not the clock: the recording is from 2025) and every
+    5-minute row; the default (7 days) deletes nothing of it; bad values are one line."""
+    from click.testing import CliRunner
+
+    from cmdare.collector.cli import cli as collector
+    from cmdare.wire.spool import seg_name
+
+    d = tmp_path / "spool"
+    d.mkdir()
+    (d / seg_name(1)).write_bytes(gpu("a", T0, 1080) + host("a", T0, 1080))  # 3 hours at 10 s
+    # 1 hour before the newest, down to 5 minutes: 360-390 ticks of 2 GPUs
+    for args, kept in ((["--retain-raw", "1h"], range(720, 781)), ([], range(2160, 2161))):
+        db = tmp_path / f"r{len(args)}.duckdb"
+        r = CliRunner().invoke(collector, ["spool", str(d), "--db", str(db), "--max-clock-skew", "off", *args])
+        assert r.exit_code == 0, r.output
+        con = connect(db)
+        n = con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]
+        assert n in kept, (args, n)
+        assert con.execute("SELECT sum(samples) FROM gpu_5m").fetchone() == (2160,)  # every sample, rolled
+        assert con.execute("SELECT sum(samples) FROM host_1m").fetchone() == (1080,)
+        con.close()
+    for bad, says in ((["--retain-raw", "1m"], "under 5 minutes"), (["--retain-rollups", "soon"], "--retain-rollups"),
+                      (["--retain-raw", "7d", "--lake", str(tmp_path / "lk")], "cmdare-collector maintain")):
+        r = CliRunner().invoke(collector, ["spool", str(d), "--db", str(tmp_path / "x.duckdb"), *bad])
+        assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "x.duckdb").exists()
