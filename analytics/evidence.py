@@ -3,14 +3,16 @@ temporary tables, so that a fleet-wide ``analyze bottlenecks`` scans each teleme
 once (bench/findings.py):
 
 - ``spans``: per job and node, when the job's steps came from it (the first interval's
-  start to the last step), its lowest rank and its step count.  A GPU or host sample
+  start to the last step), its lowest rank and its step count (from the ``steps_5m``
+  rollup likewise).  A GPU or host sample
   belongs to a job when it was taken on one of the job's nodes during that span;
 - ``gpu_buckets``: per GPU (node, index) and 5-minute bucket: samples, mean utilisation,
   mean memory used, samples with a throttle mask, throttled samples
   (``verdicts.throttled_sql``) and their reasons (the masks or-ed); read from the 5-minute
   rollup where the scope holds whole buckets (a pass over ``gpu_samples`` was most of a
   fleet-wide run's time: bench/findings.py), from the samples at the scope's edges;
-- ``host_buckets``: per node and bucket: mean CPU utilisation;
+- ``host_buckets``: per node and bucket: mean CPU utilisation (from the ``host_5m`` rollup
+  likewise);
 - ``job_gpus`` / ``job_hosts``: those buckets joined to the job spans they fall in.
 
 Temporary tables work on read-only connections too, and go with the connection.
@@ -49,19 +51,47 @@ def _time_where(scope: Scope, ts: str = "ts") -> tuple[str, list[Any]]:
     return Scope(None, scope.since, scope.until).where(ts=ts)
 
 
+def split(scope: Scope) -> tuple[str, str, dict[str, Any]]:
+    """The scope as (condition on a rollup's ``bucket``: the whole 5-minute buckets inside it,
+    condition on raw rows' ``ts``: the rows of the partial buckets at its edges, their named
+    parameters, the job's included): every row in scope is read once, from one side."""
+    step = dt.timedelta(seconds=BUCKET_SECONDS)
+    s, u = scope.since, scope.until
+    lo = None if s is None else (s if _bucket(s) == s else _bucket(s) + step)  # first whole bucket
+    hi = None if u is None else _bucket(u)  # whole buckets end before u's own
+    edge = ["false"]
+    if lo is not None:
+        edge.append("ts < $lo")
+    if hi is not None:
+        edge.append("ts >= $hi")
+    job = "($job IS NULL OR job = $job)"
+    return (f"($lo IS NULL OR bucket >= $lo) AND ($hi IS NULL OR bucket < $hi) AND {job}",
+            f"($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u) AND ({' OR '.join(edge)}) AND {job}",
+            {"lo": lo, "hi": hi, "s": s, "u": u, "job": scope.job})
+
+
+def has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether the database has the rollup view ``name`` (collector/rollup.py; a database
+    from before its migration reads the raw rows)."""
+    return bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal",
+                            [name]).fetchall()[0][0])
+
+
 def spans(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
-    """Temp table (job, node, rank, ranks, t0, t1, steps) of the jobs in scope."""
-    where, params = scope.where()
-    return _temp(
-        con,
-        scope,
-        "spans",
-        f"""SELECT job, node, min(coalesce(rank, 0)) AS rank, count(DISTINCT coalesce(rank, 0)) AS ranks,
-                  min(ts - to_microseconds(CAST(coalesce(interval_seconds, 0) * 1e6 AS BIGINT))) AS t0,
-                  max(ts) AS t1, sum(steps) AS steps
-           FROM steps WHERE job IS NOT NULL AND job <> '' AND {where} GROUP BY job, node""",
-        params,
-    )
+    """Temp table (job, node, rank, ranks, t0, t1, steps) of the jobs in scope (whole
+    5-minute buckets from the ``steps_5m`` rollup, the scope's edges from ``steps``)."""
+    raw = """SELECT job, node, coalesce(rank, 0) AS rank,
+                    ts - to_microseconds(CAST(coalesce(interval_seconds, 0) * 1e6 AS BIGINT)) AS t0, ts AS t1, steps
+             FROM steps WHERE job IS NOT NULL AND job <> '' AND {where}"""
+    agg = """SELECT job, node, min(rank) AS rank, count(DISTINCT rank) AS ranks, min(t0) AS t0, max(t1) AS t1,
+                    sum(steps) AS steps FROM ({rows}) GROUP BY job, node"""
+    if not has_view(con, "steps_5m"):
+        where, params = scope.where()
+        return _temp(con, scope, "spans", agg.format(rows=raw.format(where=where)), params)
+    whole, edge, params = split(scope)
+    rolled = f"""SELECT job, node, coalesce(rank, 0) AS rank, t0, last_ts AS t1, steps
+                 FROM steps_5m WHERE job IS NOT NULL AND job <> '' AND {whole}"""
+    return _temp(con, scope, "spans", agg.format(rows=f"{rolled} UNION ALL {raw.format(where=edge)}"), params)
 
 
 _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem, mask_n,
@@ -73,7 +103,7 @@ _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000
 # the same columns from the 5-minute rollup (collector/rollup.py keeps them)
 _ROLLED_GPU = """SELECT node, "index", bucket AS b, samples AS n, util_sum / nullif(util_samples, 0) AS util,
                   mem_sum / nullif(mem_samples, 0) AS mem, throttle_samples AS mask_n, throttled AS thr_n, thr_mask
-           FROM gpu_5m WHERE ($lo IS NULL OR bucket >= $lo) AND ($hi IS NULL OR bucket < $hi)"""
+           FROM gpu_5m WHERE {whole}"""
 
 
 def _bucket(t: dt.datetime) -> dt.datetime:
@@ -96,31 +126,45 @@ def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     if not rolled(con):
         where, params = _time_where(scope)
         return _temp(con, scope, "gpu_buckets", _RAW_GPU.format(thr=thr, where=where), params)
-    step = dt.timedelta(seconds=BUCKET_SECONDS)
-    s, u = scope.since, scope.until
-    lo = None if s is None else (s if _bucket(s) == s else _bucket(s) + step)  # first whole bucket
-    hi = None if u is None else _bucket(u)  # whole buckets end before u's own
-    edge = ["false"]
-    if lo is not None:
-        edge.append("ts < $lo")
-    if hi is not None:
-        edge.append("ts >= $hi")
-    raw = _RAW_GPU.format(thr=thr, where=f"($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u) AND ({' OR '.join(edge)})")
-    return _temp(con, scope, "gpu_buckets", f"{_ROLLED_GPU} UNION ALL {raw}",
-                 {"lo": lo, "hi": hi, "s": s, "u": u})
+    whole, edge, params = split(Scope(None, scope.since, scope.until))
+    raw = _RAW_GPU.format(thr=thr, where=edge)
+    return _temp(con, scope, "gpu_buckets", f"{_ROLLED_GPU.format(whole=whole)} UNION ALL {raw}", params)
 
 
 def host_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
-    where, params = _time_where(scope)
-    return _temp(
-        con,
-        scope,
-        "host_buckets",
-        f"""SELECT node, time_bucket(INTERVAL {BUCKET_SECONDS} SECOND, ts) AS b, count(*) AS n,
-                  avg(cpu_util_ratio) AS cpu
-           FROM host_samples WHERE {where} GROUP BY ALL""",
-        params,
-    )
+    """Temp table (node, b, n, cpu) per node and 5-minute bucket (whole buckets from the
+    ``host_5m`` rollup, the scope's edges from ``host_samples``)."""
+    raw = f"""SELECT node, time_bucket(INTERVAL {BUCKET_SECONDS} SECOND, ts) AS b, count(*) AS n,
+                     avg(cpu_util_ratio) AS cpu
+              FROM host_samples WHERE {{where}} GROUP BY ALL"""
+    if not has_view(con, "host_5m"):
+        where, params = _time_where(scope)
+        return _temp(con, scope, "host_buckets", raw.format(where=where), params)
+    whole, edge, params = split(Scope(None, scope.since, scope.until))
+    rolled = f"SELECT node, bucket AS b, samples AS n, cpu_sum / nullif(cpu_samples, 0) AS cpu FROM host_5m WHERE {whole}"
+    return _temp(con, scope, "host_buckets", f"{rolled} UNION ALL {raw.format(where=edge)}", params)
+
+
+def job_steps(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[tuple]:
+    """Per job in scope: (job, steps, input wait / step time over the intervals that report
+    a wait, intervals reporting one, first and last record time), ordered by job; whole
+    buckets from the ``steps_5m`` rollup, the scope's edges from ``steps``."""
+    raw = """SELECT job, sum(steps) AS steps, sum(wait_mean_seconds * steps) AS ww,
+                    sum(step_mean_seconds * steps) FILTER (wait_mean_seconds IS NOT NULL) AS sw,
+                    count(wait_mean_seconds) AS wn, min(ts) AS t0, max(ts) AS t1
+             FROM steps WHERE job IS NOT NULL AND job <> '' AND {where} GROUP BY job"""
+    if has_view(con, "steps_5m"):
+        whole, edge, params = split(scope)
+        rows = f"""SELECT job, sum(steps) AS steps, sum(wait_weighted) AS ww, sum(step_weighted_waited) AS sw,
+                          sum(wait_records) AS wn, min(first_ts) AS t0, max(last_ts) AS t1
+                   FROM steps_5m WHERE job IS NOT NULL AND job <> '' AND {whole} GROUP BY job
+                   UNION ALL {raw.format(where=edge)}"""
+    else:
+        where, params = scope.where()
+        rows = raw.format(where=where)
+    return con.execute(
+        f"""SELECT job, sum(steps), sum(ww) / nullif(sum(sw), 0), sum(wn), min(t0), max(t1)
+            FROM ({rows}) GROUP BY job ORDER BY job""", params).fetchall()
 
 
 def _join(con: duckdb.DuckDBPyConnection, scope: Scope, key: str, buckets: str) -> str:

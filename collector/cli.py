@@ -15,8 +15,8 @@ from cmdare.wire.kafka import client_logging, parse_kafka_security, parse_kafka_
 from cmdare.wire.units import ConfigError, parse_duration, parse_size
 
 from .consumer import KafkaIngest, SpoolIngest, Totals
-from .writer import Retention
 from .db import DatabaseError, connect
+from .writer import Retention
 
 DB_HELP = "DuckDB database file (default: $CMDARE_DB, else ./cmdare.duckdb)"
 SKEW_HELP = (

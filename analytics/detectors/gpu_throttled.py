@@ -108,14 +108,24 @@ class GpuThrottled(Detector):
         """(job, node) -> the node's step time in buckets mostly throttled over those mostly
         not; without unthrottled time, over the job's other nodes' step time.  One statement
         for every flagged node (a statement each cost ~5 ms, and more under ingest)."""
-        where, params = scope.where()
+        raw = f"""SELECT job, node, time_bucket(INTERVAL {BUCKET_SECONDS} SECOND, ts) AS b,
+                         sum(coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps)) AS span,
+                         sum(steps) AS steps
+                  FROM steps WHERE job IN (SELECT job FROM t) AND steps > 0 AND {{where}} GROUP BY ALL"""
+        if evidence.has_view(con, "steps_5m"):  # whole buckets from the rollup, the scope's edges raw
+            whole, edge, params = evidence.split(scope)
+            per = f"""SELECT job, node, bucket AS b, sum(span_seconds) AS span, sum(stepping_steps) AS steps
+                      FROM steps_5m WHERE job IN (SELECT job FROM t) AND stepping_records > 0 AND {whole} GROUP BY ALL
+                      UNION ALL {raw.format(where=edge)}"""
+            params = {**params, "jobs": [j for j, _ in targets], "nodes": [n for _, n in targets]}
+        else:
+            where, plist = scope.where()
+            per = raw.format(where=where)
+            params = None  # positional: below
         rows = con.execute(
-            f"""WITH t AS (SELECT unnest(?) AS job, unnest(?) AS node),
-                st AS (
-                    SELECT job, node, time_bucket(INTERVAL {BUCKET_SECONDS} SECOND, ts) AS b,
-                           sum(coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps)) AS span,
-                           sum(steps) AS steps
-                    FROM steps WHERE job IN (SELECT job FROM t) AND steps > 0 AND {where} GROUP BY ALL),
+            f"""WITH t AS (SELECT unnest({'$jobs' if params is not None else '?'}) AS job,
+                                  unnest({'$nodes' if params is not None else '?'}) AS node),
+                st AS (SELECT job, node, b, sum(span) AS span, sum(steps) AS steps FROM ({per}) GROUP BY ALL),
                 th AS (SELECT job, node, b, sum(thr_n) / nullif(sum(mask_n), 0) AS share FROM {g}
                        WHERE (job, node) IN (SELECT (job, node) FROM t) GROUP BY ALL)
                 SELECT t.job, t.node,
@@ -128,7 +138,7 @@ class GpuThrottled(Detector):
                 FROM t JOIN st ON st.job = t.job
                 LEFT JOIN th ON th.job = t.job AND th.node = t.node AND th.b = st.b
                 GROUP BY t.job, t.node""",
-            [[j for j, _ in targets], [n for _, n in targets], *params],
+            params if params is not None else [[j for j, _ in targets], [n for _, n in targets], *plist],
         ).fetchall()
         out: dict[tuple[str, str], tuple[float | None, str | None]] = {}
         for job, node, thr, ok, peers, mine in rows:

@@ -23,14 +23,7 @@ class InputBound(Detector):
 
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
         o = self.options
-        where, params = scope.where()
-        rows = con.execute(
-            f"""SELECT job, sum(steps), sum(wait_mean_seconds * steps) / nullif(sum(step_mean_seconds * steps)
-                       FILTER (wait_mean_seconds IS NOT NULL), 0),
-                       count(wait_mean_seconds), min(ts), max(ts)
-                FROM steps WHERE job IS NOT NULL AND job <> '' AND {where} GROUP BY job ORDER BY job""",
-            params,
-        ).fetchall()
+        rows = evidence.job_steps(con, scope)
         gpu: dict[str, float] = {}
         cpu: dict[str, float] = {}
         if evidence.has_rows(con, "gpu_samples"):

@@ -29,9 +29,8 @@ class Straggler(Detector):
 
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
         o = self.options
-        where, params = scope.where()
         win = max(1, int(o["window"]))
-        rows = self._query(con, where, params, win)
+        rows = self._query(con, scope, win)
         if not rows:
             return []
         hw = evidence.node_hardware(con, scope)
@@ -88,16 +87,36 @@ class Straggler(Detector):
             )
         return out
 
-    def _query(self, con: duckdb.DuckDBPyConnection, where: str, params: list, win: int) -> list[tuple]:
+    def _windows(self, con: duckdb.DuckDBPyConnection, scope: Scope, win: int) -> tuple[str, list | dict]:
+        """SQL of (job, rank, node, w, t): each rank's median step time per window, and its
+        parameters.  With 5-minute windows, a window of a rank held in one row of the
+        ``steps_5m`` rollup (one node, one run) is read from it; the others (a rank that
+        moved node or restarted inside the window, the scope's partial edges) from ``steps``."""
+        raw = f"""SELECT job, coalesce(rank, 0) AS rank, any_value(node) AS node, epoch_us(ts) // {win * 1_000_000} AS w,
+                         median(coalesce(1 / nullif(steps_per_second, 0), step_mean_seconds)) AS t
+                  FROM steps WHERE job IS NOT NULL AND job <> '' AND steps > 0 AND {{where}}
+                  GROUP BY job, coalesce(rank, 0), w"""
+        if win != evidence.BUCKET_SECONDS or not evidence.has_view(con, "steps_5m"):
+            where, params = scope.where()
+            return raw.format(where=where), params
+        whole, edge, params = evidence.split(scope)
+        b = f"epoch_us(bucket) // {win * 1_000_000}"
+        return f"""WITH r AS (
+                    SELECT job, coalesce(rank, 0) AS rank, any_value(node) AS node, {b} AS w,
+                           any_value(step_median) AS t, count(*) AS k
+                    FROM steps_5m WHERE job IS NOT NULL AND job <> '' AND stepping_records > 0 AND {whole}
+                    GROUP BY ALL),
+                several AS (SELECT job, rank, w FROM r WHERE k > 1)
+                SELECT job, rank, node, w, t FROM r WHERE k = 1
+                UNION ALL {raw.format(where=f"(({edge}) OR (job, coalesce(rank, 0), epoch_us(ts) // {win * 1_000_000}) "
+                                            "IN (SELECT (job, rank, w) FROM several))")}""", params
+
+    def _query(self, con: duckdb.DuckDBPyConnection, scope: Scope, win: int) -> list[tuple]:
         o = self.options
         slow = f"(zs >= {float(o['z'])} AND ratio >= {float(o['min_slowdown'])})"
+        windows, params = self._windows(con, scope, win)
         return con.execute(
-            f"""WITH s AS (
-                    SELECT job, coalesce(rank, 0) AS rank, any_value(node) AS node,
-                           epoch_us(ts) // {win * 1_000_000} AS w,
-                           median(coalesce(1 / nullif(steps_per_second, 0), step_mean_seconds)) AS t
-                    FROM steps WHERE job IS NOT NULL AND job <> '' AND steps > 0 AND {where}
-                    GROUP BY job, coalesce(rank, 0), w),
+            f"""WITH s AS ({windows}),
                 m AS (
                     SELECT job, w, median(t) AS med, count(*) AS k FROM s WHERE t > 0
                     GROUP BY job, w HAVING count(*) >= {int(o['min_ranks'])}),
