@@ -77,6 +77,12 @@ def has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
                             [name]).fetchall()[0][0])
 
 
+def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    """Whether ``table`` (or view) has ``column`` (a rollup column a migration added)."""
+    return bool(con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = ? "
+                            "AND column_name = ?", [table, column]).fetchall()[0][0])
+
+
 def spans(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     """Temp table (job, node, rank, ranks, t0, t1, steps) of the jobs in scope (whole
     5-minute buckets from the ``steps_5m`` rollup, the scope's edges from ``steps``)."""

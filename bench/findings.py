@@ -101,18 +101,31 @@ def build(db: Path, nodes: int, gpus: int, hours: float, every: int) -> int:
                    400000000, k * 100, true
             FROM range({int(hours * 30)}) r(k)"""
     )
-    # the 5-minute rollup a collector keeps as data arrives (these rows bypassed its writer)
+    # the rollups a collector keeps as data arrives (these rows bypassed its writer): main()
     from cmdare.collector import rollup
 
-    t = time.perf_counter()
     for src in rollup.SOURCES:
         con.execute(f"INSERT INTO rollup_dirty (node, lo, hi, src) SELECT node, min(ts), max(ts), '{src}' FROM {src} GROUP BY node")
-    rolled = sum(rollup.run(con).values())
-    print(f"  rollup: {rolled:,} rows in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     con.execute("CHECKPOINT")
     n = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]
     con.close()
     return n
+
+
+def rolled(db: Path) -> None:
+    """Bring the database up to this version's schema and its rollups up to date, as a
+    collector keeps them while data arrives (a database kept from an older run included)."""
+    from cmdare.collector import rollup
+    from cmdare.collector.db import connect
+
+    con = connect(db)
+    t = time.perf_counter()
+    n = rollup.run(con)
+    con.execute("CHECKPOINT")
+    con.close()
+    if n:
+        print(f"rollups built in {time.perf_counter() - t:.1f} s: "
+              + ", ".join(f"{t} {k:,} rows" for t, k in n.items()), flush=True)
 
 
 def child(what: str, db: str) -> None:
@@ -121,6 +134,9 @@ def child(what: str, db: str) -> None:
     from cmdare.analytics import findings
     from cmdare.analytics.units import Scope
 
+    if what == "roll":
+        rolled(Path(db))
+        return
     con = duckdb.connect(db, read_only=True)
     t = time.perf_counter()
     if what == "scan":
@@ -155,7 +171,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--db", help="keep the database here (built when absent)")
-    ap.add_argument("--child", choices=("scan", "bound", "find"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("scan", "bound", "find", "roll"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         child(a.child, a.db)
@@ -170,6 +186,7 @@ def main() -> None:
         t = time.perf_counter()
         n = build(db, a.nodes, a.gpus, a.hours, a.every)
         print(f"built {n:,} GPU samples in {time.perf_counter() - t:.0f} s ({db.stat().st_size / 2**30:.1f} GiB)")
+    subprocess.run([sys.executable, __file__, "--child", "roll", "--db", str(db)], check=True)  # its RSS apart
     scans, bounds, finds = [], [], []
     for _ in range(a.runs):
         scans.append(measure("scan", db))
@@ -184,7 +201,7 @@ def main() -> None:
           f"peak RSS {max(x['rss_mb'] for x in finds):.0f} MB, {finds[-1]['rows']} findings of {', '.join(finds[-1]['kinds'])}")
     print(f"GROUP BY node, gpu, 5-minute bucket (count only): {b:.2f} s = {b / s:.2f}x the scan: the least any")
     print("  detector pass with 5-minute time resolution per GPU costs")
-    print(f"ratio: {f / s:.2f}x the scan (target <= 2x)")
+    print(f"ratio: {f / s:.2f}x the scan (target <= 1x)")
     if tmp:
         tmp.cleanup()
 

@@ -61,6 +61,11 @@ GPU = (
     ("mem_sum", "DOUBLE", "sum(mem_used_bytes)", "sum(mem_sum)"),
     ("mem_samples", "BIGINT", "count(mem_used_bytes)", "sum(mem_samples)"),
     ("thr_mask", "BIGINT", f"bit_or(throttle_mask) FILTER (WHERE {_THR})", "bit_or(thr_mask)"),
+    # SM clock while throttled and while not (the throttled detector's clock ratio)
+    ("clk_thr_sum", "DOUBLE", f"sum(sm_clock_hz) FILTER (WHERE {_THR})", "sum(clk_thr_sum)"),
+    ("clk_thr_n", "BIGINT", f"count(sm_clock_hz) FILTER (WHERE {_THR})", "sum(clk_thr_n)"),
+    ("clk_ok_sum", "DOUBLE", f"sum(sm_clock_hz) FILTER (WHERE NOT ({_THR}))", "sum(clk_ok_sum)"),
+    ("clk_ok_n", "BIGINT", f"count(sm_clock_hz) FILTER (WHERE NOT ({_THR}))", "sum(clk_ok_n)"),
 )
 HOST = (
     ("job", "VARCHAR", "any_value(job)", "any_value(job)"),

@@ -90,15 +90,26 @@ class GpuThrottled(Detector):
         self, con: duckdb.DuckDBPyConnection, scope: Scope, nodes: list[str]
     ) -> dict[tuple[str, int], tuple[float | None, float | None]]:
         """(node, GPU) -> mean SM clock while throttled and while not, for the flagged nodes
-        only (a second, filtered read of gpu_samples: the shared buckets stay narrow)."""
-        where, params = Scope(None, scope.since, scope.until).where()
+        only (whole 5-minute buckets from ``gpu_5m``, the scope's edges from the samples)."""
         thr = throttled_sql("throttle_mask")
+        raw = f"""SELECT node, "index", sum(sm_clock_hz) FILTER ({thr}) AS ts_, count(sm_clock_hz) FILTER ({thr}) AS tn,
+                         sum(sm_clock_hz) FILTER (NOT {thr}) AS os, count(sm_clock_hz) FILTER (NOT {thr}) AS on_
+                  FROM gpu_samples WHERE node IN (SELECT unnest($nodes)) AND {{where}} GROUP BY ALL"""
+        if evidence.has_column(con, "gpu_5m", "clk_ok_n"):
+            whole, edge, params = evidence.split(Scope(None, scope.since, scope.until))
+            rows = f"""SELECT node, "index", sum(clk_thr_sum) AS ts_, sum(clk_thr_n) AS tn, sum(clk_ok_sum) AS os,
+                              sum(clk_ok_n) AS on_
+                       FROM gpu_5m WHERE node IN (SELECT unnest($nodes)) AND {whole} GROUP BY ALL
+                       UNION ALL {raw.format(where=edge)}"""
+        else:
+            rows = raw.format(where="($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u)")
+            params = {"s": scope.since, "u": scope.until}
         return {
             (n, i): (a, b)
             for n, i, a, b in con.execute(
-                f"""SELECT node, "index", avg(sm_clock_hz) FILTER ({thr}), avg(sm_clock_hz) FILTER (NOT {thr})
-                    FROM gpu_samples WHERE node IN (SELECT unnest(?)) AND {where} GROUP BY ALL""",
-                [nodes, *params],
+                f"""SELECT node, "index", sum(ts_) / nullif(sum(tn), 0), sum(os) / nullif(sum(on_), 0)
+                    FROM ({rows}) GROUP BY ALL""",
+                {**params, "nodes": nodes},
             ).fetchall()
         }
 
