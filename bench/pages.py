@@ -51,6 +51,8 @@ def generate(path: Path, nodes: int, gpus: int, hours: int, interval: int) -> dt
     con.execute(f"""INSERT INTO gpu_events (id, ts, node, job, "index", uuid, kind, count, xid)
         SELECT 'x' || n, $t0::TIMESTAMP + INTERVAL 1 HOUR, 'node-' || n, 'job-' || (n // 8), 0, 'GPU-' || n || '-0',
                'xid', 1, 79 FROM range(0, {nodes}, 63) r(n)""", {"t0": t0})
+    from cmdare.collector import rollup
+
     for src in rollup.SOURCES:
         con.execute(f"INSERT INTO rollup_dirty (node, lo, hi, src) SELECT node, min(ts), max(ts), '{src}' FROM {src} GROUP BY node")
     con.close()
