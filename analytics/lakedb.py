@@ -24,7 +24,7 @@ from typing import Any
 
 import duckdb
 
-from cmdare.collector import rollup
+from cmdare.collector import lakerollup, rollup
 from cmdare.collector.lake import APPENDED, DERIVED, Lake, LakeError, lake_io
 
 from .db import AnalyticsError, Database, _q
@@ -113,21 +113,32 @@ class LakeDatabase(Database):
                 files = self.lake.files(t) if t in present else []
                 if not files:
                     continue  # the empty table stays
-                cols = ", ".join(f'CAST("{c}" AS {ty}) AS "{c}"' for c, ty in con.execute(
-                    "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
-                    "ORDER BY ordinal_position", [t]).fetchall())
-                src = f"SELECT {cols} FROM read_parquet({_list(files)})"
+                src = f"SELECT {_casts(con, t)} FROM read_parquet({_list(files)})"
                 if t in DERIVED:
                     con.execute(f"INSERT INTO {t} {src}")
                     continue
                 con.execute(f"DROP TABLE {t}")
                 con.execute(f"CREATE VIEW {t} AS {NODES_SQL.format(src=src) if t == 'nodes' else src}")
-            # no rollup in a lake: every rolled row's range is "pending", so the rollup views
-            # (gpu_5m, steps_5m, ...) aggregate the rows
+            # the rollups maintenance built (collector/lakerollup.py): a day of a source is
+            # read from them while the source's files for that day are the ones they were
+            # built from; other days are pending, aggregated from the raw files
+            for r in rollup.ROLLUPS:
+                files = self.lake.files(r.table) if r.table in present else []
+                if files:
+                    sel = _casts(con, r.table)
+                    con.execute(f"DROP TABLE {r.table}")
+                    con.execute(f"CREATE VIEW {r.table} AS SELECT {sel} FROM read_parquet({_list(files)})")
             con.execute("DROP TABLE rollup_dirty")
-            con.execute("CREATE VIEW rollup_dirty AS " + " UNION ALL ".join(
-                f"SELECT node, min(ts) AS lo, max(ts) AS hi, '{t}' AS src FROM {t} GROUP BY node"
-                for t in rollup.SOURCES))
+            pending = []
+            for src in rollup.SOURCES:
+                days, todo = lakerollup.pending_days(self.lake, src, present, fresh=False)
+                files = [f for d in sorted(todo) for f in days[d]]
+                if files:
+                    pending.append(f"SELECT node, min(ts) AS lo, max(ts) AS hi, '{src}' AS src "
+                                   f"FROM read_parquet({_list(files)}) GROUP BY node")
+            con.execute("CREATE VIEW rollup_dirty AS " + (" UNION ALL ".join(pending) if pending else
+                        "SELECT NULL::VARCHAR AS node, NULL::TIMESTAMP AS lo, NULL::TIMESTAMP AS hi, "
+                        "NULL::VARCHAR AS src WHERE false"))
             views.apply(con)
             if closed:
                 loc = self.lake.location
@@ -152,3 +163,10 @@ def _digest(con: duckdb.DuckDBPyConnection, table: str) -> Any:
 
 def _list(files: list[str]) -> str:
     return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+
+
+def _casts(con: duckdb.DuckDBPyConnection, table: str) -> str:
+    """The SELECT list that reads a table's Parquet columns as the migrations' types."""
+    return ", ".join(f'CAST("{c}" AS {ty}) AS "{c}"' for c, ty in con.execute(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
+        "ORDER BY ordinal_position", [table]).fetchall())

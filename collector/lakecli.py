@@ -79,14 +79,18 @@ def _spool_lake(ctx, directory, lake, catalog, commit_every, follow, iv, skew) -
 @click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", required=True, help=LAKE_HELP)
 @click.option("--catalog", envvar="CMDARE_LAKE_CATALOG", metavar="URL", help="the lake's SQL catalog (as for kafka)")
 @click.option("--retain-raw", default="7d", show_default=True,
-              help="delete raw GPU / host / TPU samples older than this (whole days); off: keep all")
+              help="delete raw GPU / host / TPU samples older than this (whole days, once rolled up); off: keep all")
+@click.option("--retain-rollups", default="400d", show_default=True,
+              help="delete rollup rows this much older than their newest day (whole days); off: keep all")
 @click.option("--compact-files", default=8, show_default=True, type=click.IntRange(2, 100_000),
               help="rewrite a day partition held in more files than this as one file per partition")
 @click.option("--expire-snapshots", default="1d", show_default=True,
               help="drop snapshots older than this (time travel back that far), then their unreferenced files; off: keep")
-def maintain(lake: str, catalog: str | None, retain_raw: str, compact_files: int, expire_snapshots: str) -> None:
-    """Lake maintenance: retention of raw samples, compaction of small files, snapshot
-    expiry.  Safe while collectors write (a step that loses to a collector's commit is
+def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: str, compact_files: int,
+             expire_snapshots: str) -> None:
+    """Lake maintenance: compaction of small files, the 1- and 5-minute rollups of every
+    day that changed, retention of raw samples (a day once rolled up) and of rollups,
+    snapshot expiry.  Safe while collectors write (a step that loses to a collector's commit is
     left for the next run); run it hourly or daily (a systemd timer, cron), or use the
     Spark procedures on big lakes (docs/scale.md).
 
@@ -106,8 +110,9 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, compact_files: int
 
     try:
         rr, ex = dur("--retain-raw", retain_raw), dur("--expire-snapshots", expire_snapshots)
+        ru = dur("--retain-rollups", retain_rollups)
         lk = Lake(lake, catalog, create=False)
-        rep = run(lk, rr, compact_files, ex)
+        rep = run(lk, rr, compact_files, ex, retain_rollups=ru)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     except LakeError as e:

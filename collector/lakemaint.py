@@ -1,7 +1,10 @@
 """Lake maintenance (``cmdare-collector maintain --lake URI``), safe while collectors write:
 
+- **rollups**: the 1- and 5-minute rollups of every day of GPU / host samples and steps
+  that changed since they were built (collector/lakerollup.py);
 - **retention**: raw samples (``RAW_TABLES``) older than ``retain_raw`` are deleted (whole
-  day partitions: a metadata-only commit);
+  day partitions: a metadata-only commit), a day only once its rollups hold it; rollup rows
+  older than ``retain_rollups`` (before their newest day) likewise;
 - **compaction**: a day partition held in more than ``compact_files`` files is rewritten
   as one file per partition in one commit (the same rows);
 - **snapshot expiry**: snapshots older than ``expire_after`` are dropped from the
@@ -35,9 +38,16 @@ class Report:
     expired_snapshots: int = 0
     orphans_deleted: int = 0
     skipped: list[str] = field(default_factory=list)  # commits lost to a collector: next run
+    rolled: dict[str, int] = field(default_factory=dict)  # rollup table -> days (re)built
+    kept_unrolled: dict[str, int] = field(default_factory=dict)  # table -> old days kept: not rolled up
+    rollup_days_deleted: dict[str, int] = field(default_factory=dict)  # rollup table -> days dropped
 
     def lines(self) -> list[str]:
-        out = [f"retention: {t}: {n} day partition(s) deleted" for t, n in self.deleted_partitions.items()]
+        out = [f"rollups: {t}: {n} day(s) built" for t, n in self.rolled.items()]
+        out += [f"retention: {t}: {n} day partition(s) deleted" for t, n in self.deleted_partitions.items()]
+        out += [f"retention: {t}: {n} old day(s) kept: not rolled up yet (the next run)"
+                for t, n in self.kept_unrolled.items()]
+        out += [f"retention: {t}: {n} day(s) of rollups deleted" for t, n in self.rollup_days_deleted.items()]
         out += [f"compaction: {t}: {a} files -> {b}" for t, (a, b) in self.compacted.items()]
         out.append(f"snapshots expired: {self.expired_snapshots}; unreferenced data files deleted: "
                    f"{self.orphans_deleted}")
@@ -64,28 +74,21 @@ def _days(t: Any) -> dict[dt.date, list[Any]]:
 
 
 def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: int | None = 8,
-             expire_after: float | None = 86400, now: dt.datetime | None = None) -> Report:
+             expire_after: float | None = 86400, now: dt.datetime | None = None,
+             retain_rollups: float | None = 400 * 86400) -> Report:
+    """Compaction, then the rollups of every day that changed, then retention (a raw day
+    only once its rollups hold it), then snapshot expiry."""
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
+    from . import lakerollup, rollup
+
     now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     rep = Report()
-    for name in (*APPENDED, MARKER):
-        if not lake.exists(name):
-            continue
+    tables = [n for n in (*APPENDED, MARKER) if lake.exists(n)]
+    for name in tables:
         t = lake.table(name)
         col = time_column(name) if name != MARKER else "committed_at"
-        if retain_raw is not None and name in RAW_TABLES:
-            cut = (now - dt.timedelta(seconds=retain_raw)).date()  # whole days before the cut's day
-            old = [d for d in _days(t) if d < cut]
-            if old:
-                try:
-                    t.delete(LessThan(col, dt.datetime.combine(cut, dt.time()).isoformat()),
-                             snapshot_properties=_props(t))
-                    rep.deleted_partitions[name] = len(old)
-                except CommitFailedException:
-                    rep.skipped.append(f"retention of {name}")
-                t = lake.table(name)
         if compact_files is not None and col is not None:
             before = after = 0
             for day, files in sorted(_days(t).items()):
@@ -105,9 +108,34 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
                 after += len(_days(t).get(day, []))
             if before:
                 rep.compacted[name] = (before, after)
-        if expire_after is not None:
-            wall = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)  # snapshots are stamped when committed
-            rep.expired_snapshots += _expire(lake, name, wall - dt.timedelta(seconds=expire_after), rep)
+    rep.rolled = lakerollup.build(lake, rep.skipped)
+    for name in tables:
+        if retain_raw is None or name not in RAW_TABLES:
+            continue
+        t = lake.table(name)
+        col = time_column(name)
+        cut = (now - dt.timedelta(seconds=retain_raw)).date()  # whole days before the cut's day
+        if name in rollup.SOURCES:  # only days every rollup of the table holds as they are
+            _, pending = lakerollup.pending_days(lake, name)
+            held = [dt.date.fromisoformat(d) for d in pending]
+            if held and min(held) < cut:
+                rep.kept_unrolled[name] = sum(1 for d in held if d < cut)
+                cut = min(held)
+        old = [d for d in _days(t) if d < cut]
+        if old:
+            try:
+                t.delete(LessThan(col, dt.datetime.combine(cut, dt.time()).isoformat()),
+                         snapshot_properties=_props(t))
+                rep.deleted_partitions[name] = len(old)
+            except CommitFailedException:
+                rep.skipped.append(f"retention of {name}")
+    if retain_rollups is not None:
+        rep.rollup_days_deleted = lakerollup.retain(lake, retain_rollups, rep.skipped)
+    if expire_after is not None:
+        wall = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)  # snapshots are stamped when committed
+        for name in (*tables, *(r.table for r in rollup.ROLLUPS)):
+            if lake.exists(name):
+                rep.expired_snapshots += _expire(lake, name, wall - dt.timedelta(seconds=expire_after), rep)
     return rep
 
 

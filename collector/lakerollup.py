@@ -1,0 +1,179 @@
+"""Rollups in a lake: the 1- and 5-minute rollups of collector/rollup.py as Iceberg tables
+(``gpu_rollup_5m``, ``steps_5m``'s ``step_rollup_5m``, ...), built by ``cmdare-collector
+maintain`` per day partition of their source, and read exactly at any lag.
+
+How they stay right with collectors appending meanwhile and no coordinator:
+
+- a day of a source table is rolled up from the data files the source's current snapshot
+  holds for that day; the rollup table's commit (one overwrite of that day's partition)
+  records in its snapshot properties (``cmdare.rolled``) a fingerprint of those files;
+- a reader (analytics/lakedb.py) takes a day's rollup rows only where the source's files
+  for that day still have that fingerprint; a day that has changed since (a late append,
+  a compaction) or was never rolled is pending: its rows are aggregated from the raw files,
+  exactly as a database file reads rows the rollup has not caught up with;
+- retention deletes a raw day only once every rollup of its table holds it; the rollup
+  rows of deleted raw days then stand alone (their fingerprints no longer match anything,
+  and nothing raw is left to be pending).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import warnings
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from . import rollup
+from .lake import Lake, _list, _path, schema
+
+log = logging.getLogger("cmdare.collector")
+ROLLED = "cmdare.rolled"  # snapshot property of a rollup table: {"YYYY-MM-DD": fingerprint}
+
+
+def day_files(t: Any) -> dict[str, list[str]]:
+    """A day-partitioned table's data files per day ("YYYY-MM-DD")."""
+    out: dict[str, list[str]] = {}
+    if t.current_snapshot() is None or not t.spec().fields:
+        return out
+    for task in t.scan().plan_files():
+        day = task.file.partition[0]
+        if day is not None:
+            d = (dt.date(1970, 1, 1) + dt.timedelta(days=int(day))).isoformat()
+            out.setdefault(d, []).append(_path(task.file.file_path))
+    return out
+
+
+def fingerprint(files: list[str]) -> str:
+    return hashlib.sha1("\n".join(sorted(files)).encode()).hexdigest()[:20]
+
+
+def rolled(t: Any) -> dict[str, str]:
+    """Day -> fingerprint of the source files a rollup table's current rows were built from."""
+    snap = t.current_snapshot()
+    raw = snap.summary[ROLLED] if snap is not None else None
+    try:
+        out = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def pending_days(lake: Lake, src: str, names: set[str] | None = None,
+                 fresh: bool = True) -> tuple[dict[str, list[str]], set[str]]:
+    """(the source's files per day, the days not held by every rollup of it); ``fresh``
+    False: the tables as this Lake last loaded them (one reader's consistent view)."""
+    names = names if names is not None else lake.names()
+    if src not in names:
+        return {}, set()
+    days = day_files(lake.table(src, fresh=fresh))
+    todo: set[str] = set()
+    for r in (r for r in rollup.ROLLUPS if r.source == src):
+        state = rolled(lake.table(r.table, fresh=fresh)) if r.table in names else {}
+        todo |= {d for d, fs in days.items() if state.get(d) != fingerprint(fs)}
+    return days, todo
+
+
+def ensure(lake: Lake) -> None:
+    """The rollup tables (partitioned by day of ``bucket``)."""
+    from pyiceberg.exceptions import TableAlreadyExistsError
+    from pyiceberg.transforms import DayTransform
+
+    from .lake import NAMESPACE, _settle
+
+    existing = lake.names()
+    for r in rollup.ROLLUPS:
+        if r.table in existing:
+            continue
+        try:
+            _settle(lambda r=r: lake.catalog.create_table(
+                f"{NAMESPACE}.{r.table}", schema=schema(r.table),
+                properties={"commit.retry.num-retries": "0", "write.parquet.compression-codec": "zstd"}),
+                lambda r=r: lake.exists(r.table))
+        except TableAlreadyExistsError:
+            continue
+        t = lake.table(r.table)
+        if t.spec().is_unpartitioned():
+            with t.update_spec() as u:
+                u.add_field("bucket", DayTransform(), "bucket_day")
+
+
+def build(lake: Lake, skipped: list[str]) -> dict[str, int]:
+    """Roll up every day of every source that some rollup does not hold as the source now
+    is; rollup table -> days rebuilt.  A commit lost to another maintenance run is skipped
+    (listed in ``skipped``: the next run does it)."""
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+
+    ensure(lake)
+    names = lake.names()
+    out: dict[str, int] = {}
+    con = duckdb.connect(":memory:")
+    try:
+        for src in rollup.SOURCES:
+            if src not in names:
+                continue
+            days = day_files(lake.table(src))
+            for r in (r for r in rollup.ROLLUPS if r.source == src):
+                t = lake.table(r.table)
+                state = rolled(t)
+                target = schema(r.table)
+                for day, files in sorted(days.items()):
+                    fp = fingerprint(files)
+                    if state.get(day) == fp:
+                        continue
+                    con.execute(f"CREATE OR REPLACE VIEW {src} AS SELECT * FROM read_parquet({_list(files)})")
+                    rows = con.sql(f"{r.from_raw()} GROUP BY ALL").to_arrow_table()
+                    rows = pa.table({f.name: rows[f.name].cast(f.type) for f in target}, schema=target)
+                    lo = dt.datetime.fromisoformat(day)
+                    filt = And(GreaterThanOrEqual("bucket", lo.isoformat()),
+                               LessThan("bucket", (lo + dt.timedelta(days=1)).isoformat()))
+                    state = {**state, day: fp}
+                    try:
+                        with warnings.catch_warnings():  # "Delete operation did not match": a first build
+                            warnings.simplefilter("ignore", UserWarning)
+                            t.overwrite(rows, overwrite_filter=filt, snapshot_properties={ROLLED: json.dumps(state)})
+                    except CommitFailedException:
+                        skipped.append(f"rollup {r.table} {day}")
+                        t = lake.table(r.table)
+                        state = rolled(t)
+                        continue
+                    out[r.table] = out.get(r.table, 0) + 1
+    finally:
+        con.close()
+    return out
+
+
+def retain(lake: Lake, keep: float, skipped: list[str]) -> dict[str, int]:
+    """Delete rollup rows more than ``keep`` seconds older than each table's newest (whole
+    days); rollup table -> days deleted."""
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.expressions import LessThan
+
+    out: dict[str, int] = {}
+    names = lake.names()
+    for r in rollup.ROLLUPS:
+        if r.table not in names:
+            continue
+        t = lake.table(r.table)
+        days = sorted(day_files(t))
+        if not days:
+            continue
+        end = dt.datetime.fromisoformat(days[-1]) + dt.timedelta(days=1)  # the newest day's end
+        cut = (end - dt.timedelta(seconds=keep)).date()  # whole days before the cut's day
+        old = [d for d in days if dt.date.fromisoformat(d) < cut]
+        if not old:
+            continue
+        state = {d: f for d, f in rolled(t).items() if d not in old}
+        try:
+            t.delete(LessThan("bucket", dt.datetime.combine(cut, dt.time()).isoformat()),
+                     snapshot_properties={ROLLED: json.dumps(state)})
+        except CommitFailedException:
+            skipped.append(f"retention of {r.table}")
+            continue
+        out[r.table] = len(old)
+    return out

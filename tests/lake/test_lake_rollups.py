@@ -1,0 +1,133 @@
+"""Rollups in a lake (collector/lakerollup.py): ``maintain`` builds the 1- and 5-minute
+rollups of each changed day; ``analyze --lake`` reads a day from them only while the raw
+files are the ones they were built from, so every rollup view equals the raw aggregation
+before, between and after maintenance runs, with late appends, and after retention
+deleted the raw days (which it does only once they are rolled up)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from cmdare.analytics import findings
+from cmdare.analytics.lakedb import LakeDatabase
+from cmdare.analytics.units import Scope
+from cmdare.collector import lakerollup, rollup
+from cmdare.collector.db import connect
+from cmdare.collector.lake import Lake, load_database
+from cmdare.collector.lakemaint import maintain
+from cmdare.collector.writer import Writer
+from tests.collector.test_rollups_wide import cols, gpu, host, steps
+
+START = dt.datetime(2026, 9, 1, 23, 40).replace(tzinfo=dt.timezone.utc).timestamp()  # 20 minutes before a day ends
+
+
+def views(lake: Lake) -> dict[str, list[tuple]]:
+    """Every rollup view as analyze --lake reads it, and the raw aggregation of the same rows."""
+    with LakeDatabase(str(lake.location.local)).read() as con:
+        return {r.view: (cols(con, r, r.view), cols(con, r, f"({r.from_raw()} GROUP BY ALL)")) for r in rollup.ROLLUPS}
+
+
+def pending(lake: Lake) -> int:
+    with LakeDatabase(str(lake.location.local)).read() as con:
+        return con.execute("SELECT count(*) FROM rollup_dirty").fetchall()[0][0]
+
+
+def exact(lake: Lake) -> dict[str, list[tuple]]:
+    got = views(lake)
+    for v, (rolled, raw) in got.items():
+        assert rolled == raw and raw, v
+    return {v: rolled for v, (rolled, _) in got.items()}
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Lake:
+    db = tmp_path / "f.duckdb"
+    con = connect(db)
+    w = Writer(con, max_skew=None, rollup_every=None)
+    w.write([("m", b"".join(gpu(n, START, 240) + host(n, START, 240) + steps(n, i, START, 240)
+                            for i, n in enumerate(("a", "b", "c"))))])  # 40 minutes: two days
+    lk = Lake(str(tmp_path / "lake"))
+    lk.ensure()
+    load_database(lk, con, str(db))
+    con.close()
+    return lk
+
+
+def test_maintenance_builds_rollups_that_read_exactly_at_any_lag(lake: Lake) -> None:
+    before = exact(lake)  # nothing rolled: every day pending, aggregated from the raw files
+    assert pending(lake) > 0
+    rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=None)
+    assert rep.rolled == {r.table: 2 for r in rollup.ROLLUPS}  # two days each
+    assert "rollups: gpu_rollup_5m: 2 day(s) built" in rep.lines()
+    assert pending(lake) == 0
+    with LakeDatabase(str(lake.location.local)).read() as con:  # the views now read the rollup files
+        assert con.execute("SELECT count(*) FROM gpu_rollup_5m").fetchall()[0][0] > 0
+        assert "read_parquet" in con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'step_rollup_5m'"
+                                             ).fetchall()[0][0]
+    assert exact(lake) == before
+    # a late append into the second day: that day pending (read raw) until the next run
+    f = Path(lake.location.local).parent / "late.duckdb"
+    late = connect(f)
+    Writer(late, max_skew=None, rollup_every=None).write([("late", gpu("a", START + 1203, 3, every=61))])
+    load_database(lake, late, str(f))
+    late.close()
+    assert pending(lake) > 0
+    after_late = exact(lake)
+    assert after_late != before
+    rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=None)
+    assert rep.rolled == {"gpu_rollup_1m": 1, "gpu_rollup_5m": 1}  # only the day that changed
+    assert pending(lake) == 0 and exact(lake) == after_late
+    assert maintain(lake, retain_raw=None, compact_files=None, expire_after=None).rolled == {}
+
+
+def test_retention_deletes_raw_days_once_rolled_and_the_rollups_keep_them(lake: Lake) -> None:
+    want = exact(lake)
+    with LakeDatabase(str(lake.location.local)).read() as con:
+        found = [dataclasses.asdict(f) for f in findings.run(con, Scope()).findings]
+    rep = maintain(lake, retain_raw=86400, compact_files=None, expire_after=None,
+                   now=dt.datetime(2026, 9, 3, 12))  # the first day is older than a day
+    assert rep.deleted_partitions == {"gpu_samples": 1, "host_samples": 1}
+    with LakeDatabase(str(lake.location.local)).read() as con:
+        assert con.execute("SELECT min(ts) >= TIMESTAMP '2026-09-02' FROM gpu_samples").fetchall() == [(True,)]
+        # steps are not raw samples: kept for the fits
+        assert con.execute("SELECT min(ts) < TIMESTAMP '2026-09-02' FROM steps").fetchall() == [(True,)]
+        for r in rollup.ROLLUPS:  # the first day's rollup rows still there, the same
+            assert cols(con, r, r.view) == want[r.view], r.view
+        assert [dataclasses.asdict(f) for f in findings.run(con, Scope()).findings] == found
+
+
+def test_retention_keeps_a_raw_day_no_rollup_holds(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollup build that failed (here: skipped) must not let retention drop the raw day:
+    those samples would be gone from every view."""
+    monkeypatch.setattr(lakerollup, "build", lambda lake, skipped: {})
+    rep = maintain(lake, retain_raw=86400, compact_files=None, expire_after=None, now=dt.datetime(2026, 9, 3, 12))
+    assert rep.deleted_partitions == {} and rep.kept_unrolled == {"gpu_samples": 1, "host_samples": 1}
+    assert "retention: gpu_samples: 1 old day(s) kept: not rolled up yet (the next run)" in rep.lines()
+    exact(lake)
+
+
+def test_rollup_retention_drops_whole_old_days(lake: Lake) -> None:
+    maintain(lake, retain_raw=None, compact_files=None, expire_after=None)
+    rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=None, retain_rollups=3600)
+    assert rep.rollup_days_deleted == {r.table: 1 for r in rollup.ROLLUPS}
+    with LakeDatabase(str(lake.location.local)).read() as con:
+        assert con.execute("SELECT min(bucket) FROM gpu_rollup_5m").fetchall() == [(dt.datetime(2026, 9, 2),)]
+
+
+def test_the_maintain_command_builds_the_rollups_and_refuses_bad_durations(lake: Lake) -> None:
+    from click.testing import CliRunner
+
+    from cmdare.collector.cli import cli as collector
+
+    where = str(lake.location.local)
+    r = CliRunner().invoke(collector, ["maintain", "--lake", where, "--retain-raw", "off", "--retain-rollups", "400d"])
+    assert r.exit_code == 0, r.output
+    assert "rollups: step_rollup_5m: 2 day(s) built" in r.output
+    assert pending(lake) == 0
+    for bad in (["--retain-rollups", "-1d"], ["--retain-rollups", "forever"]):
+        r = CliRunner().invoke(collector, ["maintain", "--lake", where, *bad])
+        assert r.exit_code == 2 and "--retain-rollups" in r.output and "Traceback" not in r.output, r.output
