@@ -226,15 +226,18 @@ def _retention(ctx: click.Context, lake: str | None, retain_raw: str, retain_rol
             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
                 raise ConfigError(f"--{name.replace('_', '-')}: a lake's retention is cmdare-collector maintain's")
 
-    def keep(flag: str, text: str) -> float | None:
-        if text.strip().lower() == "off":
-            return None
-        v = parse_duration(flag, text)
-        if v < 300:
-            raise ConfigError(f"{flag}: {text[:20]!r} is under 5 minutes (the rollups' window); 'off' keeps all")
-        return v
+    return Retention(duration_or_off("--retain-raw", retain_raw, 300), duration_or_off("--retain-rollups", retain_rollups, 300))
 
-    return Retention(keep("--retain-raw", retain_raw), keep("--retain-rollups", retain_rollups))
+
+def duration_or_off(flag: str, text: str, least: float = 0.0) -> float | None:
+    """A duration option that may be ``off`` (None); ConfigError under ``least`` seconds."""
+    if text.strip().lower() == "off":
+        return None
+    v = parse_duration(flag, text)
+    if v < least:
+        what = "negative" if least == 0 else f"under {least:g} s"
+        raise ConfigError(f"{flag}: {text[:20]!r} must not be {what}; 'off' keeps all")
+    return v
 
 
 def _open(db: str):

@@ -9,7 +9,7 @@ import click
 
 from cmdare.wire.units import ConfigError, parse_duration
 
-from .cli import LAKE_HELP, _progress, cli
+from .cli import LAKE_HELP, _progress, cli, duration_or_off
 from .lake import Lake, LakeError, lake_io
 
 
@@ -100,13 +100,7 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: st
     """
     from .lakemaint import maintain as run
 
-    def dur(flag: str, text: str) -> float | None:
-        if text.strip().lower() == "off":
-            return None
-        v = parse_duration(flag, text)
-        if v < 0:
-            raise ConfigError(f"{flag}: {text[:20]!r} must not be negative")
-        return v
+    dur = duration_or_off
 
     try:
         rr, ex = dur("--retain-raw", retain_raw), dur("--expire-snapshots", expire_snapshots)

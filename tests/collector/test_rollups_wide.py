@@ -207,7 +207,7 @@ def test_the_collector_keeps_raw_samples_for_retain_raw_and_their_rollups_stay(t
         assert con.execute("SELECT sum(samples) FROM gpu_5m").fetchone() == (2160,)  # every sample, rolled
         assert con.execute("SELECT sum(samples) FROM host_1m").fetchone() == (1080,)
         con.close()
-    for bad, says in ((["--retain-raw", "1m"], "under 5 minutes"), (["--retain-rollups", "soon"], "--retain-rollups"),
+    for bad, says in ((["--retain-raw", "1m"], "under 300 s"), (["--retain-rollups", "soon"], "--retain-rollups"),
                       (["--retain-raw", "7d", "--lake", str(tmp_path / "lk")], "cmdare-collector maintain")):
         r = CliRunner().invoke(collector, ["spool", str(d), "--db", str(tmp_path / "x.duckdb"), *bad])
         assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
