@@ -388,28 +388,41 @@ def predict_speed(db: Database, gpu_type: str, model: ModelSpec | None = None, f
 def predict_cluster(db: Database, gpus: list[tuple[str, int]], ps: int, model: ModelSpec | None = None,
                     from_job: str | None = None, batch_size: int | None = None) -> dict[str, Any]:
     """Cluster steps/s of a PS job on workers ``gpus`` ((type, count); type "" is the job's)."""
+    with db.read() as con:
+        return cluster_prediction(con, gpus, ps, model, from_job, batch_size)
+
+
+def cluster_prediction(con: duckdb.DuckDBPyConnection, gpus: list[tuple[str, int]], ps: int,
+                       model: ModelSpec | None = None, from_job: str | None = None, batch_size: int | None = None,
+                       cache: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``predict_cluster`` on an open connection; ``cache``: the fits and the job's anchor kept
+    across calls (a scaling curve predicts one job at many worker counts)."""
     from . import catalog, models
 
-    with db.read() as con:
-        sfit, cfit = models.latest(con, "speed"), models.latest(con, "cluster")
-        extra: dict[str, Any] = {}
-        ws: list[float] = []
-        if model is None:
-            if not from_job:
-                raise AnalyticsError("give --flops-per-step and --params, or --from-job JOB")
-            a = models.anchor(con, from_job, cfit)
-            params, bs = a.job.params, batch_size or a.job.batch_size
-            for name, n in gpus:
-                acc = catalog.lookup(name) if name else a.job.acc
-                ws += [a.t1_on(acc, sfit)] * n
-            extra = _measured(a)
-        else:
-            params, bs = model.params, model.batch_size
-            for name, n in gpus:
-                acc = catalog.lookup(name)
-                v1 = models.predict_speed(sfit, acc, model.flops_per_step, model.params, model.tensors)[0]
-                ws += [1.0 / v1] * n
-        r = models.predict_cluster(cfit, ws, ps, params)
+    cache = cache if cache is not None else {}
+    if "fits" not in cache:
+        cache["fits"] = models.latest(con, "speed"), models.latest(con, "cluster")
+    sfit, cfit = cache["fits"]
+    extra: dict[str, Any] = {}
+    ws: list[float] = []
+    if model is None:
+        if not from_job:
+            raise AnalyticsError("give --flops-per-step and --params, or --from-job JOB")
+        if cache.get("anchor_of") != from_job:
+            cache["anchor"], cache["anchor_of"] = models.anchor(con, from_job, cfit), from_job
+        a = cache["anchor"]
+        params, bs = a.job.params, batch_size or a.job.batch_size
+        for name, n in gpus:
+            acc = catalog.lookup(name) if name else a.job.acc
+            ws += [a.t1_on(acc, sfit)] * n
+        extra = _measured(a)
+    else:
+        params, bs = model.params, model.batch_size
+        for name, n in gpus:
+            acc = catalog.lookup(name)
+            v1 = models.predict_speed(sfit, acc, model.flops_per_step, model.params, model.tensors)[0]
+            ws += [1.0 / v1] * n
+    r = models.predict_cluster(cfit, ws, ps, params)
     out = {
         "prediction": r.pop("steps_per_second"),
         "interval": [r.pop("lower"), r.pop("upper")],

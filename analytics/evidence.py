@@ -119,9 +119,10 @@ def _bucket(t: dt.datetime) -> dt.datetime:
 
 
 def rolled(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the database keeps the rollup columns the GPU buckets need (migration 015)."""
-    return bool(con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'gpu_rollup_5m' "
-                            "AND column_name = 'thr_mask'").fetchall()[0][0]) and has_rows(con, "gpu_5m")
+    """Whether the database keeps the rollup columns the GPU buckets need (migration 015)
+    and the view over them (a schema check: the view's rows, pending ones included, would
+    cost an aggregation to count)."""
+    return has_column(con, "gpu_rollup_5m", "thr_mask") and has_view(con, "gpu_5m")
 
 
 def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:

@@ -8,7 +8,7 @@ import datetime as dt
 from typing import Any
 
 from . import queries
-from .api import _known_job, bottlenecks, latest_or_none, predict_cluster, recommend
+from .api import _known_job, bottlenecks, cluster_prediction, latest_or_none, recommend
 from .db import AnalyticsError, Database
 from .queries import needs_schema
 
@@ -101,28 +101,34 @@ def scaling_curve(db: Database, job: str) -> dict[str, Any]:
 
     with db.read() as con:
         _known_job(con, job)
-        speeds, _ = models.job_speeds(con)
+        # the jobs of the same model (as declared; the accelerator is matched below, through
+        # the catalogue's names), not every job's steady state
+        peers = [j for (j,) in con.execute(
+            """WITH d AS (SELECT job, arg_max(model, ts) AS m FROM jobs GROUP BY job)
+               SELECT job FROM d WHERE m IS NOT DISTINCT FROM (SELECT m FROM d WHERE job = ?)""", [job]).fetchall()]
+        speeds, _ = models.job_speeds(con, jobs=peers or [job])
         me = next((j for j in speeds if j.job == job), None)
         if me is None:
             return {"job": job, "measured": [], "predicted": [], "note": "no steady speed for this job yet"}
         same = sorted((j for j in speeds if j.model == me.model and j.accelerator == me.accelerator
                        and j.ps == me.ps), key=lambda j: (j.workers, j.job))
         cfit = latest_or_none(con, "cluster")
-    measured = [{"job": j.job, "workers": j.workers, "steps_per_second": round(j.speed, 4)} for j in same]
-    out: dict[str, Any] = {"job": job, "model": me.model, "accelerator": me.accelerator, "ps": me.ps,
-                           "measured": measured, "predicted": []}
-    if cfit is None or me.ps < 1:
-        out["note"] = ("no cluster fit: analyze fit cluster (with parameter-server runs of 3 architectures)"
-                       if me.ps >= 1 else "not a parameter-server job: the cluster fit does not apply")
-        return out
-    top = max(8, 2 * max(j.workers for j in same))
-    for w in range(1, top + 1):
-        try:
-            p = predict_cluster(db, [("", w)], me.ps, None, job)
-        except AnalyticsError as e:
-            out["note"] = str(e).splitlines()[0][:200]
-            break
-        out["predicted"].append({"workers": w, "steps_per_second": p["prediction"], "interval": p["interval"],
-                                 "extrapolated": bool(p.get("extrapolated"))})
-        out["fit_id"] = p["fit_id"]
+        measured = [{"job": j.job, "workers": j.workers, "steps_per_second": round(j.speed, 4)} for j in same]
+        out: dict[str, Any] = {"job": job, "model": me.model, "accelerator": me.accelerator, "ps": me.ps,
+                               "measured": measured, "predicted": []}
+        if cfit is None or me.ps < 1:
+            out["note"] = ("no cluster fit: analyze fit cluster (with parameter-server runs of 3 architectures)"
+                           if me.ps >= 1 else "not a parameter-server job: the cluster fit does not apply")
+            return out
+        top = max(8, 2 * max(j.workers for j in same))
+        cache: dict[str, Any] = {}  # the fits and the job's anchor: once for every worker count
+        for w in range(1, top + 1):
+            try:
+                p = cluster_prediction(con, [("", w)], me.ps, None, job, cache=cache)
+            except AnalyticsError as e:
+                out["note"] = str(e).splitlines()[0][:200]
+                break
+            out["predicted"].append({"workers": w, "steps_per_second": p["prediction"], "interval": p["interval"],
+                                     "extrapolated": bool(p.get("extrapolated"))})
+            out["fit_id"] = p["fit_id"]
     return out
