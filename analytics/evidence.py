@@ -70,6 +70,13 @@ def split(scope: Scope) -> tuple[str, str, dict[str, Any]]:
             {"lo": lo, "hi": hi, "s": s, "u": u, "job": scope.job})
 
 
+def named_where(scope: Scope) -> tuple[str, dict[str, Any]]:
+    """``Scope.where`` with named parameters (``$s``, ``$u``, ``$job``: those of ``split``), for
+    statements that read the rollups or the raw rows alike."""
+    return ("($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u) AND ($job IS NULL OR job = $job)",
+            {"s": scope.since, "u": scope.until, "job": scope.job})
+
+
 def has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     """Whether the database has the rollup view ``name`` (collector/rollup.py; a database
     from before its migration reads the raw rows)."""

@@ -69,7 +69,8 @@ LOCAL_ONLY = ("ingest_positions", "rollup_dirty", "rollup_horizon", *rollup.TABL
 # how one stored row is recognised when a round overlaps what a table holds (nodes rows
 # are partial aggregates: storing one twice changes nothing a reader computes)
 IDENTITY: dict[str, tuple[str, ...]] = {"dead_letters": ("origin", "line"), "nodes": ()}
-TIME_COLUMN: dict[str, str] = {"dead_letters": "received_at", "nodes": "last_seen"}
+TIME_COLUMN: dict[str, str] = {"dead_letters": "received_at", "nodes": "last_seen",
+                               **{t: "bucket" for t in rollup.TABLES}}  # (built by maintain: lakerollup.py)
 MARKER_SCHEMA = pa.schema([
     ("committed_at", pa.timestamp("us")), ("writer", pa.string()), ("source", pa.string()),
     ("start", pa.list_(pa.int64())), ("end", pa.list_(pa.int64())), ("rows", pa.int64()),

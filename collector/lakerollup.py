@@ -30,22 +30,15 @@ import pyarrow as pa
 
 from . import rollup
 from .lake import Lake, _list, _path, schema
+from .lakemaint import _days
 
 log = logging.getLogger("cmdare.collector")
 ROLLED = "cmdare.rolled"  # snapshot property of a rollup table: {"YYYY-MM-DD": fingerprint}
 
 
 def day_files(t: Any) -> dict[str, list[str]]:
-    """A day-partitioned table's data files per day ("YYYY-MM-DD")."""
-    out: dict[str, list[str]] = {}
-    if t.current_snapshot() is None or not t.spec().fields:
-        return out
-    for task in t.scan().plan_files():
-        day = task.file.partition[0]
-        if day is not None:
-            d = (dt.date(1970, 1, 1) + dt.timedelta(days=int(day))).isoformat()
-            out.setdefault(d, []).append(_path(task.file.file_path))
-    return out
+    """A day-partitioned table's data file paths per day ("YYYY-MM-DD")."""
+    return {d.isoformat(): [_path(f.file_path) for f in fs] for d, fs in _days(t).items()}
 
 
 def fingerprint(files: list[str]) -> str:
@@ -79,27 +72,8 @@ def pending_days(lake: Lake, src: str, names: set[str] | None = None,
 
 
 def ensure(lake: Lake) -> None:
-    """The rollup tables (partitioned by day of ``bucket``)."""
-    from pyiceberg.exceptions import TableAlreadyExistsError
-    from pyiceberg.transforms import DayTransform
-
-    from .lake import NAMESPACE, _settle
-
-    existing = lake.names()
-    for r in rollup.ROLLUPS:
-        if r.table in existing:
-            continue
-        try:
-            _settle(lambda r=r: lake.catalog.create_table(
-                f"{NAMESPACE}.{r.table}", schema=schema(r.table),
-                properties={"commit.retry.num-retries": "0", "write.parquet.compression-codec": "zstd"}),
-                lambda r=r: lake.exists(r.table))
-        except TableAlreadyExistsError:
-            continue
-        t = lake.table(r.table)
-        if t.spec().is_unpartitioned():
-            with t.update_spec() as u:
-                u.add_field("bucket", DayTransform(), "bucket_day")
+    """The rollup tables (partitioned by day of ``bucket``, as ``Lake.ensure`` makes tables)."""
+    lake.ensure(rollup.TABLES)
 
 
 def build(lake: Lake, skipped: list[str]) -> dict[str, int]:

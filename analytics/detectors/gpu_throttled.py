@@ -102,8 +102,8 @@ class GpuThrottled(Detector):
                        FROM gpu_5m WHERE node IN (SELECT unnest($nodes)) AND {whole} GROUP BY ALL
                        UNION ALL {raw.format(where=edge)}"""
         else:
-            rows = raw.format(where="($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u)")
-            params = {"s": scope.since, "u": scope.until}
+            where, params = evidence.named_where(Scope(None, scope.since, scope.until))
+            rows = raw.format(where=where)
         return {
             (n, i): (a, b)
             for n, i, a, b in con.execute(
@@ -128,14 +128,11 @@ class GpuThrottled(Detector):
             per = f"""SELECT job, node, bucket AS b, sum(span_seconds) AS span, sum(stepping_steps) AS steps
                       FROM steps_5m WHERE job IN (SELECT job FROM t) AND stepping_records > 0 AND {whole} GROUP BY ALL
                       UNION ALL {raw.format(where=edge)}"""
-            params = {**params, "jobs": [j for j, _ in targets], "nodes": [n for _, n in targets]}
         else:
-            where, plist = scope.where()
+            where, params = evidence.named_where(scope)
             per = raw.format(where=where)
-            params = None  # positional: below
         rows = con.execute(
-            f"""WITH t AS (SELECT unnest({'$jobs' if params is not None else '?'}) AS job,
-                                  unnest({'$nodes' if params is not None else '?'}) AS node),
+            f"""WITH t AS (SELECT unnest($jobs) AS job, unnest($nodes) AS node),
                 st AS (SELECT job, node, b, sum(span) AS span, sum(steps) AS steps FROM ({per}) GROUP BY ALL),
                 th AS (SELECT job, node, b, sum(thr_n) / nullif(sum(mask_n), 0) AS share FROM {g}
                        WHERE (job, node) IN (SELECT (job, node) FROM t) GROUP BY ALL)
@@ -149,7 +146,7 @@ class GpuThrottled(Detector):
                 FROM t JOIN st ON st.job = t.job
                 LEFT JOIN th ON th.job = t.job AND th.node = t.node AND th.b = st.b
                 GROUP BY t.job, t.node""",
-            params if params is not None else [[j for j, _ in targets], [n for _, n in targets], *plist],
+            {**params, "jobs": [j for j, _ in targets], "nodes": [n for _, n in targets]},
         ).fetchall()
         out: dict[tuple[str, str], tuple[float | None, str | None]] = {}
         for job, node, thr, ok, peers, mine in rows:

@@ -87,7 +87,7 @@ class Straggler(Detector):
             )
         return out
 
-    def _windows(self, con: duckdb.DuckDBPyConnection, scope: Scope, win: int) -> tuple[str, list | dict]:
+    def _windows(self, con: duckdb.DuckDBPyConnection, scope: Scope, win: int) -> tuple[str, dict]:
         """SQL of (job, rank, node, w, t): each rank's median step time per window, and its
         parameters.  With 5-minute windows, a window of a rank held in one row of the
         ``steps_5m`` rollup (one node, one run) is read from it; the others (a rank that
@@ -97,7 +97,7 @@ class Straggler(Detector):
                   FROM steps WHERE job IS NOT NULL AND job <> '' AND steps > 0 AND {{where}}
                   GROUP BY job, coalesce(rank, 0), w"""
         if win != evidence.BUCKET_SECONDS or not evidence.has_view(con, "steps_5m"):
-            where, params = scope.where()
+            where, params = evidence.named_where(scope)
             return raw.format(where=where), params
         whole, edge, params = evidence.split(scope)
         b = f"epoch_us(bucket) // {win * 1_000_000}"
