@@ -113,7 +113,7 @@ class LakeDatabase(Database):
                 files = self.lake.files(t) if t in present else []
                 if not files:
                     continue  # the empty table stays
-                src = f"SELECT {_casts(con, t)} FROM read_parquet({_list(files)})"
+                src = f"SELECT {_casts(con, t, files)} FROM {_read(files)}"
                 if t in DERIVED:
                     con.execute(f"INSERT INTO {t} {src}")
                     continue
@@ -125,9 +125,9 @@ class LakeDatabase(Database):
             for r in rollup.ROLLUPS:
                 files = self.lake.files(r.table) if r.table in present else []
                 if files:
-                    sel = _casts(con, r.table)
+                    sel = _casts(con, r.table, files)
                     con.execute(f"DROP TABLE {r.table}")
-                    con.execute(f"CREATE VIEW {r.table} AS SELECT {sel} FROM read_parquet({_list(files)})")
+                    con.execute(f"CREATE VIEW {r.table} AS SELECT {sel} FROM {_read(files)}")
             con.execute("DROP TABLE rollup_dirty")
             pending = []
             for src in rollup.SOURCES:
@@ -135,7 +135,7 @@ class LakeDatabase(Database):
                 files = [f for d in sorted(todo) for f in days[d]]
                 if files:
                     pending.append(f"SELECT node, min(ts) AS lo, max(ts) AS hi, '{src}' AS src "
-                                   f"FROM read_parquet({_list(files)}) GROUP BY node")
+                                   f"FROM {_read(files)} GROUP BY node")
             con.execute("CREATE VIEW rollup_dirty AS " + (" UNION ALL ".join(pending) if pending else
                         "SELECT NULL::VARCHAR AS node, NULL::TIMESTAMP AS lo, NULL::TIMESTAMP AS hi, "
                         "NULL::VARCHAR AS src WHERE false"))
@@ -165,8 +165,16 @@ def _list(files: list[str]) -> str:
     return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
 
 
-def _casts(con: duckdb.DuckDBPyConnection, table: str) -> str:
-    """The SELECT list that reads a table's Parquet columns as the migrations' types."""
-    return ", ".join(f'CAST("{c}" AS {ty}) AS "{c}"' for c, ty in con.execute(
+def _read(files: list[str]) -> str:
+    """The Parquet files of one table, columns matched by name: files written before a
+    migration added a column (a lake made by an older cmdare) read it as null."""
+    return f"read_parquet({_list(files)}, union_by_name = true)"
+
+
+def _casts(con: duckdb.DuckDBPyConnection, table: str, files: list[str]) -> str:
+    """The SELECT list that reads a table's Parquet columns as the migrations' types (null
+    for a column none of the files has)."""
+    have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {_read(files)}").fetchall()}
+    return ", ".join((f'CAST("{c}" AS {ty})' if c in have else f"NULL::{ty}") + f' AS "{c}"' for c, ty in con.execute(
         "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
         "ORDER BY ordinal_position", [table]).fetchall())

@@ -210,13 +210,29 @@ class Lake:
                         lambda name=name: self.exists(name))
                 except TableAlreadyExistsError:
                     pass  # another collector made it first
-            elif not self.partition_missing(name, col):
-                continue
+            else:
+                self._evolve(name)
+                if not self.partition_missing(name, col):
+                    continue
             if col is not None and name != "nodes":
                 # (a collector that made the table may die before partitioning it: any later
                 # ensure() does it; two at once: one wins, the other finds it done)
                 _settle(lambda name=name, col=col: self._partition(name, col),
                         lambda name=name, col=col: not self.partition_missing(name, col))
+
+    def _evolve(self, name: str) -> None:
+        """Columns a later migration added (a lake made by an older cmdare): added to the
+        table's schema (files written before read them as null)."""
+        want = schema(name)
+        have = set(self.table(name).schema().column_names)
+        if all(f.name in have for f in want):
+            return
+
+        def add() -> None:
+            with self.table(name).update_schema() as u:
+                u.union_by_name(want)
+
+        _settle(add, lambda: all(f.name in set(self.table(name).schema().column_names) for f in want))
 
     def partition_missing(self, name: str, col: str | None) -> bool:
         return col is not None and name != "nodes" and self.table(name).spec().is_unpartitioned()

@@ -100,7 +100,12 @@ def build(lake: Lake, skipped: list[str]) -> dict[str, int]:
                     fp = fingerprint(files)
                     if state.get(day) == fp:
                         continue
-                    con.execute(f"CREATE OR REPLACE VIEW {src} AS SELECT * FROM read_parquet({_list(files)})")
+                    read = f"read_parquet({_list(files)}, union_by_name = true)"
+                    have = {c[0] for c in con.execute(f"DESCRIBE SELECT * FROM {read}").fetchall()}
+                    # a column no file of the day has (written before the migration that
+                    # added it): null, as in the database file
+                    cols = ", ".join(f'"{f.name}"' if f.name in have else f'NULL AS "{f.name}"' for f in schema(src))
+                    con.execute(f"CREATE OR REPLACE VIEW {src} AS SELECT {cols} FROM {read}")
                     rows = con.sql(f"{r.from_raw()} GROUP BY ALL").to_arrow_table()
                     rows = pa.table({f.name: rows[f.name].cast(f.type) for f in target}, schema=target)
                     lo = dt.datetime.fromisoformat(day)

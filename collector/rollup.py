@@ -66,6 +66,24 @@ GPU = (
     ("clk_thr_n", "BIGINT", f"count(sm_clock_hz) FILTER (WHERE {_THR})", "sum(clk_thr_n)"),
     ("clk_ok_sum", "DOUBLE", f"sum(sm_clock_hz) FILTER (WHERE NOT ({_THR}))", "sum(clk_ok_sum)"),
     ("clk_ok_n", "BIGINT", f"count(sm_clock_hz) FILTER (WHERE NOT ({_THR}))", "sum(clk_ok_n)"),
+    # migration 017 (GPU depth): GPM activity, NVLink errors and energy (counters: their
+    # extremes), MIG identity
+    ("gr_sum", "DOUBLE", "sum(gr_engine_active_ratio)", "sum(gr_sum)"),
+    ("gr_n", "BIGINT", "count(gr_engine_active_ratio)", "sum(gr_n)"),
+    ("sm_active_sum", "DOUBLE", "sum(sm_active_ratio)", "sum(sm_active_sum)"),
+    ("sm_active_n", "BIGINT", "count(sm_active_ratio)", "sum(sm_active_n)"),
+    ("tensor_sum", "DOUBLE", "sum(tensor_active_ratio)", "sum(tensor_sum)"),
+    ("tensor_n", "BIGINT", "count(tensor_active_ratio)", "sum(tensor_n)"),
+    ("fp32_sum", "DOUBLE", "sum(fp32_active_ratio)", "sum(fp32_sum)"),
+    ("fp32_n", "BIGINT", "count(fp32_active_ratio)", "sum(fp32_n)"),
+    ("dram_sum", "DOUBLE", "sum(dram_active_ratio)", "sum(dram_sum)"),
+    ("dram_n", "BIGINT", "count(dram_active_ratio)", "sum(dram_n)"),
+    ("nvl_err_min", "BIGINT", "min(nvlink_errors_total)", "min(nvl_err_min)"),
+    ("nvl_err_max", "BIGINT", "max(nvlink_errors_total)", "max(nvl_err_max)"),
+    ("energy_min", "DOUBLE", "min(energy_joules_total)", "min(energy_min)"),
+    ("energy_max", "DOUBLE", "max(energy_joules_total)", "max(energy_max)"),
+    ("parent_index", "BIGINT", "any_value(parent_index)", "any_value(parent_index)"),
+    ("mig_slice_ratio", "DOUBLE", "any_value(mig_slice_ratio)", "any_value(mig_slice_ratio)"),
 )
 HOST = (
     ("job", "VARCHAR", "any_value(job)", "any_value(job)"),

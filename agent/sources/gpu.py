@@ -2,7 +2,11 @@
 
 Per GPU per tick (one ``gpu`` event each): utilisation of GPU and memory, memory
 used/total, power draw and limit, temperature, SM and memory clocks, PCIe tx/rx
-throughput, clock-throttle reasons, volatile ECC totals and per-process memory.
+throughput, clock-throttle reasons, volatile ECC totals and per-process memory; and where
+the GPU answers them (``_extras``): profiling activity through NVML's GPM API (Hopper and
+later), energy, row remapping, NVLink state / errors / throughput, per-process SM and
+memory use.  Each MIG instance is a GPU of its own (index ``1000 * (parent + 1) + slot``,
+with its parent, profile and share of the parent's SMs).
 Xid critical errors (NVML event set) and increases of the ECC totals are sent as
 ``gpu_event`` events: counts of occurrences, never a last-value gauge.
 
@@ -29,8 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cmdare.wire.events import THROTTLE_BITS, Encoded, jstr, row_str
+from cmdare.wire.kinds import OBJS
 from cmdare.wire.plugin import Option
 from cmdare.wire.registry import DATA_FIELDS
+from cmdare.wire.rowform import row_field
 
 from ..config import ConfigError
 from .base import SOURCES, Emit, Source, SourceUnavailable
@@ -57,6 +63,7 @@ def throttle_names(mask: int) -> list[str]:
 
 
 _ABSENT = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION}
+_NEVER = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION, 2}  # not asked again (2: invalid argument)
 # nvidia-ml-py raises this (not an NVMLError) when an unversioned call it maps to a newer
 # versioned function (processes -> _v3) meets a driver without it
 _MISMATCH: tuple[type[BaseException], ...] = ()
@@ -131,8 +138,34 @@ FIELDS = (
 )
 _FROM_HANDLE = ("index", "uuid", "name")
 _LISTS = ("processes",)
-if _FROM_HANDLE + tuple(f.name for f in FIELDS) + _LISTS != tuple(DATA_FIELDS["gpu"]):
+# the fields after ``processes`` (issue 38), read by ``_extras`` with their own error handling
+_GPU_FIELDS = tuple(DATA_FIELDS["gpu"])
+EXTRAS = _GPU_FIELDS[_GPU_FIELDS.index("processes") + 1 :]
+_EXTRA_KINDS = [(n, DATA_FIELDS["gpu"][n][0]) for n in EXTRAS]
+if _FROM_HANDLE + tuple(f.name for f in FIELDS) + _LISTS + EXTRAS != _GPU_FIELDS:
     raise AssertionError("agent/sources/gpu.py FIELDS must follow DATA_FIELDS['gpu'] (the row form is positional)")
+
+MIB = 1048576.0
+# GPM metrics (nvml.h's NVML_GPM_METRIC_* ids): field, metric id, scale to the field's unit
+GPM_METRICS = (
+    ("gr_engine_active_ratio", 1, 0.01),
+    ("sm_active_ratio", 2, 0.01),
+    ("sm_occupancy_ratio", 3, 0.01),
+    ("tensor_active_ratio", 5, 0.01),
+    ("fp16_active_ratio", 13, 0.01),
+    ("fp32_active_ratio", 12, 0.01),
+    ("fp64_active_ratio", 11, 0.01),
+    ("dram_active_ratio", 10, 0.01),
+    ("nvlink_rx_bytes_per_second", 60, MIB),
+    ("nvlink_tx_bytes_per_second", 61, MIB),
+)
+GPM_LINK_RX0 = 62  # NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC; link l: rx 62 + 2l, tx 63 + 2l (links 0-17)
+GPM_MAX_LINK = 18
+# NVLink error counters (nvmlNvLinkErrorCounter_t) and their names in the ``nvlink`` objects
+NVLINK_ERRORS = (("replay_errors_total", 0), ("recovery_errors_total", 1), ("crc_flit_errors_total", 2), ("crc_data_errors_total", 3))
+MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS
+MIG_INDEX_BASE = 1000  # a MIG instance's index: 1000 * (parent index + 1) + its slot
+NOT_FOUND = 6
 
 
 def _calls() -> list[tuple[str, tuple[str, ...], str, list[Field]]]:
@@ -183,6 +216,15 @@ class _Gpu:
     lost: bool = False
     ecc_prev: dict[str, int] = field(default_factory=dict)
     fast: bool = True  # every NVML call answered last time: take the straight path
+    # issue 38: MIG (a MIG instance's parent GPU and identity), GPM, NVLink, process samples
+    parent: _Gpu | None = None
+    mig: dict[str, Any] = field(default_factory=dict)  # parent_index, mig_profile, ... (fields as sent)
+    gpm: Any = None  # the c_nvmlGpmMetricsGet_t request (metric ids set once), None: no GPM
+    gpm_samples: list[Any] = field(default_factory=list)  # two samples, used in turn
+    gpm_turn: int = -1  # which sample the last tick took (-1: none yet)
+    links: list[int] = field(default_factory=list)  # NVLinks whose state answers
+    proc_ts: int = 0  # newest process-utilisation sample seen (NVML's microseconds)
+    skip: set[str] = field(default_factory=set)  # extra calls this GPU does not support
 
     def __post_init__(self) -> None:
         self.uuid_row, self.name_row = row_str(self.uuid), row_str(self.name)
@@ -230,6 +272,9 @@ class GpuSource(Source):
         "retry_interval": Option("duration", 60.0, "how often to retry when NVML or GPUs are missing"),
         "processes": Option("bool", True, "send per-process GPU memory"),
         "xid_events": Option("bool", True, "watch NVML Xid critical-error events"),
+        "profiling": Option("bool", True, "GPM profiling metrics (SM / tensor / DRAM activity; Hopper and later)"),
+        "nvlink": Option("bool", True, "NVLink state, error counters and throughput"),
+        "mig": Option("bool", True, "each MIG instance as a GPU of its own"),
     }
 
     @classmethod
@@ -304,6 +349,7 @@ class GpuSource(Source):
                 self.gpus.append(_Gpu(i, None, f"index-{i}", "unknown", lost=True))
                 continue
             self.gpus.append(_Gpu(i, h, uuid, name))
+        self._discover()
         if self.config["xid_events"]:
             self._watch_xid()
         self._next_retry = 0.0  # started: a later start (after close) is not a retry
@@ -327,8 +373,130 @@ class GpuSource(Source):
             log.info("Xid events not available: %s", e)
             self.event_set = None
 
+    # -- issue 38: what each GPU answers beyond the fixed fields, found once at start
+    def _try(self, fn: str, *args: Any) -> Any:
+        """An NVML call at start: its answer, or None where the GPU cannot answer it."""
+        f = getattr(self.nvml, fn, None)
+        if f is None:
+            return None
+        try:
+            return f(*args)
+        except self.nvml.NVMLError as e:
+            if getattr(e, "value", None) == GPU_IS_LOST:
+                return None
+            log.debug("%s: %s", fn, e)
+            return None
+        except (*_MISMATCH, TypeError, AttributeError):
+            return None
+
+    def _discover(self) -> None:
+        """MIG instances (each a GPU of its own), GPM support and NVLinks of every GPU; one
+        log line per kind of field a GPU cannot give."""
+        cfg, n = self.config, self.nvml
+        no_gpm = []
+        for g in list(self.gpus):
+            if g.handle is None:
+                continue
+            if cfg["mig"]:
+                self._mig_instances(g)
+            if cfg["nvlink"]:
+                g.links = self._links(g.handle)
+            if cfg["profiling"]:
+                sup = self._try("nvmlGpmQueryDeviceSupport", g.handle)
+                if sup is not None and getattr(sup, "isSupportedDevice", 0):
+                    for x in [g] + [m for m in self.gpus if m.parent is g]:
+                        self._gpm_setup(x, g.links if x is g else [])
+                else:
+                    no_gpm.append(f"{g.index} ({g.name})")
+        if no_gpm:
+            has = getattr(n, "nvmlGpmQueryDeviceSupport", None) is not None
+            log.info(
+                "GPU %s: no profiling metrics (SM / tensor / DRAM activity): %s",
+                ", ".join(no_gpm),
+                "NVML's GPM API needs a Hopper or later GPU" if has else "this nvidia-ml-py has no GPM API",
+            )
+
+    def _links(self, h: Any) -> list[int]:
+        """The NVLinks active at start (their state is read every tick: a link that goes
+        down reads ``active: 0``)."""
+        links = []
+        for link in range(MAX_LINKS):
+            try:
+                active = self.nvml.nvmlDeviceGetNvLinkState(h, link)
+            except self.nvml.NVMLError as e:
+                if getattr(e, "value", None) in (NOT_SUPPORTED, 2) and links:
+                    break  # past the last link
+                if getattr(e, "value", None) in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
+                    return []  # no NVLink on this GPU (a VM's single GPU)
+                continue
+            except AttributeError:
+                return []
+            if active:
+                links.append(link)
+        return links
+
+    def _mig_instances(self, g: _Gpu) -> None:
+        mode = self._try("nvmlDeviceGetMigMode", g.handle)
+        if not mode or int(mode[0]) != 1:
+            return
+        count = self._try("nvmlDeviceGetMaxMigDeviceCount", g.handle) or 0
+        pattr = self._try("nvmlDeviceGetAttributes_v2", g.handle)
+        parent_sms = getattr(pattr, "multiprocessorCount", 0) or 0
+        for slot in range(min(int(count), 64)):
+            mh = self._try("nvmlDeviceGetMigDeviceHandleByIndex", g.handle, slot)
+            if mh is None:
+                continue  # an empty slot (NOT_FOUND)
+            uuid, name = self._try("nvmlDeviceGetUUID", mh), self._try("nvmlDeviceGetName", mh)
+            if uuid is None:
+                continue
+            name = self._text(name) if name is not None else g.name
+            attr = self._try("nvmlDeviceGetAttributes_v2", mh)
+            profile = name.split(" MIG ", 1)[1] if " MIG " in name else ""
+            if not profile and attr is not None:
+                profile = f"{attr.gpuInstanceSliceCount}g.{round(attr.memorySizeMB / 1024)}gb"
+            mig: dict[str, Any] = {"parent_index": g.index}
+            if profile:
+                mig["mig_profile"] = profile
+            for key, fn in (("gpu_instance_id", "nvmlDeviceGetGpuInstanceId"), ("compute_instance_id", "nvmlDeviceGetComputeInstanceId")):
+                v = self._try(fn, mh)
+                if v is not None:
+                    mig[key] = int(v)
+            if attr is not None and parent_sms:
+                mig["mig_slice_ratio"] = min(1.0, attr.multiprocessorCount / parent_sms)
+            m = _Gpu(MIG_INDEX_BASE * (g.index + 1) + slot, mh, self._text(uuid), name, parent=g, mig=mig)
+            self.gpus.append(m)
+
+    def _gpm_setup(self, g: _Gpu, links: list[int]) -> None:
+        n = self.nvml
+        cls = getattr(n, "c_nvmlGpmMetricsGet_t", None)
+        if cls is None:
+            return
+        try:
+            samples = [n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()]
+        except n.NVMLError as e:
+            log.info("GPU %d: GPM samples cannot be allocated: %s", g.index, e)
+            return
+        req = cls()
+        req.version = getattr(n, "NVML_GPM_METRICS_GET_VERSION", 1)
+        ids = [m for _, m, _ in GPM_METRICS]
+        ids += [GPM_LINK_RX0 + 2 * link + k for link in links if link < GPM_MAX_LINK for k in (0, 1)]
+        for i, mid in enumerate(ids):
+            req.metrics[i].metricId = mid
+        req.numMetrics = len(ids)
+        g.gpm, g.gpm_samples, g.gpm_turn = req, samples, -1
+
+    def _free_gpm(self) -> None:
+        for g in self.gpus:
+            for smp in g.gpm_samples:
+                try:
+                    self.nvml.nvmlGpmSampleFree(smp)
+                except Exception:
+                    pass
+            g.gpm, g.gpm_samples = None, []
+
     def close(self) -> None:
         if self.nvml is not None and self._inited:
+            self._free_gpm()
             try:
                 if self.event_set is not None:
                     self.nvml.nvmlEventSetFree(self.event_set)
@@ -401,6 +569,9 @@ class GpuSource(Source):
         row (``_straight``), the row form from the same table.  The first NVML error sends
         this GPU down ``sample`` for good, where each error gets its meaning."""
         n, h = self.nvml, g.handle
+        if g.parent is not None:  # a MIG instance: most fixed fields are the parent's
+            g.fast = False
+            return self.sample(g)
         try:
             d, row = _straight(n, h, g)
             if self.config["processes"]:
@@ -415,11 +586,131 @@ class GpuSource(Source):
                         procs.append({"pid": pid, "used_bytes": mem})
                         texts.append(f'{{"pid":{pid},"used_bytes":{mem}}}')
                 d["processes"] = procs
-                row += "\t[" + ",".join(texts) + "]"
+                proc_row = "[" + ",".join(texts) + "]"
+            else:
+                proc_row = ""
         except (n.NVMLError, AttributeError, *_MISMATCH):  # an error, a binding without the function,
             g.fast = False  # or a driver older than the binding (its versioned call is missing)
             return self.sample(g)
+        if self._extras(g, d):  # per-process utilisation merged: the processes' text again
+            proc_row = row_field(OBJS, d["processes"])
+        tail = "\t".join(row_field(k, d.get(name)) for name, k in _EXTRA_KINDS).rstrip("\t")
+        if proc_row or tail:
+            row += "\t" + proc_row
+        if tail:
+            row += "\t" + tail
         return Encoded(d, row=row)
+
+    def _extras(self, g: _Gpu, d: dict[str, Any]) -> bool:
+        """The fields after ``processes`` into ``d`` (those this GPU answers), and per-process
+        SM / memory use into ``d["processes"]``; True when the latter changed.  A call the
+        GPU does not support is not made again; a lost GPU raises GpuLost."""
+        n, h, skip, err = self.nvml, g.handle, g.skip, self.nvml.NVMLError
+
+        def get(fn: str, *args: Any, handle: Any = h) -> Any:
+            if fn in skip:
+                return None
+            f = getattr(n, fn, None)
+            if f is None:
+                skip.add(fn)
+                return None
+            try:
+                return f(handle, *args)
+            except err as e:
+                code = getattr(e, "value", None)
+                if code == GPU_IS_LOST:
+                    raise GpuLost(str(e)) from None
+                if code in _NEVER:
+                    skip.add(fn)
+                elif code != NOT_FOUND:
+                    log.debug("GPU %d: %s: %s", g.index, fn, e)
+                return None
+            except (*_MISMATCH, TypeError):
+                skip.add(fn)
+                return None
+
+        if g.mig:
+            d.update(g.mig)
+        mj = get("nvmlDeviceGetTotalEnergyConsumption")
+        if mj is not None:
+            d["energy_joules_total"] = int(mj) * 1e-3
+        rr = get("nvmlDeviceGetRemappedRows")
+        if rr is not None:
+            d["remapped_rows_correctable"], d["remapped_rows_uncorrectable"] = int(rr[0]), int(rr[1])
+            d["row_remap_pending"], d["row_remap_failed"] = bool(rr[2]), bool(rr[3])
+        link_rate: dict[int, list[float]] = {}
+        if g.gpm is not None:
+            self._gpm_read(g, d, get, link_rate)
+        if g.links:
+            links, errors = [], 0
+            for link in g.links:
+                state = get("nvmlDeviceGetNvLinkState", link)
+                if state is None:
+                    continue
+                o: dict[str, Any] = {"link": link, "active": int(state)}
+                if state:
+                    for key, counter in NVLINK_ERRORS:
+                        c = get("nvmlDeviceGetNvLinkErrorCounter", link, counter)
+                        if c is not None:
+                            o[key] = int(c)
+                            errors += int(c)
+                    rate = link_rate.get(link)
+                    if rate is not None:
+                        o["rx_bytes_per_second"], o["tx_bytes_per_second"] = rate
+                links.append(o)
+            if links:
+                d["nvlink"] = links
+                d["nvlink_errors_total"] = errors
+        procs = d.get("processes")
+        if procs:
+            samples = get("nvmlDeviceGetProcessUtilization", g.proc_ts)
+            if samples:
+                by_pid = {}
+                for smp in samples:
+                    ts = int(smp.timeStamp)
+                    if ts > g.proc_ts:
+                        g.proc_ts = ts
+                    by_pid[int(smp.pid)] = (min(1.0, smp.smUtil / 100.0), min(1.0, smp.memUtil / 100.0))
+                changed = False
+                for p in procs:
+                    u = by_pid.get(p["pid"])
+                    if u is not None:
+                        p["sm_ratio"], p["mem_ratio"] = u
+                        changed = True
+                return changed
+        return False
+
+    def _gpm_read(self, g: _Gpu, d: dict[str, Any], get: Callable[..., Any], link_rate: dict[int, list[float]]) -> None:
+        """Take this tick's GPM sample; with the last tick's, the metrics of the interval."""
+        n = self.nvml
+        turn = 1 - g.gpm_turn if g.gpm_turn >= 0 else 0
+        smp = g.gpm_samples[turn]
+        if g.parent is not None:
+            ok = get("nvmlGpmMigSampleGet", g.mig.get("gpu_instance_id", 0), smp, handle=g.parent.handle)
+        else:
+            ok = get("nvmlGpmSampleGet", smp)
+        if ok is None:
+            g.gpm_turn = -1
+            return
+        if g.gpm_turn >= 0:
+            req = g.gpm
+            req.sample1, req.sample2 = g.gpm_samples[g.gpm_turn], smp
+            try:
+                n.nvmlGpmMetricsGet(req)
+            except n.NVMLError as e:
+                log.debug("GPU %d: nvmlGpmMetricsGet: %s", g.index, e)
+            else:
+                m = req.metrics
+                for i, (name, _, scale) in enumerate(GPM_METRICS):
+                    x = m[i]
+                    if x.nvmlReturn == 0 and x.value == x.value and x.value >= 0:
+                        v = x.value * scale
+                        d[name] = min(v, 1.0) if scale == 0.01 else v
+                for i in range(len(GPM_METRICS), req.numMetrics, 2):
+                    link = (m[i].metricId - GPM_LINK_RX0) // 2
+                    if m[i].nvmlReturn == 0 and m[i + 1].nvmlReturn == 0:
+                        link_rate[link] = [m[i].value * MIB, m[i + 1].value * MIB]
+        g.gpm_turn = turn
 
     def sample(self, g: _Gpu) -> dict[str, Any]:
         n, h, fns, err = self.nvml, g.handle, self._fns, self.nvml.NVMLError
@@ -462,4 +753,5 @@ class GpuSource(Source):
                     else {"pid": int(p.pid)}
                     for p in procs
                 ]
+        self._extras(g, d)
         return d
