@@ -110,11 +110,15 @@ def spans(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
 _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem, mask_n,
                   thr_n, thr_mask
            FROM (SELECT node, "index", epoch_us(ts) // {BUCKET_SECONDS * 1_000_000} AS bi, count(*) AS n,
-                        avg(util_gpu_ratio) AS util, avg(mem_used_bytes) AS mem, count(throttle_mask) AS mask_n,
+                        coalesce(avg(gr_engine_active_ratio), avg(util_gpu_ratio)) AS util,
+                        avg(mem_used_bytes) AS mem, count(throttle_mask) AS mask_n,
                         count(*) FILTER ({{thr}}) AS thr_n, bit_or(throttle_mask) FILTER ({{thr}}) AS thr_mask
                  FROM gpu_samples WHERE {{where}} GROUP BY node, "index", bi)"""
 # the same columns from the 5-minute rollup (collector/rollup.py keeps them)
-_ROLLED_GPU = """SELECT node, "index", bucket AS b, samples AS n, util_sum / nullif(util_samples, 0) AS util,
+# utilisation: the graphics engine's activity where GPM gives it (NVML's GPU_UTIL counts a GPU
+# busy while one tiny kernel runs, and reads nothing on MIG), else GPU_UTIL
+_ROLLED_GPU = """SELECT node, "index", bucket AS b, samples AS n,
+                  coalesce(gr_sum / nullif(gr_n, 0), util_sum / nullif(util_samples, 0)) AS util,
                   mem_sum / nullif(mem_samples, 0) AS mem, throttle_samples AS mask_n, throttled AS thr_n, thr_mask
            FROM gpu_5m WHERE {whole}"""
 
@@ -290,3 +294,27 @@ def latest_fit(con: duckdb.DuckDBPyConnection, kind: str) -> dict[str, Any] | No
         return latest(con, kind)
     except AnalyticsError:  # no fit of that kind: the unit goes without it
         return None
+
+
+def job_activity(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[tuple]:
+    """Per job, node and GPU in scope: (job, node, index, name, samples, graphics-engine
+    active, SM active, tensor pipes, FP32 pipe, DRAM bandwidth (means over the samples that
+    have them, 0..1, None where the GPU gave none: no GPM), NVLink errors counted in scope,
+    first bucket, last sample), from the ``gpu_5m`` rollup view (exact at any lag) at
+    5-minute resolution: the buckets a job's span touches on its node."""
+    if not has_view(con, "gpu_5m") or not has_column(con, "gpu_5m", "gr_sum"):
+        return []
+    s = spans(con, scope)
+    where, params = Scope(None, scope.since, scope.until).where(ts="g.last_ts")
+    return con.execute(
+        f"""SELECT s.job, g.node, g."index", any_value(g.name), sum(g.samples),
+                   sum(g.gr_sum) / nullif(sum(g.gr_n), 0), sum(g.sm_active_sum) / nullif(sum(g.sm_active_n), 0),
+                   sum(g.tensor_sum) / nullif(sum(g.tensor_n), 0), sum(g.fp32_sum) / nullif(sum(g.fp32_n), 0),
+                   sum(g.dram_sum) / nullif(sum(g.dram_n), 0), max(g.nvl_err_max) - min(g.nvl_err_min),
+                   min(g.bucket), max(g.last_ts)
+            FROM gpu_5m g JOIN {s} s ON g.node = s.node
+                 AND g.bucket + INTERVAL {BUCKET_SECONDS} SECOND > s.t0 AND g.bucket <= s.t1
+            WHERE {where}
+            GROUP BY s.job, g.node, g."index" ORDER BY s.job, g.node, g."index" """,
+        params,
+    ).fetchall()

@@ -45,3 +45,28 @@ def found(con: duckdb.DuckDBPyConnection, kind: str, scope: Scope | None = None,
     for f in detect(kind, con, scope or Scope(), **options):
         out.setdefault(f.job or "", []).append(f)
     return out
+
+
+T0 = 1.75e9 - (1.75e9 % 300)
+
+
+def agent_gpus(tmp_path: Path, nvml: Any, job: str = "j", ticks: int = 60, every: float = 10.0,
+               node: str = "n0", extra: list[bytes] | None = None) -> duckdb.DuckDBPyConnection:
+    """A database holding what the real GPU source read from ``nvml`` (the fake NVML) for
+    ``ticks`` ticks, sent in the agent's row form, beside a job stepping on the node whose
+    rank 0 declared pid 4000 (the fake's process on GPU 0)."""
+    from cmdare.agent.sources.gpu import GpuSource
+    from cmdare.wire.events import EventFactory
+
+    src = GpuSource(GpuSource.parse_config("sources.gpu", {}), nvml=nvml)
+    agent = EventFactory(node, "worker", "", rows=True)
+    lines: list[bytes] = [agent.line("train_job", {"run": "r", "rank": 0, "pid": 4000, "world_size": 1}, T0, job=job)]
+    for k in range(ticks):
+        ts = T0 + k * every
+        src.collect(lambda t, d, ts=ts: lines.append(agent.line(t, d, ts)))
+        lines.append(agent.line("train_steps", {"run": "r", "rank": 0, "steps": 10, "steps_per_second": 1.0,
+                                                "interval_seconds": every}, ts, job=job))
+    src.close()
+    con = connect(tmp_path / f"agent-{job}.duckdb")
+    assert Writer(con).write([("agent", b"".join(lines + (extra or [])))]).dead == 0
+    return con

@@ -121,3 +121,32 @@ def test_memory_held_with_no_job_stepping_is_named_with_the_job_that_left_it(fle
     assert f[""][0].node == "none-n0" and f[""][0].job is None
     assert found(con, "gpu_idle", min_mem="1025MiB").keys() == {"left-a"}
     assert set(found(con, "gpu_idle", Scope(job="lone"))) == {"lone"}
+
+
+def test_a_gpu_busy_by_gpu_util_but_idle_by_its_graphics_engine_is_idle(tmp_path) -> None:
+    """NVML's GPU_UTIL counts a GPU busy while one tiny kernel runs; where GPM's
+    graphics-engine activity is there, the idle detector judges by it."""
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import EventFactory
+
+    from .conftest import T0
+
+    def db(name: str, gr: float | None):
+        f = EventFactory("t0", "worker", "")
+        lines = []
+        for k in range(180):  # 30 minutes at 10 s
+            ts = T0 + 10 * k
+            lines.append(f.line("train_steps", {"run": "r", "steps": 10, "steps_per_second": 1.0,
+                                                "interval_seconds": 10.0}, ts, job="tiny"))
+            g = {"index": 0, "uuid": "GPU-t", "util_gpu_ratio": 0.9, "mem_used_bytes": 2 << 30}
+            if gr is not None:
+                g["gr_engine_active_ratio"] = gr
+            lines.append(f.line("gpu", g, ts))
+        con = connect(tmp_path / f"{name}.duckdb")
+        assert Writer(con).write([("t", b"".join(lines))]).dead == 0
+        return con
+
+    f = found(db("gr", 0.02), "gpu_idle")
+    assert list(f) == ["tiny"] and f["tiny"][0].evidence
+    assert found(db("util-only", None), "gpu_idle") == {}  # no GPM: GPU_UTIL, 90 %

@@ -1,0 +1,66 @@
+"""gpu_shared: one GPU used by processes of two or more training jobs at once (their ranks'
+PIDs from the tracking library, the GPU's process list from NVML)."""
+
+from __future__ import annotations
+
+import duckdb
+
+from cmdare.wire.plugin import Option, Requirement
+
+from ..units import DETECTORS, Detector, Finding, Scope
+
+# each sample's processes, one row each (pid, SM share where NVML sampled it)
+PROCS = """SELECT node, "index", ts, p.pid AS pid, p.sm_ratio AS sm
+           FROM (SELECT node, "index", ts, unnest(from_json(processes, '[{{"pid":"BIGINT","sm_ratio":"DOUBLE"}}]')) AS p
+                 FROM gpu_samples WHERE {where} AND processes IS NOT NULL AND processes <> '[]')"""
+
+
+@DETECTORS.register
+class GpuShared(Detector):
+    name = "gpu_shared"
+    OPTIONS = {
+        "min_samples": Option("int", 3, "samples a GPU must show two jobs' processes in before it is reported", lo=1),
+    }
+    REQUIRES = (Requirement("table", "gpu_samples"), Requirement("table", "jobs"))
+
+    def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
+        where, params = Scope(None, scope.since, scope.until).where()
+        rows = con.execute(
+            f"""WITH p AS ({PROCS.format(where=where)}),
+                    j AS (SELECT node, pid, any_value(job) AS job FROM jobs
+                          WHERE pid IS NOT NULL AND job IS NOT NULL AND job <> '' GROUP BY node, pid),
+                    a AS (SELECT p.node, p."index", p.ts, j.job, avg(p.sm) AS sm FROM p JOIN j USING (node, pid)
+                          GROUP BY ALL),
+                    shared AS (SELECT node, "index", ts FROM a GROUP BY ALL HAVING count(DISTINCT job) >= 2)
+                SELECT a.node, a."index", a.job, count(DISTINCT a.ts), avg(a.sm), min(a.ts), max(a.ts)
+                FROM a SEMI JOIN shared USING (node, "index", ts)
+                GROUP BY a.node, a."index", a.job ORDER BY a.node, a."index", a.job""",
+            params,
+        ).fetchall()
+        gpus: dict[tuple[str, int], list[tuple]] = {}
+        for r in rows:
+            gpus.setdefault((r[0], r[1]), []).append(r)
+        out = []
+        for (node, index), rs in gpus.items():
+            n = max(r[3] for r in rs)
+            if n < self.options["min_samples"]:
+                continue
+            jobs = [r[2] for r in rs]
+            if scope.job is not None and scope.job not in jobs:
+                continue
+            use = ", ".join(f"{r[2]} {r[4] * 100:.0f} % SM" if r[4] is not None else r[2] for r in rs)
+            ev: dict[str, float | int | str | None] = {"jobs": len(jobs), "samples": int(n)}
+            for i, r in enumerate(rs[:8]):
+                ev[f"job{i + 1}"] = r[2]
+                ev[f"job{i + 1}_sm"] = None if r[4] is None else round(r[4], 4)
+            for job in jobs:
+                if scope.job is not None and job != scope.job:
+                    continue
+                out.append(Finding(
+                    self.name, job,
+                    f"GPU {index} on {node} is shared by {len(jobs)} jobs ({use}) in {n} samples: each runs slower "
+                    "than alone and its speed fits mislead; give each job its own GPUs (or MIG instances)",
+                    severity="warning", confidence=1.0, node=node, subject=str(index), evidence=ev,
+                    window_start=min(r[5] for r in rs), window_end=max(r[6] for r in rs),
+                ))
+        return out
