@@ -16,7 +16,9 @@ exported without a change here:
   counts, ``cmdare_gpu_events_total{kind,xid}`` from GPU events (Xid, ECC) and
   ``cmdare_revocation_notices_total{kind}`` from revocation notices.
 - Labels: ``node``, ``role``, ``job`` and the agent's ``[labels]`` on every series; ``gpu``
-  (NVML index) and ``uuid``; ``device`` (TPU); ``run`` and ``rank``; ``nic``, ``disk``,
+  (NVML index; a MIG instance's is ``1000 x (parent + 1) + slot``, its parent and SM share
+  are the gauges ``cmdare_gpu_parent_index`` and ``cmdare_gpu_mig_slice_ratio``) and ``uuid``;
+  ``link`` (NVLink); ``device`` (TPU); ``run`` and ``rank``; ``nic``, ``disk``,
   ``core``; ``source`` for the agent's per-source health.
 
 A series that has not been updated for ``stale_after`` (a GPU that fell off the bus, a run
@@ -56,7 +58,7 @@ ACCUMULATE = {
     "train_data": {"batches": "cmdare_data_batches", "elements": "cmdare_data_elements"},
 }
 SKIP = {"heartbeat": {"seq"}, "train_steps": {"first_step"}}
-OBJ_LABEL = {"net": "nic", "disk": "disk"}
+OBJ_LABEL = {"net": "nic", "disk": "disk", "nvlink": "link"}
 COMMON_LABELS = ("node", "role", "job")
 _LABEL_RE = re.compile(r"[^a-zA-Z0-9_]")
 

@@ -156,8 +156,8 @@ GPM_METRICS = (
     ("fp32_active_ratio", 12, 0.01),
     ("fp64_active_ratio", 11, 0.01),
     ("dram_active_ratio", 10, 0.01),
-    ("nvlink_rx_bytes_per_second", 60, MIB),
-    ("nvlink_tx_bytes_per_second", 61, MIB),
+    ("nvlink_total_rx_bytes_per_second", 60, MIB),
+    ("nvlink_total_tx_bytes_per_second", 61, MIB),
 )
 GPM_LINK_RX0 = 62  # NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC; link l: rx 62 + 2l, tx 63 + 2l (links 0-17)
 GPM_MAX_LINK = 18

@@ -226,3 +226,25 @@ def test_prometheus_endpoint_over_tls(tmp_path: Path) -> None:
     finally:
         agent.stop()
         t.join(10)
+
+
+def test_gpu_depth_fields_are_exported_per_gpu_and_per_nvlink() -> None:
+    """What the GPU source reads beyond nvidia-smi (fake NVML, an H100 with two NVLinks and
+    MIG instances): GPM activity, energy as a counter, NVLink per link, MIG identity."""
+    from cmdare.agent.sources.gpu import GpuSource
+    from tests.fakes.nvml import FakeNvml
+
+    st = MetricStore("n1", "worker", "j0")
+    src = GpuSource(GpuSource.parse_config("sources.gpu", {}), nvml=FakeNvml(gpus=1, model="h100", nvlinks=2, mig=2))
+    for _ in range(3):
+        src.collect(lambda t, d: st.observe(t, d))
+    fams = {f.name: (f, dict(s)) for f, s in st.snapshot()}
+    tensor = fams["cmdare_gpu_tensor_active_ratio"][1]
+    assert {k[3] for k in tensor} == {"0", "1000", "1001"} and all(0 <= v <= 1 for v in tensor.values())
+    assert fams["cmdare_gpu_energy_joules_total"][0].kind == "counter"
+    rx = fams["cmdare_gpu_nvlink_rx_bytes_per_second"]
+    assert rx[0].labelnames[-1] == "link" and sorted(k[-1] for k in rx[1]) == ["0", "1"]
+    assert fams["cmdare_gpu_nvlink_replay_errors_total"][0].kind == "counter"
+    assert set(fams["cmdare_gpu_nvlink_total_rx_bytes_per_second"][1].values()) == {2 * 1000 * 1048576.0}
+    parent = fams["cmdare_gpu_parent_index"][1]
+    assert sorted((k[3], v) for k, v in parent.items()) == [("1000", 0.0), ("1001", 0.0)]
