@@ -63,6 +63,19 @@ def gpu(db: Database, node: str | None = None, since: dt.datetime | None = None,
     return _table(db, queries.gpu, node, since, until, queries.parse_label(label), every)
 
 
+def tpu(db: Database, node: str | None = None, since: dt.datetime | None = None, until: dt.datetime | None = None,
+        label: str | None = None) -> Table:
+    """Per TPU device: TensorCore duty cycle, HBM used and bandwidth, the jobs on its node."""
+    return _table(db, queries.tpu, node, since, until, queries.parse_label(label))
+
+
+def gpu_processes(db: Database, node: str | None = None, since: dt.datetime | None = None,
+                  until: dt.datetime | None = None, job: str | None = None) -> Table:
+    """Per GPU and process: the job and rank it is (by PID), its share of the GPU's samples,
+    SM / memory share and memory; ``job``: that job's only."""
+    return _table(db, queries.gpu_processes, node, since, until, job)
+
+
 def host(db: Database, node: str | None = None, since: dt.datetime | None = None, until: dt.datetime | None = None,
          label: str | None = None, every: float | None = None) -> Table:
     """Per node (per ``every`` seconds): CPU, load, memory, processes, network and disk."""

@@ -139,6 +139,12 @@ class Remote:
     def _revocations(self, **kw: Any) -> api.Table:
         return self._get_table("/api/v1/revocations", **kw)
 
+    def _tpu(self, **kw: Any) -> api.Table:
+        return self._get_table("/api/v1/tpus", **kw)
+
+    def _gpu_processes(self, **kw: Any) -> api.Table:
+        return self._get_table("/api/v1/gpu-processes", **kw)
+
     def _gpu(self, **kw: Any) -> api.Table:
         return self._get_table("/api/v1/gpus", **kw)
 

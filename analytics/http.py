@@ -239,6 +239,16 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
              every: float | None = Query(None, ge=1, le=1e9)) -> Any:
         return table(api.gpu(db, node, since, until, label, every))
 
+    @app.get("/api/v1/tpus", response_model=TableOut, tags=["telemetry"])
+    def tpus(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since(),
+             until: dt.datetime | None = Until(), label: str | None = Query(None, max_length=330)) -> Any:
+        return table(api.tpu(db, node, since, until, label))
+
+    @app.get("/api/v1/gpu-processes", response_model=TableOut, tags=["telemetry"])
+    def gpu_processes(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since(),
+                      until: dt.datetime | None = Until(), job: str | None = Query(None, max_length=256)) -> Any:
+        return table(api.gpu_processes(db, node, since, until, job))
+
     @app.get("/api/v1/hosts", response_model=TableOut, tags=["telemetry"])
     def hosts(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since(),
               until: dt.datetime | None = Until(), label: str | None = Query(None, max_length=330),

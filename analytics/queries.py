@@ -224,7 +224,7 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
     where, params = _where(node, cutoff, until, label)  # used for samples and events alike
     b = _bucket_expr(every, con, "gpu_samples", where, params)
     sel, key = (f"{b} AS bucket, ", "bucket, ") if b else ("", "")
-    return _run(
+    cols_rows = _run(
         con,
         f"""
         WITH ev AS (
@@ -239,11 +239,55 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
                round(avg(CASE WHEN {throttled_sql("throttle_mask")} THEN 1 ELSE 0 END) * 100, 1) AS throttled_pct,
                coalesce(any_value(ev.ecc), 0) AS ecc_errors, coalesce(any_value(ev.xid), 0) AS xid_events,
                coalesce(any_value(ev.lost), false) AS lost,
-               strftime(max(s.ts), '%Y-%m-%d %H:%M:%S') AS last_sample
+               strftime(max(s.ts), '%Y-%m-%d %H:%M:%S') AS last_sample,
+               any_value(s.parent_index) AS parent, any_value(s.mig_profile) AS mig_profile,
+               round(any_value(s.mig_slice_ratio) * 100, 1) AS mig_share_pct,
+               round(avg(gr_engine_active_ratio) * 100, 1) AS gr_active_pct,
+               round(avg(sm_active_ratio) * 100, 1) AS sm_active_pct,
+               round(avg(tensor_active_ratio) * 100, 1) AS tensor_pct,
+               round(avg(dram_active_ratio) * 100, 1) AS dram_pct,
+               round((max(energy_joules_total) - min(energy_joules_total)) / 3.6e6, 4) AS energy_kwh,
+               max(nvlink_errors_total) - min(nvlink_errors_total) AS nvlink_errors
         FROM (SELECT {sel}* FROM gpu_samples{where}) s LEFT JOIN ev USING ({key}node, uuid)
         GROUP BY {key}s.node, s."index" ORDER BY {key}s.node, gpu""",
         params + params,
     )
+    return _mig_to_parents(cols_rows, bool(b))
+
+
+def _mig_to_parents(result: Result, bucketed: bool) -> Result:
+    """A MIG parent's activity, where it has none of its own (GPU_UTIL reads nothing in
+    MIG mode; GPM is per GPU instance): its instances' activity weighted by their share of
+    its SMs (a 1g instance of an A100 busy 70 % is a tenth of the GPU busy); its memory
+    used, where it reports none: the instances' sum."""
+    cols, rows = result
+    ix = {c: i for i, c in enumerate(cols)}
+    pct = ("gr_active_pct", "sm_active_pct", "tensor_pct", "dram_pct")
+
+    def key(r: tuple, gpu: Any) -> tuple:
+        return (r[0], r[ix["node"]], gpu) if bucketed else (r[ix["node"]], gpu)
+
+    inst: dict[tuple, list[tuple]] = {}
+    for r in rows:
+        if r[ix["parent"]] is not None:
+            inst.setdefault(key(r, r[ix["parent"]]), []).append(r)
+    if not inst:
+        return cols, rows
+    out = []
+    for r in rows:
+        kids = inst.get(key(r, r[ix["gpu"]])) if r[ix["parent"]] is None else None
+        if kids:
+            r = list(r)
+            for c in pct:
+                have = [(k[ix[c]], k[ix["mig_share_pct"]]) for k in kids if k[ix[c]] is not None and k[ix["mig_share_pct"]]]
+                if r[ix[c]] is None and have:
+                    r[ix[c]] = round(sum(v * w / 100 for v, w in have), 1)
+            mem = [k[ix["mem_used_gib"]] for k in kids if k[ix["mem_used_gib"]] is not None]
+            if r[ix["mem_used_gib"]] is None and mem:
+                r[ix["mem_used_gib"]] = round(sum(mem), 2)
+            r = tuple(r)
+        out.append(r)
+    return cols, out
 
 
 def host(
@@ -387,3 +431,54 @@ def steps(
     )
 
 
+
+
+def gpu_processes(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None,
+                  until: dt.datetime | None = None, job: str | None = None) -> Result:
+    """Per GPU and process over [cutoff, until): the training job and rank it is (its PID
+    as the job's rank declared it on that node; none: a process in no job), the share of
+    the GPU's samples it was listed in, its mean SM and memory-interface share where NVML
+    sampled it, its peak memory; ``job``: that job's processes only."""
+    where, params = _where(node, cutoff, until)
+    jp: list[Any] = []
+    jfilter = ""
+    if job is not None:
+        jfilter, jp = "WHERE j.job = ?", [job]
+    return _run(
+        con,
+        f"""WITH g AS (SELECT node, "index", count(*) AS n FROM gpu_samples{where} GROUP BY ALL),
+                 p AS (SELECT node, "index", any_value(uuid) AS uuid, any_value(parent_index) AS parent, pr.pid AS pid,
+                              count(*) AS n, avg(pr.sm_ratio) AS sm, avg(pr.mem_ratio) AS mem, max(pr.used_bytes) AS used
+                       FROM (SELECT node, "index", uuid, parent_index,
+                                    unnest(from_json(processes,
+                                        '[{{"pid":"BIGINT","used_bytes":"BIGINT","sm_ratio":"DOUBLE","mem_ratio":"DOUBLE"}}]')) AS pr
+                             FROM gpu_samples{where}{' AND' if where else ' WHERE'} processes IS NOT NULL)
+                       GROUP BY node, "index", pr.pid),
+                 j AS (SELECT node, pid, any_value(job) AS job, any_value(rank) AS rank, any_value(run) AS run
+                       FROM jobs WHERE pid IS NOT NULL GROUP BY node, pid)
+            SELECT p.node, p."index" AS gpu, p.parent, p.pid, coalesce(j.job, '') AS job, j.rank, j.run,
+                   round(p.n / g.n * 100, 1) AS present_pct, round(p.sm * 100, 1) AS sm_pct,
+                   round(p.mem * 100, 1) AS mem_pct, round(p.used / 2^30, 2) AS mem_used_gib
+            FROM p JOIN g USING (node, "index") LEFT JOIN j ON j.node = p.node AND j.pid = p.pid
+            {jfilter}
+            ORDER BY p.node, p."index", p.pid""",
+        params + params + jp,
+    )
+
+
+def tpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None,
+        until: dt.datetime | None = None, label: tuple[str, str] | None = None) -> Result:
+    """Per TPU device over [cutoff, until): samples, TensorCore duty cycle mean / max, HBM
+    used (peak) and total, HBM bandwidth use where libtpu reports it, the jobs on its node."""
+    where, params = _where(node, cutoff, until, label)
+    return _run(
+        con,
+        f"""SELECT node, device, count(*) AS samples, round(avg(duty_cycle_ratio) * 100, 1) AS duty_pct,
+                   round(max(duty_cycle_ratio) * 100, 1) AS duty_max_pct,
+                   round(max(hbm_used_bytes) / 2^30, 2) AS hbm_used_gib, round(max(hbm_total_bytes) / 2^30, 2) AS hbm_total_gib,
+                   round(avg(hbm_bandwidth_ratio) * 100, 1) AS hbm_bw_pct,
+                   string_agg(DISTINCT nullif(job, ''), ',' ORDER BY nullif(job, '')) AS jobs,
+                   strftime(max(ts), '%Y-%m-%d %H:%M:%S') AS last_sample
+            FROM tpu_samples{where} GROUP BY node, device ORDER BY node, device""",
+        params,
+    )

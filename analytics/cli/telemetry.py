@@ -158,22 +158,60 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
 @until_option
 @every_option
 @label_option
+@click.option("--job", default=None, help="per process of this job: how much of each GPU it used (implies --processes)")
+@click.option("--processes", is_flag=True, help="per GPU and process, with the job and rank each is (by PID)")
 @columns_option
 @wide_option
 @db_option
 @json_option
 def gpu(node: str | None, since: str | None, until: str | None, every: str | None, label: str | None,
-        columns: str | None, wide: bool, db: str, as_json_: bool) -> None:
+        job: str | None, processes: bool, columns: str | None, wide: bool, db: str, as_json_: bool) -> None:
     """Per GPU: utilisation, memory, power, temperature, throttling, ECC / Xid events
-    (with --every: per GPU and time bucket).
+    (with --every: per GPU and time bucket); --wide adds the profiling activity (graphics
+    engine, SMs, tensor pipes, DRAM bandwidth: GPM, Hopper and later), energy, NVLink
+    errors and MIG identity (a MIG instance is a GPU of its own; its parent's activity is
+    its instances' weighted by their share of its SMs).  With --processes or --job: per GPU
+    and process instead, with the training job and rank each process is (its PID as the
+    rank declared it), so what a job really used of each GPU, and what no job holds.
 
     \b
     Examples:
       analyze gpu --node gpu-7 --since 10m
       analyze gpu --since 2h --until 1h --every 10m --label team=vision
+      analyze gpu --job resnet-42 --since 1h
+      analyze gpu --processes --node gpu-7
     """
+    if job is not None or processes:
+        if every is not None or label is not None:
+            raise click.UsageError("--every and --label do not apply to --processes / --job")
+        render.rows(call(db, "gpu_processes", node=node, since=cutoff(since),
+                         until=time_option_value("--until", until), job=job), as_json_, columns, None, wide)
+        return
     render.rows(call(db, "gpu", node=node, since=cutoff(since), until=time_option_value("--until", until),
                      label=label, every=every_value(every)), as_json_, columns, GPU_COLUMNS, wide)
+
+
+@cli.command()
+@node_option
+@since_option
+@until_option
+@label_option
+@columns_option
+@wide_option
+@db_option
+@json_option
+def tpu(node: str | None, since: str | None, until: str | None, label: str | None,
+        columns: str | None, wide: bool, db: str, as_json_: bool) -> None:
+    """Per TPU device: TensorCore duty cycle (mean and peak), HBM used and total, HBM
+    bandwidth use where libtpu reports it, and the jobs on its node.
+
+    \b
+    Examples:
+      analyze tpu --since 1h
+      analyze tpu --node tpu-vm-3 --json
+    """
+    render.rows(call(db, "tpu", node=node, since=cutoff(since), until=time_option_value("--until", until),
+                     label=label), as_json_, columns, None, wide)
 
 
 @cli.command()

@@ -214,6 +214,16 @@ def test_the_same_output_as_locally_once_the_collector_stops(live) -> None:
 
     os.kill(pid, signal.SIGTERM)
     wait_for(lambda: not f.exists(), 30, what="the collector to stop")
+
+    def gone() -> bool:  # the API stops first; the writer then runs its last rollup and closes the file
+        import psutil
+
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # exited, not yet reaped
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(gone, 60, what="the collector process to exit")
     locally = analyze("sql", q, "--db", str(db))
     assert locally.returncode == 0, locally.stderr
     assert locally.stdout == through.stdout and locally.stderr == through.stderr

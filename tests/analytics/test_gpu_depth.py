@@ -1,0 +1,83 @@
+"""analyze gpu on what the real GPU source reads beyond nvidia-smi (fake NVML): profiling
+activity, MIG instances with their parent, per-process use attributed to jobs by PID."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from cmdare.analytics.cli import cli
+from tests.analytics.detectors.conftest import agent_gpus
+from tests.fakes.nvml import FakeNvml
+
+
+def run(*args: str) -> list[dict]:
+    res = CliRunner().invoke(cli, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_gpm_activity_and_energy_per_gpu(tmp_path) -> None:
+    con = agent_gpus(tmp_path, FakeNvml(gpus=2, model="h100", nvlinks=2, scenario="nvlink_errors"))
+    con.close()
+    rows = run("gpu", "--db", str(tmp_path / "agent-j.duckdb"))
+    assert [r["gpu"] for r in rows] == [0, 1]
+    r = rows[0]
+    assert 90 <= r["gr_active_pct"] <= 99 and 80 <= r["sm_active_pct"] <= 90 and 60 <= r["tensor_pct"] <= 70
+    assert r["energy_kwh"] == round(59 * 300 / 3.6e6, 4)  # 300 J a sample, 60 samples
+    assert r["nvlink_errors"] == 177 and r["parent"] is None
+
+
+def test_a_mig_parent_shows_its_instances_activity_weighted_by_their_share(tmp_path) -> None:
+    import pynvml
+
+    nvml = FakeNvml(gpus=1, model="h100", mig=2)
+
+    def whole_gpu_unsupported(h, s):  # GPM per GPU instance only (as some drivers answer in MIG mode)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    nvml.nvmlGpmSampleGet = whole_gpu_unsupported
+    con = agent_gpus(tmp_path, nvml)
+    con.close()
+    rows = {r["gpu"]: r for r in run("gpu", "--db", str(tmp_path / "agent-j.duckdb"))}
+    assert sorted(rows) == [0, 1000, 1001]
+    a, b = rows[1000], rows[1001]
+    assert a["parent"] == b["parent"] == 0 and a["mig_profile"] == "1g.10gb" and a["mig_share_pct"] == 13.6
+    p = rows[0]
+    assert p["util_pct"] is None  # GPU_UTIL reads nothing in MIG mode
+    assert p["gr_active_pct"] == round((a["gr_active_pct"] + b["gr_active_pct"]) * 13.6 / 100, 1)
+
+
+def test_per_process_use_names_the_job_and_the_processes_in_none(tmp_path) -> None:
+    con = agent_gpus(tmp_path, FakeNvml(gpus=2, model="h100"))
+    con.close()
+    db = str(tmp_path / "agent-j.duckdb")
+    procs = run("gpu", "--processes", "--db", db)
+    assert [(r["gpu"], r["pid"], r["job"], r["rank"]) for r in procs] == [(0, 4000, "j", 0), (1, 4001, "", None)]
+    assert procs[0]["present_pct"] == 100.0 and 70 <= procs[0]["sm_pct"] <= 80 and 30 <= procs[0]["mem_pct"] <= 35
+    assert run("gpu", "--job", "j", "--db", db) == procs[:1]
+    assert run("gpu", "--job", "nope", "--db", db) == []
+    res = CliRunner().invoke(cli, ["gpu", "--job", "j", "--every", "5m", "--db", db])
+    assert res.exit_code == 2 and "--every and --label do not apply" in res.output
+
+
+def test_analyze_tpu_reads_what_the_tpu_source_sends(tmp_path) -> None:
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import EventFactory
+
+    f = EventFactory("tpu-vm-1", "worker", "")
+    lines = []
+    for k in range(10):
+        for dev in (0, 1):
+            lines.append(f.line("tpu", {"device": dev, "hbm_used_bytes": (4 + k) << 30, "hbm_total_bytes": 16 << 30,
+                                        "duty_cycle_ratio": 0.5 + 0.01 * k + 0.2 * dev}, 1.75e9 + 10 * k, job="bert"))
+    con = connect(tmp_path / "t.duckdb")
+    assert Writer(con).write([("t", b"".join(lines))]).dead == 0
+    con.close()
+    rows = run("tpu", "--db", str(tmp_path / "t.duckdb"))
+    assert [(r["node"], r["device"], r["samples"], r["duty_pct"], r["duty_max_pct"], r["hbm_used_gib"], r["jobs"])
+            for r in rows] == [("tpu-vm-1", 0, 10, 54.5, 59.0, 13.0, "bert"), ("tpu-vm-1", 1, 10, 74.5, 79.0, 13.0, "bert")]
+    assert rows[0]["hbm_bw_pct"] is None  # libtpu listed no bandwidth metric
+    assert run("tpu", "--node", "other", "--db", str(tmp_path / "t.duckdb")) == []
