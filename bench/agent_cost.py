@@ -4,7 +4,11 @@ peak RSS of a real agent process.
 
 Targets (issue 2): ratio <= 1.5x; peak RSS < 80 MB.
 
-    python bench/agent_cost.py [--rounds 1000] [--gpus 8] [--nvml python|binding|both]
+    python bench/agent_cost.py [--rounds 1000] [--gpus 8] [--model h100] [--nvlinks 18] [--nvml python|binding|both]
+
+The default is an 8 x H100 VM with 18 NVLinks each: every call of issue 38 answers (GPM,
+energy, row remapping, per-process utilisation, NVLink state and error counters), and the
+bare loop makes each of them too.
 
 Two fake NVMLs, both answering from memory:
   python   tests/fakes/nvml.py, a Python object: 0.4 us a call, the harshest ratio;
@@ -35,7 +39,47 @@ from tests.fakes import nvml_stub
 from tests.fakes.nvml import FakeNvml
 
 
-def bare_round(nvml: Any, handles: list) -> None:
+class _Gpm:
+    """Per GPU, what the bare loop keeps across rounds for GPM (two samples and a request)."""
+
+    def __init__(self, n: Any, h: Any, links: list[int]) -> None:
+        from cmdare.agent.sources.gpu import GPM_LINK_RX0, GPM_METRICS
+
+        self.samples, self.turn, self.ts = [n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()], -1, 0
+        self.req = n.c_nvmlGpmMetricsGet_t()
+        self.req.version = 1
+        ids = [m for _, m, _ in GPM_METRICS] + [GPM_LINK_RX0 + 2 * k + j for k in links for j in (0, 1)]
+        for i, m in enumerate(ids):
+            self.req.metrics[i].metricId = m
+        self.req.numMetrics = len(ids)
+        self.links = links
+
+
+def bare_extras(n: Any, h: Any, st: _Gpm) -> None:
+    """The calls of issue 38, each answer read once."""
+    n.nvmlDeviceGetTotalEnergyConsumption(h)
+    n.nvmlDeviceGetRemappedRows(h)
+    try:
+        for p in n.nvmlDeviceGetProcessUtilization(h, st.ts):
+            _ = p.pid, p.smUtil, p.memUtil
+            st.ts = max(st.ts, p.timeStamp)
+    except n.NVMLError:
+        pass
+    turn = 1 - st.turn if st.turn >= 0 else 0
+    n.nvmlGpmSampleGet(h, st.samples[turn])
+    if st.turn >= 0:
+        st.req.sample1, st.req.sample2 = st.samples[st.turn], st.samples[turn]
+        n.nvmlGpmMetricsGet(st.req)
+        m = st.req.metrics
+        _ = [(m[i].nvmlReturn, m[i].value) for i in range(st.req.numMetrics)]
+    st.turn = turn
+    for link in st.links:
+        n.nvmlDeviceGetNvLinkState(h, link)
+        for c in range(4):
+            n.nvmlDeviceGetNvLinkErrorCounter(h, link, c)
+
+
+def bare_round(nvml: Any, handles: list, gpm: list[_Gpm] | None = None) -> None:
     """The calls the agent makes each tick, each answer read once (psutil's answers are
     plain tuples; NVML's are ctypes structs, and reading a field is a call of its own)."""
     psutil.cpu_times()
@@ -63,6 +107,8 @@ def bare_round(nvml: Any, handles: list) -> None:
         n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC)
         n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)
         [(p.pid, p.usedGpuMemory) for p in n.nvmlDeviceGetComputeRunningProcesses(h)]
+    for h, st in zip(handles, gpm or [], strict=False):
+        bare_extras(n, h, st)
     try:
         n.nvmlEventSetWait_v2(None, 0)
     except n.NVMLError:
@@ -88,13 +134,13 @@ def interleaved(bare, ours, rounds: int, chunk: int) -> tuple[float, float, list
     return b, o, ratios
 
 
-def peak_rss_of_agent(gpus: int, seconds: float) -> float:
+def peak_rss_of_agent(gpus: int, seconds: float, spec: str = "") -> float:
     """A real agent process with the default backend: pynvml over the stub library."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(
             os.environ,
             PYTHONPATH=str(ROOT),
-            CMDARE_FAKE_NVML=f"gpus={gpus}",
+            CMDARE_FAKE_NVML=f"gpus={gpus}{spec}",
             LD_LIBRARY_PATH=str(nvml_stub.build()),
         )
         subprocess.run(
@@ -117,10 +163,13 @@ def peak_rss_of_agent(gpus: int, seconds: float) -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
 
 
+MODEL, NVLINKS = "h100", 18
+
+
 def nvml_of(kind: str, gpus: int) -> Any:
     if kind == "python":
-        return FakeNvml(gpus=gpus)
-    os.environ["CMDARE_FAKE_NVML"] = f"gpus={gpus}"  # read by the stub at nvmlInit
+        return FakeNvml(gpus=gpus, model=MODEL, nvlinks=NVLINKS)
+    os.environ["CMDARE_FAKE_NVML"] = f"gpus={gpus},model={MODEL},nvlinks={NVLINKS}"  # read by the stub at nvmlInit
     return nvml_stub.load()
 
 
@@ -147,11 +196,12 @@ def run(kind: str, fsync: bool, a: argparse.Namespace, tmp: str) -> tuple[float,
     nvml = nvml_of(kind, a.gpus)
     nvml.nvmlInit()
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(a.gpus)]
+    gpm = [_Gpm(nvml, h, list(range(min(NVLINKS, 18)))) for h in handles] if MODEL == "h100" else None
     agent = make_agent(kind, a.gpus, f"{tmp}/sp-{kind}-{fsync}", fsync)
     measure(agent.tick, a.chunk)  # warm
     bare, ours, ratios = [], [], []
     for _ in range(a.repeat):  # the machine is shared and noisy: best of N, and pairs
-        b, o, r = interleaved(lambda: bare_round(nvml, handles), agent.tick, a.rounds, a.chunk)
+        b, o, r = interleaved(lambda: bare_round(nvml, handles, gpm), agent.tick, a.rounds, a.chunk)
         bare.append(b)
         ours.append(o)
         ratios += r
@@ -167,12 +217,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=50, help="rounds per interleaved chunk")
     ap.add_argument("--nvml", choices=("python", "binding", "both"), default="both")
+    ap.add_argument("--model", default="h100", help="fake GPU model (h100: every GPU-depth call answers)")
+    ap.add_argument("--nvlinks", type=int, default=18, help="active NVLinks per GPU")
     a = ap.parse_args()
+    global MODEL, NVLINKS
+    MODEL, NVLINKS = a.model, a.nvlinks
     kinds = ("python", "binding") if a.nvml == "both" else (a.nvml,)
     with tempfile.TemporaryDirectory() as tmp:
         results = {(k, f): run(k, f, a, tmp) for k in kinds for f in (False, True)}
     print(
-        f"agent cost, {a.rounds} rounds, host + {a.gpus} fake GPUs (best of {a.repeat}, chunks of {a.chunk}):"
+        f"agent cost, {a.rounds} rounds, host + {a.gpus} fake {MODEL} GPUs, {NVLINKS} NVLinks each "
+        f"(best of {a.repeat}, chunks of {a.chunk}):"
     )
     label = {"python": "Python fake NVML      ", "binding": "nvidia-ml-py over stub"}
     for (kind, fsync), (b, o, med, pairs) in results.items():
@@ -182,7 +237,7 @@ def main() -> None:
             f"{o / a.rounds * 1e3:.2f} ms CPU per round, {(o - b) / a.rounds * 1e6:.0f} us of it the agent's own"
         )
     t = time.perf_counter()
-    rss = peak_rss_of_agent(a.gpus, 10.0)
+    rss = peak_rss_of_agent(a.gpus, 10.0, f",model={MODEL},nvlinks={NVLINKS}")
     print(
         f"  peak RSS of a real agent process (10 s at 50 ms, {a.gpus} GPUs, nvidia-ml-py over the stub):"
         f" {rss:.1f} MB (target < 80 MB) [{time.perf_counter() - t:.0f}s]"
