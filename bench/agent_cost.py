@@ -36,15 +36,16 @@ from common import ROOT
 from cmdare.agent.config import load
 from cmdare.agent.runtime import Agent
 from tests.fakes import nvml_stub
-from tests.fakes.nvml import FakeNvml
+from tests.fakes.nvml import MODELS, FakeNvml
 
 
 class _Gpm:
     """Per GPU, what the bare loop keeps across rounds for GPM (two samples and a request)."""
 
-    def __init__(self, n: Any, h: Any, links: list[int]) -> None:
+    def __init__(self, n: Any, h: Any, links: list[int], gpm: bool) -> None:
         from cmdare.agent.sources.gpu import GPM_LINK_RX0, GPM_METRICS
 
+        self.gpm = gpm
         self.samples, self.turn, self.ts = [n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()], -1, 0
         self.req = n.c_nvmlGpmMetricsGet_t()
         self.req.version = 1
@@ -57,14 +58,22 @@ class _Gpm:
 
 def bare_extras(n: Any, h: Any, st: _Gpm) -> None:
     """The calls of issue 38, each answer read once."""
-    n.nvmlDeviceGetTotalEnergyConsumption(h)
-    n.nvmlDeviceGetRemappedRows(h)
+    if GEN >= 1:
+        n.nvmlDeviceGetTotalEnergyConsumption(h)
+    if GEN >= 2:
+        n.nvmlDeviceGetRemappedRows(h)
     try:
         for p in n.nvmlDeviceGetProcessUtilization(h, st.ts):
             _ = p.pid, p.smUtil, p.memUtil
             st.ts = max(st.ts, p.timeStamp)
     except n.NVMLError:
         pass
+    for link in st.links:
+        n.nvmlDeviceGetNvLinkState(h, link)
+        for c in range(4):
+            n.nvmlDeviceGetNvLinkErrorCounter(h, link, c)
+    if not st.gpm:
+        return
     turn = 1 - st.turn if st.turn >= 0 else 0
     n.nvmlGpmSampleGet(h, st.samples[turn])
     if st.turn >= 0:
@@ -73,10 +82,6 @@ def bare_extras(n: Any, h: Any, st: _Gpm) -> None:
         m = st.req.metrics
         _ = [(m[i].nvmlReturn, m[i].value) for i in range(st.req.numMetrics)]
     st.turn = turn
-    for link in st.links:
-        n.nvmlDeviceGetNvLinkState(h, link)
-        for c in range(4):
-            n.nvmlDeviceGetNvLinkErrorCounter(h, link, c)
 
 
 def bare_round(nvml: Any, handles: list, gpm: list[_Gpm] | None = None) -> None:
@@ -163,7 +168,7 @@ def peak_rss_of_agent(gpus: int, seconds: float, spec: str = "") -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
 
 
-MODEL, NVLINKS = "h100", 18
+MODEL, NVLINKS, GEN = "h100", 18, 3
 
 
 def nvml_of(kind: str, gpus: int) -> Any:
@@ -196,7 +201,9 @@ def run(kind: str, fsync: bool, a: argparse.Namespace, tmp: str) -> tuple[float,
     nvml = nvml_of(kind, a.gpus)
     nvml.nvmlInit()
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(a.gpus)]
-    gpm = [_Gpm(nvml, h, list(range(min(NVLINKS, 18)))) for h in handles] if MODEL == "h100" else None
+    global GEN
+    GEN = MODELS[MODEL][6]
+    gpm = [_Gpm(nvml, h, list(range(min(NVLINKS, 18))), GEN >= 3) for h in handles]
     agent = make_agent(kind, a.gpus, f"{tmp}/sp-{kind}-{fsync}", fsync)
     measure(agent.tick, a.chunk)  # warm
     bare, ours, ratios = [], [], []

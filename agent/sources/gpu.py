@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cmdare.wire.events import THROTTLE_BITS, Encoded, jstr, row_str
-from cmdare.wire.kinds import OBJS
 from cmdare.wire.plugin import Option
 from cmdare.wire.registry import DATA_FIELDS
 from cmdare.wire.rowform import row_field
@@ -142,6 +141,13 @@ _LISTS = ("processes",)
 _GPU_FIELDS = tuple(DATA_FIELDS["gpu"])
 EXTRAS = _GPU_FIELDS[_GPU_FIELDS.index("processes") + 1 :]
 _EXTRA_KINDS = [(n, DATA_FIELDS["gpu"][n][0]) for n in EXTRAS]
+_EXTRA_NAMES = tuple(EXTRAS)
+_TAIL = ""  # ``texts`` key of a whole tail built by the source
+_GPM_GAP = "\t" * EXTRAS.index("energy_joules_total")  # the GPM fields before energy, absent
+if EXTRAS[EXTRAS.index("energy_joules_total"):][:5] != (
+        "energy_joules_total", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+        "row_remap_pending", "row_remap_failed"):
+    raise AssertionError("agent/sources/gpu.py _extras_fast writes energy and the row-remap fields in this order")
 if _FROM_HANDLE + tuple(f.name for f in FIELDS) + _LISTS + EXTRAS != _GPU_FIELDS:
     raise AssertionError("agent/sources/gpu.py FIELDS must follow DATA_FIELDS['gpu'] (the row form is positional)")
 
@@ -207,6 +213,67 @@ class GpuLost(Exception):
     pass
 
 
+class _Metric(ctypes.Structure):
+    """nvml.h's nvmlGpmMetric_t, as a plain ctypes struct: nvidia-ml-py's own class hooks
+    every field read (``__getattribute__``), a third of the GPM read's cost."""
+
+    _fields_ = [("metricId", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint), ("value", ctypes.c_double),
+                ("shortName", ctypes.c_char_p), ("longName", ctypes.c_char_p), ("unit", ctypes.c_char_p)]
+
+
+def _metrics_view(req: Any) -> Any:
+    """The ``metrics`` array of a c_nvmlGpmMetricsGet_t, read through ``_Metric`` (the same
+    memory); the request itself when it is not a ctypes struct of that layout."""
+    try:
+        cls = type(req)
+        off = cls.metrics.offset
+        count = cls.metrics.size // ctypes.sizeof(_Metric)
+        if cls.metrics.size % ctypes.sizeof(_Metric):
+            return req.metrics
+        return (_Metric * count).from_buffer(req, off)
+    except (AttributeError, TypeError, ValueError):
+        return req.metrics
+
+
+def _procs_text(procs: list[dict[str, Any]]) -> str:
+    """The JSON of the processes list as the source builds it (pid, used_bytes, then
+    sm_ratio and mem_ratio where sampled), without the generic encoder."""
+    parts = []
+    for p in procs:
+        t = f'{{"pid":{p["pid"]}'
+        if "used_bytes" in p:
+            t += f',"used_bytes":{p["used_bytes"]}'
+        if "sm_ratio" in p:
+            t += f',"sm_ratio":{float.__repr__(p["sm_ratio"])},"mem_ratio":{float.__repr__(p["mem_ratio"])}'
+        parts.append(t + "}")
+    return "[" + ",".join(parts) + "]"
+
+
+def _tail(d: dict[str, Any], texts: dict[str, str]) -> str:
+    """The row-form text of the fields after ``processes`` (``encode_row_data``'s, faster:
+    each kind's text directly; list fields built by the source are in ``texts``)."""
+    t = texts.get(_TAIL)
+    if t is not None:
+        return t
+    vals = [d.get(name) for name in _EXTRA_NAMES]
+    last = len(vals)
+    while last and vals[last - 1] is None:
+        last -= 1
+    out = []
+    for (name, kind), v in zip(_EXTRA_KINDS[:last], vals, strict=False):
+        if v is None:
+            out.append("")
+        elif name in texts:
+            out.append(texts[name])
+        elif kind == "float" and type(v) is float and v - v == 0.0:
+            out.append(float.__repr__(v))
+        elif kind == "int" and type(v) is int:
+            out.append(int.__repr__(v))
+        else:
+            out.append(row_field(kind, v))
+    return "\t".join(out)
+
+
 @dataclass
 class _Gpu:
     index: int
@@ -225,6 +292,9 @@ class _Gpu:
     links: list[int] = field(default_factory=list)  # NVLinks whose state answers
     proc_ts: int = 0  # newest process-utilisation sample seen (NVML's microseconds)
     skip: set[str] = field(default_factory=set)  # extra calls this GPU does not support
+    links_slow: bool = False  # an NVLink call failed once: each call's error mapped from then on
+    xfast: bool = False  # the extra calls answered last tick: ``_extras_fast`` (set after a checked tick)
+    gpm_view: Any = None  # the GPM request's metrics as plain ctypes structs (``_metrics_view``)
 
     def __post_init__(self) -> None:
         self.uuid_row, self.name_row = row_str(self.uuid), row_str(self.name)
@@ -484,6 +554,7 @@ class GpuSource(Source):
             req.metrics[i].metricId = mid
         req.numMetrics = len(ids)
         g.gpm, g.gpm_samples, g.gpm_turn = req, samples, -1
+        g.gpm_view = _metrics_view(req)
 
     def _free_gpm(self) -> None:
         for g in self.gpus:
@@ -592,20 +663,31 @@ class GpuSource(Source):
         except (n.NVMLError, AttributeError, *_MISMATCH):  # an error, a binding without the function,
             g.fast = False  # or a driver older than the binding (its versioned call is missing)
             return self.sample(g)
-        if self._extras(g, d):  # per-process utilisation merged: the processes' text again
-            proc_row = row_field(OBJS, d["processes"])
-        tail = "\t".join(row_field(k, d.get(name)) for name, k in _EXTRA_KINDS).rstrip("\t")
+        texts = {}
+        if self._extras(g, d, texts):  # per-process utilisation merged: the processes' text again
+            proc_row = _procs_text(d["processes"])
+        tail = _tail(d, texts)
         if proc_row or tail:
             row += "\t" + proc_row
         if tail:
             row += "\t" + tail
         return Encoded(d, row=row)
 
-    def _extras(self, g: _Gpu, d: dict[str, Any]) -> bool:
+    def _extras(self, g: _Gpu, d: dict[str, Any], texts: dict[str, str] | None = None) -> bool:
         """The fields after ``processes`` into ``d`` (those this GPU answers), and per-process
         SM / memory use into ``d["processes"]``; True when the latter changed.  A call the
-        GPU does not support is not made again; a lost GPU raises GpuLost."""
+        GPU does not support is not made again; a lost GPU raises GpuLost.  ``texts``: the
+        row-form text of list fields built here (the ``nvlink`` objects), for ``_tail``."""
         n, h, skip, err = self.nvml, g.handle, g.skip, self.nvml.NVMLError
+        if g.xfast and g.gpm is None and not g.links and not g.mig:
+            try:
+                return self._extras_fast(g, d, texts)
+            except err as e:
+                if getattr(e, "value", None) == GPU_IS_LOST:
+                    raise GpuLost(str(e)) from None
+                g.xfast = False  # a call that answered before does not now: checked from here on
+            except (AttributeError, TypeError, *_MISMATCH):
+                g.xfast = False
 
         def get(fn: str, *args: Any, handle: Any = h) -> Any:
             if fn in skip:
@@ -641,7 +723,14 @@ class GpuSource(Source):
         link_rate: dict[int, list[float]] = {}
         if g.gpm is not None:
             self._gpm_read(g, d, get, link_rate)
-        if g.links:
+        if g.links and not g.links_slow:
+            try:  # every link answers (the rule): the calls in a row, the text built beside
+                self._links_fast(g, d, link_rate, texts)
+            except (err, AttributeError, TypeError) as e:
+                if getattr(e, "value", None) == GPU_IS_LOST:
+                    raise GpuLost(str(e)) from None
+                g.links_slow = True  # a link that does not answer: each call's error mapped from now on
+        if g.links and g.links_slow:
             links, errors = [], 0
             for link in g.links:
                 state = get("nvmlDeviceGetNvLinkState", link)
@@ -661,24 +750,83 @@ class GpuSource(Source):
             if links:
                 d["nvlink"] = links
                 d["nvlink_errors_total"] = errors
+        g.xfast = True  # a whole checked pass: next time the calls that answered, in a row
         procs = d.get("processes")
         if procs:
             samples = get("nvmlDeviceGetProcessUtilization", g.proc_ts)
             if samples:
-                by_pid = {}
-                for smp in samples:
-                    ts = int(smp.timeStamp)
-                    if ts > g.proc_ts:
-                        g.proc_ts = ts
-                    by_pid[int(smp.pid)] = (min(1.0, smp.smUtil / 100.0), min(1.0, smp.memUtil / 100.0))
-                changed = False
-                for p in procs:
-                    u = by_pid.get(p["pid"])
-                    if u is not None:
-                        p["sm_ratio"], p["mem_ratio"] = u
-                        changed = True
-                return changed
+                return self._merge_procs(g, procs, samples)
         return False
+
+    def _extras_fast(self, g: _Gpu, d: dict[str, Any], texts: dict[str, str] | None = None) -> bool:
+        """``_extras`` for a GPU without GPM, NVLink or MIG whose calls all answered last
+        time (most GPUs of a cloud fleet): the calls it answers, in a row, no error mapping
+        but process utilisation's "no new sample"."""
+        n, h, skip = self.nvml, g.handle, g.skip
+        e = r = ""
+        if "nvmlDeviceGetTotalEnergyConsumption" not in skip:
+            v = d["energy_joules_total"] = int(n.nvmlDeviceGetTotalEnergyConsumption(h)) * 1e-3
+            e = float.__repr__(v)
+        if "nvmlDeviceGetRemappedRows" not in skip:
+            rr = n.nvmlDeviceGetRemappedRows(h)
+            c, u, pend, fail = int(rr[0]), int(rr[1]), bool(rr[2]), bool(rr[3])
+            d["remapped_rows_correctable"], d["remapped_rows_uncorrectable"] = c, u
+            d["row_remap_pending"], d["row_remap_failed"] = pend, fail
+            r = f"\t{c}\t{u}\t{'true' if pend else 'false'}\t{'true' if fail else 'false'}"
+        if texts is not None:  # the row text of this shape (no GPM, NVLink or MIG fields), for _tail
+            texts[_TAIL] = _GPM_GAP + e + r if e or r else ""
+        procs = d.get("processes")
+        if not procs or "nvmlDeviceGetProcessUtilization" in skip:
+            return False
+        try:
+            samples = n.nvmlDeviceGetProcessUtilization(h, g.proc_ts)
+        except n.NVMLError as e:
+            if getattr(e, "value", None) == NOT_FOUND:
+                return False  # no sample since the last one
+            raise
+        return self._merge_procs(g, procs, samples)
+
+    def _merge_procs(self, g: _Gpu, procs: list[dict[str, Any]], samples: Any) -> bool:
+        by_pid = {}
+        for smp in samples:
+            ts = int(smp.timeStamp)
+            if ts > g.proc_ts:
+                g.proc_ts = ts
+            by_pid[int(smp.pid)] = (min(1.0, smp.smUtil / 100.0), min(1.0, smp.memUtil / 100.0))
+        changed = False
+        for p in procs:
+            u = by_pid.get(p["pid"])
+            if u is not None:
+                p["sm_ratio"], p["mem_ratio"] = u
+                changed = True
+        return changed
+
+    def _links_fast(self, g: _Gpu, d: dict[str, Any], link_rate: dict[int, list[float]],
+                    texts: dict[str, str] | None) -> None:
+        n, h = self.nvml, g.handle
+        state, counter = n.nvmlDeviceGetNvLinkState, n.nvmlDeviceGetNvLinkErrorCounter
+        links, parts, errors = [], [], 0
+        for link in g.links:
+            if state(h, link):
+                a, b, c, e = int(counter(h, link, 0)), int(counter(h, link, 1)), int(counter(h, link, 2)), int(counter(h, link, 3))
+                errors += a + b + c + e
+                o = {"link": link, "active": 1, "replay_errors_total": a, "recovery_errors_total": b,
+                     "crc_flit_errors_total": c, "crc_data_errors_total": e}
+                t = (f'{{"link":{link},"active":1,"replay_errors_total":{a},"recovery_errors_total":{b},'
+                     f'"crc_flit_errors_total":{c},"crc_data_errors_total":{e}')
+                rate = link_rate.get(link)
+                if rate is not None:
+                    o["rx_bytes_per_second"], o["tx_bytes_per_second"] = rate
+                    t += f',"rx_bytes_per_second":{rate[0]!r},"tx_bytes_per_second":{rate[1]!r}'
+                parts.append(t + "}")
+            else:
+                o = {"link": link, "active": 0}
+                parts.append(f'{{"link":{link},"active":0}}')
+            links.append(o)
+        d["nvlink"] = links
+        d["nvlink_errors_total"] = errors
+        if texts is not None:
+            texts["nvlink"] = "[" + ",".join(parts) + "]"
 
     def _gpm_read(self, g: _Gpu, d: dict[str, Any], get: Callable[..., Any], link_rate: dict[int, list[float]]) -> None:
         """Take this tick's GPM sample; with the last tick's, the metrics of the interval."""
@@ -700,16 +848,17 @@ class GpuSource(Source):
             except n.NVMLError as e:
                 log.debug("GPU %d: nvmlGpmMetricsGet: %s", g.index, e)
             else:
-                m = req.metrics
+                m = g.gpm_view  # the request's metrics without the binding's per-field hooks
                 for i, (name, _, scale) in enumerate(GPM_METRICS):
                     x = m[i]
-                    if x.nvmlReturn == 0 and x.value == x.value and x.value >= 0:
-                        v = x.value * scale
-                        d[name] = min(v, 1.0) if scale == 0.01 else v
+                    v = x.value
+                    if x.nvmlReturn == 0 and v >= 0:  # (a NaN fails v >= 0)
+                        v *= scale
+                        d[name] = (v if v < 1.0 else 1.0) if scale == 0.01 else v
                 for i in range(len(GPM_METRICS), req.numMetrics, 2):
-                    link = (m[i].metricId - GPM_LINK_RX0) // 2
-                    if m[i].nvmlReturn == 0 and m[i + 1].nvmlReturn == 0:
-                        link_rate[link] = [m[i].value * MIB, m[i + 1].value * MIB]
+                    x, y = m[i], m[i + 1]
+                    if x.nvmlReturn == 0 and y.nvmlReturn == 0:
+                        link_rate[(x.metricId - GPM_LINK_RX0) // 2] = [x.value * MIB, y.value * MIB]
         g.gpm_turn = turn
 
     def sample(self, g: _Gpu) -> dict[str, Any]:

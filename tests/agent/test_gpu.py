@@ -175,3 +175,126 @@ def test_fast_path_row_is_the_encoding_of_its_dict(
     assert rows.line("gpu", d, ts=1.5, id="x") == rows.line("gpu", dict(d), ts=1.5, id="x")
     assert js.line("gpu", d, ts=1.5, id="x") == encode(js.make("gpu", dict(d), ts=1.5, id="x"))
     assert decode_line(rows.line("gpu", d, ts=1.5, id="x")) == decode_line(js.line("gpu", d, ts=1.5, id="x"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    energy=st.integers(0, 1 << 50),
+    remap=st.tuples(st.integers(0, 1 << 20), st.integers(0, 1 << 20), st.integers(0, 1), st.integers(0, 1)),
+    metric=st.one_of(st.floats(allow_nan=False, allow_infinity=False, min_value=-5, max_value=1e6), st.just(float("nan"))),
+    sm=st.integers(0, 100),
+    errors=st.integers(0, 1 << 40),
+    links=st.integers(0, 3),
+    util_sampled=st.booleans(),
+)
+def test_gpu_depth_rows_are_the_encoding_of_their_dict_on_every_tick(
+    energy, remap, metric, sm, errors, links, util_sampled
+):
+    """The fields after ``processes`` (GPM, energy, row remapping, NVLink, per-process
+    utilisation) are formatted on the hot path too: each tick's row (the checked first tick
+    and the straight ones after it) is the row encoder's output for the same dict."""
+    from types import SimpleNamespace
+
+    import pynvml
+
+    from cmdare.wire.events import Encoded, encode_row_data
+
+    nvml = FakeNvml(gpus=1, model="h100", nvlinks=links)
+    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda h: energy
+    nvml.nvmlDeviceGetRemappedRows = lambda h: remap
+    nvml.nvmlDeviceGetNvLinkErrorCounter = lambda h, link, c: errors if c == 2 else 0
+    real_get = nvml.nvmlGpmMetricsGet
+
+    def metrics(m):
+        real_get(m)
+        m.metrics[3].value = metric  # the tensor pipes: any double NVML could return
+        return m
+
+    nvml.nvmlGpmMetricsGet = metrics
+
+    def proc_util(h, ts):
+        if not util_sampled:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return [SimpleNamespace(pid=4000, timeStamp=ts + 1, smUtil=sm, memUtil=100 - sm)]
+
+    nvml.nvmlDeviceGetProcessUtilization = proc_util
+    src = GpuSource(GpuSource.parse_config("sources.gpu", {}), nvml=nvml)
+    for k in range(3):
+        got: list = []
+        src.collect(lambda t, d, **_: got.append(d))
+        (d,) = got
+        assert type(d) is Encoded and d.row == encode_row_data("gpu", dict(d)), k
+        assert d["energy_joules_total"] == energy * 1e-3 and d["row_remap_failed"] is bool(remap[3])
+        assert ("sm_ratio" in d["processes"][0]) is util_sampled
+        if k and metric == metric and metric >= 0:
+            assert d["tensor_active_ratio"] == min(metric * 0.01, 1.0)
+        else:
+            assert "tensor_active_ratio" not in d  # no interval yet, or NaN / negative: absent
+        assert d.get("nvlink_errors_total") == (errors * links if links else None)
+
+
+def test_a_gpu_without_profiling_metrics_says_so_once_and_sends_the_rest(caplog) -> None:
+    caplog.set_level("INFO", logger="cmdare.agent.gpu")
+    src = make(FakeNvml(gpus=2, model="a100"))
+    for _ in range(3):
+        events, statuses = tick(src)
+    assert statuses[-1][:2] == ("gpu", "ok")
+    lines = [r.getMessage() for r in caplog.records if "profiling metrics" in r.getMessage()]
+    assert lines == ["GPU 0 (NVIDIA A100-SXM4-40GB), 1 (NVIDIA A100-SXM4-40GB): no profiling metrics "
+                     "(SM / tensor / DRAM activity): NVML's GPM API needs a Hopper or later GPU"]
+    g = [d for t, d in events if t == "gpu"][0]
+    assert "gr_engine_active_ratio" not in g and g["energy_joules_total"] > 0 and g["row_remap_pending"] is False
+    assert "nvlink" not in g and "parent_index" not in g
+
+
+def test_gpm_is_the_interval_between_two_ticks_and_each_call_not_supported_is_not_asked_again() -> None:
+    nvml = FakeNvml(gpus=1, model="h100", nvlinks=2)
+    calls: dict[str, int] = {}
+    for name in ("nvmlGpmSampleGet", "nvmlDeviceGetRemappedRows"):
+        real = getattr(nvml, name)
+
+        def counted(*a, _real=real, _name=name):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*a)
+
+        setattr(nvml, name, counted)
+    src = make(nvml)
+    first, _ = tick(src)
+    g1 = [d for t, d in first if t == "gpu"][0]
+    assert "sm_active_ratio" not in g1  # one GPM sample: no interval yet
+    second, _ = tick(src)
+    g2 = [d for t, d in second if t == "gpu"][0]
+    assert 0.8 <= g2["sm_active_ratio"] <= 0.9 and g2["nvlink_total_rx_bytes_per_second"] == 2 * 1000 * 1048576.0
+    assert [x["link"] for x in g2["nvlink"]] == [0, 1] and g2["nvlink"][0]["rx_bytes_per_second"] == 1000 * 1048576.0
+    assert calls == {"nvmlGpmSampleGet": 2, "nvmlDeviceGetRemappedRows": 2}
+    import pynvml
+
+    def unsupported(h):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    nvml.nvmlDeviceGetRemappedRows = unsupported
+    third, st3 = tick(src)
+    fourth, st4 = tick(src)
+    assert st3[0][:2] == st4[0][:2] == ("gpu", "ok")
+    assert all("remapped_rows_correctable" not in d for t, d in third + fourth if t == "gpu")
+
+
+def test_mig_instances_are_gpus_of_their_own_and_go_with_a_lost_parent() -> None:
+    nvml = FakeNvml(gpus=2, model="a100", mig=2, scenario="gpu_lost", lost_after=2)
+    src = make(nvml)
+    events, statuses = tick(src)
+    gpus = {d["index"]: d for t, d in events if t == "gpu"}
+    assert sorted(gpus) == [0, 1, 1000, 1001, 2000, 2001]
+    m = gpus[2001]
+    assert m["parent_index"] == 1 and m["mig_profile"] == "1g.5gb" and m["gpu_instance_id"] == 8
+    assert m["uuid"].startswith("MIG-") and m["mem_total_bytes"] == 42949672960 // 8
+    assert m["processes"] == [{"pid": 4201, "used_bytes": 42949672960 // 16}]
+    assert "util_gpu_ratio" not in gpus[0] and "power_watts" in gpus[0]  # MIG mode: no GPU_UTIL
+    every = []
+    for _ in range(3):
+        events, statuses = tick(src)
+        every += events
+    lost = sorted(d["index"] for t, d in every if t == "gpu_event" and d["kind"] == "lost")
+    seen = sorted(d["index"] for t, d in events if t == "gpu")
+    assert lost == [1, 2000, 2001] and seen == [0, 1000, 1001]  # each lost once; the rest report on
+    assert all(g.lost for g in src.gpus if g.index in (1, 2000, 2001))

@@ -153,3 +153,38 @@ def test_a_driver_older_than_the_binding_still_reports(real_nvml) -> None:
     assert 4 in masks and all(
         g["throttle_reasons"] == (["sw_power_cap"] if g["throttle_mask"] else []) for g in gpus
     )
+
+
+DEPTH = [
+    "gpus=2,model=h100,nvlinks=2",
+    "gpus=2,model=h100,scenario=no_tensor",
+    "gpus=1,model=h100,nvlinks=3,scenario=nvlink_errors",
+    "gpus=2,model=a100,mig=2",
+    "gpus=1,model=h100,mig=3,nvlinks=1",
+    "gpus=2,model=a100,scenario=row_remap",
+    "gpus=2,model=v100",
+    "gpus=2,model=k80",
+]
+
+
+@pytest.mark.parametrize("spec", DEPTH)
+def test_gpu_depth_through_the_binding_equals_the_python_fake(real_nvml, spec) -> None:
+    """GPM (pynvml's ctypes request, samples as opaque pointers), NVLink, MIG handles,
+    process utilisation (NOT_FOUND before a GPU has samples) and what older GPUs do not
+    support, through the real bindings: the same events as the Python fake."""
+    opts = dict(kv.split("=") for kv in spec.split(","))
+    real = source(real_nvml(spec))
+    fake = source(FakeNvml(**{k: (v if k in ("model", "scenario") else int(v)) for k, v in opts.items()}))
+    for (er, sr), (ef, sf) in zip(samples(real, 4), samples(fake, 4), strict=True):
+        assert er == ef and [s[:2] for s in sr] == [s[:2] for s in sf] == [("gpu", "ok")]
+    gpus = {d["index"]: d for t, d in er if t == "gpu"}
+    model = opts["model"]
+    assert ("sm_active_ratio" in gpus[0]) is (model == "h100")  # GPM: Hopper only
+    assert ("energy_joules_total" in gpus[0]) is (model != "k80")
+    assert ("remapped_rows_correctable" in gpus[0]) is (model in ("a100", "h100"))
+    if "mig" in opts:
+        want = [1000 * (p + 1) + k for p in range(int(opts["gpus"])) for k in range(int(opts["mig"]))]
+        assert sorted(i for i in gpus if i >= 1000) == want
+    if "nvlinks" in opts:
+        assert len(gpus[0]["nvlink"]) == int(opts["nvlinks"])
+    real.close()
