@@ -108,7 +108,7 @@ def spans(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
 
 
 _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem, mask_n,
-                  thr_n, thr_mask
+                  thr_n, thr_mask, 'gpu' AS kind
            FROM (SELECT node, "index", epoch_us(ts) // {BUCKET_SECONDS * 1_000_000} AS bi, count(*) AS n,
                         coalesce(avg(gr_engine_active_ratio), avg(util_gpu_ratio)) AS util,
                         avg(mem_used_bytes) AS mem, count(throttle_mask) AS mask_n,
@@ -119,8 +119,16 @@ _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000
 # busy while one tiny kernel runs, and reads nothing on MIG), else GPU_UTIL
 _ROLLED_GPU = """SELECT node, "index", bucket AS b, samples AS n,
                   coalesce(gr_sum / nullif(gr_n, 0), util_sum / nullif(util_samples, 0)) AS util,
-                  mem_sum / nullif(mem_samples, 0) AS mem, throttle_samples AS mask_n, throttled AS thr_n, thr_mask
+                  mem_sum / nullif(mem_samples, 0) AS mem, throttle_samples AS mask_n, throttled AS thr_n, thr_mask,
+                  'gpu' AS kind
            FROM gpu_5m WHERE {whole}"""
+# a TPU VM's cores as accelerators beside the GPUs (duty cycle as their utilisation, HBM as
+# memory; no throttle reasons): the idle and input-bound detectors judge them the same way
+_RAW_TPU = f"""SELECT node, device AS "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem,
+                  0 AS mask_n, 0 AS thr_n, NULL::BIGINT AS thr_mask, 'tpu' AS kind
+           FROM (SELECT node, device, epoch_us(ts) // {BUCKET_SECONDS * 1_000_000} AS bi, count(*) AS n,
+                        avg(duty_cycle_ratio) AS util, avg(hbm_used_bytes) AS mem
+                 FROM tpu_samples WHERE {{where}} GROUP BY node, device, bi)"""
 
 
 def _bucket(t: dt.datetime) -> dt.datetime:
@@ -141,12 +149,19 @@ def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     the scope's time range from the rollup (``gpu_5m``, exact however far behind the
     rollup is), the partial ones at its edges from the samples."""
     thr = throttled_sql("throttle_mask")
+    tpu = has_rows(con, "tpu_samples")
     if not rolled(con):
         where, params = _time_where(scope)
-        return _temp(con, scope, "gpu_buckets", _RAW_GPU.format(thr=thr, where=where), params)
+        sql = _RAW_GPU.format(thr=thr, where=where)
+        if tpu:
+            sql, params = f"{sql} UNION ALL {_RAW_TPU.format(where=where)}", params + params
+        return _temp(con, scope, "gpu_buckets", sql, params)
     whole, edge, params = split(Scope(None, scope.since, scope.until))
     raw = _RAW_GPU.format(thr=thr, where=edge)
-    return _temp(con, scope, "gpu_buckets", f"{_ROLLED_GPU.format(whole=whole)} UNION ALL {raw}", params)
+    sql = f"{_ROLLED_GPU.format(whole=whole)} UNION ALL {raw}"
+    if tpu:  # (no TPU rollup: a TPU fleet's samples are few) every bucket from the samples
+        sql += " UNION ALL " + _RAW_TPU.format(where="($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u)")
+    return _temp(con, scope, "gpu_buckets", sql, params)
 
 
 def host_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:

@@ -150,6 +150,13 @@ class AnalyticsUnit(Unit):
 
 
 def table_missing(con: duckdb.DuckDBPyConnection, r: Requirement) -> str | None:
+    """Why the requirement's table is not there to read (None: it has rows); ``a|b``: any
+    of them with rows will do."""
+    if "|" in r.name:
+        names = r.name.split("|")
+        if any(table_missing(con, Requirement(r.kind, n)) is None for n in names):
+            return None
+        return f"no rows in {' or '.join(names)} yet"
     exists = con.execute(
         "SELECT count(*) FROM (SELECT table_name AS n FROM duckdb_tables() UNION ALL "
         "SELECT view_name FROM duckdb_views()) WHERE n = ?",

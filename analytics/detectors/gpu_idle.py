@@ -29,7 +29,7 @@ class GpuIdle(Detector):
         "min_share": Option("float", 0.5, "share of the job's time its GPU must be idle", lo=0, hi=1),
         "min_mem": Option("size", 1 << 30, "memory in use that counts as allocated (GPUs outside any job)"),
     }
-    REQUIRES = (Requirement("table", "gpu_samples"),)
+    REQUIRES = (Requirement("table", "gpu_samples|tpu_samples"),)
 
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
         o = self.options
@@ -40,8 +40,9 @@ class GpuIdle(Detector):
             per_gpu = con.execute(
                 f"""SELECT job, node, "index", sum(n) AS samples, sum(n) FILTER ({idle}) AS idle,
                            sum(util * n) / nullif(sum(n), 0), avg(mem), min(b), max(b),
-                           {BUCKET_SECONDS} / max(n) AS every  -- a full bucket's samples: the sampling interval
-                    FROM {g} GROUP BY job, node, "index" ORDER BY job, node, "index" """
+                           {BUCKET_SECONDS} / max(n) AS every,  -- a full bucket's samples: the sampling interval
+                           kind
+                    FROM {g} GROUP BY job, node, kind, "index" ORDER BY job, node, kind, "index" """
             ).fetchall()
             jobs: dict[str, list[tuple]] = {}
             for r in per_gpu:
@@ -53,20 +54,21 @@ class GpuIdle(Detector):
                 if not flagged:
                     continue
                 stalled = len(flagged) == len(gpus)
-                by_node: dict[str, list[tuple]] = {}
+                by_node: dict[tuple[str, str], list[tuple]] = {}
                 for r in flagged:
-                    by_node.setdefault(r[1], []).append(r)
-                for node, rs in by_node.items():
-                    on_node = [r for r in gpus if r[1] == node]
+                    by_node.setdefault((r[1], r[10]), []).append(r)
+                for (node, kind), rs in by_node.items():
+                    on_node = [r for r in gpus if r[1] == node and r[10] == kind]
+                    noun = "GPUs" if kind == "gpu" else "TPU cores"
                     hours = sum(r[4] * r[9] for r in rs) / HOUR
                     util = sum((r[5] or 0) for r in rs) / len(rs)
                     out.append(
                         Finding(
                             self.name,
                             job,
-                            f"{len(rs)} of {len(on_node)} GPUs on {node} idle while the job ran "
-                            f"(mean {util:.0%} busy; {hours:.1f} GPU-hours wasted)"
-                            + ("; every GPU of the job is idle: stalled?" if stalled else ""),
+                            f"{len(rs)} of {len(on_node)} {noun} on {node} idle while the job ran "
+                            f"(mean {util:.0%} busy; {hours:.1f} {noun[:-1]}-hours wasted)"
+                            + (f"; every {noun[:-1]} of the job is idle: stalled?" if stalled else ""),
                             severity="critical" if stalled else "warning",
                             confidence=0.9,
                             node=node,

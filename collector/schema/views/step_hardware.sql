@@ -2,7 +2,8 @@
 -- Owned by cmdare.analytics (analytics/views.py applies it on every writable open).
 --
 -- Each step aggregate next to the same node's hardware over the same interval
--- (ts - interval_seconds .. ts): mean GPU and GPU-memory utilisation across its GPUs and
+-- (ts - interval_seconds .. ts): mean GPU and GPU-memory utilisation across its GPUs (on a
+-- TPU VM: TensorCore duty cycle and HBM bandwidth use across its TPU cores) and
 -- mean host CPU utilisation, over the samples taken in the interval.  An interval with no
 -- sample in it (the first of a run, shorter than the agent's sampling interval, or one
 -- whose last step ended just before the agent's tick) takes the node's next sampling tick
@@ -20,7 +21,10 @@ WITH gt AS (
     SELECT node, ts, avg(util_gpu_ratio) AS u, avg(util_mem_ratio) AS m, sum(count(*)) OVER n AS k,
         sum(sum(util_gpu_ratio)) OVER n AS su, sum(count(util_gpu_ratio)) OVER n AS cu,
         sum(sum(util_mem_ratio)) OVER n AS sm, sum(count(util_mem_ratio)) OVER n AS cm
-    FROM gpu_samples GROUP BY node, ts
+    FROM (SELECT node, ts, util_gpu_ratio, util_mem_ratio FROM gpu_samples
+          UNION ALL  -- a TPU VM's accelerators: TensorCore duty cycle and HBM bandwidth use
+          SELECT node, ts, duty_cycle_ratio, hbm_bandwidth_ratio FROM tpu_samples)
+    GROUP BY node, ts
     WINDOW n AS (PARTITION BY node ORDER BY ts ROWS UNBOUNDED PRECEDING)),
 ht AS (
     SELECT node, ts, avg(cpu_util_ratio) AS c, sum(count(*)) OVER n AS k,

@@ -150,3 +150,32 @@ def test_a_gpu_busy_by_gpu_util_but_idle_by_its_graphics_engine_is_idle(tmp_path
     f = found(db("gr", 0.02), "gpu_idle")
     assert list(f) == ["tiny"] and f["tiny"][0].evidence
     assert found(db("util-only", None), "gpu_idle") == {}  # no GPM: GPU_UTIL, 90 %
+
+
+def test_idle_tpu_cores_of_a_running_job_are_reported_as_tpu_cores(tmp_path) -> None:
+    """A TPU VM's cores are the job's accelerators: duty cycle is their utilisation."""
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import EventFactory
+
+    from .conftest import T0
+
+    f = EventFactory("tpu-vm", "worker", "")
+    lines = []
+    for k in range(180):
+        ts = T0 + 10 * k
+        lines.append(f.line("train_steps", {"run": "r", "steps": 10, "steps_per_second": 1.0,
+                                            "interval_seconds": 10.0, "input_wait_seconds_mean": 0.5,
+                                            "step_mean_seconds": 1.0}, ts, job="bert"))
+        for dev in range(4):
+            duty = 0.01 if dev < 2 else 0.8
+            lines.append(f.line("tpu", {"device": dev, "duty_cycle_ratio": duty, "hbm_used_bytes": 8 << 30,
+                                        "hbm_total_bytes": 16 << 30}, ts))
+    con = connect(tmp_path / "tpu.duckdb")
+    assert Writer(con).write([("t", b"".join(lines))]).dead == 0
+    f = found(con, "gpu_idle")
+    (x,) = f["bert"]
+    assert x.summary.startswith("2 of 4 TPU cores on tpu-vm idle while the job ran") and x.subject == "0,1"
+    assert x.evidence["idle_gpus"] == 2 and x.evidence["job_stalled"] is False
+    steps = con.execute("SELECT round(avg(gpu_util_ratio), 4) FROM step_hardware").fetchone()[0]
+    assert steps == round((0.01 * 2 + 0.8 * 2) / 4, 4)  # the steps' accelerator use: the TPU cores'
