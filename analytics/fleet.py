@@ -243,15 +243,30 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
             r["vs_median_pct"] = None if r["step_mean_s"] is None or m <= 0 else round(100 * (r["step_mean_s"] / m - 1), 1)
     # the GPUs of the job's nodes over the window: allocated, and which of them really worked
     gpus = con.execute(
-        f"""SELECT node, "index" AS gpu, any_value(name) AS name, round(avg(util_gpu_ratio) * 100, 1) AS util_pct,
+        f"""SELECT node, "index" AS gpu, any_value(name) AS name,
+                   round(coalesce(avg(gr_engine_active_ratio), avg(util_gpu_ratio)) * 100, 1) AS util_pct,
                    round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib
             FROM gpu_samples WHERE node IN (SELECT DISTINCT node FROM steps {w})
               AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
             GROUP BY node, "index" ORDER BY node, "index" LIMIT {MAX_JOB_GPUS}""", p)
     gcols = [d[0] for d in gpus.description]
     gpu_rows = [dict(zip(gcols, r, strict=True)) for r in gpus.fetchall()]
+    # what the job's own processes used of each GPU (their PIDs as its ranks declared them,
+    # the GPU's process list from NVML), and how many other processes held it
+    use = {(n, i): (sm, own, other) for n, i, sm, own, other in con.execute(
+        """WITH pj AS (SELECT DISTINCT node, pid FROM jobs WHERE job = $j AND pid IS NOT NULL),
+                 pp AS (SELECT node, "index", p.pid AS pid, p.sm_ratio AS sm
+                        FROM (SELECT node, "index", unnest(from_json(processes, '[{"pid":"BIGINT","sm_ratio":"DOUBLE"}]')) AS p
+                              FROM gpu_samples WHERE node IN (SELECT node FROM pj)
+                                AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u) AND processes IS NOT NULL))
+            SELECT pp.node, pp."index", round(avg(pp.sm) FILTER (WHERE pj.pid IS NOT NULL) * 100, 1),
+                   count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NOT NULL),
+                   count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NULL)
+            FROM pp LEFT JOIN pj ON pj.node = pp.node AND pj.pid = pp.pid GROUP BY ALL""", p).fetchall()}
     for g in gpu_rows:
         g["active"] = (g["util_pct"] or 0) >= BUSY_PCT
+        sm, own, other = use.get((g["node"], g["gpu"]), (None, 0, 0))
+        g["job_sm_pct"], g["job_processes"], g["other_processes"] = sm, own, other
     ck = con.execute(
         f"""SELECT strftime(ts, '%Y-%m-%d %H:%M:%S') AS ts, node, rank, action, round(seconds, 3) AS seconds,
                    round(bytes / 2^20, 1) AS mib, step, ok FROM checkpoints {w} ORDER BY ts LIMIT {MAX_JOB_CHECKPOINTS}""",

@@ -81,3 +81,24 @@ def test_analyze_tpu_reads_what_the_tpu_source_sends(tmp_path) -> None:
             for r in rows] == [("tpu-vm-1", 0, 10, 54.5, 59.0, 13.0, "bert"), ("tpu-vm-1", 1, 10, 74.5, 79.0, 13.0, "bert")]
     assert rows[0]["hbm_bw_pct"] is None  # libtpu listed no bandwidth metric
     assert run("tpu", "--node", "other", "--db", str(tmp_path / "t.duckdb")) == []
+
+
+def test_the_job_page_says_what_the_jobs_own_processes_used_of_each_gpu(tmp_path) -> None:
+    from cmdare.analytics import pageapi
+    from cmdare.analytics.db import Database
+
+    agent_gpus(tmp_path, FakeNvml(gpus=2, model="h100")).close()
+    s = pageapi.job_series(Database(tmp_path / "agent-j.duckdb"), "j")
+    rows = {g["gpu"]: g for g in s["gpus"]["rows"]}
+    assert rows[0]["job_processes"] == 1 and 70 <= rows[0]["job_sm_pct"] <= 80 and rows[0]["other_processes"] == 0
+    assert rows[1]["job_processes"] == 0 and rows[1]["job_sm_pct"] is None and rows[1]["other_processes"] == 1
+    assert 90 <= rows[0]["util_pct"] <= 99  # the graphics engine's activity (GPM), not GPU_UTIL
+
+
+def test_goodput_says_how_much_of_its_gpus_the_job_really_used(tmp_path) -> None:
+    agent_gpus(tmp_path, FakeNvml(gpus=2, model="h100")).close()
+    res = CliRunner().invoke(cli, ["goodput", "--job", "j", "--db", str(tmp_path / "agent-j.duckdb")])
+    assert res.exit_code == 0, res.output
+    note = [line for line in res.output.splitlines() if "SMs" in line]
+    assert len(note) == 1 and "of the SMs of its 1 GPU(s) on average (per process: analyze gpu --job j)" in note[0]
+    assert 70 <= int(note[0].split("used ")[1].split(" %")[0]) <= 80
