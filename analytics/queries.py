@@ -482,3 +482,25 @@ def tpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
             FROM tpu_samples{where} GROUP BY node, device ORDER BY node, device""",
         params,
     )
+
+
+def gpu_use_notes(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | None, until: dt.datetime | None) -> list[str]:
+    """What the job's own processes used of the GPUs they ran on (by PID), and GPUs its
+    processes shared with processes of no rank of it: the goodput buckets count allocated
+    GPU time, this says how much of it the job really used."""
+    try:
+        _, rows = gpu_processes(con, None, since, until, None)
+    except Exception:  # a database from before per-process fields, no jobs table: nothing to say
+        return []
+    own = [r for r in rows if r[4] == job]
+    if not own:
+        return []
+    gpus = {(r[0], r[1]) for r in own}
+    sm = [r[8] for r in own if r[8] is not None]
+    others = {(r[0], r[1], r[3]) for r in rows if (r[0], r[1]) in gpus and r[4] != job}
+    out = [f"the job's processes used {sum(sm) / len(sm):.0f} % of the SMs of its {len(gpus)} GPU(s) on average "
+           f"(per process: analyze gpu --job {job})" if sm else
+           f"the job's processes ran on {len(gpus)} GPU(s) (no per-process utilisation sampled)"]
+    if others:
+        out.append(f"{len(others)} process(es) of no rank of this job held the same GPUs")
+    return out
