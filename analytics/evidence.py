@@ -317,11 +317,13 @@ def job_activity(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[tuple]:
     have them, 0..1, None where the GPU gave none: no GPM), NVLink errors counted in scope,
     first bucket, last sample), from the ``gpu_5m`` rollup view (exact at any lag) at
     5-minute resolution: the buckets a job's span touches on its node."""
+    if "job_activity" in scope.cache:  # tensor_idle and memory_bound share one read
+        return scope.cache["job_activity"]
     if not has_view(con, "gpu_5m") or not has_column(con, "gpu_5m", "gr_sum"):
         return []
     s = spans(con, scope)
     where, params = Scope(None, scope.since, scope.until).where(ts="g.last_ts")
-    return con.execute(
+    rows = con.execute(
         f"""SELECT s.job, g.node, g."index", any_value(g.name), sum(g.samples),
                    sum(g.gr_sum) / nullif(sum(g.gr_n), 0), sum(g.sm_active_sum) / nullif(sum(g.sm_active_n), 0),
                    sum(g.tensor_sum) / nullif(sum(g.tensor_n), 0), sum(g.fp32_sum) / nullif(sum(g.fp32_n), 0),
@@ -333,3 +335,5 @@ def job_activity(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[tuple]:
             GROUP BY s.job, g.node, g."index" ORDER BY s.job, g.node, g."index" """,
         params,
     ).fetchall()
+    scope.cache["job_activity"] = rows
+    return rows

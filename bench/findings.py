@@ -261,7 +261,9 @@ def main() -> None:
                   f"{statistics.median(x['opened'] for x in finds):.2f} s before each, not counted)")
         print(f"GROUP BY node, gpu scan of gpu_samples: {s:.2f} s (runs: {runs(scans)}), "
               f"peak RSS {max(x['rss_mb'] for x in scans):.0f} MB")
-        print(f"analyze bottlenecks, all 7 detectors:   {f:.2f} s (runs: {runs(finds)}), "
+        from cmdare.analytics.detectors import DETECTORS
+
+        print(f"analyze bottlenecks, all {len(DETECTORS)} detectors:   {f:.2f} s (runs: {runs(finds)}), "
               f"peak RSS {max(x['rss_mb'] for x in finds):.0f} MB, {finds[-1]['rows']} findings of "
               f"{', '.join(finds[-1]['kinds'])}")
         print(f"GROUP BY node, gpu, 5-minute bucket (count only): {b:.2f} s = {b / s:.2f}x the scan: the least any")

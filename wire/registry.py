@@ -96,7 +96,7 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     "gpu_event": {
         "index": (INT, "NVML device index"),
         "uuid": (STR, "GPU UUID"),
-        "kind": (STR, "xid | ecc_corrected | ecc_uncorrected"),
+        "kind": (STR, "xid | ecc_corrected | ecc_uncorrected | lost | row_remap_pending | row_remap_failed"),
         "count": (INT, "how many occurred (ECC: increase since the previous sample)"),
         "xid": (INT, "the Xid code, for kind=xid"),
     },

@@ -7,8 +7,9 @@ the GPU answers them (``_extras``): profiling activity through NVML's GPM API (H
 later), energy, row remapping, NVLink state / errors / throughput, per-process SM and
 memory use.  Each MIG instance is a GPU of its own (index ``1000 * (parent + 1) + slot``,
 with its parent, profile and share of the parent's SMs).
-Xid critical errors (NVML event set) and increases of the ECC totals are sent as
-``gpu_event`` events: counts of occurrences, never a last-value gauge.
+Xid critical errors (NVML event set), increases of the ECC totals and a row remapping that
+turns pending or failed are sent as ``gpu_event`` events: counts of occurrences, never a
+last-value gauge.
 
 Failure handling (the scenarios tests/fakes/nvml.py names):
 - NVML library or driver missing, or no GPU: the source is *unavailable*; that is
@@ -76,6 +77,7 @@ except ImportError:  # an older binding, or none: then nothing raises it
 
 _REASONS_JSON: dict[int, str] = {}
 _ECC_KINDS = (("ecc_corrected", "ecc_corrected_total"), ("ecc_uncorrected", "ecc_uncorrected_total"))
+_REMAP_STATES = ("row_remap_pending", "row_remap_failed")  # gpu_event kinds when they turn true
 
 
 def _reasons_json(mask: int, reasons: list[str]) -> str:
@@ -282,6 +284,7 @@ class _Gpu:
     name: str
     lost: bool = False
     ecc_prev: dict[str, int] = field(default_factory=dict)
+    remap_prev: dict[str, bool] = field(default_factory=dict)
     fast: bool = True  # every NVML call answered last time: take the straight path
     # issue 38: MIG (a MIG instance's parent GPU and identity), GPM, NVLink, process samples
     parent: _Gpu | None = None
@@ -595,6 +598,12 @@ class GpuSource(Source):
                 log.error("GPU %d (%s) is lost: %s", g.index, g.uuid, e)
                 continue
             emit("gpu", data)
+            for key in _REMAP_STATES:  # a row remapping that became pending / failed: a health event
+                now_ = data.get(key)
+                if now_ and not g.remap_prev.get(key):
+                    emit("gpu_event", {"index": g.index, "uuid": g.uuid, "kind": key, "count": 1})
+                if now_ is not None:
+                    g.remap_prev[key] = bool(now_)
             for kind, key in _ECC_KINDS:
                 total = data.get(key)
                 if total is None:

@@ -1,4 +1,5 @@
-"""gpu_errors: Xid and ECC error bursts per GPU, with the job they hit."""
+"""gpu_errors: Xid and ECC error bursts and row remappings pending or failed per GPU, with the
+job they hit."""
 
 from __future__ import annotations
 
@@ -50,20 +51,21 @@ class GpuErrors(Detector):
                        sum(count) FILTER (kind = 'xid'), list(DISTINCT xid) FILTER (kind = 'xid'),
                        coalesce(sum(count) FILTER (kind = 'ecc_corrected'), 0),
                        coalesce(sum(count) FILTER (kind = 'ecc_uncorrected'), 0),
-                       count(*) FILTER (kind = 'lost'), sum(new_burst), min(ts), max(ts)
+                       count(*) FILTER (kind = 'lost'), sum(new_burst), min(ts), max(ts),
+                       count(*) FILTER (kind = 'row_remap_pending'), count(*) FILTER (kind = 'row_remap_failed')
                 FROM b GROUP BY node, "index", coalesce(job, '') ORDER BY node, "index" """,
             [*params, ignore],
         ).fetchall()
         out = []
-        for node, index, uuid, job, xids, codes, corr, unc, lost, bursts, t0, t1 in rows:
+        for node, index, uuid, job, xids, codes, corr, unc, lost, bursts, t0, t1, pending, failed in rows:
             job = job or None
             if scope.job is not None and job != scope.job:
                 continue
             xids = int(xids or 0)
             codes = sorted(c for c in (codes or []) if c is not None)
-            if not (xids or unc or lost or corr >= o["min_corrected"]):
+            if not (xids or unc or lost or pending or failed or corr >= o["min_corrected"]):
                 continue
-            crit = bool(unc or lost or critical.intersection(codes))
+            crit = bool(unc or lost or failed or critical.intersection(codes))
             parts = []
             if xids:
                 parts.append(f"{xids} Xid {','.join(map(str, codes))}")
@@ -73,6 +75,10 @@ class GpuErrors(Detector):
                 parts.append(f"{corr} corrected ECC")
             if lost:
                 parts.append("fell off the bus")
+            if failed:
+                parts.append("a memory row remapping failed (the GPU needs service)")
+            elif pending:
+                parts.append("a memory row remapping pending (reset the GPU to apply it)")
             hit = f", hitting job {job}" if job else " (no job stepping on it)"
             out.append(
                 Finding(
@@ -89,6 +95,8 @@ class GpuErrors(Detector):
                         "ecc_corrected": int(corr),
                         "ecc_uncorrected": int(unc),
                         "lost": int(lost),
+                        "row_remap_pending": int(pending),
+                        "row_remap_failed": int(failed),
                         "bursts": int(bursts),
                     },
                     window_start=t0,

@@ -221,7 +221,7 @@ def test_gpu_depth_rows_are_the_encoding_of_their_dict_on_every_tick(
     src = GpuSource(GpuSource.parse_config("sources.gpu", {}), nvml=nvml)
     for k in range(3):
         got: list = []
-        src.collect(lambda t, d, _got=got, **_: _got.append(d))
+        src.collect(lambda t, d, _got=got, **_: _got.append(d) if t == "gpu" else None)
         (d,) = got
         assert type(d) is Encoded and d.row == encode_row_data("gpu", dict(d)), k
         assert d["energy_joules_total"] == energy * 1e-3 and d["row_remap_failed"] is bool(remap[3])

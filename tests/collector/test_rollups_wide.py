@@ -21,13 +21,21 @@ from cmdare.wire.events import EventFactory
 T0 = 1.75e9 + 17  # not on a minute boundary
 
 
+def _depth(i: int) -> dict:
+    """GPU 1's GPU-depth fields (GPM activity, counters): GPU 0 has none, as an older GPU."""
+    return {"gr_engine_active_ratio": (i * 3 % 10) / 10, "sm_active_ratio": (i * 5 % 10) / 10,
+            "tensor_active_ratio": (i % 4) / 4, "fp32_active_ratio": (i % 3) / 3, "dram_active_ratio": (i % 6) / 6,
+            "energy_joules_total": 1000.0 + 300 * i, "nvlink_errors_total": i // 7, "mig_slice_ratio": 1 / 7,
+            "parent_index": 0}
+
+
 def gpu(node: str, start: float, n: int, every: float = 10.0, rows: bool = False) -> bytes:
     f = EventFactory(node, "worker", "job-1", {}, rows=rows)
     return b"".join(
         f.line("gpu", {"index": g, "uuid": f"GPU-{node}-{g}", "name": "A100", "util_gpu_ratio": (i * 7 % 10) / 10,
                        "temp_celsius": 50.0 + i % 9, "power_watts": 200.0 + g + i % 3,
                        "throttle_mask": 4 if i % 5 == 0 else 1 if i % 7 == 0 else 0,
-                       "mem_used_bytes": (1 << 30) + 4096 * i + g}, start + every * i)
+                       "mem_used_bytes": (1 << 30) + 4096 * i + g, **(_depth(i) if g else {})}, start + every * i)
         for i in range(n) for g in range(2))
 
 

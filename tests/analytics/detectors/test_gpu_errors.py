@@ -81,7 +81,7 @@ def test_each_gpus_errors_are_counted_in_bursts_exactly(fleet) -> None:
     }
     g0 = got[("e-n0", "0:GPU-e-n0-0")]
     assert g0.evidence == {"xid_events": 3, "xid_codes": "13,31", "ecc_corrected": 99, "ecc_uncorrected": 0,
-                           "lost": 0, "bursts": 3}
+                           "lost": 0, "row_remap_pending": 0, "row_remap_failed": 0, "bursts": 3}
     assert (g0.window_start, g0.window_end, g0.confidence) == (_utc(T0 + 100), _utc(T0 + 2000), 1.0)
     assert got[("e-n1", "0:GPU-e-n1-0")].evidence["lost"] == 1
     # options: a Xid made critical, corrected ECC from 101, 43 no longer ignored, a shorter gap
@@ -92,3 +92,25 @@ def test_each_gpus_errors_are_counted_in_bursts_exactly(fleet) -> None:
     assert got[("e-n0", "0:GPU-e-n0-0")].evidence["bursts"] == 4
     assert got[("e-n2", "0:GPU-e-n2-0")].evidence["xid_codes"] == "43,79"
     assert set(found(con, "gpu_errors", Scope(job="ej"))) == {"ej"}
+
+
+def test_a_row_remapping_pending_is_a_warning_once_and_a_failed_one_critical(tmp_path) -> None:
+    """The agent sends a row remapping that turned pending as one event (not one a tick);
+    a failed one makes the finding critical."""
+
+    from tests.fakes.nvml import FakeNvml
+
+    from .conftest import agent_gpus
+
+    con = agent_gpus(tmp_path, FakeNvml(gpus=2, model="a100", scenario="row_remap"))
+    assert con.execute("SELECT kind, count(*) FROM gpu_events GROUP BY kind").fetchall() == [("row_remap_pending", 2)]
+    f = found(con, "gpu_errors")
+    assert [(x.subject.split(":")[0], x.severity, x.evidence["row_remap_pending"]) for x in f["j"]] == [
+        ("0", "warning", 1), ("1", "warning", 1)]
+    assert "row remapping pending (reset the GPU to apply it)" in f["j"][0].summary
+    nvml = FakeNvml(gpus=1, model="a100")
+    nvml.nvmlDeviceGetRemappedRows = lambda h: (0, 3, 0, 1)  # remapping failed
+    bad = agent_gpus(tmp_path, nvml, job="k")
+    (x,) = found(bad, "gpu_errors")["k"]
+    assert x.severity == "critical" and x.evidence["row_remap_failed"] == 1 and "needs service" in x.summary
+
