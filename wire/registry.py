@@ -85,6 +85,9 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "gpu_instance_id": (INT, "MIG: GPU instance id"),
         "compute_instance_id": (INT, "MIG: compute instance id"),
         "mig_slice_ratio": (FLOAT, "MIG: the instance's share of its parent's SMs, 0..1"),
+        "retired_pages_sbe": (INT, "memory pages retired for multiple single-bit ECC errors (Kepler to Turing)"),
+        "retired_pages_dbe": (INT, "memory pages retired for a double-bit ECC error (Kepler to Turing)"),
+        "retired_pages_pending": (BOOL, "a page retirement waits for a GPU reset"),
     },
     "tpu": {
         "device": (INT, "TPU device (core) id as libtpu numbers it"),
@@ -96,7 +99,7 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     "gpu_event": {
         "index": (INT, "NVML device index"),
         "uuid": (STR, "GPU UUID"),
-        "kind": (STR, "xid | ecc_corrected | ecc_uncorrected | lost | row_remap_pending | row_remap_failed"),
+        "kind": (STR, "xid | ecc_corrected | ecc_uncorrected | lost | row_remap_pending | row_remap_failed | retired_pages_pending"),
         "count": (INT, "how many occurred (ECC: increase since the previous sample)"),
         "xid": (INT, "the Xid code, for kind=xid"),
     },

@@ -77,7 +77,7 @@ except ImportError:  # an older binding, or none: then nothing raises it
 
 _REASONS_JSON: dict[int, str] = {}
 _ECC_KINDS = (("ecc_corrected", "ecc_corrected_total"), ("ecc_uncorrected", "ecc_uncorrected_total"))
-_REMAP_STATES = ("row_remap_pending", "row_remap_failed")  # gpu_event kinds when they turn true
+_REMAP_STATES = ("row_remap_pending", "row_remap_failed", "retired_pages_pending")  # gpu_event kinds when they turn true
 
 
 def _reasons_json(mask: int, reasons: list[str]) -> str:
@@ -145,11 +145,13 @@ EXTRAS = _GPU_FIELDS[_GPU_FIELDS.index("processes") + 1 :]
 _EXTRA_KINDS = [(n, DATA_FIELDS["gpu"][n][0]) for n in EXTRAS]
 _EXTRA_NAMES = tuple(EXTRAS)
 _TAIL = ""  # ``texts`` key of a whole tail built by the source
-_GPM_GAP = "\t" * EXTRAS.index("energy_joules_total")  # the GPM fields before energy, absent
-if EXTRAS[EXTRAS.index("energy_joules_total"):][:5] != (
-        "energy_joules_total", "remapped_rows_correctable", "remapped_rows_uncorrectable",
-        "row_remap_pending", "row_remap_failed"):
-    raise AssertionError("agent/sources/gpu.py _extras_fast writes energy and the row-remap fields in this order")
+# where ``_extras_fast`` puts its fields' text (in the registry's order)
+_AT_ENERGY, _AT_REMAP, _AT_RETIRED = (EXTRAS.index(n) for n in ("energy_joules_total", "remapped_rows_correctable",
+                                                                  "retired_pages_sbe"))
+if (EXTRAS[_AT_REMAP : _AT_REMAP + 4] != ("remapped_rows_correctable", "remapped_rows_uncorrectable",
+                                          "row_remap_pending", "row_remap_failed")
+        or EXTRAS[_AT_RETIRED:] != ("retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending")):
+    raise AssertionError("agent/sources/gpu.py _extras_fast writes the row-remap and retired-page fields in this order")
 if _FROM_HANDLE + tuple(f.name for f in FIELDS) + _LISTS + EXTRAS != _GPU_FIELDS:
     raise AssertionError("agent/sources/gpu.py FIELDS must follow DATA_FIELDS['gpu'] (the row form is positional)")
 
@@ -729,6 +731,15 @@ class GpuSource(Source):
         if rr is not None:
             d["remapped_rows_correctable"], d["remapped_rows_uncorrectable"] = int(rr[0]), int(rr[1])
             d["row_remap_pending"], d["row_remap_failed"] = bool(rr[2]), bool(rr[3])
+        sbe = get("nvmlDeviceGetRetiredPages", 0)  # Kepler to Turing (later GPUs remap rows)
+        if sbe is not None:
+            d["retired_pages_sbe"] = len(sbe)
+            dbe = get("nvmlDeviceGetRetiredPages", 1)
+            if dbe is not None:
+                d["retired_pages_dbe"] = len(dbe)
+            pend = get("nvmlDeviceGetRetiredPagesPendingStatus")
+            if pend is not None:
+                d["retired_pages_pending"] = bool(pend)
         link_rate: dict[int, list[float]] = {}
         if g.gpm is not None:
             self._gpm_read(g, d, get, link_rate)
@@ -772,18 +783,31 @@ class GpuSource(Source):
         time (most GPUs of a cloud fleet): the calls it answers, in a row, no error mapping
         but process utilisation's "no new sample"."""
         n, h, skip = self.nvml, g.handle, g.skip
-        e = r = ""
+        parts = [""] * len(_EXTRA_NAMES)  # the row text of each field after processes
+        last = -1
         if "nvmlDeviceGetTotalEnergyConsumption" not in skip:
             v = d["energy_joules_total"] = int(n.nvmlDeviceGetTotalEnergyConsumption(h)) * 1e-3
-            e = float.__repr__(v)
+            parts[_AT_ENERGY] = float.__repr__(v)
+            last = _AT_ENERGY
         if "nvmlDeviceGetRemappedRows" not in skip:
             rr = n.nvmlDeviceGetRemappedRows(h)
             c, u, pend, fail = int(rr[0]), int(rr[1]), bool(rr[2]), bool(rr[3])
             d["remapped_rows_correctable"], d["remapped_rows_uncorrectable"] = c, u
             d["row_remap_pending"], d["row_remap_failed"] = pend, fail
-            r = f"\t{c}\t{u}\t{'true' if pend else 'false'}\t{'true' if fail else 'false'}"
+            parts[_AT_REMAP : _AT_REMAP + 4] = (int.__repr__(c), int.__repr__(u), "true" if pend else "false",
+                                                "true" if fail else "false")
+            last = _AT_REMAP + 3
+        if "nvmlDeviceGetRetiredPages" not in skip:
+            a, b = len(n.nvmlDeviceGetRetiredPages(h, 0)), len(n.nvmlDeviceGetRetiredPages(h, 1))
+            d["retired_pages_sbe"], d["retired_pages_dbe"] = a, b
+            parts[_AT_RETIRED], parts[_AT_RETIRED + 1] = int.__repr__(a), int.__repr__(b)
+            last = _AT_RETIRED + 1
+            if "nvmlDeviceGetRetiredPagesPendingStatus" not in skip:
+                p = d["retired_pages_pending"] = bool(n.nvmlDeviceGetRetiredPagesPendingStatus(h))
+                parts[_AT_RETIRED + 2] = "true" if p else "false"
+                last = _AT_RETIRED + 2
         if texts is not None:  # the row text of this shape (no GPM, NVLink or MIG fields), for _tail
-            texts[_TAIL] = _GPM_GAP + e + r if e or r else ""
+            texts[_TAIL] = "\t".join(parts[: last + 1])
         procs = d.get("processes")
         if not procs or "nvmlDeviceGetProcessUtilization" in skip:
             return False

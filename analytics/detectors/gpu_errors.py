@@ -52,18 +52,19 @@ class GpuErrors(Detector):
                        coalesce(sum(count) FILTER (kind = 'ecc_corrected'), 0),
                        coalesce(sum(count) FILTER (kind = 'ecc_uncorrected'), 0),
                        count(*) FILTER (kind = 'lost'), sum(new_burst), min(ts), max(ts),
-                       count(*) FILTER (kind = 'row_remap_pending'), count(*) FILTER (kind = 'row_remap_failed')
+                       count(*) FILTER (kind = 'row_remap_pending'), count(*) FILTER (kind = 'row_remap_failed'),
+                       count(*) FILTER (kind = 'retired_pages_pending')
                 FROM b GROUP BY node, "index", coalesce(job, '') ORDER BY node, "index" """,
             [*params, ignore],
         ).fetchall()
         out = []
-        for node, index, uuid, job, xids, codes, corr, unc, lost, bursts, t0, t1, pending, failed in rows:
+        for node, index, uuid, job, xids, codes, corr, unc, lost, bursts, t0, t1, pending, failed, pages in rows:
             job = job or None
             if scope.job is not None and job != scope.job:
                 continue
             xids = int(xids or 0)
             codes = sorted(c for c in (codes or []) if c is not None)
-            if not (xids or unc or lost or pending or failed or corr >= o["min_corrected"]):
+            if not (xids or unc or lost or pending or failed or pages or corr >= o["min_corrected"]):
                 continue
             crit = bool(unc or lost or failed or critical.intersection(codes))
             parts = []
@@ -79,6 +80,8 @@ class GpuErrors(Detector):
                 parts.append("a memory row remapping failed (the GPU needs service)")
             elif pending:
                 parts.append("a memory row remapping pending (reset the GPU to apply it)")
+            if pages:
+                parts.append("a memory page retirement pending (reset the GPU to apply it)")
             hit = f", hitting job {job}" if job else " (no job stepping on it)"
             out.append(
                 Finding(
@@ -97,6 +100,7 @@ class GpuErrors(Detector):
                         "lost": int(lost),
                         "row_remap_pending": int(pending),
                         "row_remap_failed": int(failed),
+                        "retired_pages_pending": int(pages),
                         "bursts": int(bursts),
                     },
                     window_start=t0,

@@ -1,5 +1,5 @@
 -- GPU depth (issue 38): profiling activity (NVML GPM), energy, row remapping, NVLink, MIG
--- identity as GPU sample columns, their sums / counts / extremes in the GPU rollups (the
+-- identity, retired pages as GPU sample columns, their sums / counts / extremes in the GPU rollups (the
 -- detectors' tensor-idle, memory-bound, NVLink and idle findings read them), and a rebuild
 -- of the GPU rollups (every node's samples pending: reads stay exact meanwhile).
 ALTER TABLE gpu_samples ADD COLUMN IF NOT EXISTS "gr_engine_active_ratio" DOUBLE;
@@ -24,6 +24,9 @@ ALTER TABLE gpu_samples ADD COLUMN IF NOT EXISTS "mig_profile" VARCHAR;
 ALTER TABLE gpu_samples ADD COLUMN IF NOT EXISTS "gpu_instance_id" BIGINT;
 ALTER TABLE gpu_samples ADD COLUMN IF NOT EXISTS "compute_instance_id" BIGINT;
 ALTER TABLE gpu_samples ADD COLUMN IF NOT EXISTS "mig_slice_ratio" DOUBLE;
+ALTER TABLE gpu_samples ADD COLUMN IF NOT EXISTS "retired_pages_sbe" BIGINT;
+ALTER TABLE gpu_samples ADD COLUMN IF NOT EXISTS "retired_pages_dbe" BIGINT;
+ALTER TABLE gpu_samples ADD COLUMN IF NOT EXISTS "retired_pages_pending" BOOLEAN;
 ALTER TABLE gpu_rollup_1m ADD COLUMN IF NOT EXISTS "gr_sum" DOUBLE;
 ALTER TABLE gpu_rollup_1m ADD COLUMN IF NOT EXISTS "gr_n" BIGINT;
 ALTER TABLE gpu_rollup_1m ADD COLUMN IF NOT EXISTS "sm_active_sum" DOUBLE;

@@ -164,6 +164,8 @@ DEPTH = [
     "gpus=2,model=a100,scenario=row_remap",
     "gpus=2,model=v100",
     "gpus=2,model=k80",
+    "gpus=2,model=v100,scenario=retired_pages",
+    "gpus=1,model=t4,scenario=retired_pages",
 ]
 
 
@@ -182,6 +184,7 @@ def test_gpu_depth_through_the_binding_equals_the_python_fake(real_nvml, spec) -
     assert ("sm_active_ratio" in gpus[0]) is (model == "h100")  # GPM: Hopper only
     assert ("energy_joules_total" in gpus[0]) is (model != "k80")
     assert ("remapped_rows_correctable" in gpus[0]) is (model in ("a100", "h100"))
+    assert ("retired_pages_sbe" in gpus[0]) is (model not in ("a100", "h100"))  # before Ampere: pages retire
     if "mig" in opts:
         want = [1000 * (p + 1) + k for p in range(int(opts["gpus"])) for k in range(int(opts["mig"]))]
         assert sorted(i for i in gpus if i >= 1000) == want

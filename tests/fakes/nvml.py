@@ -16,6 +16,8 @@ Scenarios:
   no_tensor             GPM: the tensor pipes idle, FP32 busy (a model trained without mixed precision)
   nvlink_errors         NVLink replay errors grow on link 0 (3 a sample)
   row_remap             an uncorrectable row remapping pending from the second sample on
+  retired_pages         (Kepler to Turing) 2 pages retired for single-bit, 1 for double-bit ECC errors and a
+                        retirement pending from the second sample on
 
 Options: ``nvlinks=N`` active NVLinks per GPU (default none, as on a one-GPU VM), ``mig=N``
 MIG instances per GPU (A100 / H100; 1g profiles, a seventh of the SMs each).  What a model
@@ -63,6 +65,7 @@ SCENARIOS = (
     "no_tensor",
     "nvlink_errors",
     "row_remap",
+    "retired_pages",
 )
 
 
@@ -227,6 +230,21 @@ class FakeNvml:
             raise self._err(_real.NVML_ERROR_NOT_SUPPORTED)
         bad = int(self.scenario == "row_remap" and d.samples >= 2)
         return (0, bad, bad, 0)
+
+    def nvmlDeviceGetRetiredPages(self, h: _Dev, cause: int) -> list[int]:
+        d = self._dev(h, unsupported=True, mig_ok=False)
+        if self.gen >= 2:  # Ampere and later remap rows instead
+            raise self._err(_real.NVML_ERROR_NOT_SUPPORTED)
+        if cause not in (0, 1):
+            raise self._err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        n = (2 if cause == 0 else 1) if self.scenario == "retired_pages" and d.samples >= 2 else 0
+        return [0x100000 * (cause + 1) + 0x1000 * i for i in range(n)]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: _Dev) -> int:
+        d = self._dev(h, unsupported=True, mig_ok=False)
+        if self.gen >= 2:
+            raise self._err(_real.NVML_ERROR_NOT_SUPPORTED)
+        return int(self.scenario == "retired_pages" and d.samples >= 2)
 
     def nvmlDeviceGetNvLinkState(self, h: _Dev, link: int) -> int:
         self._dev(h, mig_ok=False)

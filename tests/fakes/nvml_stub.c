@@ -10,7 +10,7 @@
  * Configured like the Python fake, from $CMDARE_FAKE_NVML read at nvmlInit:
  *   gpus=N, model=a100|h100|v100|t4|k80|p100,
  *   scenario=healthy|driver_not_loaded|no_gpus|gpu_lost|field_not_supported|xid|
- *            no_tensor|nvlink_errors|row_remap,
+ *            no_tensor|nvlink_errors|row_remap|retired_pages,
  *   lost_after=N, nvlinks=N (active NVLinks per GPU), mig=N (MIG instances per GPU; A100/H100)
  * GPM (profiling metrics) answers on Hopper (h100) only, as on real parts; process
  * utilisation answers NOT_FOUND until a GPU has two samples (no samples yet).
@@ -70,9 +70,11 @@ typedef struct {
 struct nvmlEventSet_st { int unused; };
 typedef struct nvmlEventSet_st *nvmlEventSet_t;
 
-enum { HEALTHY, DRIVER_NOT_LOADED, NO_GPUS, GPU_LOST, FIELD_NOT_SUPPORTED, XID, NO_TENSOR, NVLINK_ERRORS, ROW_REMAP };
+enum { HEALTHY, DRIVER_NOT_LOADED, NO_GPUS, GPU_LOST, FIELD_NOT_SUPPORTED, XID, NO_TENSOR, NVLINK_ERRORS, ROW_REMAP,
+       RETIRED_PAGES };
 static const char *SCENARIOS[] = {"healthy", "driver_not_loaded", "no_gpus", "gpu_lost",
-                                  "field_not_supported", "xid", "no_tensor", "nvlink_errors", "row_remap"};
+                                  "field_not_supported", "xid", "no_tensor", "nvlink_errors", "row_remap",
+                                  "retired_pages"};
 
 /* name, memory total (bytes), power limit (mW), max SM / mem clock (MHz), SMs, generation
  * (what answers: 0 Kepler/Pascal, 1 Volta/Turing: energy, 2 Ampere: + row remapping, MIG,
@@ -545,5 +547,32 @@ nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
         x->value = v < 0 ? 0 : v;
         x->metricInfo.shortName = x->metricInfo.longName = x->metricInfo.unit = NULL;
     }
+    return NVML_SUCCESS;
+}
+
+/* page retirement (Kepler to Turing; Ampere and later remap rows instead): the two-call
+ * protocol of nvmlDeviceGetRetiredPages, cause 0 (multiple single-bit) or 1 (double-bit) */
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t d, int cause, unsigned int *count, unsigned long long *pages) {
+    CHECK(d, 1);
+    if (gen >= 2 || is_mig(d)) return NVML_ERROR_NOT_SUPPORTED;
+    if (cause < 0 || cause > 1) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = scenario == RETIRED_PAGES && d->samples >= 2 ? (cause == 0 ? 2 : 1) : 0;
+    if (!pages) {
+        *count = n;
+        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) pages[i] = 0x100000ULL * (unsigned long long)(cause + 1) + 0x1000ULL * i;
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, unsigned int *pending) {
+    CHECK(d, 1);
+    if (gen >= 2 || is_mig(d)) return NVML_ERROR_NOT_SUPPORTED;
+    *pending = scenario == RETIRED_PAGES && d->samples >= 2;
     return NVML_SUCCESS;
 }

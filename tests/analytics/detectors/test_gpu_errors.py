@@ -81,7 +81,8 @@ def test_each_gpus_errors_are_counted_in_bursts_exactly(fleet) -> None:
     }
     g0 = got[("e-n0", "0:GPU-e-n0-0")]
     assert g0.evidence == {"xid_events": 3, "xid_codes": "13,31", "ecc_corrected": 99, "ecc_uncorrected": 0,
-                           "lost": 0, "row_remap_pending": 0, "row_remap_failed": 0, "bursts": 3}
+                           "lost": 0, "row_remap_pending": 0, "row_remap_failed": 0, "retired_pages_pending": 0,
+                           "bursts": 3}
     assert (g0.window_start, g0.window_end, g0.confidence) == (_utc(T0 + 100), _utc(T0 + 2000), 1.0)
     assert got[("e-n1", "0:GPU-e-n1-0")].evidence["lost"] == 1
     # options: a Xid made critical, corrected ECC from 101, 43 no longer ignored, a shorter gap
@@ -114,3 +115,15 @@ def test_a_row_remapping_pending_is_a_warning_once_and_a_failed_one_critical(tmp
     (x,) = found(bad, "gpu_errors")["k"]
     assert x.severity == "critical" and x.evidence["row_remap_failed"] == 1 and "needs service" in x.summary
 
+
+
+def test_a_page_retirement_pending_on_a_volta_gpu_is_a_warning(tmp_path) -> None:
+    from tests.fakes.nvml import FakeNvml
+
+    from .conftest import agent_gpus
+
+    con = agent_gpus(tmp_path, FakeNvml(gpus=1, model="v100", scenario="retired_pages"))
+    assert con.execute("SELECT max(retired_pages_sbe), max(retired_pages_dbe) FROM gpu_samples").fetchone() == (2, 1)
+    (x,) = found(con, "gpu_errors")["j"]
+    assert x.severity == "warning" and x.evidence["retired_pages_pending"] == 1
+    assert x.summary == "GPU 0 on n0: a memory page retirement pending (reset the GPU to apply it) in 1 burst, hitting job j"
