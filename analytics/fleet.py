@@ -242,13 +242,21 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
         for r in rank_rows:
             r["vs_median_pct"] = None if r["step_mean_s"] is None or m <= 0 else round(100 * (r["step_mean_s"] / m - 1), 1)
     # the GPUs of the job's nodes over the window: allocated, and which of them really worked
+    # (a TPU VM's cores in the same table: duty cycle as utilisation, HBM as memory)
     gpus = con.execute(
-        f"""SELECT node, "index" AS gpu, any_value(name) AS name,
-                   round(coalesce(avg(gr_engine_active_ratio), avg(util_gpu_ratio)) * 100, 1) AS util_pct,
-                   round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib
-            FROM gpu_samples WHERE node IN (SELECT DISTINCT node FROM steps {w})
-              AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
-            GROUP BY node, "index" ORDER BY node, "index" LIMIT {MAX_JOB_GPUS}""", p)
+        f"""SELECT * FROM (
+              SELECT node, "index" AS gpu, any_value(name) AS name,
+                     round(coalesce(avg(gr_engine_active_ratio), avg(util_gpu_ratio)) * 100, 1) AS util_pct,
+                     round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib
+              FROM gpu_samples WHERE node IN (SELECT DISTINCT node FROM steps {w})
+                AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
+              GROUP BY node, "index"
+              UNION ALL
+              SELECT node, device, 'TPU core', round(avg(duty_cycle_ratio) * 100, 1), round(max(hbm_used_bytes) / 2^30, 2)
+              FROM tpu_samples WHERE node IN (SELECT DISTINCT node FROM steps {w})
+                AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
+              GROUP BY node, device)
+            ORDER BY node, gpu LIMIT {MAX_JOB_GPUS}""", p)
     gcols = [d[0] for d in gpus.description]
     gpu_rows = [dict(zip(gcols, r, strict=True)) for r in gpus.fetchall()]
     # what the job's own processes used of each GPU (their PIDs as its ranks declared them,

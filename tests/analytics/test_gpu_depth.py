@@ -102,3 +102,26 @@ def test_goodput_says_how_much_of_its_gpus_the_job_really_used(tmp_path) -> None
     note = [line for line in res.output.splitlines() if "SMs" in line]
     assert len(note) == 1 and "of the SMs of its 1 GPU(s) on average (per process: analyze gpu --job j)" in note[0]
     assert 70 <= int(note[0].split("used ")[1].split(" %")[0]) <= 80
+
+
+def test_the_job_page_lists_a_tpu_vms_cores_with_duty_cycle_and_hbm(tmp_path) -> None:
+    from cmdare.analytics import pageapi
+    from cmdare.analytics.db import Database
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import EventFactory
+
+    f = EventFactory("tpu-vm-1", "worker", "")
+    lines = []
+    for k in range(10):
+        ts = 1.75e9 + 10 * k
+        lines.append(f.line("train_steps", {"run": "r", "steps": 10, "steps_per_second": 1.0,
+                                            "interval_seconds": 10.0}, ts, job="bert"))
+        for dev in (0, 1):
+            lines.append(f.line("tpu", {"device": dev, "hbm_used_bytes": 8 << 30, "duty_cycle_ratio": 0.6 + 0.2 * dev}, ts))
+    con = connect(tmp_path / "t.duckdb")
+    assert Writer(con).write([("t", b"".join(lines))]).dead == 0
+    con.close()
+    s = pageapi.job_series(Database(tmp_path / "t.duckdb"), "bert")
+    assert [(g["gpu"], g["name"], g["util_pct"], g["mem_used_gib"], g["active"]) for g in s["gpus"]["rows"]] == [
+        (0, "TPU core", 60.0, 8.0, True), (1, "TPU core", 80.0, 8.0, True)]
