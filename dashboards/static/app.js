@@ -347,7 +347,8 @@
     chart(charts, "step time (s)", ts, [["mean", ss.step_mean_s || [], "#2563eb"], ["p95 (mean of ranks)", ss.step_p95_s || [], "#b45309"], ["max", ss.step_max_s || [], "#b91c1c"]]);
     chart(charts, "input wait (% of step time)", ts, [["input wait %", ss.input_wait_pct || [], "#7c3aed"]]);
     out.append(section("Over time" + (series.step_seconds ? ` (per ${series.step_seconds} s)` : ""), charts));
-    out.append(section("GPUs of the job's nodes (job_sm_pct: the SMs its own processes used; other_processes: processes of no rank of it)",
+    // job_sm_pct: the SMs the job's own processes used (by PID); other_processes: processes of no rank of it
+    out.append(section("GPUs of the job's nodes",
       table(["node", "gpu", "name", "util_pct", "mem_used_gib", "active", "job_processes", "job_sm_pct", "other_processes"],
       series.gpus.rows, { highlight: (r) => !r.active, empty: "no GPU samples from the job's nodes in the range" })));
     out.append(section("Checkpoints (" + series.checkpoints.length + ")", table(
