@@ -106,6 +106,26 @@ def fleet() -> dict[str, Any]:
     lay.add("table", "GPUs now", [
         (f"cmdare_gpu_util_gpu_ratio{{{sel}}}", "util"), (f"cmdare_gpu_power_watts{{{sel}}}", "power"),
         (f"cmdare_gpu_temp_celsius{{{sel}}}", "temperature")], w=24, h=10, instant=True)
+    lay.section("Profiling activity (GPM: Hopper and later; MIG instances as GPUs)")
+    lay.add("timeseries", "busy: graphics engine where profiled, else GPU_UTIL", [
+        (f"cmdare_gpu_gr_engine_active_ratio{{{sel}}} or cmdare_gpu_util_gpu_ratio{{{sel}}}", "{{node}} GPU {{gpu}}")],
+        unit="percentunit", description="GPU_UTIL counts a GPU busy while one tiny kernel runs and reads nothing on "
+        "MIG; the graphics-engine activity (DCGM's GR_ENGINE_ACTIVE) does not")
+    lay.add("timeseries", "tensor pipes active", [(f"cmdare_gpu_tensor_active_ratio{{{sel}}}", "{{node}} GPU {{gpu}}")],
+            unit="percentunit", description="near zero on a busy GPU: the model trains without mixed precision")
+    lay.add("timeseries", "SM active and occupancy", [
+        (f"cmdare_gpu_sm_active_ratio{{{sel}}}", "{{node}} GPU {{gpu}} SM active"),
+        (f"cmdare_gpu_sm_occupancy_ratio{{{sel}}}", "{{node}} GPU {{gpu}} occupancy")], unit="percentunit")
+    lay.add("timeseries", "DRAM bandwidth used", [(f"cmdare_gpu_dram_active_ratio{{{sel}}}", "{{node}} GPU {{gpu}}")],
+            unit="percentunit", description="high while the engine is busy: memory-bandwidth bound")
+    lay.add("timeseries", "MIG instances' SM activity, in whole GPUs per node", [
+        (f"sum by (node) (cmdare_gpu_sm_active_ratio{{{sel}}} * on (node, gpu, instance) "
+         f"cmdare_gpu_mig_slice_ratio{{{sel}}})", "{{node}}")],
+        description="each MIG instance's SM activity weighted by its share of its parent's SMs: what the node's MIG "
+        "GPUs really did, comparable with whole GPUs")
+    lay.add("timeseries", "NVLink errors", [
+        (f"sum by (node, gpu) (increase(cmdare_gpu_nvlink_errors_total{{{sel}}}[$__rate_interval]))",
+         "{{node}} GPU {{gpu}}")], description="replay, recovery and CRC errors, all links")
     lay.section("Memory, power, temperature")
     lay.add("timeseries", "GPU memory used", [(f"cmdare_gpu_mem_used_bytes{{{sel}}}", "{{node}} GPU {{gpu}}")],
             unit="bytes")
@@ -146,6 +166,20 @@ def node() -> dict[str, Any]:
     lay.add("timeseries", "memory used", [(f"cmdare_gpu_mem_used_bytes{{{g}}}", "GPU {{gpu}}")], unit="bytes")
     lay.add("timeseries", "power", [(f"cmdare_gpu_power_watts{{{g}}}", "GPU {{gpu}}")], unit="watt")
     lay.add("timeseries", "SM clock", [(f"cmdare_gpu_sm_clock_hertz{{{g}}}", "GPU {{gpu}}")], unit="hertz")
+    lay.section("Profiling activity and links (GPM: Hopper and later)")
+    lay.add("timeseries", "graphics engine, SMs, tensor pipes, DRAM", [
+        (f"cmdare_gpu_gr_engine_active_ratio{{{g}}}", "GPU {{gpu}} engine"),
+        (f"cmdare_gpu_sm_active_ratio{{{g}}}", "GPU {{gpu}} SM"),
+        (f"cmdare_gpu_tensor_active_ratio{{{g}}}", "GPU {{gpu}} tensor"),
+        (f"cmdare_gpu_dram_active_ratio{{{g}}}", "GPU {{gpu}} DRAM")], unit="percentunit")
+    lay.add("timeseries", "energy (power from the energy counter)", [
+        (f"rate(cmdare_gpu_energy_joules_total{{{g}}}[$__rate_interval])", "GPU {{gpu}}")], unit="watt")
+    lay.add("timeseries", "NVLink throughput per link", [
+        (f"cmdare_gpu_nvlink_rx_bytes_per_second{{{g}}}", "GPU {{gpu}} link {{link}} rx"),
+        (f"cmdare_gpu_nvlink_tx_bytes_per_second{{{g}}}", "GPU {{gpu}} link {{link}} tx")], unit="Bps")
+    lay.add("timeseries", "NVLink errors per link", [
+        (f"increase(cmdare_gpu_nvlink_replay_errors_total{{{g}}}[$__rate_interval]) + "
+         f"increase(cmdare_gpu_nvlink_crc_flit_errors_total{{{g}}}[$__rate_interval])", "GPU {{gpu}} link {{link}}")])
     lay.section("Host")
     lay.add("timeseries", "CPU", [(f"cmdare_host_cpu_util_ratio{{{n}}}", "cpu")], unit="percentunit")
     lay.add("timeseries", "network", [

@@ -69,9 +69,29 @@ backend = "python:tests.fakes.nvml"
 enabled = true
 socket = "{sock}"
 """)
+    # H100s with NVLink: the profiling (GPM) and NVLink panels have series; a second agent on
+    # the same node with a MIG-mode H100 gives the MIG panels theirs
     agent = subprocess.Popen([str(BIN / "cmdare-agent"), "--config", str(cfg)],
-                             env=agent_env(CMDARE_FAKE_NVML="gpus=2", CMDARE_AGENT_SOURCES__TRAIN__ENABLED="true"),
+                             env=agent_env(CMDARE_FAKE_NVML="gpus=2,model=h100,nvlinks=2",
+                                           CMDARE_AGENT_SOURCES__TRAIN__ENABLED="true"),
                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "w"))
+    mig_port = free_port()
+    mig_cfg = tmp_path / "mig.toml"
+    mig_cfg.write_text(f"""
+node = "dash-node"
+job = "dash-job"
+interval = "0.5s"
+[spool]
+dir = "{tmp_path / 'mig-spool'}"
+fsync = false
+[prometheus]
+listen = "127.0.0.1:{mig_port}"
+[sources.gpu]
+backend = "python:tests.fakes.nvml"
+""")
+    mig = subprocess.Popen([str(BIN / "cmdare-agent"), "--config", str(mig_cfg)],
+                           env=agent_env(CMDARE_FAKE_NVML="gpus=1,model=h100,mig=2"),
+                           stdout=subprocess.DEVNULL, stderr=open(tmp_path / "mig-agent.log", "w"))
     db = tmp_path / "c.duckdb"
     col = subprocess.Popen(
         [str(BIN / "cmdare-collector"), "kafka", kafka_broker.url(topic), "--db", str(db), "--max-wait", "0.5s",
@@ -82,7 +102,7 @@ socket = "{sock}"
         loop = subprocess.run([sys.executable, str(LOOP), "--mode", "input", "--steps", "400", "--job", "dash-job"],
                               env=agent_env(CMDARE_TRAIN_SOCKET=str(sock)), capture_output=True, text=True, timeout=300)
         assert loop.returncode == 0, loop.stderr[-2000:]
-        prom = Prometheus(binary, tmp_path, {"cmdare-agent": [f"127.0.0.1:{agent_port}"],
+        prom = Prometheus(binary, tmp_path, {"cmdare-agent": [f"127.0.0.1:{agent_port}", f"127.0.0.1:{mig_port}"],
                                              "cmdare-collector": [f"127.0.0.1:{col_port}"]})
         # the collector has the job's steps: its findings, stored through the running collector
         wait_for(lambda: subprocess.run([str(BIN / "analyze"), "jobs", "--db", str(db)], capture_output=True,
@@ -112,7 +132,7 @@ socket = "{sock}"
     finally:
         if prom is not None:
             prom.stop()
-        for p in (agent, col):
+        for p in (agent, mig, col):
             p.send_signal(signal.SIGTERM)
             try:
                 p.wait(timeout=30)
