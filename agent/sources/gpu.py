@@ -230,11 +230,11 @@ def _metrics_view(req: Any) -> Any:
     memory); the request itself when it is not a ctypes struct of that layout."""
     try:
         cls = type(req)
-        off = cls.metrics.offset
-        count = cls.metrics.size // ctypes.sizeof(_Metric)
-        if cls.metrics.size % ctypes.sizeof(_Metric):
-            return req.metrics
-        return (_Metric * count).from_buffer(req, off)
+        elem = type(req.metrics)._type_
+        if ctypes.sizeof(elem) != ctypes.sizeof(_Metric) or any(
+                getattr(elem, f).offset != getattr(_Metric, f).offset for f in ("metricId", "nvmlReturn", "value")):
+            return req.metrics  # a binding with another layout: read through its own struct
+        return (_Metric * len(req.metrics)).from_buffer(req, cls.metrics.offset)
     except (AttributeError, TypeError, ValueError):
         return req.metrics
 

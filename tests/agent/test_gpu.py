@@ -298,3 +298,30 @@ def test_mig_instances_are_gpus_of_their_own_and_go_with_a_lost_parent() -> None
     seen = sorted(d["index"] for t, d in events if t == "gpu")
     assert lost == [1, 2000, 2001] and seen == [0, 1000, 1001]  # each lost once; the rest report on
     assert all(g.lost for g in src.gpus if g.index in (1, 2000, 2001))
+
+
+def test_the_gpm_metrics_are_read_through_a_view_of_the_bindings_own_request() -> None:
+    """The source reads nvmlGpmMetricsGet's answers through a plain ctypes view of the same
+    memory (nvidia-ml-py's struct hooks each field read): the view must see what the
+    binding's struct holds, and a request of another layout is read through its own struct."""
+    import ctypes
+
+    import pynvml
+
+    from cmdare.agent.sources.gpu import _metrics_view
+
+    req = pynvml.c_nvmlGpmMetricsGet_t()
+    req.metrics[3].metricId, req.metrics[3].nvmlReturn, req.metrics[3].value = 5, 3, 42.5
+    view = _metrics_view(req)
+    assert (view[3].metricId, view[3].nvmlReturn, view[3].value) == (5, 3, 42.5)
+    view[4].value = 7.0  # the same memory
+    assert req.metrics[4].value == 7.0 and len(view) == len(req.metrics)
+
+    class Other(ctypes.Structure):
+        _fields_ = [("value", ctypes.c_double), ("metricId", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint)]
+
+    class OtherGet(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint), ("metrics", Other * 4)]
+
+    other = OtherGet()
+    assert _metrics_view(other) is not None and type(_metrics_view(other)) is type(other.metrics)
