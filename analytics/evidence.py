@@ -23,11 +23,11 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 
-from cmdare.wire.plugin import Requirement
+from cmdare.wire.plugin import Option, Requirement
 
 from .db import AnalyticsError
 from .units import Scope, table_missing
@@ -311,7 +311,41 @@ def latest_fit(con: duckdb.DuckDBPyConnection, kind: str) -> dict[str, Any] | No
         return None
 
 
-def job_activity(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[tuple]:
+class GpuActivity(NamedTuple):
+    """One GPU's profiling activity while a job ran on its node (``job_activity``)."""
+
+    job: str
+    node: str
+    index: int
+    name: str | None
+    samples: int
+    gr: float | None  # graphics-engine active, 0..1 (None: no GPM on this GPU)
+    sm: float | None
+    tensor: float | None
+    fp32: float | None
+    dram: float | None
+    nvlink_errors: int | None
+    t0: dt.datetime
+    t1: dt.datetime
+
+
+# the options the detectors that judge GPM activity share (tensor_idle, memory_bound)
+GPM_OPTIONS = {
+    "busy": Option("float", 0.5, "graphics-engine activity above which a GPU counts as busy", lo=0, hi=1),
+    "min_samples": Option("int", 30, "samples with profiling activity a GPU needs before it is judged", lo=1),
+}
+
+
+def profiled_gpus(con: duckdb.DuckDBPyConnection, scope: Scope, min_samples: int) -> dict[str, list[GpuActivity]]:
+    """job -> its GPUs that report GPM activity in ``min_samples`` samples or more."""
+    out: dict[str, list[GpuActivity]] = {}
+    for g in job_activity(con, scope):
+        if g.gr is not None and g.samples >= min_samples:
+            out.setdefault(g.job, []).append(g)
+    return out
+
+
+def job_activity(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[GpuActivity]:
     """Per job, node and GPU in scope: (job, node, index, name, samples, graphics-engine
     active, SM active, tensor pipes, FP32 pipe, DRAM bandwidth (means over the samples that
     have them, 0..1, None where the GPU gave none: no GPM), NVLink errors counted in scope,
@@ -335,5 +369,6 @@ def job_activity(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[tuple]:
             GROUP BY s.job, g.node, g."index" ORDER BY s.job, g.node, g."index" """,
         params,
     ).fetchall()
-    scope.cache["job_activity"] = rows
-    return rows
+    out = [GpuActivity(*r) for r in rows]
+    scope.cache["job_activity"] = out
+    return out
