@@ -261,12 +261,10 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
     gpu_rows = [dict(zip(gcols, r, strict=True)) for r in gpus.fetchall()]
     # what the job's own processes used of each GPU (their PIDs as its ranks declared them,
     # the GPU's process list from NVML), and how many other processes held it
+    cond = "node IN (SELECT node FROM jobs WHERE job = $j) AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)"
     use = {(n, i): (sm, own, other) for n, i, sm, own, other in con.execute(
-        """WITH pj AS (SELECT DISTINCT node, pid FROM jobs WHERE job = $j AND pid IS NOT NULL),
-                 pp AS (SELECT node, "index", p.pid AS pid, p.sm_ratio AS sm
-                        FROM (SELECT node, "index", unnest(from_json(processes, '[{"pid":"BIGINT","sm_ratio":"DOUBLE"}]')) AS p
-                              FROM gpu_samples WHERE node IN (SELECT node FROM pj)
-                                AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u) AND processes IS NOT NULL))
+        f"""WITH pj AS (SELECT DISTINCT node, pid FROM jobs WHERE job = $j AND pid IS NOT NULL),
+                 pp AS ({queries.process_rows(cond)})
             SELECT pp.node, pp."index", round(avg(pp.sm) FILTER (WHERE pj.pid IS NOT NULL) * 100, 1),
                    count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NOT NULL),
                    count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NULL)

@@ -433,6 +433,21 @@ def steps(
 
 
 
+def process_rows(cond: str) -> str:
+    """SQL of the processes the GPU samples matching ``cond`` list, one row each (node,
+    "index", ts, uuid, parent_index, pid, used, sm, mem).  What an agent cannot have meant
+    costs that value only: a pid that is not a positive integer leaves its entry out, an
+    SM / memory share outside 0..1 or a negative memory reads as null."""
+    return f"""SELECT node, "index", ts, uuid, parent_index, p.pid AS pid,
+                      CASE WHEN p.used_bytes >= 0 THEN p.used_bytes END AS used,
+                      CASE WHEN p.sm_ratio BETWEEN 0 AND 1 THEN p.sm_ratio END AS sm,
+                      CASE WHEN p.mem_ratio BETWEEN 0 AND 1 THEN p.mem_ratio END AS mem
+               FROM (SELECT node, "index", ts, uuid, parent_index,
+                            unnest(from_json(processes, '[{{"pid":"BIGINT","used_bytes":"BIGINT","sm_ratio":"DOUBLE","mem_ratio":"DOUBLE"}}]')) AS p
+                     FROM gpu_samples WHERE ({cond}) AND processes IS NOT NULL AND processes <> '[]')
+               WHERE p.pid > 0"""
+
+
 def gpu_processes(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None,
                   until: dt.datetime | None = None, job: str | None = None) -> Result:
     """Per GPU and process over [cutoff, until): the training job and rank it is (its PID
@@ -447,13 +462,10 @@ def gpu_processes(con: duckdb.DuckDBPyConnection, node: str | None = None, cutof
     return _run(
         con,
         f"""WITH g AS (SELECT node, "index", count(*) AS n FROM gpu_samples{where} GROUP BY ALL),
-                 p AS (SELECT node, "index", any_value(uuid) AS uuid, any_value(parent_index) AS parent, pr.pid AS pid,
-                              count(*) AS n, avg(pr.sm_ratio) AS sm, avg(pr.mem_ratio) AS mem, max(pr.used_bytes) AS used
-                       FROM (SELECT node, "index", uuid, parent_index,
-                                    unnest(from_json(processes,
-                                        '[{{"pid":"BIGINT","used_bytes":"BIGINT","sm_ratio":"DOUBLE","mem_ratio":"DOUBLE"}}]')) AS pr
-                             FROM gpu_samples{where}{' AND' if where else ' WHERE'} processes IS NOT NULL)
-                       GROUP BY node, "index", pr.pid),
+                 p AS (SELECT node, "index", any_value(uuid) AS uuid, any_value(parent_index) AS parent, pid,
+                              count(DISTINCT ts) AS n, avg(sm) AS sm, avg(mem) AS mem, max(used) AS used
+                       FROM ({process_rows(where.removeprefix(" WHERE ") or "true")})
+                       GROUP BY node, "index", pid),
                  j AS (SELECT node, pid, any_value(job) AS job, any_value(rank) AS rank, any_value(run) AS run
                        FROM jobs WHERE pid IS NOT NULL GROUP BY node, pid)
             SELECT p.node, p."index" AS gpu, p.parent, p.pid, coalesce(j.job, '') AS job, j.rank, j.run,

@@ -7,12 +7,8 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
+from .. import queries
 from ..units import DETECTORS, Detector, Finding, Scope
-
-# each sample's processes, one row each (pid, SM share where NVML sampled it)
-PROCS = """SELECT node, "index", ts, p.pid AS pid, p.sm_ratio AS sm
-           FROM (SELECT node, "index", ts, unnest(from_json(processes, '[{{"pid":"BIGINT","sm_ratio":"DOUBLE"}}]')) AS p
-                 FROM gpu_samples WHERE {where} AND processes IS NOT NULL AND processes <> '[]')"""
 
 
 @DETECTORS.register
@@ -26,7 +22,7 @@ class GpuShared(Detector):
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
         where, params = Scope(None, scope.since, scope.until).where()
         rows = con.execute(
-            f"""WITH p AS ({PROCS.format(where=where)}),
+            f"""WITH p AS ({queries.process_rows(where)}),
                     j AS (SELECT node, pid, any_value(job) AS job FROM jobs
                           WHERE pid IS NOT NULL AND job IS NOT NULL AND job <> '' GROUP BY node, pid),
                     a AS (SELECT p.node, p."index", p.ts, j.job, avg(p.sm) AS sm FROM p JOIN j USING (node, pid)

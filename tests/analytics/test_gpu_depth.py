@@ -125,3 +125,39 @@ def test_the_job_page_lists_a_tpu_vms_cores_with_duty_cycle_and_hbm(tmp_path) ->
     s = pageapi.job_series(Database(tmp_path / "t.duckdb"), "bert")
     assert [(g["gpu"], g["name"], g["util_pct"], g["mem_used_gib"], g["active"]) for g in s["gpus"]["rows"]] == [
         (0, "TPU core", 60.0, 8.0, True), (1, "TPU core", 80.0, 8.0, True)]
+
+
+def test_hostile_process_lists_cost_their_own_rows_only(tmp_path) -> None:
+    """A broken or hostile agent's process lists (pids that are not numbers, SM shares out
+    of range or huge, objects of the wrong shape) neither fail the per-process views nor
+    change what the good agent's rows say."""
+    from cmdare.analytics import pageapi
+    from cmdare.analytics.db import Database
+    from cmdare.analytics.detectors import detect
+    from cmdare.analytics.units import Scope
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+
+    agent_gpus(tmp_path, FakeNvml(gpus=2, model="h100")).close()
+    db = str(tmp_path / "agent-j.duckdb")
+    before = run("gpu", "--processes", "--db", db)
+    page = pageapi.job_series(Database(db), "j")["gpus"]["rows"]
+    bad = [
+        '{"v":1,"id":"h1","ts":1750000005.0,"node":"n0","role":"worker","job":"","labels":{},"type":"gpu",'
+        '"data":{"index":0,"processes":[{"pid":"abc","sm_ratio":"x"},{"pid":4000,"sm_ratio":1e300,"mem_ratio":-5},'
+        '{"pid":[1,2]},{"pid":4000,"used_bytes":-1}]}}',
+        '{"v":1,"id":"h2","ts":1750000006.0,"node":"n0","role":"worker","job":"","labels":{},"type":"gpu",'
+        '"data":{"index":1,"processes":[{"pid":4001,"sm_ratio":7.5}]}}',
+    ]
+    con = connect(db)
+    n0 = con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]
+    Writer(con).write([("hostile", ("\n".join(bad) + "\n").encode())])
+    assert con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] in (n0, n0 + 1, n0 + 2)  # stored or refused
+    assert [f.kind for f in detect("gpu_shared", con, Scope())] == []
+    con.close()
+    after = run("gpu", "--processes", "--db", db)
+    assert [(r["gpu"], r["pid"], r["job"]) for r in after] == [(r["gpu"], r["pid"], r["job"]) for r in before]
+    for a, b in zip(after, before, strict=True):  # the shares stay those NVML gave (out-of-range ones left out)
+        assert a["sm_pct"] == b["sm_pct"] and a["mem_pct"] == b["mem_pct"] and a["mem_used_gib"] == b["mem_used_gib"]
+    assert [(g["gpu"], g["job_sm_pct"]) for g in pageapi.job_series(Database(db), "j")["gpus"]["rows"]] == [
+        (g["gpu"], g["job_sm_pct"]) for g in page]

@@ -266,10 +266,17 @@ def test_table_filters_through_the_api_are_typed_and_bounded(served) -> None:
     assert code == 200 and out["rows"] == []
     for bad, status in (("/api/v1/hosts?every=0", 422), ("/api/v1/gpus?every=nan", 422),
                         ("/api/v1/hosts?label=" + "k" * 400, 422), ("/api/v1/hosts?until=tomorrowish", 422),
-                        ("/api/v1/nodes?label=a%22%5D%3D1", 400)):
+                        ("/api/v1/nodes?label=a%22%5D%3D1", 400),
+                        ("/api/v1/gpu-processes?job=" + "j" * 400, 422), ("/api/v1/tpus?label=" + "k" * 400, 422),
+                        ("/api/v1/gpu-processes?since=yesterdayish", 422)):
         code, out = call(url, bad)
         assert code == status, (bad, code, out)
         assert len(json.dumps(out)) < 2000  # one short error, no echo of a long input
     before = counts(url)
     call(url, "/api/v1/nodes?label=x%27%29%3B%20DELETE%20FROM%20nodes%3B--%3D1")
+    call(url, "/api/v1/gpu-processes?job=x%27%3B%20DELETE%20FROM%20jobs%3B--")
     assert counts(url) == before
+    code, out = call(url, "/api/v1/gpu-processes?job=x%27%3B%20DELETE%20FROM%20jobs%3B--")
+    assert code == 200 and out["rows"] == []  # a job's name is a value, never SQL
+    code, out = call(url, "/api/v1/tpus")
+    assert code == 200 and "duty_pct" in out["columns"]
