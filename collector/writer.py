@@ -34,7 +34,7 @@ from cmdare.wire.rowform import ROW_START
 from . import rollup
 from .ingest import dead_letters, nodes
 from .ingest.batch import LEAN_SCHEMAS, Batch, WriteResult, block_table, lines_table, warm_up
-from .ingest.block_sql import FAST_SQL, envelope_ok
+from .ingest.block_sql import envelope_ok, fast_sql
 from .ingest.json_sql import ENVELOPE_SQL
 from .ingest.row_sql import KINDS_SQL, LABELS_SQL, OTHER_ROWS_SQL
 from .ingest.sql import q
@@ -219,7 +219,7 @@ class Writer:
         bad_labels = {x for (x,) in con.execute("SELECT lraw FROM _lab WHERE NOT lok").fetchall()}
         for t, bl in batch.blocks.items():
             if t not in s.text_types and all(envelope_ok(b, bad_labels) for _, _, b in bl):
-                n = self._fast(t, batch.lean[t], s)
+                n = self._fast(t, batch.lean[t], s, [b for _, _, b in bl])
                 if n is not None:
                     s.fast[t] = [b for _, _, b in bl]
                     res.rows[TABLES[t]], res.lines = n[0], res.lines + n[1]
@@ -228,12 +228,17 @@ class Writer:
         if s.fast:
             s.register(con, "_bn", nodes.block_envelopes([b for bl in s.fast.values() for b in bl]))
 
-    def _fast(self, type_: str, lean: list[pa.RecordBatch], s: _Scratch) -> tuple[int, int] | None:
+    def _fast(self, type_: str, lean: list[pa.RecordBatch], s: _Scratch,
+              blocks: list[columns.Block]) -> tuple[int, int] | None:
         """Insert a type's column blocks straight from Arrow when every row is clean and no
-        id repeats in them: (rows inserted, rows); None (nothing written) otherwise."""
+        id repeats in them: (rows inserted, rows); None (nothing written) otherwise.  Only
+        the fields some block carries are read (the others stay NULL)."""
         con = self.con
-        s.register(con, f"_cf_{type_}", pa.Table.from_batches(lean, schema=LEAN_SCHEMAS[type_]))
-        lookups, check, insert = FAST_SQL[type_]
+        carried = set().union(*(b.arrays for b in blocks))
+        present = tuple(n for n in DATA_FIELDS[type_] if n in carried)
+        table = pa.Table.from_batches(lean, schema=LEAN_SCHEMAS[type_]).select(["id", "ts", "node", "job", *present])
+        s.register(con, f"_cf_{type_}", table)
+        lookups, check, insert = fast_sql(type_, present)
         for sql in lookups:
             con.execute(sql)
         ((clean, repeats, lo, hi, n),) = con.execute(check).fetchall()

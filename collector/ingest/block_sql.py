@@ -1,11 +1,13 @@
 """Column blocks -> typed rows with a reason column, and the fast path.
 
 A type's blocks whose rows all pass the checks go straight from Arrow into their table
-(``FAST_SQL``); otherwise the checked path (``BLOCK_TYPE_SQL``) gives each row a reason,
+(``fast_sql``); otherwise the checked path (``BLOCK_TYPE_SQL``) gives each row a reason,
 with the same checks and reasons as the row lines'.
 """
 
 from __future__ import annotations
+
+import functools
 
 from cmdare.wire import columns
 from cmdare.wire.kinds import BOOL, FLOAT, INT, STR
@@ -107,10 +109,15 @@ BLOCK_TYPE_SQL = {t: _block_type_sql(t) for t in TABLES}
 # one aggregate over the rows (per-block envelope values are checked in Python once per
 # block); a single failing row, or an id twice in the batch, sends the type to the checked
 # path above, which finds each row's reason.
-def _fast_sql(type_: str) -> tuple[list[str], str, str]:
-    """(lookup tables to create, the check query, the insert) for ``_cf_<type>``."""
-    fields = DATA_FIELDS[type_]
-    distinct = [n for n in _BY_DISTINCT.get(type_, ()) if n in TYPES[type_].repeated]
+@functools.lru_cache(maxsize=256)
+def fast_sql(type_: str, present: tuple[str, ...] | None = None) -> tuple[list[str], str, str]:
+    """(lookup tables to create, the check query, the insert) for ``_cf_<type>``, whose data
+    columns are ``present`` (those the batch's blocks carry, in the registry's order; None:
+    all): a field no block carries is neither checked nor named in the insert (its column
+    takes its default, NULL), so an agent that sends few of a type's fields (a GPU without
+    the profiling ones) does not pay for the others."""
+    fields = {n: k for n, k in DATA_FIELDS[type_].items() if present is None or n in present}
+    distinct = [n for n in _BY_DISTINCT.get(type_, ()) if n in TYPES[type_].repeated and n in fields]
     lookups, joins, values = [], "", []
     oks = [f"strlen(c.id) BETWEEN 1 AND {MAX_ID_LEN}", "isfinite(c.ts)", "c.ts > 0", f"c.ts < {TS_MAX:g}"]
     for n, (kind, _) in fields.items():
@@ -135,15 +142,14 @@ def _fast_sql(type_: str) -> tuple[list[str], str, str]:
         make_timestamp(TRY_CAST(round(max(c.ts) * 1e6) AS BIGINT)), count(*)
     FROM _cf_{type_} c"""
     table = TABLES[type_]
-    cols = ", ".join(f'"{n}"' for n in fields)
-    insert = f"""INSERT INTO {table} (id, ts, node, job, {cols})
-    SELECT c.id, make_timestamp(TRY_CAST(round(c.ts * 1e6) AS BIGINT)), c.node, c.job, {", ".join(values)}
+    cols = "".join(f', "{n}"' for n in fields)
+    insert = f"""INSERT INTO {table} (id, ts, node, job{cols})
+    SELECT c.id, make_timestamp(TRY_CAST(round(c.ts * 1e6) AS BIGINT)), c.node, c.job{"".join(", " + v for v in values)}
     FROM _cf_{type_} c{joins}
     WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = c.id)"""
     return lookups, check, insert
 
 
-FAST_SQL = {t: _fast_sql(t) for t in TABLES}
 
 
 

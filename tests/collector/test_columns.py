@@ -204,8 +204,8 @@ def test_batches_mixing_clean_blocks_refused_rows_and_a_redelivery(tmp_path: Pat
     fast: list[str] = []
     real = Writer._fast
 
-    def spy(self, type_, blocks, registered):
-        got = real(self, type_, blocks, registered)
+    def spy(self, type_, lean, registered, blocks):
+        got = real(self, type_, lean, registered, blocks)
         if got is not None:
             fast.append(type_)
         return got
