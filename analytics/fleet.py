@@ -271,7 +271,7 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
             FROM pp LEFT JOIN pj ON pj.node = pp.node AND pj.pid = pp.pid GROUP BY ALL""", p).fetchall()}
     for g in gpu_rows:
         g["active"] = (g["util_pct"] or 0) >= BUSY_PCT
-        sm, own, other = use.get((g["node"], g["gpu"]), (None, 0, 0))
+        sm, own, other = use.get((g["node"], g["gpu"]), (None, None, None))  # no process list: unknown, not 0
         g["job_sm_pct"], g["job_processes"], g["other_processes"] = sm, own, other
     ck = con.execute(
         f"""SELECT strftime(ts, '%Y-%m-%d %H:%M:%S') AS ts, node, rank, action, round(seconds, 3) AS seconds,
