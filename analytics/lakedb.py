@@ -25,6 +25,7 @@ from typing import Any
 import duckdb
 
 from cmdare.collector import lakerollup, rollup
+from cmdare.collector.ingest import storage
 from cmdare.collector.lake import APPENDED, DERIVED, Lake, LakeError, lake_io
 
 from .db import AnalyticsError, Database, _q
@@ -117,7 +118,11 @@ class LakeDatabase(Database):
                 if t in DERIVED:
                     con.execute(f"INSERT INTO {t} {src}")
                     continue
-                con.execute(f"DROP TABLE {t}")
+                if t in storage.STORED:  # a view over its packed table: the lake has every field by name
+                    con.execute(f"DROP VIEW {t}")
+                    con.execute(f"DROP TABLE {storage.stored(t)}")
+                else:
+                    con.execute(f"DROP TABLE {t}")
                 con.execute(f"CREATE VIEW {t} AS {NODES_SQL.format(src=src) if t == 'nodes' else src}")
             # the rollups maintenance built (collector/lakerollup.py): a day of a source is
             # read from them while the source's files for that day are the ones they were

@@ -208,6 +208,7 @@ def storage_floor(values: list[bytes], db: Path) -> tuple[float, int, float] | N
     best ratio any collector writing this table could reach on this machine."""
     import pyarrow as pa
 
+    from cmdare.collector.ingest import storage
     from cmdare.collector.ingest.batch import KNOWN, block_batch
     from cmdare.wire import columns
     from cmdare.wire.events import DATA_FIELDS
@@ -219,22 +220,23 @@ def storage_floor(values: list[bytes], db: Path) -> tuple[float, int, float] | N
         text, blocks = columns.read_blocks(v, KNOWN)
         batches += [block_batch("k", 1, b) for b in blocks if b.type == "gpu"]
     table = pa.Table.from_batches(batches)
-    cols = ", ".join(f'"{n}"' for n in DATA_FIELDS["gpu"])
+    # the fields the samples carry, stored as the collector stores them (GPU depth packed)
+    fields = [n for n in DATA_FIELDS["gpu"] if table[n].null_count < len(table)]
     con = connect(db)
     types = dict(
         con.execute(
             "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'gpu_samples'"
         ).fetchall()
     )
-    values_sql = ", ".join(f'CAST("{n}" AS {types[n]})' for n in DATA_FIELDS["gpu"])  # as the table has it
+    cols, values = storage.insert_parts("gpu_samples", fields, lambda n: f'CAST("{n}" AS {types[n]})')
     con.execute("SET preserve_insertion_order = false")  # as the collector's writer inserts
     con.register("a", table)
     con.execute("SELECT count(*) FROM a").fetchall()  # DuckDB's one-time Arrow imports
     c0, t0 = time.process_time(), time.perf_counter()
     con.execute("BEGIN")
     con.execute(
-        f"INSERT INTO gpu_samples (id, ts, node, job, {cols}) "
-        f"SELECT id, make_timestamp(round(ts * 1e6)::BIGINT), node, job, {values_sql} FROM a"
+        f"INSERT INTO {storage.stored('gpu_samples')} (id, ts, node, job, {', '.join(cols)}) "
+        f"SELECT id, make_timestamp(round(ts * 1e6)::BIGINT), node, job, {', '.join(values)} FROM a"
     )
     con.execute("COMMIT")
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0

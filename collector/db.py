@@ -14,6 +14,7 @@ from pathlib import Path
 import duckdb
 
 from . import views
+from .ingest import storage
 
 MIGRATION = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
@@ -113,6 +114,7 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:
             con.execute("ROLLBACK")
             raise
         applied.append(version)
+    storage.create_views(con)  # GPU samples read by name over their packed table (migration 018)
     known = {v for v, _, _ in migrations()}
     newer = sorted(done - known)
     if newer:

@@ -52,6 +52,7 @@ import pyarrow as pa
 from cmdare.wire.registry import TABLES
 
 from . import rollup
+from .ingest import storage
 
 log = logging.getLogger("cmdare.collector")
 
@@ -102,9 +103,10 @@ def _schemas() -> dict[str, pa.Schema]:
     try:
         migrate(con)
         out = {}
-        for (t,) in con.execute(
+        for (name,) in con.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'"
         ).fetchall():
+            t = storage.logical(name)  # GPU samples: the view's columns, every field by name
             out[t] = con.sql(f"SELECT * FROM {t} LIMIT 0").to_arrow_table().schema
         return out
     finally:
@@ -413,7 +415,7 @@ def load_database(lake: Lake, con: duckdb.DuckDBPyConnection, source: str,
     """Copy a database file's tables into the lake (cmdare-collector to-lake): the appended
     tables exactly once by event id (a second run stores no event again), the tables
     analyze writes replacing the lake's; (event rows stored, rows replaced) per table."""
-    have = {t for (t,) in con.execute(
+    have = {storage.logical(t) for (t,) in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'").fetchall()}
     ranges = {f"db:{Path(source).name}"[:200]: ([0], [1])}
     who = f"to-lake:{Path(source).name}"[:200]

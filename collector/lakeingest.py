@@ -31,6 +31,7 @@ from cmdare.wire.spool import Position
 
 from .consumer import DEFAULT_MAX_SKEW, KafkaIngest, Progress, SpoolIngest
 from .db import migrate
+from .ingest import storage
 from .ingest.batch import Batch, WriteResult
 from .lake import APPENDED, Lake
 from .writer import Writer
@@ -151,7 +152,7 @@ class Stager:
             self.lake.mark(ranges, self.id, stored)
             buf.con.execute("BEGIN")
             for table in (*APPENDED, "rollup_dirty", "ingest_positions"):
-                buf.con.execute(f"DELETE FROM {table}")
+                buf.con.execute(f"DELETE FROM {storage.stored(table)}")
             buf.con.execute("COMMIT")
             self.rounds += 1
             self.stored += stored

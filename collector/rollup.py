@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from .ingest import storage
+
 WINDOW_SECONDS = 300  # the coarsest resolution: what one pending range is widened to
 WINDOW = f"INTERVAL {WINDOW_SECONDS} SECOND"
 BUCKET_SECONDS = WINDOW_SECONDS  # the 5-minute bucket readers align to
@@ -250,7 +252,7 @@ def retain(con: duckdb.DuckDBPyConnection, raw_keep: float | None, rollups_keep:
                 if newest is None:
                     continue
                 cut = _floor(newest - dt.timedelta(seconds=keep))
-                (n,) = con.execute(f"DELETE FROM {t} WHERE {col} < ?", [cut]).fetchone()
+                (n,) = con.execute(f"DELETE FROM {storage.stored(t)} WHERE {col} < ?", [cut]).fetchone()
                 if n:
                     out[t] = n
                 if t in SOURCES:

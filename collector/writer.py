@@ -32,7 +32,7 @@ from cmdare.wire.registry import DATA_FIELDS, TABLES
 from cmdare.wire.rowform import ROW_START
 
 from . import rollup
-from .ingest import dead_letters, nodes
+from .ingest import dead_letters, nodes, storage
 from .ingest.batch import LEAN_SCHEMAS, Batch, WriteResult, block_table, lines_table, warm_up
 from .ingest.block_sql import envelope_ok, fast_sql
 from .ingest.json_sql import ENVELOPE_SQL
@@ -232,9 +232,10 @@ class Writer:
               blocks: list[columns.Block]) -> tuple[int, int] | None:
         """Insert a type's column blocks straight from Arrow when every row is clean and no
         id repeats in them: (rows inserted, rows); None (nothing written) otherwise.  Only
-        the fields some block carries are read (the others stay NULL)."""
+        the fields some block carries a value of are read (the others stay NULL): the row
+        form is positional, so a GPU without GPM metrics still sends their empty places."""
         con = self.con
-        carried = set().union(*(b.arrays for b in blocks))
+        carried = {n for b in blocks for n, a in b.arrays.items() if a.null_count < len(a)}
         present = tuple(n for n in DATA_FIELDS[type_] if n in carried)
         table = pa.Table.from_batches(lean, schema=LEAN_SCHEMAS[type_]).select(["id", "ts", "node", "job", *present])
         s.register(con, f"_cf_{type_}", table)
@@ -312,13 +313,13 @@ class Writer:
             return 0
         if self._skewed(lo, hi):
             res.skewed += self._note_skew(table, src, lo, hi)
-        collist = ", ".join(f'"{c}"' for c in cols)
+        stored, exprs = storage.insert_parts(table, cols, lambda c: f's."{c}"')
         (inserted,) = self.con.execute(
             f"""
-            INSERT INTO {table} (id, ts, node, job, {collist})
-            SELECT id, ts, node, job, {collist} FROM {src} s
+            INSERT INTO {storage.stored(table)} (id, ts, node, job, {", ".join(f'"{c}"' for c in stored)})
+            SELECT id, ts, node, job, {", ".join(exprs)} FROM {src} s
             WHERE reason IS NULL AND NOT EXISTS (
-                SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""",
+                SELECT 1 FROM {storage.stored(table)} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""",
             [lo, hi],
         ).fetchone()
         if inserted and table in rollup.SOURCES:

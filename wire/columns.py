@@ -142,9 +142,12 @@ def _block(type_: str, env: tuple[bytes, ...], rows: list[list[bytes]]) -> tuple
     body = bytearray()
     columns: list[list[Any]] = []
     parts = [("id", STR, ids, False), ("ts", FLOAT, ts, False)]
+    # a field no row of the block carries is left out (the reader takes it as absent): the
+    # row form is positional, so a GPU without GPM metrics still has their empty places
     parts += [
         (name, kind, cols[_NENV + i], b"" in cols[_NENV + i])
         for i, (name, (kind, _)) in enumerate(spec[: width - _NENV])
+        if any(cols[_NENV + i])
     ]
     for name, kind, col, masked in parts:
         mask, values = _column(kind, col, masked)  # (an empty id is an empty string: not masked)

@@ -9,6 +9,7 @@ together is ``cmdare.collector.writer``):
 - ``dead_letters``: the one place that writes ``dead_letters``
 - ``nodes``: the one place that upserts ``nodes``
 - ``sql``: helpers the SQL modules share
+- ``storage``: how a type's fields are stored (GPU samples: packed, read through a view)
 
 Every reason is rendered from ``cmdare.wire.validation.RULES``.
 """

@@ -15,6 +15,7 @@ from cmdare.wire.registry import DATA_FIELDS, MAX_ID_LEN, MAX_NAME_LEN, ROLES, R
 from cmdare.wire.validation import TS_MAX
 from cmdare.wire.validation import sql_reason as R
 
+from . import storage
 from .row_sql import row_field_sql
 from .sql import Q, q, values_and_checks
 
@@ -142,11 +143,13 @@ def fast_sql(type_: str, present: tuple[str, ...] | None = None) -> tuple[list[s
         make_timestamp(TRY_CAST(round(max(c.ts) * 1e6) AS BIGINT)), count(*)
     FROM _cf_{type_} c"""
     table = TABLES[type_]
-    cols = "".join(f', "{n}"' for n in fields)
-    insert = f"""INSERT INTO {table} (id, ts, node, job{cols})
-    SELECT c.id, make_timestamp(TRY_CAST(round(c.ts * 1e6) AS BIGINT)), c.node, c.job{"".join(", " + v for v in values)}
+    by_name = dict(zip(fields, values, strict=True))
+    stored, exprs = storage.insert_parts(table, list(fields), by_name.__getitem__)
+    cols = "".join(f', "{n}"' for n in stored)
+    insert = f"""INSERT INTO {storage.stored(table)} (id, ts, node, job{cols})
+    SELECT c.id, make_timestamp(TRY_CAST(round(c.ts * 1e6) AS BIGINT)), c.node, c.job{"".join(", " + v for v in exprs)}
     FROM _cf_{type_} c{joins}
-    WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.ts BETWEEN ? AND ? AND x.id = c.id)"""
+    WHERE NOT EXISTS (SELECT 1 FROM {storage.stored(table)} x WHERE x.ts BETWEEN ? AND ? AND x.id = c.id)"""
     return lookups, check, insert
 
 

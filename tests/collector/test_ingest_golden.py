@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from cmdare.collector.db import connect
+from cmdare.collector.ingest import storage
 from cmdare.collector.writer import Writer
 
 HERE = Path(__file__).parent.parent / "fixtures" / "ingest_golden"
@@ -38,13 +39,13 @@ def _value(v):
 
 def dump(con) -> dict[str, list]:
     out = {}
-    tables = [r[0] for r in con.execute(
+    # what queries read: GPU samples through their view (every field by name), whatever the
+    # stored layout (collector/ingest/storage.py)
+    tables = [storage.logical(r[0]) for r in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
         "AND NOT temporary ORDER BY table_name").fetchall()]
     for t in tables:
-        cols = [r[0] for r in con.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
-            "AND table_name = ? ORDER BY column_index", [t]).fetchall()]
+        cols = [r[0] for r in con.execute(f"DESCRIBE {t}").fetchall()]
         keep = [c for c in cols if (t, c) not in VOLATILE]
         sel = ", ".join(f'"{c}"' for c in keep)
         rows = con.execute(f"SELECT {sel} FROM {t}").fetchall()

@@ -130,7 +130,12 @@ def test_a_database_from_before_the_rollups_is_rolled_up_from_its_samples(tmp_pa
         con.execute(f"DROP TABLE {r.table}")
     con.execute("DROP TABLE rollup_dirty")
     con.execute("DROP TABLE rollup_horizon")
-    con.execute("DELETE FROM schema_migrations WHERE version IN (13, 15, 16, 17)")
+    # and GPU samples in a table of their own name, as before 018 packed them
+    con.execute("CREATE TABLE gpu_samples_old AS SELECT * FROM gpu_samples")
+    con.execute("DROP VIEW gpu_samples")
+    con.execute("DROP TABLE gpu_samples_packed")
+    con.execute("ALTER TABLE gpu_samples_old RENAME TO gpu_samples")
+    con.execute("DELETE FROM schema_migrations WHERE version IN (13, 15, 16, 17, 18)")
     con.close()
     con = connect(db)  # migration 013 marks every node's samples pending
     assert rolled(con, "gpu_5m") == con.execute(RAW).fetchall()

@@ -187,7 +187,7 @@ def test_retention_rolls_up_what_is_pending_before_deleting(con) -> None:
     rollup.retain(con, 0, None)  # every sample before the newest one's 5-minute window
     left = con.execute("SELECT count(*), min(ts) FROM gpu_samples").fetchone()
     assert 0 < left[0] < 240 and left[1] >= rollup._floor(at(T0 + 1190))  # only the newest window's
-    con.execute("DELETE FROM gpu_samples")
+    con.execute("DELETE FROM gpu_samples_packed")  # the table GPU samples are stored in
     assert cols(con, rollup.BY_VIEW["gpu_5m"], "gpu_5m") == want
     assert con.execute("SELECT count(*) FROM rollup_dirty").fetchone() == (0,)
 

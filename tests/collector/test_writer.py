@@ -311,7 +311,7 @@ def test_the_collector_writes_a_plain_duckdb_file_in_small_row_groups(tmp_path: 
     assert Writer(con).write([("t:1", columns.encode(lines))]).rows["gpu_samples"] == 2 * ROW_GROUP_SIZE + 10
     con.execute("CHECKPOINT")
     sizes = con.execute(
-        "SELECT DISTINCT count FROM pragma_storage_info('gpu_samples') WHERE column_name = 'id'"
+        "SELECT DISTINCT count FROM pragma_storage_info('gpu_samples_packed') WHERE column_name = 'id'"
     ).fetchall()
     assert max(n for (n,) in sizes) <= ROW_GROUP_SIZE < 122880
     con.close()
