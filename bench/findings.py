@@ -64,7 +64,7 @@ def build(db: Path, nodes: int, gpus: int, hours: float, every: int) -> int:
         hi = min(ticks, h + per)
         print(f"  building: hour {h // per + 1} of {-(-ticks // per)}", file=sys.stderr, flush=True)
         con.execute(
-            f"""INSERT INTO gpu_samples (id, ts, node, job, "index", uuid, name, util_gpu_ratio, util_mem_ratio,
+            f"""INSERT INTO gpu_samples_packed (id, ts, node, job, "index", uuid, name, util_gpu_ratio, util_mem_ratio,
                                          mem_used_bytes, mem_total_bytes, power_watts, temp_celsius, sm_clock_hz,
                                          throttle_mask)
                 SELECT 'g' || k || '-' || n || '-' || g, (SELECT t FROM t0) + to_seconds(k * {every}), 'node-' || n,

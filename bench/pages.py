@@ -35,7 +35,7 @@ def generate(path: Path, nodes: int, gpus: int, hours: int, interval: int) -> dt
     t0 = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0) - dt.timedelta(hours=hours)
     steps = hours * 3600 // interval
     # 2 % of the nodes idle, 1 % throttled, one GPU in 500 with Xid events; 8 nodes a job
-    con.execute(f"""INSERT INTO gpu_samples (id, ts, node, job, "index", uuid, name, util_gpu_ratio, mem_used_bytes,
+    con.execute(f"""INSERT INTO gpu_samples_packed (id, ts, node, job, "index", uuid, name, util_gpu_ratio, mem_used_bytes,
                         mem_total_bytes, power_watts, temp_celsius, throttle_mask)
         SELECT 'g' || n || '-' || g || '-' || s, $t0::TIMESTAMP + to_seconds(s * {interval}), 'node-' || n,
                'job-' || (n // 8), g, 'GPU-' || n || '-' || g, 'NVIDIA A100-SXM4-40GB',

@@ -43,7 +43,7 @@ NEW = (ROOT / "analytics" / "sql" / "step_hardware.sql").read_text()
 def build(path: Path, nodes: int, ticks: int, gpus: int) -> None:
     con = connect(path)
     t0 = 1.7e9
-    con.execute(f"""INSERT INTO gpu_samples (id, ts, node, "index", util_gpu_ratio, util_mem_ratio)
+    con.execute(f"""INSERT INTO gpu_samples_packed (id, ts, node, "index", util_gpu_ratio, util_mem_ratio)
         SELECT uuid()::VARCHAR, to_timestamp({t0} + t * 10)::TIMESTAMP, 'n' || n, g, random(), random()
         FROM range({nodes}) a(n), range({ticks}) b(t), range({gpus}) c(g)""")
     con.execute(f"""INSERT INTO host_samples (id, ts, node, cpu_util_ratio)

@@ -123,7 +123,7 @@ def test_an_analytics_unit_runs_with_its_scope_and_returns_evidence(db) -> None:
     reg.register(NeedsFit)
     with pytest.raises(AnalyticsError, match=r"^detector idle_probe cannot run: no rows in gpu_samples yet$"):
         run_unit(reg, "idle_probe", db, Scope(), {})
-    db.execute("""INSERT INTO gpu_samples (id, ts, node, job, uuid, util_gpu_ratio) VALUES
+    db.execute("""INSERT INTO gpu_samples_packed (id, ts, node, job, uuid, util_gpu_ratio) VALUES
         ('1', '2026-01-01 00:00:00', 'a', 'j1', 'G0', 0.05), ('2', '2026-01-01 00:00:10', 'a', 'j1', 'G0', 0.0),
         ('3', '2026-01-01 00:00:00', 'b', 'j2', 'G1', 0.02), ('4', '2026-01-01 00:00:00', 'c', 'j1', 'G2', 0.9)""")
     got = run_unit(reg, "idle_probe", db, Scope(job="j1"), {"below": "0.5"})

@@ -14,6 +14,8 @@ from typing import Any
 
 import duckdb
 
+from cmdare.collector.ingest import storage
+
 from .evaluate import _first, validate
 from .rulefmt import RuleError, duration, load_files, parse_yaml, read_text, short
 from .state import Alert, Engine
@@ -122,8 +124,8 @@ def _load_rows(con: duckdb.DuckDBPyConnection, where: str, rows: Any) -> None:
                 vals["id"] = f"test-{n}"
             names = list(vals)
             try:
-                con.execute(f'INSERT INTO "{table}" ({", ".join(chr(34) + c + chr(34) for c in names)}) '
-                            f"VALUES ({', '.join('?' * len(names))})", [vals[c] for c in names])
+                # GPU samples are stored packed under their view (collector/ingest/storage.py)
+                con.execute(storage.insert_sql(con, table, names), [vals[c] for c in names])
             except duckdb.Error as e:
                 raise RuleError(f"{where}: rows.{table}: {_first(e)}") from None
 

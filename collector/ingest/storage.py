@@ -139,3 +139,20 @@ def create_views(con) -> None:
     """(Re-)create the view of each packed table (after the migrations: they hold tables only)."""
     for table in STORED:
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {view_sql(table)}")
+
+
+def insert_sql(con, table: str, names: list[str]) -> str:
+    """The INSERT storing one row of columns ``names`` (``?`` parameters in that order) in
+    ``table`` the way the collector stores it: for rows written directly (an alert rule
+    test's rows, tools).  A packed table's fields are typed and packed as ``insert_parts``
+    packs them; any other table is a plain INSERT."""
+    quoted = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
+    if table not in STORED:
+        return f'INSERT INTO "{table.replace(chr(34), chr(34) * 2)}" ({quoted}) VALUES ({", ".join("?" * len(names))})'
+    types = {r[0]: r[1] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+    fields = DATA_FIELDS[_TYPE_OF[table]]
+    row = ", ".join(f'CAST(? AS {types[n]}) AS "{n}"' for n in names)
+    env = [n for n in names if n not in fields]
+    cols, exprs = insert_parts(table, [n for n in names if n in fields], lambda n: f'v."{n}"')
+    return (f'INSERT INTO {stored(table)} ({", ".join(f"{chr(34)}{c}{chr(34)}" for c in env + cols)}) '
+            f'SELECT {", ".join([f"v.{chr(34)}{n}{chr(34)}" for n in env] + exprs)} FROM (SELECT {row}) v')

@@ -63,6 +63,30 @@ def test_column_blocks_land_exactly_as_the_lines(tmp_path: Path) -> None:
     assert again.inserted == 0 and again.duplicates == 10
 
 
+def test_a_field_no_row_of_a_block_carries_is_left_out_and_lands_as_absent(tmp_path: Path) -> None:
+    """The row form is positional: a GPU without GPM metrics sends their empty places before
+    the fields it has.  The block leaves such columns out (no presence mask and 8 bytes a
+    row each for nothing); a field one row carries is kept, absent in the others."""
+    f = EventFactory("n", "worker", "j", rows=True)
+    text = b"".join([
+        f.line("gpu", {"index": 0, "util_gpu_ratio": 0.5, "energy_joules_total": 10.0}, 1.75e9),
+        f.line("gpu", {"index": 1, "util_gpu_ratio": 0.25, "energy_joules_total": 20.0,
+                       "mig_profile": "1g.10gb"}, 1.75e9),
+    ])
+    msg = encode(text)
+    (block,) = _header(msg)["blocks"]
+    carried = [c for c, _ in block["columns"]]
+    assert "energy_joules_total" in carried and "mig_profile" in carried and "util_gpu_ratio" in carried
+    assert "sm_active_ratio" not in carried and "uuid" not in carried and "processes" not in carried
+    assert dict(block["columns"])["mig_profile"] == 1 and dict(block["columns"])["energy_joules_total"] == 0
+    ca, cb = connect(tmp_path / "a.duckdb"), connect(tmp_path / "b.duckdb")
+    assert Writer(ca).write([("m", text)]).inserted == Writer(cb).write([("m", msg)]).inserted == 2
+    assert _table_rows(ca, "gpu_samples") == _table_rows(cb, "gpu_samples")
+    assert cb.execute("SELECT \"index\", sm_active_ratio, energy_joules_total, mig_profile FROM gpu_samples "
+                      "ORDER BY 1").fetchall() == [(0, None, 10.0, None), (1, None, 20.0, "1g.10gb")]
+    assert columns.decode(msg) == [decode_line(x) for x in text.decode().splitlines()]
+
+
 def test_other_consumers_read_the_same_events_from_blocks_and_lines() -> None:
     f = EventFactory("node\tb", "ps", ODD, {"team": "x\ty"}, rows=True)
     text = _lines(f)

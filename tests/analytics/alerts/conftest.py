@@ -16,6 +16,7 @@ import pytest
 from cmdare.analytics import alerting as alerts
 from cmdare.collector import views
 from cmdare.collector.db import migrate
+from cmdare.collector.ingest import storage
 
 T0 = dt.datetime(2026, 11, 24, 12, 0, 0)
 _ids = itertools.count()
@@ -40,8 +41,7 @@ def insert(con: duckdb.DuckDBPyConnection, table: str, **cols: Any) -> None:
     if "id" in have and "id" not in cols:
         cols["id"] = f"e{next(_ids)}"
     names = list(cols)
-    con.execute(f"INSERT INTO {table} ({', '.join(chr(34) + n + chr(34) for n in names)}) "
-                f"VALUES ({', '.join('?' * len(names))})", [cols[n] for n in names])
+    con.execute(storage.insert_sql(con, table, names), [cols[n] for n in names])
 
 
 def engine(con: duckdb.DuckDBPyConnection, tmp_path: Path, text: str, inhibit_window: float = 1800.0) -> alerts.Engine:

@@ -177,6 +177,49 @@ def test_unit_tests_of_rules_as_promtool_runs_them(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "rows.gpu_samples: no column 'temperature'" in r.output
 
 
+PACKED_RULES = """
+groups:
+  - name: depth
+    rules:
+      - alert: RowRemapPending
+        expr: |
+          SELECT node, CAST("index" AS VARCHAR) AS gpu, max(tensor_active_ratio) AS value
+          FROM gpu_samples WHERE ts > eval_time() - INTERVAL 1 MINUTE AND ts <= eval_time() AND row_remap_pending
+          GROUP BY ALL
+        labels: {severity: critical}
+"""
+
+PACKED_TEST = """
+rule_files: [rules.yml]
+evaluation_interval: 30s
+tests:
+  - name: fields stored packed are rows of a test like any other
+    rows:
+      gpu_samples:
+        - {ts: 0s, node: n1, index: 0, tensor_active_ratio: 0.25, row_remap_pending: true, mig_profile: 1g.10gb}
+        - {ts: 0s, node: n2, index: 1, tensor_active_ratio: 0.5, row_remap_pending: false}
+    alert_rule_test:
+      - eval_time: 30s
+        alertname: RowRemapPending
+        exp_alerts:
+          - exp_labels: {node: n1, gpu: "0", severity: critical}
+"""
+
+
+def test_rule_tests_write_gpu_depth_fields_through_the_view(tmp_path: Path) -> None:
+    """GPU samples are stored packed (collector/ingest/storage.py): a rule test's rows name
+    the fields as queries read them; a value of the wrong type is a one-line error."""
+    (tmp_path / "rules.yml").write_text(PACKED_RULES)
+    t = tmp_path / "rules.test.yml"
+    t.write_text(PACKED_TEST)
+    r = CliRunner().invoke(cli, ["alerts", "test", str(t)])
+    assert r.exit_code == 0 and "1 test(s)" in r.output, r.output
+    t.write_text(PACKED_TEST.replace("tensor_active_ratio: 0.25", "tensor_active_ratio: lots"))
+    r = CliRunner().invoke(cli, ["alerts", "test", str(t)])
+    assert r.exit_code == 1 and "rows.gpu_samples: " in r.output and "lots" in r.output, r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) <= 3, r.output
+
+
 def test_the_shipped_example_tests_pass() -> None:
     from cmdare.analytics.api import empty_db as _empty_db
 
