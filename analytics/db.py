@@ -49,8 +49,9 @@ def open_ro(path: str | Path, config: dict[str, object] | None = None) -> duckdb
     except DatabaseError as e:
         if "lock" in str(e).lower():
             raise AnalyticsError(
-                f"{p}: locked by a running collector without its API (--http off): start it with the API, "
-                "query a copy, or stop it (DuckDB allows one writer process)"
+                f"{p}: locked by a running collector without its API (--http off), or one shutting down "
+                "(its API goes first, the database a moment later): start it with the API, query a copy, "
+                "or stop it (DuckDB allows one writer process)"
             ) from None
         raise AnalyticsError(f"{p}: cannot open as a DuckDB database: {e.detail or e}") from None
 
