@@ -111,13 +111,13 @@ BLOCK_TYPE_SQL = {t: _block_type_sql(t) for t in TABLES}
 # block); a single failing row, or an id twice in the batch, sends the type to the checked
 # path above, which finds each row's reason.
 @functools.lru_cache(maxsize=256)
-def fast_sql(type_: str, present: tuple[str, ...] | None = None) -> tuple[list[str], str, str]:
+def fast_sql(type_: str, present: tuple[str, ...]) -> tuple[list[str], str, str]:
     """(lookup tables to create, the check query, the insert) for ``_cf_<type>``, whose data
-    columns are ``present`` (those the batch's blocks carry, in the registry's order; None:
-    all): a field no block carries is neither checked nor named in the insert (its column
+    columns are ``present`` (those the batch's blocks carry a value of, in the registry's
+    order): a field no block carries is neither checked nor named in the insert (its column
     takes its default, NULL), so an agent that sends few of a type's fields (a GPU without
     the profiling ones) does not pay for the others."""
-    fields = {n: k for n, k in DATA_FIELDS[type_].items() if present is None or n in present}
+    fields = {n: k for n, k in DATA_FIELDS[type_].items() if n in present}
     distinct = [n for n in _BY_DISTINCT.get(type_, ()) if n in TYPES[type_].repeated and n in fields]
     lookups, joins, values = [], "", []
     oks = [f"strlen(c.id) BETWEEN 1 AND {MAX_ID_LEN}", "isfinite(c.ts)", "c.ts > 0", f"c.ts < {TS_MAX:g}"]

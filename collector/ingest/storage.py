@@ -20,18 +20,19 @@ nothing there and only the columns a query names are unpacked.
 
 ``energy_joules_total`` and ``nvlink`` (the per-link list, JSON already) stay columns of
 their own (every GPU since Volta reports energy, different each tick; the link list is
-long and read only where asked for).  Writes (the collector's inserts, retention's deletes) go to the stored table; the
-lake (Iceberg) stores the view's rows, every field a column of its own (Parquet stores an
-absent column for nearly nothing).  Migration 018 made the stored table; ``create_views`` makes
-the view (collector.db.migrate, on every open for writing), so ``unpack_sql`` here is the
-one definition of how a field is read back (tests/collector/test_storage.py).
+long and read only where asked for).  Writes (the collector's inserts, retention's
+deletes) go to the stored table; the lake (Iceberg) stores the view's rows, every field a
+column of its own (Parquet stores an absent column for nearly nothing).  Migration 018
+made the stored table; ``create_views`` makes the view (collector.db.migrate, on every
+open for writing), so ``unpack_sql`` here is the one definition of how a field is read
+back (tests/collector/test_storage.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from cmdare.wire.kinds import BOOL, FLOAT, INT, OBJS, STR
+from cmdare.wire.kinds import BOOL, FLOAT, INT, STR
 from cmdare.wire.registry import DATA_FIELDS
 
 # table -> packed column -> (its type: a typed list or a JSON object, fields in their order)
@@ -55,7 +56,7 @@ PACKED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 # logical table (a view where packed) -> the table rows are stored in
 STORED = {"gpu_samples": "gpu_samples_packed"}
 _TYPE_OF = {"gpu_samples": "gpu"}
-_SQL_TYPE = {FLOAT: "DOUBLE", INT: "BIGINT", BOOL: "BOOLEAN", STR: "VARCHAR", OBJS: "JSON"}
+_SQL_TYPE = {FLOAT: "DOUBLE", INT: "BIGINT", BOOL: "BOOLEAN"}
 
 
 def packed_in(table: str) -> dict[str, str]:
@@ -75,8 +76,6 @@ def unpack_sql(table: str, field: str) -> str:
     if how != "JSON":
         item = f"{col}[{fields.index(field) + 1}]"
         return f"CAST({item} AS BOOLEAN)" if kind == BOOL else item
-    if kind == OBJS:
-        return f"json_extract({col}, '$.{field}')"
     if kind == STR:
         return f"json_extract_string({col}, '$.{field}')"
     return f"CAST(json_extract_string({col}, '$.{field}') AS {_SQL_TYPE[kind]})"
@@ -146,13 +145,16 @@ def insert_sql(con, table: str, names: list[str]) -> str:
     ``table`` the way the collector stores it: for rows written directly (an alert rule
     test's rows, tools).  A packed table's fields are typed and packed as ``insert_parts``
     packs them; any other table is a plain INSERT."""
-    quoted = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
     if table not in STORED:
-        return f'INSERT INTO "{table.replace(chr(34), chr(34) * 2)}" ({quoted}) VALUES ({", ".join("?" * len(names))})'
+        return f"INSERT INTO {_q(table)} ({', '.join(map(_q, names))}) VALUES ({', '.join('?' * len(names))})"
     types = {r[0]: r[1] for r in con.execute(f"DESCRIBE {table}").fetchall()}
     fields = DATA_FIELDS[_TYPE_OF[table]]
-    row = ", ".join(f'CAST(? AS {types[n]}) AS "{n}"' for n in names)
+    row = ", ".join(f"CAST(? AS {types[n]}) AS {_q(n)}" for n in names)
     env = [n for n in names if n not in fields]
-    cols, exprs = insert_parts(table, [n for n in names if n in fields], lambda n: f'v."{n}"')
-    return (f'INSERT INTO {stored(table)} ({", ".join(f"{chr(34)}{c}{chr(34)}" for c in env + cols)}) '
-            f'SELECT {", ".join([f"v.{chr(34)}{n}{chr(34)}" for n in env] + exprs)} FROM (SELECT {row}) v')
+    cols, exprs = insert_parts(table, [n for n in names if n in fields], lambda n: f"v.{_q(n)}")
+    return (f"INSERT INTO {stored(table)} ({', '.join(map(_q, env + cols))}) "
+            f"SELECT {', '.join([f'v.{_q(n)}' for n in env] + exprs)} FROM (SELECT {row}) v")
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
