@@ -496,3 +496,15 @@ def _lt(a: list[int] | None, b: list[int] | None) -> bool:
     if a is None:
         return True
     return list(a) < list(b)
+
+
+def day_partitions(t: Any) -> dict[dt.date, list[Any]]:
+    """Data files per day partition (tables partitioned by day only)."""
+    out: dict[dt.date, list[Any]] = {}
+    if t.current_snapshot() is None or not t.spec().fields:
+        return out
+    for task in t.scan().plan_files():
+        day = task.file.partition[0]
+        if day is not None:
+            out.setdefault(dt.date(1970, 1, 1) + dt.timedelta(days=int(day)), []).append(task.file)
+    return out

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .lake import APPENDED, MARKER, NAMESPACE, POSITIONS, WRITER, Lake, _path, time_column
+from .lake import APPENDED, MARKER, NAMESPACE, POSITIONS, WRITER, Lake, _path, day_partitions, time_column
 
 log = logging.getLogger("cmdare.collector")
 RAW_TABLES = ("gpu_samples", "host_samples", "tpu_samples")
@@ -61,18 +61,6 @@ def _props(t: Any) -> dict[str, str]:
     return {POSITIONS: pos, WRITER: "maintenance"} if pos else {WRITER: "maintenance"}
 
 
-def _days(t: Any) -> dict[dt.date, list[Any]]:
-    """Data files per day partition (tables partitioned by day only)."""
-    out: dict[dt.date, list[Any]] = {}
-    if t.current_snapshot() is None or not t.spec().fields:
-        return out
-    for task in t.scan().plan_files():
-        day = task.file.partition[0]
-        if day is not None:
-            out.setdefault(dt.date(1970, 1, 1) + dt.timedelta(days=int(day)), []).append(task.file)
-    return out
-
-
 def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: int | None = 8,
              expire_after: float | None = 86400, now: dt.datetime | None = None,
              retain_rollups: float | None = 400 * 86400) -> Report:
@@ -91,7 +79,7 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
         col = time_column(name) if name != MARKER else "committed_at"
         if compact_files is not None and col is not None:
             before = after = 0
-            for day, files in sorted(_days(t).items()):
+            for day, files in sorted(day_partitions(t).items()):
                 if len(files) <= compact_files:
                     continue
                 lo = dt.datetime.combine(day, dt.time())
@@ -105,7 +93,7 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
                 finally:
                     t = lake.table(name)
                 before += len(files)
-                after += len(_days(t).get(day, []))
+                after += len(day_partitions(t).get(day, []))
             if before:
                 rep.compacted[name] = (before, after)
     rep.rolled = lakerollup.build(lake, rep.skipped)
@@ -121,7 +109,7 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
             if held and min(held) < cut:
                 rep.kept_unrolled[name] = sum(1 for d in held if d < cut)
                 cut = min(held)
-        old = [d for d in _days(t) if d < cut]
+        old = [d for d in day_partitions(t) if d < cut]
         if old:
             try:
                 t.delete(LessThan(col, dt.datetime.combine(cut, dt.time()).isoformat()),

@@ -29,8 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from . import rollup
-from .lake import Lake, _list, _path, schema
-from .lakemaint import _days
+from .lake import Lake, _list, _path, day_partitions, schema
 
 log = logging.getLogger("cmdare.collector")
 ROLLED = "cmdare.rolled"  # snapshot property of a rollup table: {"YYYY-MM-DD": fingerprint}
@@ -38,7 +37,7 @@ ROLLED = "cmdare.rolled"  # snapshot property of a rollup table: {"YYYY-MM-DD": 
 
 def day_files(t: Any) -> dict[str, list[str]]:
     """A day-partitioned table's data file paths per day ("YYYY-MM-DD")."""
-    return {d.isoformat(): [_path(f.file_path) for f in fs] for d, fs in _days(t).items()}
+    return {d.isoformat(): [_path(f.file_path) for f in fs] for d, fs in day_partitions(t).items()}
 
 
 def fingerprint(files: list[str]) -> str:

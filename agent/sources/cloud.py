@@ -25,9 +25,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from cmdare.wire.plugin import Option
+from cmdare.wire.units import ConfigError
 
 from .. import cloud
-from ..config import ConfigError
 from ..state import AgentState
 from .base import SOURCES, Emit, Source
 

@@ -37,8 +37,8 @@ from cmdare.wire.events import THROTTLE_BITS, Encoded, jstr, row_str
 from cmdare.wire.plugin import Option
 from cmdare.wire.registry import DATA_FIELDS
 from cmdare.wire.rowform import row_field
+from cmdare.wire.units import ConfigError
 
-from ..config import ConfigError
 from .base import SOURCES, Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.gpu")

@@ -22,8 +22,8 @@ from typing import Any
 
 from cmdare.wire.plugin import Option
 from cmdare.wire.protowire import encode_bytes_field, fields, signed64
+from cmdare.wire.units import ConfigError
 
-from ..config import ConfigError
 from .base import SOURCES, Emit, Source, SourceUnavailable
 
 SERVICE = "/tpu.monitoring.runtime.RuntimeMetricService/"

@@ -38,9 +38,9 @@ from typing import Any
 
 from cmdare.wire.plugin import Option
 from cmdare.wire.registry import DATA_FIELDS
+from cmdare.wire.units import ConfigError
 from cmdare.wire.validation import kind_ok
 
-from ..config import ConfigError
 from .base import SOURCES, Emit, Source, SourceUnavailable
 
 log = logging.getLogger("cmdare.agent.train")

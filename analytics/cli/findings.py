@@ -8,7 +8,8 @@ import click
 
 from .. import api
 from ..db import AnalyticsError
-from . import call, cli, cutoff, db_option, json_option, render, since_option, where
+from . import render
+from .common import call, cli, cutoff, db_option, json_option, since_option, where
 
 
 def _detector_names() -> list[str]:

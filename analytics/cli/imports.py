@@ -13,7 +13,7 @@ from cmdare.wire.tbevents import EXAMPLES_TAG, STEPS_TAG
 
 from ..db import AnalyticsError
 from ..overheads import FORMATS
-from . import call, cli, db_option, json_option
+from .common import call, cli, db_option, json_option
 
 
 @cli.group(name="import")

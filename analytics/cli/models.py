@@ -7,7 +7,8 @@ from typing import Any
 import click
 
 from .. import api
-from . import call, cli, db_option, json_option, lost_after_option, render
+from . import render
+from .common import call, cli, db_option, json_option, lost_after_option
 from .options import table_options
 
 

@@ -9,7 +9,8 @@ import click
 
 from .. import api
 from ..db import AnalyticsError, default_db
-from . import call, cli, db_option, json_option, render
+from . import render
+from .common import call, cli, db_option, json_option
 from .options import table_options, table_values
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import cli, cutoff, db_option, since_option
+from .common import cli, cutoff, db_option, since_option
 
 
 @cli.command()

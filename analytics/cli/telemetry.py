@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from . import (
+from . import render
+from .common import (
     call,
     cli,
     columns_option,
@@ -18,7 +19,6 @@ from . import (
     lost_after_option,
     node_option,
     region_option,
-    render,
     since_option,
     time_option_value,
     until_option,

@@ -84,7 +84,7 @@ def test_analyze_tpu_reads_what_the_tpu_source_sends(tmp_path) -> None:
 
 
 def test_the_job_page_says_what_the_jobs_own_processes_used_of_each_gpu(tmp_path) -> None:
-    from cmdare.analytics import pageapi
+    from cmdare.analytics import api as pageapi
     from cmdare.analytics.db import Database
 
     agent_gpus(tmp_path, FakeNvml(gpus=2, model="h100")).close()
@@ -105,7 +105,7 @@ def test_goodput_says_how_much_of_its_gpus_the_job_really_used(tmp_path) -> None
 
 
 def test_the_job_page_lists_a_tpu_vms_cores_with_duty_cycle_and_hbm(tmp_path) -> None:
-    from cmdare.analytics import pageapi
+    from cmdare.analytics import api as pageapi
     from cmdare.analytics.db import Database
     from cmdare.collector.db import connect
     from cmdare.collector.writer import Writer
@@ -131,7 +131,7 @@ def test_hostile_process_lists_cost_their_own_rows_only(tmp_path) -> None:
     """A broken or hostile agent's process lists (pids that are not numbers, SM shares out
     of range or huge, objects of the wrong shape) neither fail the per-process views nor
     change what the good agent's rows say."""
-    from cmdare.analytics import pageapi
+    from cmdare.analytics import api as pageapi
     from cmdare.analytics.db import Database
     from cmdare.analytics.detectors import detect
     from cmdare.analytics.units import Scope

@@ -1,23 +1,25 @@
 """The library calls behind the pages (cmdare.dashboards) and their API resources: the
 fleet at a glance, one job over time, what to do about a job, its scaling curve, the stored
-fits. Re-exported by cmdare.analytics.api, where every front end finds them."""
+fits. cmdare.analytics.api re-exports them, where every front end finds them."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
 
-from . import queries
-from .api import _known_job, bottlenecks, cluster_prediction, latest_or_none, recommend
-from .db import AnalyticsError, Database
-from .queries import needs_schema
+from .. import queries
+from ..db import AnalyticsError, Database
+from ..queries import needs_schema
+from .findings import _known_job, bottlenecks
+from .models import cluster_prediction, latest_or_none
+from .recommend import recommend
 
 # -- the fleet and one job over time (what the pages draw) ------------------------------------
 
 def fleet_summary(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
                   lost_after: float = 3, with_nodes: bool = True) -> dict[str, Any]:
     """The fleet page's stat strip (cmdare.analytics.fleet.summary)."""
-    from . import fleet
+    from .. import fleet
 
     with db.read() as con:
         return fleet.summary(con, since, until, lost_after, with_nodes)
@@ -26,7 +28,7 @@ def fleet_summary(db: Database, since: dt.datetime | None = None, until: dt.date
 def gpu_heatmap(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
                 columns: int = 120, label: str | None = None) -> dict[str, Any]:
     """Mean utilisation per GPU and time bucket (cmdare.analytics.fleet.heatmap)."""
-    from . import fleet
+    from .. import fleet
 
     with db.read() as con:
         return fleet.heatmap(con, since, until, columns, queries.parse_label(label))
@@ -35,7 +37,7 @@ def gpu_heatmap(db: Database, since: dt.datetime | None = None, until: dt.dateti
 def job_series(db: Database, job: str, since: dt.datetime | None = None, until: dt.datetime | None = None,
                columns: int = 120) -> dict[str, Any]:
     """One job's speed, step time and input wait over time, and its ranks slowest first."""
-    from . import fleet
+    from .. import fleet
 
     with db.read() as con:
         _known_job(con, job)
@@ -74,8 +76,8 @@ def job_advice(db: Database, job: str) -> dict[str, Any]:
     """What to do about one job now: its findings (the detectors run afresh, nothing
     stored) and every recommendation they suggest, run, with its evidence and the fits it
     rests on; or why it cannot answer."""
-    from . import codec
-    from .findings import NEXT_OPTIONS
+    from .. import codec
+    from ..findings import NEXT_OPTIONS
 
     b = bottlenecks(db, job, store=False, next_steps=True)
     recs = []
@@ -97,7 +99,7 @@ def scaling_curve(db: Database, job: str) -> dict[str, Any]:
     the runs measured (every job of that model, accelerator and PS count), and the cluster
     fit's prediction from this job with its interval (and where it extrapolates), for 1 ..
     twice the most workers measured (at least 8)."""
-    from . import models
+    from .. import models
 
     with db.read() as con:
         _known_job(con, job)

@@ -1,12 +1,12 @@
 """The overheads' library calls: import checkpoint / start-up records, predict a save and a
-VM start-up with the latest overhead fit (re-exported from cmdare.analytics.api)."""
+VM start-up with the latest overhead fit (cmdare.analytics.api re-exports them)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import overheads
-from .db import AnalyticsError, Database
+from .. import overheads
+from ..db import AnalyticsError, Database
 
 
 def import_overheads(db: Database, kind: str, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -17,7 +17,7 @@ def import_overheads(db: Database, kind: str, records: list[dict[str, Any]]) -> 
 
 
 def _fit(db: Database, part: str, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    from . import models
+    from .. import models
 
     with db.read() as con:
         f = models.latest(con, "overhead")
@@ -41,7 +41,7 @@ def _answer(f: dict[str, Any], m: dict[str, Any], p: dict[str, Any]) -> dict[str
 def predict_checkpoint(db: Database, size_mb: float, tensors: int | None = None,
                        params: int | None = None) -> dict[str, Any]:
     """Seconds to save a checkpoint of ``size_mb`` MB (the model's tensors / params where known)."""
-    from .models.overhead_records import predict_save
+    from ..models.overhead_records import predict_save
 
     f, m = _fit(db, "checkpoint_save", "checkpoint save")
     return _answer(f, m, predict_save(m, size_mb, tensors, params))
@@ -49,7 +49,7 @@ def predict_checkpoint(db: Database, size_mb: float, tensors: int | None = None,
 
 def predict_startup(db: Database, region: str, purchase: str, gpu_type: str) -> dict[str, Any]:
     """Seconds from a VM request to the guest ready, for this region, purchase option and accelerator."""
-    from .models.overhead_records import predict_startup as predict
+    from ..models.overhead_records import predict_startup as predict
 
     if purchase not in ("spot", "on-demand"):
         raise AnalyticsError(f"purchase must be spot or on-demand, not {purchase[:20]!r}")
