@@ -1,81 +1,17 @@
-"""cmdare-collector's lake mode (collector/lake.py): the --lake options of ``kafka`` and
-``spool``, ``maintain`` and ``to-lake``."""
+"""cmdare-collector's lake commands (collector/lake.py): ``maintain`` and ``to-lake``
+(collector/cli.py adds them; the --lake mode of ``kafka`` and ``spool`` runs in root.py)."""
 
 from __future__ import annotations
 
-import signal
-
 import click
 
-from cmdare.wire.units import ConfigError, parse_duration
+from cmdare.wire.units import ConfigError
 
-from .cli import LAKE_HELP, _progress, cli, duration_or_off
+from .config import LAKE_HELP, duration_or_off
 from .lake import Lake, LakeError, lake_io
 
 
-def _open_lake(ctx: click.Context, lake: str, catalog: str | None, commit_every: str):
-    """The lake and the round interval; the options lake mode does not take refused."""
-
-    given = [f"--{n.replace('_', '-')}" for n in ("db", "http", "rules", "alertmanagers", "alert_webhooks")
-             if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)
-             and ctx.params.get(n)]
-    if given:
-        raise click.UsageError(f"--lake: {', '.join(given)} belong to a database file; in lake mode the collector "
-                               "only ingests (query with analyze --lake)")
-    try:
-        ce = parse_duration("--commit-every", commit_every)
-        if not 0.05 <= ce <= 3600:
-            raise ConfigError(f"--commit-every: {commit_every[:20]!r} must be from 50ms to 1h")
-        lk = Lake(lake, catalog)
-        lk.ensure()
-    except ConfigError as e:
-        raise click.UsageError(str(e)) from None
-    except LakeError as e:
-        raise click.ClickException(str(e)) from None
-    return lk, ce
-
-
-def _kafka_lake(ctx, u, lake, catalog, commit_every, group, bb, mw, ie, pe, skew) -> None:
-    from .lakeingest import LakeKafkaIngest
-
-    lk, ce = _open_lake(ctx, lake, catalog, commit_every)
-    ing = LakeKafkaIngest(lk, u, group, commit_every=ce, batch_bytes=bb, max_wait=mw, progress=_progress,
-                          progress_every=pe, max_skew=skew)
-    try:
-        ing.open()
-    except ConnectionError as e:
-        raise click.ClickException(str(e)) from None
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: ing.stop())
-    click.echo(f"cmdare-collector: consuming {u.text} (group {group}) into the lake {lk.name} "
-               f"as {ing.stager.id}", err=True)
-    try:
-        t = ing.run(idle_exit=ie)
-    finally:
-        ing.close()
-        ing.stager.close()
-    click.echo(f"cmdare-collector: done: {t.line()}; {ing.stager.stored} rows in {ing.stager.rounds} lake commits",
-               err=True)
-
-
-def _spool_lake(ctx, directory, lake, catalog, commit_every, follow, iv, skew) -> None:
-    from .lakeingest import LakeSpoolIngest
-
-    lk, ce = _open_lake(ctx, lake, catalog, commit_every)
-    ing = LakeSpoolIngest(lk, directory, progress=_progress, max_skew=skew, commit_every=ce)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: ing.stop())
-    try:
-        if follow:
-            ing.follow(iv)
-        else:
-            ing.load_available()
-    finally:
-        ing.stager.close()
-    click.echo(f"cmdare-collector: {directory} -> lake {lk.name}: {ing.totals.line()}", err=True)
-
-
-@cli.command()
+@click.command()
 @click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", required=True, help=LAKE_HELP)
 @click.option("--catalog", envvar="CMDARE_LAKE_CATALOG", metavar="URL", help="the lake's SQL catalog (as for kafka)")
 @click.option("--retain-raw", default="7d", show_default=True,
@@ -118,7 +54,7 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: st
 
 
 
-@cli.command("to-lake")
+@click.command("to-lake")
 @click.option("--db", envvar="CMDARE_DB", default="cmdare.duckdb", show_default=True,
               help="the DuckDB database file to copy (read-only)")
 @click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", required=True, help=LAKE_HELP)

@@ -14,13 +14,14 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
 
 from .evaluate import utcnow, validate
 from .notify.log import LogReceiver
+from .notify.receivers import ReceiverSpec
 from .rulefmt import Group, load_files, resolve_paths
 from .state import Engine
 
@@ -230,18 +231,14 @@ class Alerting:
 
 
 def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window: float,
-         alertmanagers: tuple[str, ...] = (), webhooks: tuple[str, ...] = (), resend: float = 60.0,
-         generator: str | None = None, kafka_topics: tuple[Any, ...] = (),
-         secrets: dict[str, tuple[str, str]] | None = None) -> Alerting:
+         receivers: Sequence[ReceiverSpec] = (), resend: float = 60.0, generator: str | None = None,
+         security: Any = None) -> Alerting:
     """Load and validate the rule files against the collector's database (RuleError: one
-    line) and build the evaluation; ``start()`` runs it. ``secrets``: receiver name ->
-    ("bearer" | "basic", the token or user:password read from a file)."""
+    line) and build the evaluation with ``receivers`` (notify/receivers.py: each kind by
+    name; ``security``: the Kafka settings a ``kafka`` receiver uses); ``start()`` runs it."""
     from cmdare.collector.db import cursor
 
-    from . import RuleError
-    from .notify import receiver_label
-    from .notify.http import HttpReceiver
-    from .notify.kafka import KafkaReceiver
+    from .notify.receivers import build_all
 
     groups = load_files(resolve_paths(given))
     c = cursor(con)
@@ -249,22 +246,12 @@ def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window:
         validate(c, groups)
     finally:
         c.close()
-    secrets = dict(secrets or {})
-    names = [receiver_label(u)[0] for u in (*alertmanagers, *webhooks)]
-    unknown = sorted(set(secrets) - set(names))
-    if unknown:
-        raise RuleError(f"receiver {unknown[0]!r}: no --alertmanager / --alert-webhook of that name "
-                        f"(names: {', '.join(names) or 'none'})")
-    al = Alerting(con, groups, inhibit_window)
     if generator is None:  # where the alert came from, as Alertmanager shows it
         import socket
 
         generator = f"http://{socket.gethostname()}/cmdare"
-    for kind, urls in (("alertmanager", alertmanagers), ("webhook", webhooks)):
-        for u in urls:
-            how, secret = secrets.get(receiver_label(u)[0], ("", ""))
-            al.add(HttpReceiver(kind, u, resend, generator=generator, token=secret if how == "bearer" else None,
-                                basic=secret if how == "basic" else None))
-    for k in kafka_topics:
-        al.add(KafkaReceiver(k, resend, generator=generator))
+    built = build_all(receivers, resend, generator, security)
+    al = Alerting(con, groups, inhibit_window)
+    for r in built:
+        al.add(r)
     return al

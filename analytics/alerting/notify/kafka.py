@@ -5,9 +5,13 @@ by fingerprint so that one alert's messages stay in order; acks=all."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from cmdare.wire.plugin import Option
 
 from .http import RESEND, Receiver
+from .receivers import RECEIVERS, ReceiverKind, ReceiverSpec
 
 
 class KafkaReceiver(Receiver):
@@ -43,3 +47,33 @@ class KafkaReceiver(Receiver):
         super().stop(grace)
         if self.producer is not None:
             self.producer.close(timeout=1)
+
+
+@RECEIVERS.register
+class Kafka(ReceiverKind):
+    """Receiver kind ``kafka``: alerts published to a topic (the kafka input's SASL / TLS
+    settings apply)."""
+
+    name = "kafka"
+    FLAG = "--alert-kafka"
+    FLAG_METAVAR = "URL"
+    FLAG_HELP = ("publish alerts to this Kafka topic, kafka://host:port/topic (repeatable; the kafka "
+                 "command's SASL / TLS options apply)")
+    OPTIONS: ClassVar[Mapping[str, Option]] = {"url": Option("str", "", "kafka://host:port[,host:port]/topic")}
+
+    @classmethod
+    def spec(cls, where: str, raw: Mapping[str, Any]) -> ReceiverSpec:
+        from cmdare.wire.kafka import parse_kafka_url
+
+        s = super().spec(where, raw)
+        parse_kafka_url("--alert-kafka", s.options["url"])  # ConfigError when it is not one
+        return s
+
+    @classmethod
+    def build(cls, options: Mapping[str, Any], resend: float, generator: str, security: Any = None) -> Any:
+        from cmdare.wire.kafka import parse_kafka_url
+
+        u = parse_kafka_url("--alert-kafka", options["url"])
+        u.security = security
+        return KafkaReceiver(u, resend, generator=generator)
+

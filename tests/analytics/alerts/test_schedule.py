@@ -171,41 +171,6 @@ def test_runner_threads_are_named_for_their_group_within_sixty_characters(con, t
         al.stop()
 
 
-def test_receivers_are_built_from_the_flags_with_the_default_resend(con, tmp_path) -> None:
-    f = tmp_path / "r.yml"
-    f.write_text(RULES)
-    al = load(con, (str(f),), 1800, alertmanagers=("http://127.0.0.1:9/",), webhooks=("ops=http://127.0.0.1:9/h",),
-              generator="http://here/cmdare")
-    try:
-        assert [(r.kind, r.url, r.resend) for r in al.senders] == [
-            ("alertmanager", "http://127.0.0.1:9", 60.0), ("webhook", "http://127.0.0.1:9/h", 60.0)]
-    finally:
-        al.stop()
-    # secrets by receiver name: a token for one, user:password for the other; the generator
-    # defaults to this host; a Kafka topic is a receiver too
-    import base64
-    import socket
-
-    from cmdare.wire.kafka import parse_kafka_url
-
-    al = load(con, (str(f),), 1800, alertmanagers=("am=http://127.0.0.1:9/",), webhooks=("ops=http://127.0.0.1:9/h",),
-              secrets={"ops": ("bearer", "t0ken"), "am": ("basic", "u:p")},
-              kafka_topics=(parse_kafka_url("--alert-kafka", "kafka://127.0.0.1:9/alerts"),))
-    try:
-        am, ops, kafka = al.senders
-        assert (am.label, am.token, am.basic) == ("am", None, base64.b64encode(b"u:p").decode())
-        assert (ops.label, ops.token, ops.basic) == ("ops", "t0ken", "")
-        assert kafka.kind == "kafka" and kafka.generator == f"http://{socket.gethostname()}/cmdare"
-    finally:
-        al.stop()
-    with pytest.raises(RuleError, match=r"^receiver 'ops': no --alertmanager / --alert-webhook of that name "
-                                        r"\(names: none\)$"):
-        load(con, (str(f),), 1800, secrets={"ops": ("bearer", "t0ken")})
-    with pytest.raises(RuleError, match=r"^receiver 'a': .* \(names: am\)$"):  # the first unknown, by name
-        load(con, (str(f),), 1800, alertmanagers=("am=http://127.0.0.1:9/",),
-             secrets={"b": ("bearer", "t"), "a": ("bearer", "t")})
-
-
 def test_rounds_keep_their_interval_and_stop_wakes_the_runners_and_stops_the_receivers(con, tmp_path) -> None:
     from cmdare.analytics.alerting.notify.http import HttpReceiver
 
@@ -223,13 +188,3 @@ def test_rounds_keep_their_interval_and_stop_wakes_the_runners_and_stops_the_rec
     assert len(times) == 3 and all(1.4 < b - a < 1.8 for a, b in zip(times, times[1:], strict=False)), times
     assert took < 0.6, took  # idle runners are woken, not waited for
     assert not r.thread.is_alive()  # and the receivers are stopped
-
-
-@pytest.mark.parametrize("url", ["ftp://am:9093", "https:///api", "http://", "am=file:///etc/passwd"])
-def test_a_receiver_that_is_not_an_http_url_with_a_host_stops_the_collector_at_start(url) -> None:
-    import click
-
-    from cmdare.collector.cli import _alerting
-
-    with pytest.raises(click.UsageError, match="alert receivers are .*http:// or https:// URLs with a host"):
-        _alerting(None, ("default",), "5m", alertmanagers=(url,))
