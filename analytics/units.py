@@ -17,10 +17,7 @@ connection and a ``Scope`` and return typed results carrying their evidence numb
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import math
-import pkgutil
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -201,13 +198,6 @@ def run_unit(
         if not isinstance(r, cls.RESULT) or r.kind != name:
             raise AssertionError(f"{registry.kind} {name} returned {r!r}, not a {cls.RESULT.__name__} of its kind")
     return out
-
-
-def load_units(package: str, path: Iterable[str]) -> None:
-    """Import every module of a unit package: each registers its unit (one new file is one
-    new unit, nothing else to edit)."""
-    for m in pkgutil.iter_modules(path):
-        importlib.import_module(f"{package}.{m.name}")
 
 
 class Detector(AnalyticsUnit):

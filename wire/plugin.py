@@ -20,9 +20,11 @@ that has one.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import math
-from collections.abc import Callable, Iterator, Mapping
+import pkgutil
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -233,3 +235,10 @@ class Registry(Generic[U]):
 
     def items(self) -> list[tuple[str, U]]:
         return list(self._units.items())
+
+
+def load_units(package: str, path: Iterable[str]) -> None:
+    """Import every module of a unit package: each registers its unit (one new file is one
+    new unit, nothing else to edit; Telegraf's ``all/`` imports, made at run time)."""
+    for m in pkgutil.iter_modules(path):
+        importlib.import_module(f"{package}.{m.name}")

@@ -25,7 +25,9 @@ front, results checked.
 
 from __future__ import annotations
 
-from ..units import DETECTORS, Detector, Finding, Scope, detect, load_units
+from cmdare.wire.plugin import load_units
+
+from ..units import DETECTORS, Detector, Finding, Scope, detect
 
 __all__ = ["DETECTORS", "Detector", "Finding", "Scope", "detect"]
 

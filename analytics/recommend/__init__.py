@@ -11,7 +11,9 @@ tests/analytics/recommend/test_<name>.py (tests/test_docs.py fails without them)
 
 from __future__ import annotations
 
-from ..units import RECOMMENDERS, Recommendation, Recommender, Scope, load_units, recommend
+from cmdare.wire.plugin import load_units
+
+from ..units import RECOMMENDERS, Recommendation, Recommender, Scope, recommend
 
 __all__ = ["RECOMMENDERS", "Recommendation", "Recommender", "Scope", "recommend"]
 

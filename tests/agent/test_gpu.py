@@ -107,23 +107,57 @@ def test_throttle_reason_names() -> None:
     assert throttle_names(0) == []
 
 
-def test_straight_path_builds_the_same_sample_as_the_checked_path() -> None:
-    """The per-GPU fast path (no per-call error mapping) must agree with ``sample``."""
+def test_every_sample_row_is_the_encoding_of_its_dict_for_each_generation() -> None:
+    """One sample path builds the dict and its row together: the row must be the row
+    encoder's output for the dict, on every generation's answers, first tick and after."""
+    from cmdare.wire.events import Encoded, encode_row_data
+
     for model in ("a100", "h100", "v100", "t4"):
-        fast, slow = make(FakeNvml(gpus=2, model=model)), make(FakeNvml(gpus=2, model=model))
-        fast.start()
-        slow.start()
-        for gf, gs in zip(fast.gpus, slow.gpus, strict=True):
-            assert fast._sample_fast(gf) == slow.sample(gs)
-            assert gf.fast
+        src = make(FakeNvml(gpus=2, model=model, nvlinks=2 if model == "h100" else 0))
+        for _ in range(3):
+            events, _ = tick(src)
+            gpus = [d for t, d in events if t == "gpu"]
+            assert len(gpus) == 2 and all(type(d) is Encoded for d in gpus)
+            for d in gpus:
+                assert d.row == encode_row_data("gpu", dict(d)), model
 
 
-def test_an_nvml_error_moves_that_gpu_to_the_checked_path_for_good() -> None:
-    src = make(FakeNvml(gpus=1, scenario="field_not_supported"))
+def test_a_field_the_gpu_does_not_answer_is_left_out_and_not_asked_again() -> None:
+    nvml = FakeNvml(gpus=1, scenario="field_not_supported")
+    calls = []
+    real = nvml.nvmlDeviceGetPowerUsage
+    nvml.nvmlDeviceGetPowerUsage = lambda h: (calls.append(h), real(h))[1]
+    src = make(nvml)
     events, _ = tick(src)
-    assert not src.gpus[0].fast and "power_watts" not in events[0][1]
+    assert "power_watts" not in events[0][1] and "power_limit_watts" not in events[0][1]
     events, _ = tick(src)
-    assert events[0][0] == "gpu" and events[0][1]["temp_celsius"] > 0
+    assert events[0][0] == "gpu" and events[0][1]["temp_celsius"] > 0 and "power_watts" not in events[0][1]
+    assert len(calls) == 1  # asked once
+
+
+def test_an_error_that_is_not_the_gpus_nature_costs_that_tick_only_and_is_said_once(caplog) -> None:
+    import pynvml
+
+    nvml = FakeNvml(gpus=2)
+    real, fail = nvml.nvmlDeviceGetTemperature, [True]
+
+    def flaky(h, sensor):
+        if fail[0] and h.index == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return real(h, sensor)
+
+    nvml.nvmlDeviceGetTemperature = flaky
+    src = make(nvml)
+    caplog.set_level("WARNING", logger="cmdare.agent.gpu")
+    for _ in range(2):
+        events, statuses = tick(src)
+        g0, g1 = (d for t, d in events if t == "gpu")
+        assert "temp_celsius" not in g0 and "power_watts" in g0 and "temp_celsius" in g1
+        assert statuses[-1][:2] == ("gpu", "ok")  # the other GPU and the other fields report on
+    assert len([r for r in caplog.records if "nvmlDeviceGetTemperature" in r.getMessage()]) == 1
+    fail[0] = False
+    events, _ = tick(src)
+    assert "temp_celsius" in [d for t, d in events if t == "gpu"][0]  # asked again: back
 
 
 @settings(max_examples=200, deadline=None)
@@ -169,7 +203,7 @@ def test_fast_path_row_is_the_encoding_of_its_dict(
     got: list = []
     src.collect(lambda t, d, **_: got.append(d))
     (d,) = got
-    assert type(d) is Encoded and src.gpus[0].fast
+    assert type(d) is Encoded
     assert d.row == encode_row_data("gpu", dict(d))
     rows, js = EventFactory("n", "worker", rows=True), EventFactory("n", "worker")
     assert rows.line("gpu", d, ts=1.5, id="x") == rows.line("gpu", dict(d), ts=1.5, id="x")
@@ -250,11 +284,16 @@ def test_a_gpu_without_profiling_metrics_says_so_once_and_sends_the_rest(caplog)
 def test_gpm_is_the_interval_between_two_ticks_and_each_call_not_supported_is_not_asked_again() -> None:
     nvml = FakeNvml(gpus=1, model="h100", nvlinks=2)
     calls: dict[str, int] = {}
+    unsupported: set[str] = set()  # calls that answer NOT_SUPPORTED from now on
     for name in ("nvmlGpmSampleGet", "nvmlDeviceGetRemappedRows"):
         real = getattr(nvml, name)
 
         def counted(*a, _real=real, _name=name):
             calls[_name] = calls.get(_name, 0) + 1
+            if _name in unsupported:
+                import pynvml
+
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
             return _real(*a)
 
         setattr(nvml, name, counted)
@@ -267,16 +306,12 @@ def test_gpm_is_the_interval_between_two_ticks_and_each_call_not_supported_is_no
     assert 0.8 <= g2["sm_active_ratio"] <= 0.9 and g2["nvlink_total_rx_bytes_per_second"] == 2 * 1000 * 1048576.0
     assert [x["link"] for x in g2["nvlink"]] == [0, 1] and g2["nvlink"][0]["rx_bytes_per_second"] == 1000 * 1048576.0
     assert calls == {"nvmlGpmSampleGet": 2, "nvmlDeviceGetRemappedRows": 2}
-    import pynvml
-
-    def unsupported(h):
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-
-    nvml.nvmlDeviceGetRemappedRows = unsupported
+    unsupported.add("nvmlDeviceGetRemappedRows")
     third, st3 = tick(src)
     fourth, st4 = tick(src)
     assert st3[0][:2] == st4[0][:2] == ("gpu", "ok")
     assert all("remapped_rows_correctable" not in d for t, d in third + fourth if t == "gpu")
+    assert calls["nvmlDeviceGetRemappedRows"] == 3  # asked once more, then not again
 
 
 def test_mig_instances_are_gpus_of_their_own_and_go_with_a_lost_parent() -> None:

@@ -61,17 +61,16 @@ def test_real_binding_gives_the_same_samples_as_the_python_fake(real_nvml, model
         assert er == ef and [s[:2] for s in sr] == [s[:2] for s in sf] == [("gpu", "ok")]
     g = er[0][1]
     assert type(g["uuid"]) is str and type(g["name"]) is str and g["processes"][0]["pid"] == 4000
-    assert all(gpu.fast for gpu in real.gpus)  # no call failed: the straight path throughout
     real.close()
 
 
-def test_real_binding_checked_path_agrees(real_nvml) -> None:
-    src = source(real_nvml("gpus=2"))
-    src.start()
-    fast = [src._sample_fast(g) for g in src.gpus]
-    src.close()
-    src.start()  # nvmlInit: the stub's devices start again from their first sample
-    assert [src.sample(g) for g in src.gpus] == fast
+def test_real_binding_rows_are_the_encoding_of_their_dict(real_nvml) -> None:
+    from cmdare.wire.events import encode_row_data
+
+    src = source(real_nvml("gpus=2,model=h100,nvlinks=4"))
+    for events, _ in samples(src, 3):
+        gpus = [d for t, d in events if t == "gpu"]
+        assert len(gpus) == 2 and all(d.row == encode_row_data("gpu", dict(d)) for d in gpus)
     src.close()
 
 

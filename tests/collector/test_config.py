@@ -157,7 +157,7 @@ def test_a_secret_file_never_reaches_the_error(tmp_path: Path, con) -> None:
     s.write_text("\x01hunter2\n")
     rules = tmp_path / "r.yml"
     rules.write_text(RULES)
-    cfg = _build(rules=(str(rules),), follow=True, receiver_webhook=(f"ops=http://h/",), token_files=(f"ops={s}",))
+    cfg = _build(rules=(str(rules),), follow=True, receiver_webhook=("ops=http://h/",), token_files=(f"ops={s}",))
     with pytest.raises(Exception, match="empty, or holds control characters") as e:
         load(con, tuple(cfg.rules), 1800, cfg.receivers, cfg.resend)
     assert "hunter2" not in str(e.value)

@@ -181,6 +181,9 @@ class FakeNvml:
         return SimpleNamespace(gpu=90 + (d.samples + d.index) % 10, memory=40 + d.samples % 20)
 
     def nvmlDeviceGetMemoryInfo(self, h: _Dev) -> Any:
+        if self.nmig and self.scenario == "gpu_lost" and h.index == 1 and h.parent is None \
+                and h.samples >= self.lost_after:
+            h.lost = True  # MIG mode (no GPU_UTIL to ask): it falls off the bus here
         d = self._dev(h)
         if self.nmig:
             d.samples += 1  # MIG mode: memory is a sample's first answer

@@ -65,7 +65,7 @@ RECEIVERS: Registry[type[ReceiverKind]] = Registry("receiver")
 
 
 def _load() -> None:
-    from cmdare.analytics.units import load_units
+    from cmdare.wire.plugin import load_units
 
     load_units(__package__ or "cmdare.analytics.alerting.notify", [str(Path(__file__).parent)])
     RECEIVERS.order(tuple(k for k in ("alertmanager", "webhook") if k in RECEIVERS))  # the flags' order

@@ -11,8 +11,7 @@ import duckdb
 import pytest
 
 from cmdare.analytics import alerting
-from cmdare.analytics.alerting import RuleError
-from cmdare.analytics.alerting.schedule import GAP, SAVE_TRIES, STOP_GRACE, Alerting, _utc, load
+from cmdare.analytics.alerting.schedule import GAP, SAVE_TRIES, STOP_GRACE, Alerting, _utc
 from cmdare.collector.db import connect
 
 RULES = """
