@@ -332,3 +332,16 @@ def test_work_lost_to_a_revocation_counts_from_the_last_good_save_of_the_run(tmp
     assert a.seconds["revocation"] == pytest.approx(485.0)
     assert a.seconds["checkpoint_save"] == pytest.approx(1.0)
     assert sum(a.seconds.values()) == pytest.approx(840.0)  # declared at T0, the last step at T0 + 840
+
+
+def test_gpus_are_counted_by_node_and_index(tmp_path: Path) -> None:
+    """Two nodes of one job each have a GPU 0: two accelerators, not one (a GPU is its node
+    and its index; counting indexes alone halves a multi-node job's cost)."""
+    evs = job("mn", "n1", "a2-highgpu-1g", True, "NVIDIA A100-SXM4-40GB", "x", 0, records=6)
+    evs += [e | {"node": "n2", "id": e["id"] + "-2"} for e in evs if e["type"] in ("instance", "train_steps")]
+    for node in ("n1", "n2"):
+        for i in range(6):
+            evs.append(ev(T0 + 30 + 10 * i, node, "gpu", {"index": 0, "uuid": f"GPU-{node}", "name": "A100",
+                                                          "util_gpu_ratio": 0.9}, "mn", {}))
+    a = account_of(tmp_path, evs, "mn")
+    assert (a.gpus, a.gpus_from) == (2, "GPU samples")

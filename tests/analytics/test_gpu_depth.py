@@ -161,3 +161,23 @@ def test_hostile_process_lists_cost_their_own_rows_only(tmp_path) -> None:
         assert a["sm_pct"] == b["sm_pct"] and a["mem_pct"] == b["mem_pct"] and a["mem_used_gib"] == b["mem_used_gib"]
     assert [(g["gpu"], g["job_sm_pct"]) for g in pageapi.job_series(Database(db), "j")["gpus"]["rows"]] == [
         (g["gpu"], g["job_sm_pct"]) for g in page]
+
+
+def test_a_process_is_its_nodes_pid_not_any_pid(tmp_path) -> None:
+    """Node n1 runs a process with the PID that job j's rank declared on n0: it is in no
+    job (PIDs repeat across machines; a process is its node and its PID)."""
+    from cmdare.agent.sources.gpu import GpuSource
+    from cmdare.wire.events import EventFactory
+    from tests.analytics.detectors.conftest import T0
+
+    src = GpuSource(GpuSource.parse_config("sources.gpu", {}), nvml=FakeNvml(gpus=1, model="h100"))
+    other = EventFactory("n1", "worker", "", rows=True)
+    extra: list[bytes] = []
+    for k in range(6):
+        src.collect(lambda t, d, ts=T0 + 10 * k: extra.append(other.line(t, d, ts)))
+    src.close()
+    con = agent_gpus(tmp_path, FakeNvml(gpus=1, model="h100"), extra=extra)
+    con.close()
+    procs = run("gpu", "--processes", "--db", str(tmp_path / "agent-j.duckdb"))
+    assert [(r["node"], r["gpu"], r["pid"], r["job"]) for r in procs] == [("n0", 0, 4000, "j"), ("n1", 0, 4000, "")]
+    assert [r["node"] for r in run("gpu", "--job", "j", "--db", str(tmp_path / "agent-j.duckdb"))] == ["n0"]

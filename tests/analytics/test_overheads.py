@@ -94,6 +94,11 @@ def test_reimport_is_idempotent_and_identical_rows_in_one_file_stay_apart(tmp_pa
     code, out = run("import", "checkpoints", str(f), str(f), "--db", str(db), "--json")
     assert code == 0 and json.loads(out) == {"kind": "checkpoints", "records": 6, "stored": 0, "duplicates": 6, "files": 2}
     assert stored(db, "checkpoint_records") == 3
+    # the same file twice in one command, into a database without them: each record once
+    db2 = tmp_path / "o2.duckdb"
+    code, out = run("import", "checkpoints", str(f), str(f), "--db", str(db2), "--json")
+    assert code == 0 and json.loads(out) == {"kind": "checkpoints", "records": 6, "stored": 3, "duplicates": 3, "files": 2}
+    assert stored(db2, "checkpoint_records") == 3
 
 
 def test_bulk_import_of_a_directory_shows_progress(tmp_path: Path) -> None:

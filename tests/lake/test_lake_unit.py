@@ -57,6 +57,16 @@ def test_a_record_read_twice_is_stored_once_and_positions_merge(lake: Lake) -> N
     assert lake.positions("gpu_samples")["t/0"] == [20]
 
 
+def test_spool_positions_compare_segment_first(lake: Lake) -> None:
+    """A spool position is [segment, offset]: a later segment at a small offset is ahead of
+    an earlier segment at a large one, both ways (the exactly-once position of a spool)."""
+    lake.append("gpu_samples", samples(0, 10), {"spool:x": ([2, 0], [2, 100])}, "a")
+    lake.append("gpu_samples", samples(10, 10), {"spool:x": ([1, 0], [1, 500])}, "zombie")  # older segment
+    assert lake.positions("gpu_samples") == {"spool:x": [2, 100]}
+    lake.append("gpu_samples", samples(20, 10), {"spool:x": ([2, 100], [3, 10])}, "a")  # the next segment
+    assert lake.positions("gpu_samples") == {"spool:x": [3, 10]}
+
+
 def concurrent_rounds(lakes: list[Lake]) -> int:
     """Three writers (one Lake each, as three processes) committing four overlapping rounds
     each at once; the distinct ids they sent."""

@@ -27,6 +27,8 @@ def rec(db: Path, *args: str) -> tuple[int, dict | str, str]:
 
 
 def test_the_knee_rule() -> None:
+    # exactly the threshold is "or less": the knee (0.5 and 1.5 are exact in binary)
+    assert knee_next({1: 1.0, 2: 1.5, 3: 3.0}, 0.5) == (1, True, 0.5)
     assert knee({1: 10, 2: 19, 3: 27, 4: 28}, 0.07) == (3, True)
     assert knee({1: 10, 2: 20, 4: 40, 8: 80}, 0.07) == (8, False)  # linear: still scaling
     # a gap of two counts: the gain per added worker, compounded

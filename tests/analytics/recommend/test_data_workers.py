@@ -49,6 +49,8 @@ def test_outlier_replacement_is_by_the_median_outside_one_standard_deviation() -
 
 
 def test_cachews_knee_settles_where_one_more_worker_adds_less_than_7_percent() -> None:
+    # an improvement of exactly the threshold does not earn the worker (0.5: exact in binary)
+    assert cachew_knee({1: 1.0, 2: 0.5, 3: 0.1}, 0.5)[:2] == (1, True)
     n, settled, rs = cachew_knee({1: 0.120, 2: 0.070, 3: 0.062, 4: 0.060}, 0.07)
     assert (n, settled) == (3, True) and [k for k, _ in rs] == [2, 3, 4]
     assert rs[1][1] == pytest.approx(1 - 62 / 70) and rs[2][1] < 0.07
