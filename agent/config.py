@@ -234,7 +234,20 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
                 f"sample_format: must be one of {', '.join(SAMPLE_FORMATS)}, got {tree['sample_format']!r}"
             )
 
-    sp = _table("spool", tree.get("spool", {}))
+    _spool(cfg, _table("spool", tree.get("spool", {})))
+    _sink(cfg, _table("sink", tree.get("sink", {})))
+    _exports(cfg, tree)
+
+    srcs = _table("sources", tree.get("sources", {}))
+    _unknown("sources", set(srcs), set(REGISTRY))
+    for name, cls in REGISTRY.items():
+        raw = _table(f"sources.{name}", srcs.get(name, {}))
+        cfg.sources[name] = cls.parse_config(f"sources.{name}", raw)
+    return cfg
+
+
+def _spool(cfg: AgentConfig, sp: dict[str, Any]) -> None:
+    """The [spool] table."""
     _unknown("spool", set(sp), _SPOOL_KEYS)
     s = cfg.spool
     if "dir" in sp:
@@ -256,7 +269,9 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
             f"spool.max_bytes: must be at least twice spool.segment_bytes ({2 * s.segment_bytes} bytes)"
         )
 
-    sk = _table("sink", tree.get("sink", {}))
+
+def _sink(cfg: AgentConfig, sk: dict[str, Any]) -> None:
+    """The [sink] table (Kafka)."""
     _unknown("sink", set(sk), _SINK_KEYS)
     k = cfg.sink
     if "url" in sk:
@@ -291,15 +306,6 @@ def from_tree(tree: dict[str, Any]) -> AgentConfig:
             setattr(k, key, parse_duration(f"sink.{key}", sk[key]))
     if k.batch_bytes < k.message_bytes:
         raise ConfigError("sink.batch_bytes: must be at least sink.message_bytes")
-
-    _exports(cfg, tree)
-
-    srcs = _table("sources", tree.get("sources", {}))
-    _unknown("sources", set(srcs), set(REGISTRY))
-    for name, cls in REGISTRY.items():
-        raw = _table(f"sources.{name}", srcs.get(name, {}))
-        cfg.sources[name] = cls.parse_config(f"sources.{name}", raw)
-    return cfg
 
 
 def parse_listen(key: str, value: str) -> tuple[str, int]:

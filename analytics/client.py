@@ -24,6 +24,7 @@ from typing import Any
 
 from . import api, codec
 from .db import AnalyticsError, Database, read_text_file
+from .resources import BY_NAME
 
 SERVICE_SUFFIX = ".service.json"
 TOKEN_ENV = "CMDARE_HTTP_TOKEN"
@@ -122,49 +123,20 @@ class Remote:
             raise AnalyticsError(f"the collector's API at {self.url} does not answer ({reason})") from None
 
     def call(self, name: str, **kw: Any) -> Any:
-        return getattr(self, "_" + name)(**kw)
+        """Library call ``name`` as its resource (cmdare.analytics.resources): the table's
+        routes are called from their declaration; a custom one by its method here."""
+        r = BY_NAME.get(name)
+        if r is None or r.custom:
+            return getattr(self, "_" + name)(**kw)
+        route = r.route.format(**{p: _seg(str(kw.pop(p))) for p in r.path_params})
+        alias = {p.name: p.alias for p in r.params if p.alias}
+        d = self.request(r.method, route, _params({alias.get(k, k): v for k, v in kw.items()}))
+        if r.answer == "table":
+            cols, rows = codec.table_rows(d)
+            return api.Table(cols, rows, [str(n)[:500] for n in (d.get("notes") or [])[:20]])
+        return codec.unplain(d)
 
-    # -- one method per library call: its resource, and its result rebuilt ----------------------
-    def _get_table(self, route: str, **params: Any) -> api.Table:
-        d = self.request("GET", route, _params(params))
-        cols, rows = codec.table_rows(d)
-        return api.Table(cols, rows, [str(n)[:500] for n in (d.get("notes") or [])[:20]])
-
-    def _nodes(self, lost_after: float = 3, label: str | None = None) -> api.Table:
-        return self._get_table("/api/v1/nodes", lost_after=lost_after, label=label)
-
-    def _instances(self, **kw: Any) -> api.Table:
-        return self._get_table("/api/v1/instances", **kw)
-
-    def _revocations(self, **kw: Any) -> api.Table:
-        return self._get_table("/api/v1/revocations", **kw)
-
-    def _tpu(self, **kw: Any) -> api.Table:
-        return self._get_table("/api/v1/tpus", **kw)
-
-    def _gpu_processes(self, **kw: Any) -> api.Table:
-        return self._get_table("/api/v1/gpu-processes", **kw)
-
-    def _gpu(self, **kw: Any) -> api.Table:
-        return self._get_table("/api/v1/gpus", **kw)
-
-    def _host(self, **kw: Any) -> api.Table:
-        return self._get_table("/api/v1/hosts", **kw)
-
-    def _jobs(self, **kw: Any) -> api.Table:
-        return self._get_table("/api/v1/jobs", **kw)
-
-    def _steps(self, job: str, **kw: Any) -> api.Table:
-        return self._get_table(f"/api/v1/jobs/{_seg(job)}/steps", **kw)
-
-    def _goodput(self, job: str, since: Any = None, until: Any = None, every: float | None = None) -> api.Table:
-        return self._get_table(f"/api/v1/jobs/{_seg(job)}/goodput", since=since, until=until, every=every)
-
-    def _fleet_goodput(self, since: Any = None, until: Any = None, by: str = "fleet", every: float | None = None,
-                       detect: bool = False) -> api.Table:
-        return self._get_table("/api/v1/goodput", since=since, until=until, by=by, every=every,
-                               detect=detect or None)
-
+    # -- the custom resources: their request and their result rebuilt ---------------------------
     def _sql(self, query: str, max_rows: int | None = None, timeout: float | None = None) -> Any:
         from .safesql import SqlResult
 
@@ -208,10 +180,6 @@ class Remote:
             "gpus": ",".join(f"{t or '-'}:{n}" for t, n in gpus), "ps": ps, "from_job": from_job,
             "batch_size": batch_size, **_model(model)}))
 
-    def _predict_revocation(self, region: str, gpu_type: str, hours: float) -> dict[str, Any]:
-        return codec.unplain(self.request("GET", "/api/v1/predictions/revocation",
-                                          {"region": region, "gpu_type": gpu_type, "hours": hours}))
-
     def _recommend(self, kind: str, **options: Any) -> list[Any]:
         table = api.recommender_options(kind)  # what equals its default need not travel
         for k in api.PATH_OPTIONS:  # the service reads no client-named file: send its text
@@ -224,13 +192,16 @@ class Remote:
     def _import_overheads(self, kind: str, records: list[dict[str, Any]]) -> dict[str, Any]:
         return self.request("POST", f"/api/v1/imports/{_seg(kind)}", body={"records": records})
 
-    def _predict_checkpoint(self, size_mb: float, tensors: int | None = None, params: int | None = None) -> dict[str, Any]:
-        return codec.unplain(self.request("GET", "/api/v1/predictions/checkpoint",
-                                          _params({"size_mb": size_mb, "tensors": tensors, "params": params})))
+    def _job_detail(self, job: str) -> dict[str, api.Table]:
+        d = self.request("GET", f"/api/v1/jobs/{_seg(job)}")
+        return {k: api.Table(*codec.table_rows(v)) for k, v in d.items() if k != "job"}
 
-    def _predict_startup(self, region: str, purchase: str, gpu_type: str) -> dict[str, Any]:
-        return codec.unplain(self.request("GET", "/api/v1/predictions/startup",
-                                          {"region": region, "purchase": purchase, "gpu_type": gpu_type}))
+    def _gpu_heatmap(self, since: Any = None, until: Any = None, columns: int = 120, label: str | None = None) -> Any:
+        return self.request("GET", "/api/v1/fleet/heatmap",
+                            _params({"since": since, "until": until, "columns": columns, "label": label}))
+
+    def _stored_fits(self) -> Any:
+        return codec.unplain(self.request("GET", "/api/v1/fits")["fits"])
 
     def _import_events(self, job: str, lines: list[bytes]) -> dict[str, Any]:
         return self.request("POST", "/api/v1/imports", body={"job": job, "events": [x.decode() for x in lines]})

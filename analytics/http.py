@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hmac
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import api, codec
 from .db import AnalyticsError, Database
+from .resources import RESOURCES, Resource, Since, Until
 
 ARROW = "application/vnd.apache.arrow.stream"
 EXCERPT = 200  # characters of client input an error may quote
@@ -167,10 +169,25 @@ def _too_large(limit: int) -> Response:
 def create_app(db: Database, token: str | None = None, limits: Limits | None = None,
                ready: Callable[[], bool] = lambda: True, metrics: Callable[[], bytes] | None = None,
                count: Callable[[], None] = lambda: None) -> FastAPI:
+    """The collector's API over ``db``: the service routes, every resource of the table
+    (cmdare.analytics.resources), and the pages."""
     lim = limits or Limits()
     app = FastAPI(title="cmdare collector API", version="1", docs_url=None, redoc_url=None,
                   description="Telemetry, findings, recommendations, models and alerts of one cmdare database.")
+    _error_handlers(app)
+    _service_routes(app, ready, metrics)
+    for r in RESOURCES:
+        if not r.custom:
+            _route(app, db, r)
+    _custom_routes(app, db, lim)
+    _model_routes(app, db)
+    from cmdare.dashboards import pages
 
+    pages.mount(app, token)
+    return app
+
+
+def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AnalyticsError)
     async def _analytics(_: Request, e: AnalyticsError) -> Response:
         return JSONResponse({"error": one_line(str(e))}, 400)
@@ -193,9 +210,8 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         logging.getLogger("cmdare.analytics.http").error("internal error: %s", type(e).__name__, exc_info=True)
         return JSONResponse({"error": f"internal error ({type(e).__name__}): see the collector's log"}, 500)
 
-    def table(t: api.Table) -> dict[str, Any]:
-        return codec.table_json(t.columns, t.rows) | ({"notes": t.notes} if t.notes else {})
 
+def _service_routes(app: FastAPI, ready: Callable[[], bool], metrics: Callable[[], bytes] | None) -> None:
     @app.get("/healthz", tags=["service"])
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -211,103 +227,52 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
 
         return Response(metrics() if metrics else b"", media_type=CONTENT_TYPE_LATEST)
 
-    # telemetry
-    def Since() -> Any:  # a Query object per parameter: FastAPI must not share one
-        return Query(None, description="only rows newer than this (ISO 8601, UTC)")
 
-    def Until() -> Any:
-        return Query(None, description="only rows older than this (ISO 8601, UTC)")
+def table(t: api.Table) -> dict[str, Any]:
+    return codec.table_json(t.columns, t.rows) | ({"notes": t.notes} if t.notes else {})
 
-    @app.get("/api/v1/nodes", response_model=TableOut, tags=["telemetry"])
-    def nodes(lost_after: float = Query(3, ge=1, le=1e6), label: str | None = Query(None, max_length=330)) -> Any:
-        return table(api.nodes(db, lost_after, label))
 
-    @app.get("/api/v1/instances", response_model=TableOut, tags=["telemetry"])
-    def instances(lost_after: float = Query(3, ge=1, le=1e6), since: dt.datetime | None = Since(),
-                  region: str | None = Query(None, max_length=256),
-                  gpu_type: str | None = Query(None, max_length=256)) -> Any:
-        return table(api.instances(db, lost_after, since, region, gpu_type))
+def _route(app: FastAPI, db: Database, r: Resource) -> None:
+    """One resource of the table as a route: its parameters typed and bounded (FastAPI
+    reads the signature made here), the library call, the answer in its shape."""
+    fn = getattr(api, r.name)
+    naive = [p.name for p in r.params if p.naive]
 
-    @app.get("/api/v1/revocations", response_model=TableOut, tags=["telemetry"])
-    def revocations(since: dt.datetime | None = Since(), region: str | None = Query(None, max_length=256),
-                    gpu_type: str | None = Query(None, max_length=256)) -> Any:
-        return table(api.revocations(db, since, region, gpu_type))
+    def endpoint(**kw: Any) -> Any:
+        for k in naive:
+            kw[k] = _naive(kw[k])
+        out = fn(db, **kw)
+        return table(out) if r.answer == "table" else codec.plain(out)
 
-    @app.get("/api/v1/gpus", response_model=TableOut, tags=["telemetry"])
-    def gpus(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since(),
-             until: dt.datetime | None = Until(), label: str | None = Query(None, max_length=330),
-             every: float | None = Query(None, ge=1, le=1e9)) -> Any:
-        return table(api.gpu(db, node, since, until, label, every))
+    sig = []
+    for p in r.params:
+        if p.name in r.path_params:
+            default = Path(**p.bounds)
+        else:
+            default = Query(p.default, description=p.description, alias=p.alias, **p.bounds)
+        sig.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=p.type))
+    endpoint.__signature__ = inspect.Signature(sig)  # type: ignore[attr-defined]
+    endpoint.__name__ = r.name
+    app.add_api_route(r.route, endpoint, methods=[r.method], tags=[r.tag], name=r.name,
+                      response_model=TableOut if r.answer == "table" else None)
 
-    @app.get("/api/v1/tpus", response_model=TableOut, tags=["telemetry"])
-    def tpus(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since(),
-             until: dt.datetime | None = Until(), label: str | None = Query(None, max_length=330)) -> Any:
-        return table(api.tpu(db, node, since, until, label))
 
-    @app.get("/api/v1/gpu-processes", response_model=TableOut, tags=["telemetry"])
-    def gpu_processes(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since(),
-                      until: dt.datetime | None = Until(), job: str | None = Query(None, max_length=256)) -> Any:
-        return table(api.gpu_processes(db, node, since, until, job))
-
-    @app.get("/api/v1/hosts", response_model=TableOut, tags=["telemetry"])
-    def hosts(node: str | None = Query(None, max_length=512), since: dt.datetime | None = Since(),
-              until: dt.datetime | None = Until(), label: str | None = Query(None, max_length=330),
-              every: float | None = Query(None, ge=1, le=1e9)) -> Any:
-        return table(api.host(db, node, since, until, label, every))
-
-    @app.get("/api/v1/jobs", response_model=TableOut, tags=["jobs"])
-    def jobs(since: dt.datetime | None = Since()) -> Any:
-        return table(api.jobs(db, since))
+def _custom_routes(app: FastAPI, db: Database, lim: Limits) -> None:
+    """The resources with a request or answer of their own shape (``custom`` in the table)."""
 
     @app.get("/api/v1/jobs/{job}", tags=["jobs"])
     def job_detail(job: str = Path(max_length=512)) -> Any:
         d = api.job_detail(db, job)
         return {"job": job, **{k: table(v) for k, v in d.items()}}
 
-    @app.get("/api/v1/jobs/{job}/steps", response_model=TableOut, tags=["jobs"])
-    def steps(job: str = Path(max_length=512), node: str | None = Query(None, max_length=512),
-              since: dt.datetime | None = Since()) -> Any:
-        return table(api.steps(db, job, node, since))
-
-    @app.get("/api/v1/goodput", response_model=TableOut, tags=["jobs"])
-    def fleet_goodput(since: dt.datetime | None = Since(), until: dt.datetime | None = Query(None),
-                      by: str = Query("fleet", max_length=64, pattern=r"^[A-Za-z0-9_.-]+$"),
-                      every: float | None = Query(None, ge=60, le=1e8), detect: bool = False) -> Any:
-        return table(api.fleet_goodput(db, _naive(since), _naive(until), by, every, detect))
-
-    @app.get("/api/v1/jobs/{job}/goodput", response_model=TableOut, tags=["jobs"])
-    def goodput(job: str = Path(max_length=512), since: dt.datetime | None = Since(),
-                until: dt.datetime | None = Until(), every: float | None = Query(None, ge=60, le=1e8)) -> Any:
-        return table(api.goodput(db, job, _naive(since), _naive(until), every))
-
-    def Columns() -> Any:
-        return Query(120, ge=1, le=1440, description="time buckets across the window")
-
-    @app.get("/api/v1/fleet", tags=["fleet"])
-    def fleet(since: dt.datetime | None = Since(), until: dt.datetime | None = Until(),
-              lost_after: float = Query(3, ge=1, le=1e6),
-              nodes: bool = Query(True, description="count nodes by liveness (false: a client with the node table)")) -> Any:
-        return codec.plain(api.fleet_summary(db, _naive(since), _naive(until), lost_after, nodes))
-
     @app.get("/api/v1/fleet/heatmap", tags=["fleet"])
-    def heatmap(since: dt.datetime | None = Since(), until: dt.datetime | None = Until(), columns: int = Columns(),
+    def heatmap(since: dt.datetime | None = Query(None, description=Since),
+                until: dt.datetime | None = Query(None, description=Until),
+                columns: int = Query(120, ge=1, le=1440, description="time buckets across the window"),
                 label: str | None = Query(None, max_length=330)) -> Any:
         # up to 2,000,000 cells of whole percents: serialised at once (no per-value encoder walk)
         body = json.dumps(api.gpu_heatmap(db, _naive(since), _naive(until), columns, label), separators=(",", ":"))
         return Response(body, media_type="application/json")
-
-    @app.get("/api/v1/jobs/{job}/series", tags=["jobs"])
-    def job_series(job: str = Path(max_length=512), since: dt.datetime | None = Since(),
-                   until: dt.datetime | None = Until(), columns: int = Columns()) -> Any:
-        return codec.plain(api.job_series(db, job, _naive(since), _naive(until), columns))
-
-    @app.get("/api/v1/jobs/{job}/advice", tags=["jobs"])
-    def job_advice(job: str = Path(max_length=512)) -> Any:
-        return codec.plain(api.job_advice(db, job))
-
-    @app.get("/api/v1/jobs/{job}/scaling", tags=["jobs"])
-    def job_scaling(job: str = Path(max_length=512)) -> Any:
-        return codec.plain(api.scaling_curve(db, job))
 
     @app.get("/api/v1/fits", tags=["models"])
     def fits() -> Any:
@@ -321,11 +286,6 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         if ARROW in request.headers.get("accept", ""):
             return Response(_arrow(r), media_type=ARROW)
         return {**codec.table_json(r.columns, r.rows), "truncated": r.truncated, "cut_by": r.cut_by}
-
-    # findings
-    @app.get("/api/v1/findings", response_model=TableOut, tags=["findings"])
-    def findings(job: str | None = Query(None, max_length=512), since: dt.datetime | None = Since()) -> Any:
-        return table(api.stored_findings(db, job, since))
 
     @app.post("/api/v1/findings/run", tags=["findings"])
     def findings_run(body: FindingsRun) -> Any:
@@ -346,7 +306,11 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         r = api.check_rules(db, [(f.name, f.text) for f in body.files])
         return {"files": r.files, "groups": r.groups, "rules": r.rules}
 
-    # models
+
+
+def _model_routes(app: FastAPI, db: Database) -> None:
+    """The custom resources of models, recommendations and imports."""
+
     @app.post("/api/v1/fits/{kind}", tags=["models"])
     def fit(kind: Literal["speed", "cluster", "overhead", "lifetime"],
             body: FitBody = Body(default_factory=FitBody)) -> Any:
@@ -387,21 +351,6 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
         m = model(flops_per_step, params, tensors, batch_size, from_job)
         return codec.plain(api.predict_cluster(db, spec, ps, m, from_job, batch_size))
 
-    @app.get("/api/v1/predictions/revocation", tags=["models"])
-    def predict_revocation(region: str = Query(max_length=128), gpu_type: str = Query(max_length=128),
-                           hours: float = Query(gt=0, le=1e6)) -> Any:
-        return codec.plain(api.predict_revocation(db, region, gpu_type, hours))
-
-    @app.get("/api/v1/predictions/checkpoint", tags=["models"])
-    def predict_checkpoint(size_mb: float = Query(gt=0, le=1e8), tensors: int | None = Query(None, ge=1, le=10**9),
-                           params: int | None = Query(None, ge=1, le=10**15)) -> Any:
-        return codec.plain(api.predict_checkpoint(db, size_mb, tensors, params))
-
-    @app.get("/api/v1/predictions/startup", tags=["models"])
-    def predict_startup(region: str = Query(max_length=64), purchase: Literal["spot", "on-demand"] = Query(),
-                        gpu_type: str = Query(max_length=128)) -> Any:
-        return codec.plain(api.predict_startup(db, region, purchase, gpu_type))
-
     # recommendations: the options are the recommender's own option table, as query parameters
     @app.get("/api/v1/recommendations/{kind}", tags=["recommendations"])
     def recommendations(request: Request, kind: str = Path(max_length=64)) -> Any:
@@ -426,11 +375,6 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
     @app.post("/api/v1/imports", tags=["imports"])
     def imports(body: ImportBody) -> Any:
         return api.import_events(db, body.job, [e.encode() for e in body.events])
-
-    from cmdare.dashboards import pages
-
-    pages.mount(app, token)
-    return app
 
 
 def _naive(t: dt.datetime | None) -> dt.datetime | None:

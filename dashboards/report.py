@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cmdare.analytics.db import AnalyticsError, Database
+from cmdare.analytics.resources import BY_NAME, RESOURCES
 
 from .pages import PAGES, shell
 
@@ -99,16 +100,12 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
             data[route] = {"error": str(e)}
         return data[route]
 
-    progress("fleet")
-    put("/api/v1/fleet", since=s)
-    put("/api/v1/fleet/heatmap", since=s, columns=COLUMNS)
-    put("/api/v1/nodes")
-    put("/api/v1/revocations", since=s)
-    progress("jobs, findings, alerts")
-    jobs = put("/api/v1/jobs", since=s)
-    findings = put("/api/v1/findings", since=s)
-    put("/api/v1/alerts")
-    put("/api/v1/fits")
+    values = {"since": s, "columns": COLUMNS}
+    progress("fleet, jobs, findings, alerts")
+    for r in RESOURCES:  # what the pages read once (cmdare.analytics.resources: report = fleet)
+        if r.report == "fleet":
+            put(r.route, **{k: values[k] for k in r.report_params})
+    jobs, findings = data[BY_NAME["jobs"].route], data[BY_NAME["stored_findings"].route]
     if job:
         chosen = [job]
     else:
@@ -119,12 +116,9 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
         chosen = list(dict.fromkeys([j for j in flagged if j] + names))[:MAX_JOBS]
     for i, j in enumerate(chosen, 1):
         progress(f"job {i}/{len(chosen)}: {j}")
-        base = "/api/v1/jobs/" + j
-        put(base)
-        put(base + "/series", since=s, columns=COLUMNS)
-        put(base + "/goodput", since=s)
-        put(base + "/advice")
-        put(base + "/scaling")
+        for r in RESOURCES:  # ... and once per job (report = job)
+            if r.report == "job":
+                put(r.route.replace("{job}", j), **{k: values[k] for k in r.report_params})
     data["$report"] = {"jobs": chosen, "since": s, "made": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
                        "jobs_left_out": max(0, (len(jobs.get("rows", [])) if not job else 1) - len(chosen))}
     return data

@@ -339,14 +339,116 @@ def _str(h: dict[str, Any], key: str, where: str) -> str:
     return v
 
 
+class _Cursor:
+    """Where reading a column-block message stands: its bytes, their end (the checksum
+    excluded), the next position, and the array libraries."""
+
+    def __init__(self, raw: bytes, end: int, pos: int) -> None:
+        self.np, self.pa = _arrow()
+        self.arrow = _arrow_types()
+        self.raw, self.buf, self.end, self.pos = raw, self.pa.py_buffer(raw), end, pos
+
+    def column(self, where: str, name: str, kind: str, masked: int, n: int) -> tuple[Any, Any]:
+        """One column of ``n`` rows as an Arrow array over the message's bytes, and its
+        bytes per row (a number, or per-row lengths for text)."""
+        np, pa, raw, end = self.np, self.pa, self.raw, self.end
+        bitmap = None
+        if masked:
+            if self.pos + n > end:
+                raise BlockError(f"{where}: column {name} runs past the message")
+            present = np.frombuffer(raw, np.uint8, n, self.pos)
+            if present.max() > 1:
+                raise BlockError(f"{where}: column {name}: presence mask bytes must be 0 or 1")
+            bitmap = pa.py_buffer(np.packbits(present, bitorder="little"))
+            self.pos += n + (-n % 8)
+        pos = self.pos
+        width = _WIDTH.get(kind)
+        if width is not None:
+            size = n * width
+            if pos + size > end:
+                raise BlockError(f"{where}: column {name} runs past the message")
+            if kind == BOOL and np.frombuffer(raw, np.uint8, n, pos).max() > 1:
+                raise BlockError(f"{where}: column {name}: bool values must be 0 or 1")
+            values = self.buf.slice(pos, size)
+            if kind == BOOL:  # Arrow's booleans are bits
+                values = pa.py_buffer(np.packbits(np.frombuffer(raw, np.uint8, n, pos), bitorder="little"))
+            arr, per_row = pa.Array.from_buffers(self.arrow[kind], n, [bitmap, values]), width
+        else:
+            if pos + 4 * (n + 1) > end:
+                raise BlockError(f"{where}: column {name} runs past the message")
+            offsets = np.frombuffer(raw, "<u4", n + 1, pos)
+            text_end = int(offsets[-1])
+            lens = np.diff(offsets.astype(np.int64))
+            if offsets[0] != 0 or (lens < 0).any() or text_end >= 1 << 31:
+                raise BlockError(f"{where}: column {name}: string offsets must start at 0 and not decrease")
+            data_at = pos + 4 * (n + 1)
+            if data_at + text_end > end:
+                raise BlockError(f"{where}: column {name} runs past the message")
+            arr = pa.Array.from_buffers(
+                pa.string(), n, [bitmap, self.buf.slice(pos, 4 * (n + 1)), self.buf.slice(data_at, text_end)]
+            )
+            try:
+                arr.validate(full=True)
+            except pa.ArrowInvalid:
+                raise BlockError(f"{where}: column {name} is not UTF-8 text") from None
+            per_row = lens + 4
+            size = 4 * (n + 1) + text_end
+        self.pos = pos + size + (-size % 8)
+        return arr, per_row
+
+
+def _kind(where: str, type_: str, spec: dict[str, Any], c: Any, seen: dict[str, Any]) -> tuple[str, str, int]:
+    """A column's (name, kind, masked), checked against its type's fields."""
+    if type(c) is not list or len(c) != 2 or type(c[0]) is not str or c[1] not in (0, 1):
+        raise BlockError(f"{where}: a column must be [name, 0 or 1], got {str(c)[:60]}")
+    name, masked = c
+    if name in seen:
+        raise BlockError(f"{where}: column {name[:60]!r} appears twice")
+    if name == "id":
+        kind = "str"
+    elif name == "ts":
+        kind = FLOAT
+    elif name in spec:
+        kind = spec[name][0]
+    else:
+        raise BlockError(f"{where}: {name[:60]!r} is not a {type_} field this collector knows (a newer agent?)")
+    if masked and name in ("id", "ts"):
+        raise BlockError(f"{where}: column {name} cannot have absent values")
+    return name, kind, masked
+
+
+def _read_block(cur: _Cursor, bi: int, h: Any, known: set[str]) -> Block:
+    """One block of the header, its columns read at the cursor."""
+    where = f"column block {bi}"
+    if type(h) is not dict:
+        raise BlockError(f"{where}: must be an object")
+    type_ = _str(h, "type", where)
+    if type_ not in known:
+        raise BlockError(f"{where}: type {type_[:60]!r}, which this collector does not know")
+    where = f"{type_} column block {bi}"
+    n = h.get("rows")
+    if type(n) is not int or not 1 <= n <= MAX_ROWS:
+        raise BlockError(f"{where}: 'rows' must be an integer from 1 to {MAX_ROWS}")
+    cols = h.get("columns")
+    if type(cols) is not list or len(cols) < 2 or [c[:1] for c in cols[:2]] != [["id"], ["ts"]]:
+        raise BlockError(f"{where}: 'columns' must be a list starting with id and ts")
+    spec = DATA_FIELDS[type_]
+    arrays: dict[str, Any] = {}
+    nbytes = cur.np.zeros(n, cur.np.int64)
+    for c in cols:
+        name, kind, masked = _kind(where, type_, spec, c, arrays)
+        arrays[name], per_row = cur.column(where, name, kind, masked, n)
+        nbytes += per_row
+    return Block(type_, n, _str(h, "node", where), _str(h, "role", where), _str(h, "job", where),
+                 _str(h, "labels", where), arrays, nbytes)
+
+
 def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
     """(text lines, blocks) of a column-block message, each block's columns as Arrow arrays
     over ``raw``'s bytes (no value is parsed or copied); ``known``: the types the reader
     loads.  The message's structure is checked (sizes, offsets, UTF-8, which fields a type
     has); what cannot be read raises ``BlockError`` with a one-line reason.  The values
     themselves (a NaN, an id too long, a role unknown) are left to the reader's checks."""
-    np, pa = _arrow()
-    ARROW = _arrow_types()
     msg_end = checked_size(raw)  # the message's bytes without its checksum
     start = len(MAGIC) + HEAD.size
     if msg_end < start:
@@ -360,108 +462,13 @@ def read_blocks(raw: bytes, known: set[str]) -> tuple[bytes, list[Block]]:
         raise BlockError("column block header is not valid JSON") from None
     if type(head) is not dict or type(head.get("text")) is not int or type(head.get("blocks")) is not list:
         raise BlockError("column block header must be an object with 'text' (int) and 'blocks' (list)")
-    buf = pa.py_buffer(raw)
     pos = start + hlen
     tlen = head["text"]
     if tlen < 0 or pos + tlen > msg_end:
         raise BlockError(f"column block text part of {tlen} bytes runs past the message")
     text = raw[pos : pos + tlen]
-    pos += tlen + (-tlen % 8)
-    blocks = []
-    for bi, h in enumerate(head["blocks"]):
-        where = f"column block {bi}"
-        if type(h) is not dict:
-            raise BlockError(f"{where}: must be an object")
-        type_ = _str(h, "type", where)
-        if type_ not in known:
-            raise BlockError(f"{where}: type {type_[:60]!r}, which this collector does not know")
-        where = f"{type_} column block {bi}"
-        n = h.get("rows")
-        if type(n) is not int or not 1 <= n <= MAX_ROWS:
-            raise BlockError(f"{where}: 'rows' must be an integer from 1 to {MAX_ROWS}")
-        cols = h.get("columns")
-        if type(cols) is not list or len(cols) < 2 or [c[:1] for c in cols[:2]] != [["id"], ["ts"]]:
-            raise BlockError(f"{where}: 'columns' must be a list starting with id and ts")
-        spec = DATA_FIELDS[type_]
-        arrays: dict[str, Any] = {}
-        nbytes = np.zeros(n, np.int64)
-        for c in cols:
-            if type(c) is not list or len(c) != 2 or type(c[0]) is not str or c[1] not in (0, 1):
-                raise BlockError(f"{where}: a column must be [name, 0 or 1], got {str(c)[:60]}")
-            name, masked = c
-            if name in arrays:
-                raise BlockError(f"{where}: column {name[:60]!r} appears twice")
-            if name == "id":
-                kind = "str"
-            elif name == "ts":
-                kind = FLOAT
-            elif name in spec:
-                kind = spec[name][0]
-            else:
-                raise BlockError(
-                    f"{where}: {name[:60]!r} is not a {type_} field this collector knows (a newer agent?)"
-                )
-            if masked and name in ("id", "ts"):
-                raise BlockError(f"{where}: column {name} cannot have absent values")
-            bitmap = None
-            if masked:
-                if pos + n > msg_end:
-                    raise BlockError(f"{where}: column {name} runs past the message")
-                present = np.frombuffer(raw, np.uint8, n, pos)
-                if present.max() > 1:
-                    raise BlockError(f"{where}: column {name}: presence mask bytes must be 0 or 1")
-                bitmap = pa.py_buffer(np.packbits(present, bitorder="little"))
-                pos += n + (-n % 8)
-            width = _WIDTH.get(kind)
-            if width is not None:
-                size = n * width
-                if pos + size > msg_end:
-                    raise BlockError(f"{where}: column {name} runs past the message")
-                if kind == BOOL and np.frombuffer(raw, np.uint8, n, pos).max() > 1:
-                    raise BlockError(f"{where}: column {name}: bool values must be 0 or 1")
-                values = buf.slice(pos, size)
-                if kind == BOOL:  # Arrow's booleans are bits
-                    values = pa.py_buffer(
-                        np.packbits(np.frombuffer(raw, np.uint8, n, pos), bitorder="little")
-                    )
-                arr = pa.Array.from_buffers(ARROW[kind], n, [bitmap, values])
-                nbytes += width
-            else:
-                if pos + 4 * (n + 1) > msg_end:
-                    raise BlockError(f"{where}: column {name} runs past the message")
-                offsets = np.frombuffer(raw, "<u4", n + 1, pos)
-                end = int(offsets[-1])
-                lens = np.diff(offsets.astype(np.int64))
-                if offsets[0] != 0 or (lens < 0).any() or end >= 1 << 31:
-                    raise BlockError(
-                        f"{where}: column {name}: string offsets must start at 0 and not decrease"
-                    )
-                data_at = pos + 4 * (n + 1)
-                if data_at + end > msg_end:
-                    raise BlockError(f"{where}: column {name} runs past the message")
-                arr = pa.Array.from_buffers(
-                    pa.string(), n, [bitmap, buf.slice(pos, 4 * (n + 1)), buf.slice(data_at, end)]
-                )
-                try:
-                    arr.validate(full=True)
-                except pa.ArrowInvalid:
-                    raise BlockError(f"{where}: column {name} is not UTF-8 text") from None
-                nbytes += lens + 4
-                size = 4 * (n + 1) + end
-            pos += size + (-size % 8)
-            arrays[name] = arr
-        blocks.append(
-            Block(
-                type_,
-                n,
-                _str(h, "node", where),
-                _str(h, "role", where),
-                _str(h, "job", where),
-                _str(h, "labels", where),
-                arrays,
-                nbytes,
-            )
-        )
-    if pos < msg_end:
-        raise BlockError(f"column block message has {msg_end - pos} bytes after its last block")
+    cur = _Cursor(raw, msg_end, pos + tlen + (-tlen % 8))
+    blocks = [_read_block(cur, bi, h, known) for bi, h in enumerate(head["blocks"])]
+    if cur.pos < msg_end:
+        raise BlockError(f"column block message has {msg_end - cur.pos} bytes after its last block")
     return text, blocks

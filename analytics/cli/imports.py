@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -50,27 +51,7 @@ def import_() -> None:
 @click.option("--examples-tag", default=EXAMPLES_TAG, show_default=True, help="scalar holding examples/s")
 @db_option
 @json_option
-def tensorboard(
-    paths: tuple[str, ...],
-    job: str,
-    node: str,
-    role: str,
-    run: str | None,
-    rank: int,
-    gpu_type: str | None,
-    workers: int | None,
-    ps: int | None,
-    model: str | None,
-    params: int | None,
-    tensors: int | None,
-    flops_per_step: float | None,
-    batch_size: int | None,
-    csv_tag_: str | None,
-    steps_tag: str,
-    examples_tag: str,
-    db: str,
-    as_json_: bool,
-) -> None:
+def tensorboard(paths: tuple[str, ...], job: str, db: str, as_json_: bool, **o: Any) -> None:
     """Import TensorBoard event files or UI CSV exports (Wall time,Step,Value) from PATHS
     (files or directories, walked) as step telemetry of JOB.
 
@@ -86,21 +67,14 @@ def tensorboard(
     """
     from ..tbimport import prepare_tensorboard
 
-    declare = {
-        "accelerator": gpu_type,
-        "world_size": workers,
-        "ps": ps,
-        "model": model,
-        "params": params,
-        "tensors": tensors,
-        "flops_per_step": flops_per_step,
-        "batch_size": batch_size,
-    }
+    declare = {"accelerator": o["gpu_type"], "world_size": o["workers"], "ps": o["ps"], "model": o["model"],
+               "params": o["params"], "tensors": o["tensors"], "flops_per_step": o["flops_per_step"],
+               "batch_size": o["batch_size"]}
     call(db, "import_events", job=job, lines=[])  # the database first: a bad --db says so before any reading
     try:  # read and check every file here; then one call stores them (locally, or in the collector)
         lines, res = prepare_tensorboard(
-            paths, job, node=node, role=role, run=run, rank=rank, csv_tag_=csv_tag_, steps_tag=steps_tag,
-            examples_tag=examples_tag, declare=declare,
+            paths, job, node=o["node"], role=o["role"], run=o["run"], rank=o["rank"], csv_tag_=o["csv_tag_"],
+            steps_tag=o["steps_tag"], examples_tag=o["examples_tag"], declare=declare,
             progress=lambda p: (
                 click.echo(f"reading {p}", err=True) if len(paths) > 1 or Path(paths[0]).is_dir() else None
             ),

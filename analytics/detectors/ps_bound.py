@@ -100,6 +100,26 @@ class PsBound(Detector):
                 out.append(f)
         return out
 
+    @staticmethod
+    def _single_worker(j: JobSpeed, same: list[JobSpeed], speed_fit: dict[str, Any] | None,
+                       fits: list[str]) -> tuple[float | None, str | None]:
+        """One worker's speed for ``j``'s model and accelerator: the median of measured
+        single-worker runs, else the speed fit's (its id added to ``fits``), else None."""
+        singles = sorted(k.speed for k in same if k.workers == 1)
+        if singles:
+            return singles[len(singles) // 2], "measured"
+        # mutation-equivalent: ReplaceAndWithOr: without a fit predict_speed raises, caught below as "no fit"
+        if speed_fit is not None and j.acc is not None:
+            try:
+                from ..models.speed import predict_speed
+
+                s1 = predict_speed(speed_fit, j.acc, j.flops_per_step, j.params, j.tensors)[0]
+            except Exception:  # noqa: BLE001 - a fit of another family layout: go without
+                return None, None
+            fits.append(speed_fit["fit_id"])
+            return s1, "speed fit"
+        return None, None
+
     def _judge(
         self,
         j: JobSpeed,
@@ -114,20 +134,7 @@ class PsBound(Detector):
         ev: dict[str, Any] = {"workers": j.workers, "ps": j.ps, "steps_per_second": round(j.speed, 4)}
         fits: list[str] = []
         used: list[str] = []
-        singles = sorted(k.speed for k in same if k.workers == 1)
-        s1, s1_from = None, None
-        if singles:
-            s1, s1_from = singles[len(singles) // 2], "measured"
-        # mutation-equivalent: ReplaceAndWithOr: without a fit predict_speed raises, caught below as "no fit"
-        elif speed_fit is not None and j.acc is not None:
-            try:
-                from ..models.speed import predict_speed
-
-                s1 = predict_speed(speed_fit, j.acc, j.flops_per_step, j.params, j.tensors)[0]
-                s1_from = "speed fit"
-                fits.append(speed_fit["fit_id"])
-            except Exception:  # noqa: BLE001 - a fit of another family layout: go without
-                s1 = None
+        s1, s1_from = self._single_worker(j, same, speed_fit, fits)
         if s1 is None:
             return None  # no reference: nothing to say how well it scales
         eff = j.speed / (j.workers * s1)

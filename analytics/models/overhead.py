@@ -34,15 +34,9 @@ def _mean_ci(xs: list[float]) -> dict[str, float]:
     return {"n": len(a), "mean": m, "median": float(np.median(a)), "lower": m - h, "upper": m + h}
 
 
-def fit_overhead(con: duckdb.DuckDBPyConnection) -> Fit:
-    needs_schema(con, 4, "analyze fit overhead")
-    rows = con.execute(
-        """WITH m AS (SELECT job, arg_max(model, ts) AS model FROM jobs GROUP BY job)
-           SELECT c.action, c.seconds, c.bytes / 1e9, coalesce(m.model, c.job), c.ts
-           FROM checkpoints c LEFT JOIN m USING (job)
-           WHERE c.ok AND c.bytes > 0 AND c.seconds > 0"""
-    ).fetchall()
-    model: dict[str, Any] = {"checkpoint": {}, "coefficients": {}}
+def _live_checkpoints(rows: list[Any], model: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Save and restore seconds on checkpoint size from the agents' own timings (leave one
+    model architecture out), into ``model``; their cross-validation and notes."""
     cv_all: dict[str, Any] = {}
     notes = []
     for action in ("save", "restore"):
@@ -63,6 +57,19 @@ def fit_overhead(con: duckdb.DuckDBPyConnection) -> Fit:
         model["coefficients"][f"{action}_seconds_per_gb"] = lin.params[0]
         model["coefficients"][f"{action}_fixed_seconds"] = lin.params[1]
         cv_all[action] = {"mape": cv["mape"], "r2": cv["r2"], "rows": len(r), "groups": len(groups)}
+    return cv_all, notes
+
+
+def fit_overhead(con: duckdb.DuckDBPyConnection) -> Fit:
+    needs_schema(con, 4, "analyze fit overhead")
+    rows = con.execute(
+        """WITH m AS (SELECT job, arg_max(model, ts) AS model FROM jobs GROUP BY job)
+           SELECT c.action, c.seconds, c.bytes / 1e9, coalesce(m.model, c.job), c.ts
+           FROM checkpoints c LEFT JOIN m USING (job)
+           WHERE c.ok AND c.bytes > 0 AND c.seconds > 0"""
+    ).fetchall()
+    model: dict[str, Any] = {"checkpoint": {}, "coefficients": {}}
+    cv_all, notes = _live_checkpoints(rows, model)
     resume = con.execute(
         """SELECT epoch(min(s.ts - to_microseconds(CAST(s.steps / nullif(s.steps_per_second, 0) * 1e6 AS BIGINT)))
                         - r.ts)

@@ -37,6 +37,37 @@ def knee_next(series: dict[int, float], threshold: float) -> tuple[int, bool, fl
     return counts[-1], False, None
 
 
+def _knees(meas: dict[int, dict[int, float]], pred: dict[int, dict[int, tuple[float, float, float]]],
+           th: float) -> dict[int, dict[str, Any]]:
+    """Per PS count, the knee: from the measured series where it settles there, else the fit."""
+    knees: dict[int, dict[str, Any]] = {}
+    for p in sorted(set(meas) | set(pred)):
+        m = meas.get(p, {})
+        if len(m) >= 2:
+            w, settled, nxt = knee_next(m, th)
+            if settled or p not in pred:
+                knees[p] = {"workers": w, "speed": m[w], "settled": settled, "from": "measured", "next": nxt}
+                continue
+        if p in pred:
+            w, settled, nxt = knee_next({k: v[0] for k, v in pred[p].items()}, th)
+            knees[p] = {"workers": w, "speed": pred[p][w][0], "settled": settled, "from": "cluster fit",
+                        "interval": pred[p][w][1:], "next": nxt}
+    return knees
+
+
+def _knee_text(knees: dict[int, dict[str, Any]], k: dict[str, Any], predicted: bool) -> str:
+    """The knees in words, and what an unsettled one means."""
+    txt = "; ".join(
+        f"{q} PS: {'knee' if v['settled'] else 'still scaling'} at {v['workers']} workers, {v['speed']:.3g} steps/s ({v['from']}"
+        + (f"; the next worker adds {v['next']:+.1%}" if v.get("next") is not None else "") + ")"
+        for q, v in sorted(knees.items())
+    )
+    if not k["settled"]:
+        txt += f" (still scaling at the largest count {'measured' if k['from'] == 'measured' else 'considered'}: more workers may pay"
+        txt += "; fit a cluster model to predict past it)" if k["from"] == "measured" and not predicted else ")"
+    return txt
+
+
 @RECOMMENDERS.register
 class Cluster(Recommender):
     name = "cluster"
@@ -262,19 +293,7 @@ class Cluster(Recommender):
         when the answer lies outside what the fit was fitted on."""
         o = self.options
         th = o["knee"]
-        # per PS count: the knee, from the measured series where it settles there, else the fit
-        knees: dict[int, dict[str, Any]] = {}
-        for p in sorted(set(meas) | set(pred)):
-            m = meas.get(p, {})
-            if len(m) >= 2:
-                w, settled, nxt = knee_next(m, th)
-                if settled or p not in pred:
-                    knees[p] = {"workers": w, "speed": m[w], "settled": settled, "from": "measured", "next": nxt}
-                    continue
-            if p in pred:
-                w, settled, nxt = knee_next({k: v[0] for k, v in pred[p].items()}, th)
-                knees[p] = {"workers": w, "speed": pred[p][w][0], "settled": settled, "from": "cluster fit",
-                            "interval": pred[p][w][1:], "next": nxt}
+        knees = _knees(meas, pred, th)
         ps_counts = sorted(knees)
         best_p = ps_counts[0]
         for p in ps_counts[1:]:  # another PS pays when its knee is faster by more than the threshold
@@ -330,14 +349,7 @@ class Cluster(Recommender):
             if ex and decades > 0 and "steps_per_second" in interval:
                 lo_v, hi_v = widen(predicted["steps_per_second"], *interval["steps_per_second"], decades)
                 interval["steps_per_second"] = (round(lo_v, 4), round(hi_v, 4))
-        knee_txt = "; ".join(
-            f"{q} PS: {'knee' if v['settled'] else 'still scaling'} at {v['workers']} workers, {v['speed']:.3g} steps/s ({v['from']}"
-            + (f"; the next worker adds {v['next']:+.1%}" if v.get("next") is not None else "") + ")"
-            for q, v in sorted(knees.items())
-        )
-        if not k["settled"]:
-            knee_txt += f" (still scaling at the largest count {'measured' if k['from'] == 'measured' else 'considered'}: more workers may pay"
-            knee_txt += "; fit a cluster model to predict past it)" if k["from"] == "measured" and not pred else ")"
+        knee_txt = _knee_text(knees, k, bool(pred))
         second = ""
         if 1 in knees and 2 in knees:
             pays = best_p >= 2
