@@ -116,7 +116,7 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tu
     return out
 
 
-@functools.lru_cache(maxsize=4096)  # mutation-equivalent: NumberReplacer: a cache's size
+@functools.lru_cache(maxsize=4096)
 def _acc_name(name: str | None) -> str | None:
     from . import catalog
 
@@ -257,7 +257,7 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
         n, n_from = gpus.get(job, (1, "stepping nodes"))
         sh = shares(found.get(job, []), n)
         w = g.seconds
-        sec = dict.fromkeys(BUCKETS, 0.0)  # mutation-equivalent: NumberReplacer: every bucket is set below
+        sec = dict.fromkeys(BUCKETS, 0.0)
         for b in ("startup", "checkpoint_save", "checkpoint_restore", "input_wait", "revocation"):
             sec[b] = w[b] * n
         left = w["productive"] * n
@@ -345,7 +345,6 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
 
 
 def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None, by: str,
-                # mutation-equivalent: ReplaceFalseWithTrue: every caller names detect
                 every: float | None = None, detect: bool = False) -> tuple[list[str], list[list[Any]], list[str]]:
     """Every job that stepped in [since, until), accounted and rolled up ``by`` (job, region,
     accelerator, fleet, or a node label such as team); with ``every``, per window. Findings:

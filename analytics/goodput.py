@@ -47,12 +47,12 @@ CATEGORIES = (
 # precedence: lower number wins where pieces overlap (the order is what counts: sorted() is
 # stable, so a number moved by one onto its neighbour's keeps the listed order)
 PRIORITY = {
-    "checkpoint_save": 0,  # mutation-equivalent: NumberReplacer: see above
-    "checkpoint_restore": 1,  # mutation-equivalent: NumberReplacer: see above
-    "revocation": 2,  # mutation-equivalent: NumberReplacer: see above
-    "input_wait": 3,  # mutation-equivalent: NumberReplacer: see above
-    "productive": 4,  # mutation-equivalent: NumberReplacer: see above
-    "startup": 5,  # mutation-equivalent: NumberReplacer: see above
+    "checkpoint_save": 0,
+    "checkpoint_restore": 1,
+    "revocation": 2,
+    "input_wait": 3,
+    "productive": 4,
+    "startup": 5,
 }
 NOTICE_WINDOW = 60.0  # seconds: a run stepping on the node this recently is hit by its notice
 STOPPED_WITHIN = 600.0  # ... when it stopped stepping there this soon after (else the VM was not taken from it)
@@ -81,10 +81,9 @@ def goodput(con: duckdb.DuckDBPyConnection, job: str, since: float | None = None
     seconds): the pieces are those of the whole run (lost work is judged against the run's
     checkpoints wherever they fall), cut at the window's edges; the parts still add up to
     the window's wall time (the part of it the job ran)."""
-    needs_schema(con, 4, "analyze goodput")  # mutation-equivalent: NumberReplacer: a database with steps is past 4
+    needs_schema(con, 4, "analyze goodput")
     got = goodput_many(con, [job], since, until)
     if job not in got:
-        # mutation-equivalent: NumberReplacer: how many job names the hint lists
         known = [r[0] for r in con.execute("SELECT DISTINCT job FROM steps ORDER BY 1 LIMIT 10").fetchall()]
         hint = f" (jobs with steps: {', '.join(known)})" if known else " (no job has sent steps yet)"
         raise AnalyticsError(f"no steps for job {job!r}{hint}")

@@ -33,14 +33,13 @@ from typing import Any
 from .db import AnalyticsError, Database, read_text_file
 from .output import one_line
 
-MAX_FILE = 64 << 20  # bytes a file  # mutation-equivalent: NumberReplacer: a documented size; tests set smaller
-MAX_ROWS = 1_000_000  # rows one import  # mutation-equivalent: NumberReplacer: likewise
+MAX_FILE = 64 << 20  # bytes a file
+MAX_ROWS = 1_000_000  # rows one import
 MAX_FIELD = 256  # characters a text value
 MAX_SECONDS = 86400.0  # a save or a start-up phase longer than a day is not one
 MAX_MB = 1e8  # 100 TB checkpoint
 
 
-# mutation-equivalent: ReplaceTrueWithFalse: immutability only
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -126,9 +125,9 @@ def _id(kind: str, rec: dict[str, Any], seen: dict[str, int]) -> str:
     """The record's id: its values and how many identical ones came before it in its file."""
     key = "\x1f".join(repr(rec[c.name]) for c in FORMATS[kind])
     # any numbering of repeats that is the same on every import gives the same records
-    n = seen.get(key, 0)  # mutation-equivalent: NumberReplacer: see above
-    seen[key] = n + 1  # mutation-equivalent: NumberReplacer, ReplaceBinaryOperator_Add_Sub: see above
-    return hashlib.sha256(f"{kind}\x1e{key}\x1e{n}".encode()).hexdigest()[:32]  # mutation-equivalent: NumberReplacer: any length that keeps ids distinct
+    n = seen.get(key, 0)
+    seen[key] = n + 1
+    return hashlib.sha256(f"{kind}\x1e{key}\x1e{n}".encode()).hexdigest()[:32]
 
 
 def parse(kind: str, text: str, name: str) -> list[dict[str, Any]]:
@@ -165,7 +164,6 @@ def parse(kind: str, text: str, name: str) -> list[dict[str, Any]]:
             rec["line"] = line
             out.append(rec)
     except csv.Error as e:
-        # mutation-equivalent: NumberReplacer: how much of the csv module's own message is quoted
         raise AnalyticsError(f"{name}: line {reader.line_num}: not CSV ({one_line(str(e), 60)})") from None
     if not out:
         raise AnalyticsError(f"{name}: no records after the header")
@@ -224,9 +222,7 @@ def check(kind: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         w.writerow(["" if r.get(c.name) is None else str(r.get(c.name)) for c in cols])
     out = parse(kind, buf.getvalue(), "import")
     per_file: dict[Any, dict[str, int]] = {}
-    # mutation-equivalent: ReplaceTrueWithFalse: parse() keeps every row it was given, one record each
     for rec, r in zip(out, rows, strict=True):  # ids per file; the file's name and line as the client read them
-        # mutation-equivalent: NumberReplacer: a file number the client did not send is one number for all
         f = r.get("file") if isinstance(r.get("file"), int) else 0
         rec["id"] = _id(kind, rec, per_file.setdefault(f, {}))
         src, line = r.get("source"), r.get("line")
@@ -242,10 +238,9 @@ def store(db: Database, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]
     with db.write() as con:
         from .queries import needs_schema
 
-        needs_schema(con, 14, f"analyze import {kind}")  # mutation-equivalent: NumberReplacer: a write connection is migrated
+        needs_schema(con, 14, f"analyze import {kind}")
         if not rows:
             return {"kind": kind, "records": 0, "stored": 0, "duplicates": 0}
-        # mutation-equivalent: NumberReplacer: one row of one column ([0] and [-1] are the same)
         before = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
         import pyarrow as pa
 
@@ -257,6 +252,5 @@ def store(db: Database, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]
                             WHERE id NOT IN (SELECT id FROM {table})""")
         finally:
             con.unregister("incoming")
-        # mutation-equivalent: NumberReplacer: one row of one column ([0] and [-1] are the same)
         after = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
     return {"kind": kind, "records": len(rows), "stored": after - before, "duplicates": len(rows) - (after - before)}

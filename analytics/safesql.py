@@ -144,8 +144,6 @@ def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, ti
             rows: list[tuple[Any, ...]] = []
             size = 0
             while len(rows) <= max_rows:
-                # mutation-equivalent: NumberReplacer, ReplaceBinaryOperator_Sub_Add: how many rows one fetch
-                # asks for (at most 2,048), never which rows are kept
                 chunk = cur.fetchmany(min(2048, max_rows + 1 - len(rows)))
                 if not chunk:
                     break

@@ -64,9 +64,8 @@ class _Scratch:
     registered: list[str] = field(default_factory=list)  # Arrow tables registered as views
     row_types: list[str] = field(default_factory=list)  # types with a _r_<type> table
     fast: dict[str, list[columns.Block]] = field(default_factory=dict)  # types stored by the fast path
-    # mutation-equivalent: ReplaceFalseWithTrue: _check() sets both before anything reads them
     has_json: bool = False
-    has_rows: bool = False  # mutation-equivalent: ReplaceFalseWithTrue: set by _check() first
+    has_rows: bool = False
     text_types: set[str] = field(default_factory=set)  # types seen as row lines
 
     def register(self, con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> None:
@@ -142,7 +141,6 @@ class Writer:
         except BaseException:
             try:
                 con.execute("ROLLBACK")
-            # mutation-equivalent: ExceptionReplacer: reached only when ROLLBACK fails after a failed COMMIT
             except duckdb.Error:
                 pass  # a failed COMMIT ends the transaction itself: its error is the one to report
             raise
@@ -190,7 +188,6 @@ class Writer:
         s.register(con, "_batch", lines_table(batch.origins, batch.line_nos, batch.lines))
         # the JSON pass costs ~25 ms to plan: skipped when no line needs it (a big batch is not
         # scanned for it: the pass costs little beside it)
-        # mutation-equivalent: NumberReplacer, ReplaceComparisonOperator_Gt_GtE: cost only (the JSON pass finds no JSON)
         s.has_json = len(batch.lines) > 4096 or any(not ROW_START.match(x) for x in batch.lines)
         s.has_rows = batch.has_rows
         if s.has_json:
@@ -283,11 +280,9 @@ class Writer:
             if type_ not in forms:
                 res.rows[table] = 0
                 continue
-            # mutation-equivalent: ReplaceFalseWithTrue, ReplaceTrueWithFalse: the copy gives the same rows (cost)
             if forms[type_] == (False, True) and not repeats:  # rows only: no copy
                 src, cols = f"(SELECT * FROM _r_{type_} WHERE ereason IS NULL)", list(DATA_FIELDS[type_])
             else:
-                # mutation-equivalent: NumberReplacer, ReplaceComparisonOperator_Gt_GtE: de-duplicating none costs only
                 sql, cols = TYPE_SQL[(type_, repeats > 0, *forms[type_])]
                 con.execute(sql)
                 src = "_t"
@@ -330,7 +325,6 @@ class Writer:
         """Whether any ts in [lo, hi] is outside the batch's clock window."""
         w = self._window
         # errs only towards the checked path, whose SQL applies the exact window (cost only):
-        # mutation-equivalent: NumberReplacer, ReplaceComparisonOperator_Gt_GtE, ReplaceComparisonOperator_Lt_LtE: cost
         return w is not None and lo is not None and (lo < w[0] or hi > w[1])
 
     def _note_skew(self, table: str, src: str, lo: dt.datetime, hi: dt.datetime) -> int:

@@ -1,7 +1,8 @@
 """Grafana dashboards for the Prometheus path (the agent's and the collector's ``/metrics``),
-built here and written to ``dashboards/grafana/*.json`` (``python -m cmdare.dashboards.grafana
---write``; a test checks the files are what this builds, and runs every panel's PromQL
-against a real Prometheus scraping a real agent and collector).
+built here and written to ``dashboards/grafana/*.json`` (``python -m
+cmdare.dashboards.grafana_dashboards --write``; a test checks the files are what this
+builds, and runs every panel's PromQL against a real Prometheus scraping a real agent and
+collector).
 
 Three dashboards, in the shape Grafana users copy from "Node Exporter Full": a stat strip,
 then collapsed rows of detail, variables for the data source and what to look at:

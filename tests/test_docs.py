@@ -164,3 +164,11 @@ def test_the_range_said_is_the_range_parsed() -> None:
                     else:
                         assert o.parse(key, bound) == bound, key
     assert seen > 30
+
+
+def test_the_bottlenecks_help_names_every_detector() -> None:
+    from cmdare.analytics.cli import cli
+    from cmdare.analytics.detectors import DETECTORS
+
+    text = " ".join((cli.commands["bottlenecks"].help or "").split())
+    assert [d for d in DETECTORS if d not in text] == []

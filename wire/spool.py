@@ -32,7 +32,6 @@ class Position:
         return f"{self.segment} {self.offset}"
 
 
-# mutation-equivalent: NumberReplacer: segments are numbered from 1: any start before segment 1 reads the same
 START = Position(0, 0)
 
 

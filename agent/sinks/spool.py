@@ -63,15 +63,12 @@ class Spool:
         self.dropped_total = 0
         self.spooled_total = 0
         self._f = None
-        # mutation-equivalent: NumberReplacer: open() sets the segment numbers and pending before any use
         self._active = self._active_size = self.pending = 0  # pending: events spooled and not yet consumed
         self._sizes: dict[int, int] = {}
         self._seen_cursor: Position | None = None
-        # mutation-equivalent: NumberReplacer: any time over a second ago (the bounds are due at the first write)
         self._bounds_checked = 0.0
         self.problem: str | None = None  # the disk trouble now, in one line; None when writes land
         # these two are set by _trouble() before ``problem``, the only way they are read
-        # mutation-equivalent: ReplaceFalseWithTrue, NumberReplacer: set before they are read
         self._no_room, self._dropped_at_problem = False, 0  # the trouble is a full disk (not a read-only one)
         self._carry: list[bytes] = []  # urgent lines of a dropped segment, for the next write
 
@@ -259,7 +256,6 @@ class Spool:
         with self.lock:
             self._seen_cursor = pos
             self.pending = max(0, self.pending - count)
-            # mutation-equivalent: NumberReplacer: any time over a second ago
             self._bounds_checked = 0.0  # consumed segments can go now
             self._enforce_bounds()
 
@@ -301,10 +297,8 @@ class Spool:
         # the cheap path's mutants change only how often the cursor file and the ages are read
         # (cost): commit() and gc() reset the clock, and a write past the size bound never takes it
         if (
-            self._seen_cursor is not None  # mutation-equivalent: ReplaceComparisonOperator_IsNot_Is: cost only
-            # mutation-equivalent: NumberReplacer, ReplaceBinaryOperator_Sub_Add, ReplaceComparisonOperator_Lt_LtE: cost
+            self._seen_cursor is not None
             and now - self._bounds_checked < 1.0
-            # mutation-equivalent: ReplaceComparisonOperator_LtE_Lt: cost only (at the bound nothing is dropped)
             and self.size_bytes() <= self.max_bytes
         ):
             return  # cheap path for every tick; the cursor file and ages are looked at once a second
@@ -318,43 +312,39 @@ class Spool:
         now = time.time()
         for s in sorted(self._sizes):
             if s == self._active:
-                break  # mutation-equivalent: ReplaceBreakWithContinue: no segment comes after the active one
+                break
             consumed = cur.segment > s
             too_big = self.size_bytes() > self.max_bytes
-            too_old = False  # mutation-equivalent: ReplaceFalseWithTrue: read only when neither of the others holds
-            # mutation-equivalent: ReplaceAndWithOr: when either holds, too_old is never read (a stat more)
+            too_old = False
             if not consumed and not too_big:
                 try:
-                    # mutation-equivalent: ReplaceComparisonOperator_Gt_GtE: two float wall-clock readings equal
                     too_old = now - (self.dir / seg_name(s)).stat().st_mtime > self.max_age
                 except FileNotFoundError:
                     too_old = True
             if consumed:
                 if not self._delete(s):
-                    # mutation-equivalent: ReplaceBreakWithContinue: the later ones are consumed too: deleting them is as right
                     break
             elif too_big or too_old:
                 # past the size bound urgent events are written again at the end; past the
                 # age bound they are as stale as the rest
-                # mutation-equivalent: AddNot: ``not not x`` is as true as ``not x`` is false
                 if not self._drop_segment(s, cur, carry=too_big):
                     break
             else:
-                break  # mutation-equivalent: ReplaceBreakWithContinue: later segments are newer, none consumed
+                break
         if self._carry and self.problem is None:
             self._write_carry()
 
     def gc(self) -> None:
         """Delete consumed segments and apply the bounds now."""
         with self.lock:
-            self._bounds_checked = 0.0  # mutation-equivalent: NumberReplacer: any time over a second ago
+            self._bounds_checked = 0.0
             self._enforce_bounds()
 
     def close(self) -> None:
         """Flush and release; whatever the disk does, this returns (and says what it could
         not flush)."""
         with self.lock:
-            if self._f is not None and self._carry:  # mutation-equivalent: ReplaceAndWithOr: _carry is empty once closed
+            if self._f is not None and self._carry:
                 self._write_carry()
                 if self._carry:
                     n = len(self._carry)

@@ -54,7 +54,6 @@ class GroupRunner:
 
     def __init__(self, alerting: Alerting, group: Group, cur: duckdb.DuckDBPyConnection, min_gap: float) -> None:
         self.alerting, self.group, self.cur, self.min_gap = alerting, group, cur, min_gap
-        # mutation-equivalent: ReplaceFalseWithTrue: the first round runs at once and clears it
         self.urgent = False
         self.wake = threading.Event()
         self.busy = False
@@ -70,7 +69,6 @@ class GroupRunner:
         due = last = float("-inf")  # the first round at once
         while not stop.is_set():
             now = time.monotonic()
-            # mutation-equivalent: ReplaceComparisonOperator_GtE_Gt: monotonic time never lands on due exactly
             if now >= due or (self.urgent and now - last >= self.min_gap):
                 self.urgent = False
                 due, last = now + self.group.interval, now
@@ -126,7 +124,6 @@ class Alerting:
     def on_batch(self, result: Any) -> None:
         """Called by ingest after each committed batch (its thread: cheap)."""
         tables = {t for t, n in getattr(result, "rows", {}).items() if n}
-        # mutation-equivalent: ReplaceBinaryOperator_BitAnd_BitOr: a shortcut: the loop below pokes nobody either
         if not tables & set(URGENT_TABLES):
             return
         for g, ts in self._urgent_of.items():

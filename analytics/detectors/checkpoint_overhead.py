@@ -22,7 +22,6 @@ def mtbf_hours(curve: dict[str, Any]) -> float | None:
     if not times:
         return None
     area, prev_t, prev_s = 0.0, 0.0, 1.0
-    # mutation-equivalent: ReplaceFalseWithTrue: a curve's times and survivals are of one length
     for t, s in zip(times, surv, strict=False):
         area += (t - prev_t) * prev_s
         prev_t, prev_s = t, s

@@ -39,7 +39,6 @@ def _nic_rates(con: duckdb.DuckDBPyConnection, scope: Scope, nodes: list[str]) -
             t0, b0 = prev[node]
             dt_s = (ts - t0).total_seconds()
             if dt_s > 0 and total >= b0:
-                # mutation-equivalent: NumberReplacer: a rate is never negative: any start at or under 0 gives it
                 peak[node] = max(peak.get(node, 0.0), (total - b0) / dt_s)
         prev[node] = (ts, total)
     for node, cs in cpu.items():
@@ -108,7 +107,6 @@ class PsBound(Detector):
         singles = sorted(k.speed for k in same if k.workers == 1)
         if singles:
             return singles[len(singles) // 2], "measured"
-        # mutation-equivalent: ReplaceAndWithOr: without a fit predict_speed raises, caught below as "no fit"
         if speed_fit is not None and j.acc is not None:
             try:
                 from ..models.speed import predict_speed

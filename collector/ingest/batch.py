@@ -21,7 +21,7 @@ from cmdare.wire.validation import reason
 
 from .dead_letters import RAW_CAP
 
-CHUNK = 16384  # lines per Arrow record batch handed to DuckDB  # mutation-equivalent: NumberReplacer: cost only
+CHUNK = 16384  # lines per Arrow record batch handed to DuckDB
 
 
 @dataclass
@@ -30,9 +30,8 @@ class WriteResult:
     duplicates: int = 0
     dead: int = 0
     lines: int = 0
-    # mutation-equivalent: NumberReplacer: the writer passes the batch's count
     empty: int = 0  # messages with an empty value (nothing stored, nothing dead-lettered)
-    not_utf8: int = 0  # mutation-equivalent: NumberReplacer: passed by the writer  # of ``dead``: lines whose bytes are not UTF-8 (damage), each on its own
+    not_utf8: int = 0
     skewed: int = 0  # of the rows inserted: stamped beyond the clock window (``clock_skew``)
     seconds: float = 0.0  # the write transaction's wall time (the collector's batch-time metric)
 
@@ -42,7 +41,7 @@ class WriteResult:
 
 
 # warm_up's mutants change only when DuckDB's one-time Arrow costs are paid (cost):
-_warm = False  # mutation-equivalent: ReplaceFalseWithTrue: cost only
+_warm = False
 
 
 def warm_up(con: duckdb.DuckDBPyConnection) -> None:
@@ -52,14 +51,14 @@ def warm_up(con: duckdb.DuckDBPyConnection) -> None:
     pyarrow.compute (~0.4 s here): inside the first batch's transaction, and holding the
     GIL while the consumer is fetching the next one."""
     global _warm
-    if _warm:  # mutation-equivalent: AddNot: cost only
+    if _warm:
         return
-    con.register("_warm_up", pa.table({"x": pa.array([1], pa.int64())}))  # mutation-equivalent: NumberReplacer: any
+    con.register("_warm_up", pa.table({"x": pa.array([1], pa.int64())}))
     try:
         con.execute("SELECT count(*) FROM _warm_up").fetchall()
     finally:
         con.unregister("_warm_up")
-    _warm = True  # mutation-equivalent: ReplaceTrueWithFalse: cost only
+    _warm = True
 
 
 class Batch:
@@ -73,7 +72,6 @@ class Batch:
         self.line_nos: list[int] = []
         self.lines: list[str] = []
         self.py_dead: list[tuple[str, int, str, bytes, int]] = []
-        # mutation-equivalent: ReplaceFalseWithTrue: the row passes find no rows (cost only)
         self.has_rows = False
         self.blocks: dict[str, list[tuple[str, int, columns.Block]]] = {}
         self.block_labels: set[tuple[str, str]] = set()
@@ -111,10 +109,8 @@ class Batch:
             parts = text.decode("utf-8").split("\n")
         except UnicodeDecodeError:
             parts = self._lines_one_by_one(origin, text)
-        # mutation-equivalent: NumberReplacer: an empty line is skipped downstream (cost only)
         if parts[-1] == "":
             parts.pop()
-        # mutation-equivalent: ReplaceAndWithOr: the row passes find no rows (cost only)
         if not self.has_rows and (text[:1] == b"r" or b"\nr" in text):
             self.has_rows = True
         if parts:
@@ -178,7 +174,6 @@ def block_batch(origin: str, first: int, b: columns.Block) -> pa.RecordBatch:
 
 
 LEAN_SCHEMAS = {
-    # mutation-equivalent: NumberReplacer: an extra labels column in the fast path's view is never selected
     t: pa.schema([s.field(n) for n in ("id", "ts", "node", "job")] + list(s)[9:])
     for t, s in _BLOCK_SCHEMAS.items()
 }

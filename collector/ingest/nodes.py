@@ -69,8 +69,6 @@ def block_envelopes(blocks: list[columns.Block]) -> pa.Table:
         ts = b.arrays["ts"].to_numpy()
         agent = not b.type.startswith(TRAIN_PREFIX)
         for t in (float(ts.min()), float(ts.max())):
-            # mutation-equivalent: ReplaceTrueWithFalse: six columns, six values, always
             for c, v in zip(cols, (b.node, b.role, b.job, b.labels, t, agent), strict=True):
                 c.append(v)
-    # mutation-equivalent: ReplaceTrueWithFalse: six columns, six fields, always
     return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(cols, _BN, strict=True)], schema=_BN)

@@ -4,11 +4,9 @@ own name; GPU samples are stored in ``gpu_samples_packed`` with the GPU-depth fi
 field its name back.  Queries read ``sm_active_ratio`` or ``mig_profile`` from
 ``gpu_samples`` as before; a GPU that sends none of them costs next to nothing to store.
 
-Why: DuckDB pays per column per row on insert (the append and the WAL write every column,
-NULL or not): 23 GPU-depth columns took ingest of GPU samples from ~364k to ~254k
-samples/s (bench/ingest.py, docs/benchmarks.md).  Virtual (generated) columns were tried
-first: DuckDB computes them on every insert (~2 ms per column per 100k rows), a view costs
-nothing there and only the columns a query names are unpacked.
+Why: DuckDB pays per column per row on insert (NULL or not) and computes generated
+columns on every insert; a view costs nothing there and unpacks only the columns a query
+names (the measurements: docs/benchmarks.md, "Ingest", "With the GPU-depth fields").
 
 - ``gpm`` (DOUBLE[]): the GPM metrics in the order of ``PACKED`` (NULL when the sample has
   none: a GPU before Hopper, profiling off).

@@ -24,7 +24,6 @@ from ..state import Alert, Engine
 from . import receiver_label
 
 log = logging.getLogger("cmdare.alerts")
-# mutation-equivalent: NumberReplacer: any time long past reads as "never sent" (a resend is due at once)
 _NEVER = dt.datetime(1970, 1, 1)
 # the documented delivery bounds (docs/alerts.md, "Delivery"): one exchange's whole time, the
 # backoff's cap, a firing alert's default repeat
@@ -140,7 +139,6 @@ class Receiver:
             try:
                 self._deliver([it.body for it in batch.values()])
             except Exception as e:  # refused, timed out, 4xx/5xx: keep it, back off, retry
-                # mutation-equivalent: ReplaceFalseWithTrue: the batch is queued again below, so idle() is False either way
                 self._sending = False
                 self.failed_total += 1
                 msg = f"{type(e).__name__}: {str(e)[:200]}"
@@ -218,7 +216,6 @@ class HttpReceiver(Receiver):
         u = urllib.parse.urlsplit(self.endpoint)
         if u.scheme == "https":
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                # mutation-equivalent: ReplaceOrWithAnd: receiver_label refuses a URL without a host at load
                 u.hostname or "", u.port, timeout=self.timeout, context=ssl.create_default_context())
         else:
             conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=self.timeout)
@@ -235,19 +232,16 @@ class HttpReceiver(Receiver):
             if sock is not None:
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
-                # mutation-equivalent: ExceptionReplacer: an error here ends only the timer's own thread
                 except OSError:
                     pass
 
         timer = threading.Timer(self.timeout, abort)
-        # mutation-equivalent: ReplaceTrueWithFalse: the timer is cancelled in the finally below, always
         timer.daemon = True
         timer.start()
         try:
             path = (u.path or "/") + (f"?{u.query}" if u.query else "")
             conn.request("POST", path, body, headers)
             r = conn.getresponse()
-            # mutation-equivalent: NumberReplacer: how much of the answer's body is read before closing
             r.read(65536)
             if r.status >= 300:
                 raise OSError(f"HTTP {r.status}")
