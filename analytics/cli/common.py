@@ -6,6 +6,7 @@ register on ``cli``; cli/__init__.py loads them."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -44,18 +45,18 @@ gpu_type_option = click.option(
 )
 
 
-def call(db: str, name: str, **kw: Any) -> Any:
-    """Library call ``name`` on ``db``: locally, or through the collector serving it."""
+def call(db: str, fn: Callable[..., Any], **kw: Any) -> Any:
+    """Library call ``fn`` (a function of cmdare.analytics.api) on ``db``: locally, on the
+    lake, or through the collector serving it (the resource of the same name)."""
     ctx = click.get_current_context(silent=True)
     obj = (ctx.find_root().obj or {}) if ctx is not None else {}
     server = obj.get("server")
     try:
         if obj.get("lake"):
-            from .. import api
             from ..lakedb import LakeDatabase
 
-            return getattr(api, name)(LakeDatabase(obj["lake"], obj.get("catalog")), **kw)
-        return backend(db, server).call(name, **kw)
+            return fn(LakeDatabase(obj["lake"], obj.get("catalog")), **kw)
+        return backend(db, server).call(fn.__name__, **kw)
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
 

@@ -81,7 +81,7 @@ def bottlenecks(
         options = api.detector_options(config, list(sets))
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
-    out = call(db, "bottlenecks", job=job, since=cutoff(since), kinds=list(kinds), options=options, store=not no_store)
+    out = call(db, api.bottlenecks, job=job, since=cutoff(since), kinds=list(kinds), options=options, store=not no_store)
     render.bottlenecks(out, as_json_, where(db))
 @cli.group(name="alerts", invoke_without_command=True)
 @click.option("--rule", "rule_filter", help="only this rule (group/alert or alert name)")
@@ -101,7 +101,7 @@ def alerts_(ctx: click.Context, rule_filter: str | None, db: str, as_json_: bool
     """
     if ctx.invoked_subcommand:
         return
-    render.alerts(call(db, "alerts", rule=rule_filter), as_json_)
+    render.alerts(call(db, api.alerts, rule=rule_filter), as_json_)
 
 
 @alerts_.command(name="check")
@@ -130,7 +130,7 @@ def alerts_check(files: tuple[str, ...], db: str) -> None:
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
     if Path(db).exists():
-        r = call(db, "check_rules", files=texts)
+        r = call(db, api.check_rules, files=texts)
     else:  # no database: an empty one of the current schema
         try:
             r = api.check_rules(None, texts)

@@ -12,6 +12,7 @@ import click
 from cmdare.wire.events import ROLES
 from cmdare.wire.tbevents import EXAMPLES_TAG, STEPS_TAG
 
+from .. import api
 from ..db import AnalyticsError
 from ..overheads import FORMATS
 from .common import call, cli, db_option, json_option
@@ -70,7 +71,7 @@ def tensorboard(paths: tuple[str, ...], job: str, db: str, as_json_: bool, **o: 
     declare = {"accelerator": o["gpu_type"], "world_size": o["workers"], "ps": o["ps"], "model": o["model"],
                "params": o["params"], "tensors": o["tensors"], "flops_per_step": o["flops_per_step"],
                "batch_size": o["batch_size"]}
-    call(db, "import_events", job=job, lines=[])  # the database first: a bad --db says so before any reading
+    call(db, api.import_events, job=job, lines=[])  # the database first: a bad --db says so before any reading
     try:  # read and check every file here; then one call stores them (locally, or in the collector)
         lines, res = prepare_tensorboard(
             paths, job, node=o["node"], role=o["role"], run=o["run"], rank=o["rank"], csv_tag_=o["csv_tag_"],
@@ -81,7 +82,7 @@ def tensorboard(paths: tuple[str, ...], job: str, db: str, as_json_: bool, **o: 
         )
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
-    stored = call(db, "import_events", job=job, lines=lines)
+    stored = call(db, api.import_events, job=job, lines=lines)
     out = {
         "job": job,
         "files": res.files,
@@ -103,7 +104,7 @@ def tensorboard(paths: tuple[str, ...], job: str, db: str, as_json_: bool, **o: 
 def _overheads(kind: str, paths: tuple[str, ...], db: str, as_json_: bool) -> None:
     from .. import overheads
 
-    call(db, "import_overheads", kind=kind, records=[])  # the database first
+    call(db, api.import_overheads, kind=kind, records=[])  # the database first
     try:
         files = overheads.find(paths)
         if len(files) > 1 and sys.stderr.isatty():
@@ -118,7 +119,7 @@ def _overheads(kind: str, paths: tuple[str, ...], db: str, as_json_: bool) -> No
             recs = overheads.read(kind, files)
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
-    out = call(db, "import_overheads", kind=kind, records=recs.rows)
+    out = call(db, api.import_overheads, kind=kind, records=recs.rows)
     out["files"] = recs.files
     if as_json_:
         click.echo(json.dumps(out))

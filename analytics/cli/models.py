@@ -40,7 +40,7 @@ def fit_(kind: str, lost_after: float, db: str, as_json_: bool) -> None:
     Example:
       analyze fit speed --json
     """
-    render.fit(call(db, "fit", kind=kind, lost_after=lost_after), as_json_)
+    render.fit(call(db, api.fit, kind=kind, lost_after=lost_after), as_json_)
 
 
 @cli.group()
@@ -85,7 +85,7 @@ def predict_speed(db: str, as_json_: bool, **given: Any) -> None:
       analyze predict speed --from-job resnet-k80 --gpu-type p100
     """
     model, from_job, batch_size = _model(given)
-    out = call(db, "predict_speed", gpu_type=given["gpu_type"], model=model, from_job=from_job, batch_size=batch_size)
+    out = call(db, api.predict_speed, gpu_type=given["gpu_type"], model=model, from_job=from_job, batch_size=batch_size)
     render.prediction(out, as_json_, "steps/s")
 
 
@@ -130,7 +130,7 @@ def predict_cluster(db: str, as_json_: bool, **given: Any) -> None:
         raise click.UsageError("give --gpu-type and --workers, or --gpus TYPE:COUNT,...")
     spec = _parse_gpus(gpus) if gpus else [(gpu_type or "", workers or 1)]
 
-    out = call(db, "predict_cluster", gpus=spec, ps=ps, model=model, from_job=from_job, batch_size=batch_size)
+    out = call(db, api.predict_cluster, gpus=spec, ps=ps, model=model, from_job=from_job, batch_size=batch_size)
     render.prediction(out, as_json_, "steps/s")
 
 
@@ -147,7 +147,7 @@ def predict_revocation(db: str, as_json_: bool, **given: Any) -> None:
     Example:
       analyze predict revocation --region us-central1 --gpu-type v100 --hours 6
     """
-    out = call(db, "predict_revocation", region=given["region"], gpu_type=given["gpu_type"], hours=given["hours"])
+    out = call(db, api.predict_revocation, region=given["region"], gpu_type=given["gpu_type"], hours=given["hours"])
     render.prediction(out, as_json_, "probability")
 
 
@@ -165,7 +165,7 @@ def predict_checkpoint(db: str, as_json_: bool, **given: Any) -> None:
       analyze predict checkpoint --size-mb 48 --tensors 278
       analyze predict checkpoint --size-mb 93 --json
     """
-    out = call(db, "predict_checkpoint", size_mb=given["size_mb"], tensors=given.get("tensors"),
+    out = call(db, api.predict_checkpoint, size_mb=given["size_mb"], tensors=given.get("tensors"),
                params=given.get("params"))
     render.prediction(out, as_json_, "s")
 
@@ -185,5 +185,5 @@ def predict_startup(db: str, as_json_: bool, **given: Any) -> None:
     Example:
       analyze predict startup --region us-east1 --purchase spot --gpu-type p100 --json
     """
-    out = call(db, "predict_startup", region=given["region"], purchase=given["purchase"], gpu_type=given["gpu_type"])
+    out = call(db, api.predict_startup, region=given["region"], purchase=given["purchase"], gpu_type=given["gpu_type"])
     render.prediction(out, as_json_, "s")

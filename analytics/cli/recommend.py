@@ -18,7 +18,7 @@ def _recommend(db: str | None, kind: str, **options: Any) -> list[Any]:
     """Recommender ``kind`` on ``db`` (locally or through its collector), or with no
     database when its options give it everything."""
     if db is not None:
-        return call(db, "recommend", kind=kind, **options)
+        return call(db, api.recommend, kind=kind, **options)
     try:
         return api.recommend(None, kind, **options)
     except AnalyticsError as e:

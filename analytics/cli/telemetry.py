@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .. import api
 from . import render
 from .common import (
     call,
@@ -54,7 +55,7 @@ def nodes(lost_after: float, label: str | None, columns: str | None, wide: bool,
       analyze nodes --db fleet.duckdb --lost-after 5
       analyze nodes --label team=vision --wide
     """
-    render.rows(call(db, "nodes", lost_after=lost_after, label=label), as_json_, columns, NODES_COLUMNS, wide)
+    render.rows(call(db, api.nodes, lost_after=lost_after, label=label), as_json_, columns, NODES_COLUMNS, wide)
 
 
 @cli.command()
@@ -75,7 +76,7 @@ def instances(
     Example:
       analyze instances --since 30d --gpu-type v100
     """
-    render.rows(call(db, "instances", lost_after=lost_after, since=cutoff(since), region=region, gpu_type=gpu_type), as_json_)
+    render.rows(call(db, api.instances, lost_after=lost_after, since=cutoff(since), region=region, gpu_type=gpu_type), as_json_)
 
 
 @cli.command()
@@ -94,7 +95,7 @@ def revocations(since: str | None, region: str | None, gpu_type: str | None, db:
     Example:
       analyze revocations --since 7d --region us-central1 --gpu-type v100
     """
-    render.rows(call(db, "revocations", since=cutoff(since), region=region, gpu_type=gpu_type), as_json_)
+    render.rows(call(db, api.revocations, since=cutoff(since), region=region, gpu_type=gpu_type), as_json_)
 
 
 @cli.command()
@@ -138,10 +139,10 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
     if ev is not None and ev < 60:
         raise click.BadParameter("goodput windows are at least 1m", param_hint="--every")
     if fleet:
-        t = call(db, "fleet_goodput", since=cutoff(since), until=time_option_value("--until", until), by=by,
+        t = call(db, api.fleet_goodput, since=cutoff(since), until=time_option_value("--until", until), by=by,
                  every=ev, detect=detect)
     else:
-        t = call(db, "goodput", job=job, since=cutoff(since), until=time_option_value("--until", until), every=ev)
+        t = call(db, api.goodput, job=job, since=cutoff(since), until=time_option_value("--until", until), every=ev)
     default = None
     if fleet:  # the bucket columns are many: the main ones, and the badput buckets that hold anything
         busy = {c for c in t.columns if c.endswith("_gpu_hours") and c != "productive_gpu_hours"
@@ -184,10 +185,10 @@ def gpu(node: str | None, since: str | None, until: str | None, every: str | Non
     if job is not None or processes:
         if every is not None or label is not None:
             raise click.UsageError("--every and --label do not apply to --processes / --job")
-        render.rows(call(db, "gpu_processes", node=node, since=cutoff(since),
+        render.rows(call(db, api.gpu_processes, node=node, since=cutoff(since),
                          until=time_option_value("--until", until), job=job), as_json_, columns, None, wide)
         return
-    render.rows(call(db, "gpu", node=node, since=cutoff(since), until=time_option_value("--until", until),
+    render.rows(call(db, api.gpu, node=node, since=cutoff(since), until=time_option_value("--until", until),
                      label=label, every=every_value(every)), as_json_, columns, GPU_COLUMNS, wide)
 
 
@@ -210,7 +211,7 @@ def tpu(node: str | None, since: str | None, until: str | None, label: str | Non
       analyze tpu --since 1h
       analyze tpu --node tpu-vm-3 --json
     """
-    render.rows(call(db, "tpu", node=node, since=cutoff(since), until=time_option_value("--until", until),
+    render.rows(call(db, api.tpu, node=node, since=cutoff(since), until=time_option_value("--until", until),
                      label=label), as_json_, columns, None, wide)
 
 
@@ -234,7 +235,7 @@ def host(node: str | None, since: str | None, until: str | None, every: str | No
       analyze host --since 1h
       analyze host --since 1h --every 5m --columns bucket,node,cpu_pct,load1
     """
-    render.rows(call(db, "host", node=node, since=cutoff(since), until=time_option_value("--until", until),
+    render.rows(call(db, api.host, node=node, since=cutoff(since), until=time_option_value("--until", until),
                      label=label, every=every_value(every)), as_json_, columns, HOST_COLUMNS, wide)
 
 
@@ -252,7 +253,7 @@ def jobs(since: str | None, db: str, as_json_: bool) -> None:
     Example:
       analyze jobs --since 1d
     """
-    render.rows(call(db, "jobs", since=cutoff(since)), as_json_)
+    render.rows(call(db, api.jobs, since=cutoff(since)), as_json_)
 
 
 @cli.command()
@@ -269,7 +270,7 @@ def steps(job: str, node: str | None, since: str | None, db: str, as_json_: bool
     Example:
       analyze steps --job resnet50-a --since 1h
     """
-    render.rows(call(db, "steps", job=job, node=node, since=cutoff(since)), as_json_)
+    render.rows(call(db, api.steps, job=job, node=node, since=cutoff(since)), as_json_)
 
 
 @cli.command()
@@ -294,4 +295,4 @@ def sql(query: str, max_rows: int, timeout: float, db: str, as_json_: bool) -> N
     Example:
       analyze sql "SELECT node, max(ts) FROM heartbeats GROUP BY node"
     """
-    render.sql(call(db, "sql", query=query, max_rows=max_rows, timeout=timeout), as_json_, max_rows)
+    render.sql(call(db, api.sql, query=query, max_rows=max_rows, timeout=timeout), as_json_, max_rows)

@@ -55,7 +55,7 @@ def test_every_resource_is_a_route_and_every_route_a_resource(tmp_path: Path) ->
 def test_every_library_call_the_cli_makes_is_a_resource() -> None:
     called = set()
     for p in (ROOT / "analytics" / "cli").glob("*.py"):
-        called |= set(re.findall(r'call\(\s*\w+,\s*"(\w+)"', p.read_text()))
+        called |= set(re.findall(r"call\(\s*\w+,\s*api\.(\w+)", p.read_text()))
     assert called and called <= set(BY_NAME), called - set(BY_NAME)
 
 
