@@ -46,7 +46,6 @@ class Setting:
     is_flag: bool = False
     off: bool = False
     least: float = 0.0
-    lake_ok: bool = True  # taken in lake mode (else a flag given with --lake is refused)
 
 
 def _s(section: str, key: str, kind: str, default: Any, help_: str, flag: str = "", **kw: Any) -> Setting:
@@ -66,7 +65,7 @@ HTTP_HELP = (
 
 SETTINGS: tuple[Setting, ...] = (
     _s("storage", "db", "str", "cmdare.duckdb", "DuckDB database file (default: $CMDARE_DB, else ./cmdare.duckdb)",
-       envvar="CMDARE_DB", shown="cmdare.duckdb", lake_ok=False),
+       envvar="CMDARE_DB", shown="cmdare.duckdb"),
     _s("ingest", "group", "str", "cmdare-collector", "Kafka consumer group", commands=KAFKA, shown="cmdare-collector"),
     _s("ingest", "batch_bytes", "size", 64 << 20,
        "write a transaction at about this much message data (polls are sized to fit; at most three batches are in "
@@ -82,24 +81,24 @@ SETTINGS: tuple[Setting, ...] = (
     _s("ingest", "max_clock_skew", "duration", 86400.0, SKEW_HELP, shown="1d", off=True),
     _s("storage", "retain_raw", "duration", 7 * 86400.0,
        "delete raw GPU / host / TPU samples this much older than the newest, once rolled up (off: keep all; a "
-       "lake: cmdare-collector maintain)", shown="7d", off=True, least=300, lake_ok=False),
+       "lake: cmdare-collector maintain)", shown="7d", off=True, least=300),
     _s("storage", "retain_rollups", "duration", 400 * 86400.0,
        "delete 1- and 5-minute rollup rows this much older than the newest (off: keep all)", shown="400d", off=True,
-       least=300, lake_ok=False),
+       least=300),
     _s("lake", "lake", "str", None, LAKE_HELP, envvar="CMDARE_LAKE", metavar="URI"),
     _s("lake", "catalog", "str", None,
        "with --lake: the Iceberg SQL catalog, postgresql://user@host/db (many hosts) or sqlite:///file "
        "($CMDARE_LAKE_CATALOG; default: DIR/catalog.db)", envvar="CMDARE_LAKE_CATALOG", metavar="URL"),
     _s("lake", "commit_every", "duration", 10.0,
        "with --lake: commit what is staged this often (data is visible to analyze this late)", shown="10s"),
-    _s("http", "http", "str", "127.0.0.1:0", HTTP_HELP, envvar="CMDARE_HTTP", shown="127.0.0.1:0", lake_ok=False),
+    _s("http", "http", "str", "127.0.0.1:0", HTTP_HELP, envvar="CMDARE_HTTP", shown="127.0.0.1:0"),
     _s("http", "http_token_file", "str", None,
-       "bearer token clients must send (needed off loopback; or $CMDARE_HTTP_TOKEN)", lake_ok=False),
-    _s("http", "http_tls_cert", "str", None, "TLS certificate for the API", lake_ok=False),
-    _s("http", "http_tls_key", "str", None, "TLS private key for the API", lake_ok=False),
+       "bearer token clients must send (needed off loopback; or $CMDARE_HTTP_TOKEN)"),
+    _s("http", "http_tls_cert", "str", None, "TLS certificate for the API"),
+    _s("http", "http_tls_key", "str", None, "TLS private key for the API"),
     _s("http", "ui_url", "str", None,
        "where people open the pages (/ui) when a proxy stands in front: alerts link to URL/ui/alerts; default: the "
-       "API's own address", envvar="CMDARE_UI_URL", metavar="URL", lake_ok=False),
+       "API's own address", envvar="CMDARE_UI_URL", metavar="URL"),
     _s("kafka", "security_protocol", "str", None,
        "PLAINTEXT | SSL | SASL_SSL | SASL_PLAINTEXT (default: PLAINTEXT; SASL_SSL once a user is given; SSL once a "
        "TLS file is given)", commands=KAFKA, envvar="CMDARE_KAFKA_SECURITY_PROTOCOL"),
@@ -120,7 +119,7 @@ SETTINGS: tuple[Setting, ...] = (
        "do not check that the broker's certificate names the host (not recommended)", commands=KAFKA, is_flag=True),
     _s("alerting", "rules", "list", [],
        "alerting rule file, evaluated live (repeatable; 'default': the shipped pack; $CMDARE_RULES: "
-       "space-separated); docs/alerts.md", envvar="CMDARE_RULES", metavar="FILE", multiple=True, lake_ok=False),
+       "space-separated); docs/alerts.md", envvar="CMDARE_RULES", metavar="FILE", multiple=True),
     _s("alerting", "inhibit_window", "duration", 1800.0,
        "after a revocation notice, how long rules marked inhibit_on_revocation stay quiet for that node and its job",
        shown="30m"),

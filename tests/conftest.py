@@ -42,6 +42,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         _ci_failure(rep, "this test")
 
 
+# costly session fixtures: on two workers (scripts/test-fast: pytest -n 2 --dist loadgroup)
+# the tests that share one run on one worker, so each is made once
+SHARED = {"kafka_broker": "kafka", "real_db": "real_db", "postgres": "postgres", "browser": "browser"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, group in SHARED.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector):
     """The same for a whole module skipped at import (``pytest.importorskip``)."""
@@ -49,6 +62,16 @@ def pytest_make_collect_report(collector: pytest.Collector):
     rep = outcome.get_result()
     if rep.skipped and under_ci():
         _ci_failure(rep, f"{collector.nodeid or 'a module'}")
+
+
+# scripts/test-fast sets CMDARE_FAST_TIER: property tests draw a fifth of their examples
+# (the explicit examples each keeps still run); CI and scripts/test draw them all.
+FAST_TIER = bool(os.environ.get("CMDARE_FAST_TIER"))
+
+
+def examples(n: int) -> int:
+    """How many random examples a property test draws in this tier."""
+    return max(5, n // 5) if FAST_TIER else n
 
 
 class KafkaBroker:

@@ -81,6 +81,7 @@ def totals(got: list, job: str) -> tuple[int, float, float]:
     return n, wait / step, sum(d["examples"] for d in rows)
 
 
+@pytest.mark.slow  # real PyTorch training loops on CPU
 def test_dataloader_loops_input_bound_and_compute_bound(source) -> None:
     src, sock = source
     torch.set_num_threads(1)

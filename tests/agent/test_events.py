@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cmdare.wire import events
 from cmdare.wire.events import EventFactory, InvalidEvent, decode_line, encode, validate
+from tests.conftest import examples
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "wire" / "schema" / "event-v1.schema.json"
 
@@ -40,7 +41,7 @@ def gpu_data(draw):
     data=gpu_data(),
     role=st.sampled_from(events.ROLES),
 )
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_round_trip(node, job, labels, data, role) -> None:
     ev = EventFactory(node, role, job, labels).make("gpu", data)
     line = encode(ev)
@@ -59,7 +60,7 @@ ENVELOPE = dict(
 
 
 @given(**ENVELOPE)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_fast_line_is_byte_identical_to_encoding_the_event(node, job, labels, data, ts) -> None:
     a, b = EventFactory(node, "ps", job, labels), EventFactory(node, "ps", job, labels)
     b.ids = a.ids.__class__()
@@ -69,7 +70,7 @@ def test_fast_line_is_byte_identical_to_encoding_the_event(node, job, labels, da
 
 
 @given(**ENVELOPE, id=st.one_of(st.none(), st.text(min_size=1, max_size=64)))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_row_form_decodes_to_the_same_event_as_the_json_form(node, job, labels, data, ts, id) -> None:
     """Any strings (tabs, newlines, quotes, empty, non-ASCII) survive the row form."""
     rows, js = EventFactory(node, "worker", job, labels, rows=True), EventFactory(node, "worker", job, labels)

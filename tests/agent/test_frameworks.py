@@ -100,6 +100,7 @@ def hf_train(job: str, sock: Path, tmp: Path, batches: int = 30, accum: int = 1,
     return model, cb
 
 
+@pytest.mark.slow  # real fits of each framework on CPU
 @pytest.mark.parametrize("fit", [lightning_fit, hf_train], ids=["lightning", "transformers"])
 def test_callback_tells_input_bound_from_compute_bound(fit, source, tmp_path: Path) -> None:
     src, sock = source

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from cmdare.agent.runtime import SourceRunner
 from cmdare.agent.sources.gpu import GpuSource, throttle_names
+from tests.conftest import examples
 from tests.fakes.nvml import FakeNvml
 
 
@@ -160,7 +161,7 @@ def test_an_error_that_is_not_the_gpus_nature_costs_that_tick_only_and_is_said_o
     assert "temp_celsius" in [d for t, d in events if t == "gpu"][0]  # asked again: back
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     util=st.integers(0, 100),
     mem=st.integers(0, 1 << 40),
@@ -211,7 +212,7 @@ def test_fast_path_row_is_the_encoding_of_its_dict(
     assert decode_line(rows.line("gpu", d, ts=1.5, id="x")) == decode_line(js.line("gpu", d, ts=1.5, id="x"))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     energy=st.integers(0, 1 << 50),
     remap=st.tuples(st.integers(0, 1 << 20), st.integers(0, 1 << 20), st.integers(0, 1), st.integers(0, 1)),

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cmdare.agent.sources.host import HostSource, cpu_busy_ratio, disk_rows, net_rows
+from tests.conftest import examples
 
 CT = namedtuple("scputimes", "user nice system idle iowait irq softirq steal guest guest_nice")
 NIC = namedtuple("snetio", "bytes_sent bytes_recv packets_sent packets_recv errin errout dropin dropout")
@@ -37,7 +38,7 @@ def _by_name(prev, cur):
 times = st.floats(min_value=0, max_value=1e7, allow_nan=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(times, min_size=10, max_size=10), st.lists(times, min_size=10, max_size=10))
 def test_cpu_busy_ratio_equals_the_definition(before, delta) -> None:
     a = CT(*before)
@@ -148,7 +149,7 @@ counter = st.integers(0, 2**63 - 1)
 names = st.text(min_size=1, max_size=12)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     nics=st.dictionaries(names, st.tuples(*[counter] * 8), max_size=4),
     disks=st.dictionaries(

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from cmdare.agent.exporters import MetricStore
 from cmdare.agent.sources.train import TrainSource
 from tests.agent.test_train import collect, send, source
-from tests.conftest import wait_for
+from tests.conftest import examples, wait_for
 
 HEAD = {"v": 1, "run": "r", "pid": 1, "dropped": 0}
 
@@ -153,7 +153,7 @@ messages = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=messages)
 def test_fuzz_generated_datagrams_are_taken_or_counted(m: dict) -> None:
     src = TrainSource(TrainSource.parse_config("sources.train", {"socket": "/nonexistent/t.sock"}))
@@ -171,7 +171,7 @@ def test_fuzz_generated_datagrams_are_taken_or_counted(m: dict) -> None:
                 assert all(isinstance(x, (int, float)) and abs(x) < 1e300 for x in rec)
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=300))
 def test_fuzz_raw_bytes_are_counted(data: bytes) -> None:
     src = TrainSource(TrainSource.parse_config("sources.train", {"socket": "/nonexistent/t.sock"}))

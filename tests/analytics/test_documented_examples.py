@@ -28,6 +28,9 @@ from cmdare.wire.events import encode_many
 
 from .conftest import DATA
 
+# every documented analyze example, over a fleet and a lake: scripts/test-fast leaves it to the full run
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

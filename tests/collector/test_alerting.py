@@ -10,6 +10,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import BIN, agent_env, wait_for
 
 RULES = """
@@ -41,6 +43,7 @@ def alerts(db: Path) -> dict:
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow  # an agent and two collectors for seconds
 def test_alerts_live_and_across_a_sigkill(tmp_path: Path) -> None:
     spool, db, rules = tmp_path / "spool", tmp_path / "a.duckdb", tmp_path / "rules.yml"
     rules.write_text(RULES)

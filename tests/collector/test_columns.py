@@ -23,6 +23,7 @@ from cmdare.wire.columns import CRC, HEAD, MAGIC, MAGIC_V1, encode
 from cmdare.wire.events import EventFactory, decode_line
 from cmdare.wire.spool import Position
 from tests.collector.test_writer import ODD, ROW_SAMPLES, _table_rows
+from tests.conftest import examples
 
 
 def _header(msg: bytes) -> dict:
@@ -385,7 +386,7 @@ _N = len(_sample())
 
 # every region of a message for sure (magic, header length, header, values, checksum), then
 # random bytes (each example opens two fresh databases: kept to 100 for the suite's time)
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(at=st.integers(min_value=0), xor=st.integers(min_value=1, max_value=255))
 @example(at=0, xor=1)
 @example(at=len(MAGIC) + 1, xor=0x80)
@@ -430,7 +431,7 @@ def test_a_nan_in_a_float_column_is_refused_for_its_row_only(db) -> None:
     )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     name=st.text(max_size=30),
     node=st.text(min_size=1, max_size=20),

@@ -174,3 +174,89 @@ def test_the_commands_take_the_config_file(tmp_path: Path) -> None:
     f.write_text("[storage]\nretain_raw = \"1s\"\n")
     r = CliRunner().invoke(cli, ["spool", str(spool), "--config", str(f)])
     assert r.exit_code == 2 and f"{f}: storage.retain_raw: '1s' must not be under 300 s" in r.output
+
+
+# every setting's default, as --help and docs/collector.md say it (a changed default is a
+# user-visible change: it fails here first)
+DEFAULTS = {
+    "kafka": {"db": "cmdare.duckdb", "group": "cmdare-collector", "batch_bytes": 64 << 20, "max_wait": 1.0,
+              "idle_exit": None, "progress_every": 10.0, "max_clock_skew": 86400.0, "retain_raw": 7 * 86400.0,
+              "retain_rollups": 400 * 86400.0, "lake": None, "catalog": None, "commit_every": 10.0,
+              "http": "127.0.0.1:0", "http_token_file": None, "http_tls_cert": None, "http_tls_key": None,
+              "ui_url": None, "security_protocol": None, "sasl_mechanism": None, "sasl_username": None,
+              "sasl_password_file": None, "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
+              "ssl_no_check_hostname": False, "rules": [], "inhibit_window": 1800.0, "liveness_grace": 45.0,
+              "resend": 60.0},
+    "spool": {"db": "cmdare.duckdb", "follow": False, "interval": 1.0, "max_clock_skew": 86400.0,
+              "retain_raw": 7 * 86400.0, "retain_rollups": 400 * 86400.0, "lake": None, "catalog": None,
+              "commit_every": 10.0, "http": "127.0.0.1:0", "http_token_file": None, "http_tls_cert": None,
+              "http_tls_key": None, "ui_url": None, "rules": [], "inhibit_window": 1800.0, "liveness_grace": 45.0,
+              "resend": 60.0},
+}
+
+
+@pytest.mark.parametrize("command", ["kafka", "spool"])
+def test_every_default_is_the_documented_one(command: str) -> None:
+    cfg = _build(command, "kafka://b:9092/t" if command == "kafka" else "/tmp")
+    assert cfg.values == DEFAULTS[command]
+    shown = {s.key: s.shown for s in config.SETTINGS if s.shown}
+    assert shown == {"db": "cmdare.duckdb", "group": "cmdare-collector", "batch_bytes": "64MiB", "max_wait": "1s",
+                     "progress_every": "10s", "interval": "1s", "max_clock_skew": "1d", "retain_raw": "7d",
+                     "retain_rollups": "400d", "commit_every": "10s", "http": "127.0.0.1:0", "inhibit_window": "30m",
+                     "liveness_grace": "45s", "resend": "1m"}
+    for s in config.SETTINGS:  # what --help shows is what the setting parses to
+        if s.shown:
+            assert config.parse_value(s, s.flag, s.shown) == DEFAULTS["kafka"].get(s.key, DEFAULTS["spool"].get(s.key))
+
+
+def test_the_commands_flags_are_the_table_and_each_commands_own() -> None:
+    for command in ("kafka", "spool"):
+        flags = {o for p in cli.commands[command].params for o in p.opts if o.startswith("--")}
+        want = {s.flag for s in config.SETTINGS if command in s.commands}
+        want |= {c.FLAG for _, c in kinds().items()} | {f for _, f, _ in config.SECRET_FLAGS} | {"--config"}
+        assert flags == want, command
+
+
+@pytest.mark.parametrize(("text", "ok"), [("50ms", True), ("49ms", False), ("1h", True), ("3601s", False)])
+def test_commit_every_is_from_50ms_to_1h(text: str, ok: bool) -> None:
+    if ok:
+        assert _build(commit_every=text).commit_every == config.parse_value(config.BY_KEY["commit_every"], "x", text)
+    else:
+        with pytest.raises(ConfigError, match="must be from 50ms to 1h"):
+            _build(commit_every=text)
+
+
+def test_retention_is_at_least_five_minutes_or_off() -> None:
+    assert _build(retain_raw="5m", retain_rollups="off").retention.raw == 300.0
+    assert _build(retain_rollups="off").retention.rollups is None
+    with pytest.raises(ConfigError, match="under 300 s"):
+        _build(retain_rollups="299s")
+    assert config.duration_or_off("--x", "0s") == 0.0 and config.duration_or_off("--x", " OFF ") is None
+    with pytest.raises(ConfigError, match=r"^--x: '10s' must not be under 300 s; 'off' keeps all$"):
+        config.duration_or_off("--x", "10s", 300)
+
+
+def test_kafka_security_is_the_kafka_commands_only(tmp_path: Path) -> None:
+    assert _build("spool", "/tmp").security is None
+    pw = tmp_path / "pw"
+    pw.write_text("secret\n")
+    sec = _build("kafka", "kafka://b:9092/t").security
+    assert sec is not None and sec.protocol == "PLAINTEXT"
+    sec = _build("kafka", "kafka://b:9092/t", sasl_username="c", sasl_password_file=str(pw),
+                 ssl_no_check_hostname=True).security
+    assert (sec.protocol, sec.username, sec.mechanism, sec.check_hostname) == ("SASL_SSL", "c", "SCRAM-SHA-512", False)
+
+
+def test_a_long_hostile_name_is_cut_in_the_error(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(f"[{'t' * 500}]\nx = 1\n")
+    with pytest.raises(ConfigError) as e:
+        _build(file=str(f))
+    assert f"[{'t' * 40}]" in str(e.value) and "t" * 41 not in str(e.value)
+    f.write_text(f"[ingest]\n{'k' * 500} = 1\n")
+    with pytest.raises(ConfigError) as e:
+        _build(file=str(f))
+    assert f"ingest.{'k' * 40} " in str(e.value) and "k" * 41 not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        _build(token_files=("x" * 500,))
+    assert len(str(e.value)) < 140

@@ -18,6 +18,7 @@ from cmdare.collector.db import connect, migrate
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import EventFactory, decode_line
 from cmdare.wire.spool import seg_name
+from tests.conftest import examples
 
 pytestmark = pytest.mark.fault
 
@@ -79,7 +80,7 @@ def _check(con: duckdb.DuckDBPyConnection, lines: list[bytes], touched: set[int]
 FLIPS = st.lists(st.tuples(st.integers(min_value=0), st.integers(min_value=1, max_value=255)), min_size=1, max_size=6)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(flips=FLIPS)
 def test_kafka_message_with_changed_bytes_loses_only_the_lines_they_touch(flips) -> None:
     lines = _lines()
@@ -92,7 +93,7 @@ def test_kafka_message_with_changed_bytes_loses_only_the_lines_they_touch(flips)
     con.close()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flips=FLIPS)
 def test_spool_segment_with_changed_bytes_loses_only_the_lines_they_touch(tmp_path: Path, flips) -> None:
     lines = _lines()

@@ -283,6 +283,7 @@ def test_the_vendored_charting_library_is_the_pinned_one() -> None:
 
 # -- the report ---------------------------------------------------------------------------------
 
+@pytest.mark.slow  # the whole offline report rendered in a browser
 def test_the_html_report_is_the_pages_in_one_file_that_makes_no_request(page, fleet_db: Path, tmp_path: Path) -> None:
     out = tmp_path / "fleet.html"
     r = CliRunner().invoke(cli, ["report", "--html", str(out), "--db", str(fleet_db)])
@@ -307,6 +308,7 @@ def test_the_html_report_is_the_pages_in_one_file_that_makes_no_request(page, fl
     assert page.problems == []
 
 
+@pytest.mark.slow  # the offline report rendered in a browser
 def test_a_report_for_one_job_and_its_errors(fleet_db: Path, tmp_path: Path) -> None:
     out = tmp_path / "one.html"
     r = CliRunner().invoke(cli, ["report", "--html", str(out), "--job", "sim-ps-5", "--since", "7d", "--db", str(fleet_db)])

@@ -14,7 +14,12 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import BIN, Alertmanager, KafkaBroker, agent_env, free_port, go_tool, wait_for
+
+# agents and collectors run while alerts fire, resolve and are re-sent: scripts/test-fast leaves it to the full run
+pytestmark = pytest.mark.slow
 
 RULES = """
 groups:

@@ -15,7 +15,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import BIN, agent_env, wait_for
+
+# 1,100 connections held for half a minute: scripts/test-fast leaves it to the full run
+pytestmark = pytest.mark.slow
 
 N = 1100
 

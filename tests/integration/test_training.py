@@ -20,6 +20,9 @@ import pytest
 
 from tests.conftest import BIN, ROOT, agent_env, wait_for
 
+# training processes, agents and collectors run for seconds each: scripts/test-fast leaves it to the full run
+pytestmark = pytest.mark.slow
+
 LOOP = ROOT / "tests" / "integration" / "train_loop.py"
 
 

@@ -19,6 +19,9 @@ from cmdare.wire.spool import seg_name
 from tests.analytics.test_golden_output import FIT_ID, LONG_FLOAT, fleets
 from tests.fixtures.analyze_golden.cases import CASES
 
+# every golden command again over a lake: scripts/test-fast leaves it to the full run
+pytestmark = pytest.mark.slow
+
 
 def recording(spool: Path, segments: int = 4) -> int:
     """scripts/demo's fleet and the fits' jobs as an agent's spool (``segments`` files)."""

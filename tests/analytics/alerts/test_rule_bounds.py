@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from cmdare.analytics import alerting
 from cmdare.analytics.alerting.rulefmt import MAX_FILE_BYTES
+from tests.conftest import examples
 
 
 def _refused(text: str, match: str = "") -> str:
@@ -84,7 +85,7 @@ trees = st.recursive(scalars, lambda kids: st.one_of(
     st.lists(kids, max_size=4), st.dictionaries(st.sampled_from(KEYS), kids, max_size=5)), max_leaves=30)
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tree=trees)
 def test_fuzz_generated_structures_load_or_fail_in_one_line(tree) -> None:
     text = yaml.safe_dump({"groups": [tree]} if isinstance(tree, dict) else tree, allow_unicode=True)
@@ -94,7 +95,7 @@ def test_fuzz_generated_structures_load_or_fail_in_one_line(tree) -> None:
         assert "\n" not in str(e) and len(str(e)) < 600
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.text(alphabet=st.sampled_from(list("[]{}:&*!|>-,'\"\n #ab1%?@`\t")), max_size=200))
 def test_fuzz_raw_text_loads_or_fails_in_one_line(text: str) -> None:
     try:
