@@ -49,6 +49,8 @@ SHARED = {"kafka_broker": "kafka", "real_db": "real_db", "postgres": "postgres",
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if item.get_closest_marker("kafka") and item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.serial)  # broker outages and pipelines timed end to end
         for fixture, group in SHARED.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))

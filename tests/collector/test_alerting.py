@@ -44,6 +44,7 @@ def alerts(db: Path) -> dict:
 
 
 @pytest.mark.slow  # an agent and two collectors for seconds
+@pytest.mark.serial
 def test_alerts_live_and_across_a_sigkill(tmp_path: Path) -> None:
     spool, db, rules = tmp_path / "spool", tmp_path / "a.duckdb", tmp_path / "rules.yml"
     rules.write_text(RULES)

@@ -16,15 +16,7 @@ from cmdare.collector import config
 from cmdare.collector.cli import cli
 from cmdare.collector.db import connect
 from cmdare.wire.units import ConfigError
-
-RULES = """
-groups:
-  - name: hourly
-    interval: 1h
-    rules:
-      - alert: Always
-        expr: SELECT 'x' AS k, 1 AS value
-"""
+from tests.analytics.alerts.test_schedule import RULES
 
 
 def _build(command: str = "spool", target: str = "/tmp", file: str | None = None, **flags):

@@ -286,6 +286,7 @@ def test_a_service_file_left_by_a_killed_collector_is_ignored(tmp_path: Path) ->
 
 
 @pytest.mark.slow  # waits for a collector's broker retries
+@pytest.mark.serial
 def test_not_ready_until_ingest_runs(tmp_path: Path) -> None:
     """The API answers while the collector is still reaching Kafka, and says it is not ready
     (a load balancer or systemd probe must not send queries to a collector that stores

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import BIN, Alertmanager, KafkaBroker, agent_env, free_port, go_tool, wait_for
 
 # agents and collectors run while alerts fire, resolve and are re-sent: scripts/test-fast leaves it to the full run
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: times what it waits for
 
 RULES = """
 groups:

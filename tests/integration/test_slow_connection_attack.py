@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import BIN, agent_env, wait_for
 
 # 1,100 connections held for half a minute: scripts/test-fast leaves it to the full run
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: times what it waits for
 
 N = 1100
 

@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import BIN, ROOT, agent_env, wait_for
 
 # training processes, agents and collectors run for seconds each: scripts/test-fast leaves it to the full run
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: times what it waits for
 
 LOOP = ROOT / "tests" / "integration" / "train_loop.py"
 

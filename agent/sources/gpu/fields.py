@@ -76,14 +76,6 @@ def _memory(v: Any, d: dict[str, Any], t: list[str]) -> None:
     t[_M0], t[_M1] = _i(a), _i(b)
 
 
-def _milli(name: str, at: int) -> Callable[[Any, dict[str, Any], list[str]], None]:
-    def conv(v: Any, d: dict[str, Any], t: list[str]) -> None:
-        d[name] = x = float(v) * 1e-3
-        t[at] = _f(x)
-
-    return conv
-
-
 def _scaled(name: str, at: int, scale: float) -> Callable[[Any, dict[str, Any], list[str]], None]:
     def conv(v: Any, d: dict[str, Any], t: list[str]) -> None:
         d[name] = x = float(v) * scale
@@ -151,8 +143,8 @@ _ECC = "nvmlDeviceGetTotalEccErrors"
 FIXED = (
     Call("nvmlDeviceGetUtilizationRates", ("util_gpu_ratio", "util_mem_ratio"), _util),
     Call("nvmlDeviceGetMemoryInfo", ("mem_used_bytes", "mem_total_bytes"), _memory),
-    Call("nvmlDeviceGetPowerUsage", ("power_watts",), _milli("power_watts", _PW)),
-    Call("nvmlDeviceGetEnforcedPowerLimit", ("power_limit_watts",), _milli("power_limit_watts", _PL)),
+    Call("nvmlDeviceGetPowerUsage", ("power_watts",), _scaled("power_watts", _PW, 1e-3)),
+    Call("nvmlDeviceGetEnforcedPowerLimit", ("power_limit_watts",), _scaled("power_limit_watts", _PL, 1e-3)),
     Call("nvmlDeviceGetTemperature", ("temp_celsius",), _scaled("temp_celsius", _TC, 1.0), ("NVML_TEMPERATURE_GPU",)),
     Call("nvmlDeviceGetClockInfo", ("sm_clock_hz",), _scaled("sm_clock_hz", _SC, 1e6), ("NVML_CLOCK_SM",)),
     Call("nvmlDeviceGetClockInfo", ("mem_clock_hz",), _scaled("mem_clock_hz", _MC, 1e6), ("NVML_CLOCK_MEM",)),
