@@ -252,3 +252,28 @@ def test_a_long_hostile_name_is_cut_in_the_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         _build(token_files=("x" * 500,))
     assert len(str(e.value)) < 140
+
+
+def test_receiver_flags_secrets_and_their_edges(tmp_path: Path, con) -> None:
+    rules = tmp_path / "r.yml"
+    rules.write_text(RULES)
+    # a URL whose query holds '=' is a URL, not NAME=URL
+    cfg = _build(rules=(str(rules),), follow=True, receiver_webhook=("http://h:9/x?a=b",))
+    assert [(r.name, r.options["url"], r.options["name"]) for r in cfg.receivers] == [("h:9", "http://h:9/x?a=b", "")]
+    # a Kafka receiver takes no token file by its name
+    with pytest.raises(ConfigError, match=r"^receiver 'kafka://h:9/t': no --alertmanager / --alert-webhook"):
+        _build(rules=(str(rules),), follow=True, receiver_kafka=("kafka://h:9/t",), token_files=("kafka://h:9/t=/x",))
+    good, ctrl, empty = tmp_path / "good", tmp_path / "ctrl", tmp_path / "empty"
+    good.write_text("tok en\n")  # a space inside is a character of the token
+    ctrl.write_text("tok\x1fen\n")
+    empty.write_text("")
+    cfg = _build(rules=(str(rules),), follow=True, receiver_webhook=("ops=http://h:9/",), token_files=(f"ops={good}",))
+    al = load(con, tuple(cfg.rules), 1800, cfg.receivers, cfg.resend)
+    try:
+        assert al.senders[0].token == "tok en"
+    finally:
+        al.stop()
+    for bad in (ctrl, empty):
+        cfg = _build(rules=(str(rules),), follow=True, receiver_webhook=("ops=http://h:9/",), token_files=(f"ops={bad}",))
+        with pytest.raises(Exception, match="empty, or holds control characters"):
+            load(con, tuple(cfg.rules), 1800, cfg.receivers, cfg.resend)
