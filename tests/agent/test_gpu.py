@@ -361,3 +361,44 @@ def test_the_gpm_metrics_are_read_through_a_view_of_the_bindings_own_request() -
 
     other = OtherGet()
     assert _metrics_view(other) is not None and type(_metrics_view(other)) is type(other.metrics)
+
+
+def test_each_field_is_its_nvml_answer_in_base_units_at_its_place() -> None:
+    """Distinct NVML answers, each field checked exactly: percent to ratio, MHz to Hz, KB/s
+    to B/s, mW to W, mJ to J, the remapped-rows tuple and retired pages in their order (and
+    the row built in place is the encoding of all of it)."""
+    from types import SimpleNamespace
+
+    import pynvml
+
+    from cmdare.wire.events import encode_row_data
+
+    for model in ("h100", "v100"):  # the H100's NVLinks sit after the remap fields in the row
+        nvml = FakeNvml(gpus=1, model=model, nvlinks=2 if model == "h100" else 0)
+        nvml.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=37, memory=59)
+        nvml.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(used=7, total=11, free=4)
+        nvml.nvmlDeviceGetPowerUsage = lambda h: 250123
+        nvml.nvmlDeviceGetEnforcedPowerLimit = lambda h: 400500
+        nvml.nvmlDeviceGetTemperature = lambda h, s: 61
+        nvml.nvmlDeviceGetClockInfo = lambda h, c: 1410 if c == pynvml.NVML_CLOCK_SM else 1215
+        nvml.nvmlDeviceGetPcieThroughput = lambda h, c: 1234 if c == pynvml.NVML_PCIE_UTIL_TX_BYTES else 5678
+        nvml.nvmlDeviceGetTotalEccErrors = lambda h, t, c: 3 if t == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else 2
+        nvml.nvmlDeviceGetTotalEnergyConsumption = lambda h: 987654
+        if model == "h100":
+            nvml.nvmlDeviceGetRemappedRows = lambda h: (3, 5, 0, 1)
+        else:
+            nvml.nvmlDeviceGetRetiredPages = lambda h, cause: [1, 2, 3] if cause == 0 else [4]
+            nvml.nvmlDeviceGetRetiredPagesPendingStatus = lambda h: 1
+        src = make(nvml)
+        (g,) = [d for t, d in tick(src)[0] if t == "gpu"]
+        assert (g["util_gpu_ratio"], g["util_mem_ratio"], g["mem_used_bytes"], g["mem_total_bytes"]) == (0.37, 0.59, 7, 11)
+        assert (g["power_watts"], g["power_limit_watts"], g["temp_celsius"]) == (250123 * 1e-3, 400.5, 61.0)
+        assert (g["sm_clock_hz"], g["mem_clock_hz"]) == (1410e6, 1215e6)
+        assert (g["pcie_tx_bytes_per_second"], g["pcie_rx_bytes_per_second"]) == (1234e3, 5678e3)
+        assert (g["ecc_corrected_total"], g["ecc_uncorrected_total"], g["energy_joules_total"]) == (3, 2, 987.654)
+        if model == "h100":
+            assert (g["remapped_rows_correctable"], g["remapped_rows_uncorrectable"], g["row_remap_pending"],
+                    g["row_remap_failed"]) == (3, 5, False, True) and len(g["nvlink"]) == 2
+        else:
+            assert (g["retired_pages_sbe"], g["retired_pages_dbe"], g["retired_pages_pending"]) == (3, 1, True)
+        assert g.row == encode_row_data("gpu", dict(g))

@@ -107,7 +107,7 @@ def _remapped(v: Any, d: dict[str, Any], t: list[str]) -> None:
     c, u, pend, fail = int(v[0]), int(v[1]), bool(v[2]), bool(v[3])
     d["remapped_rows_correctable"], d["remapped_rows_uncorrectable"] = c, u
     d["row_remap_pending"], d["row_remap_failed"] = pend, fail
-    t[_RR : _RR + 4] = (_i(c), _i(u), "true" if pend else "false", "true" if fail else "false")
+    t[_RR], t[_RR + 1], t[_RR + 2], t[_RR + 3] = _i(c), _i(u), "true" if pend else "false", "true" if fail else "false"
 
 
 def _retired(name: str, at: int) -> Callable[[Any, dict[str, Any], list[str]], None]:
