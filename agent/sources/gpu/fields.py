@@ -84,9 +84,11 @@ def _scaled(name: str, at: int, scale: float) -> Callable[[Any, dict[str, Any], 
     return conv
 
 
-def _count(name: str, at: int) -> Callable[[Any, dict[str, Any], list[str]], None]:
+def _count(name: str, at: int, of: Callable[[Any], int] = int) -> Callable[[Any, dict[str, Any], list[str]], None]:
+    """An integer field: the answer itself (a counter), or ``of`` it (``len``: a list's length)."""
+
     def conv(v: Any, d: dict[str, Any], t: list[str]) -> None:
-        d[name] = x = int(v)
+        d[name] = x = of(v)
         t[at] = _i(x)
 
     return conv
@@ -108,14 +110,6 @@ def _remapped(v: Any, d: dict[str, Any], t: list[str]) -> None:
     d["remapped_rows_correctable"], d["remapped_rows_uncorrectable"] = c, u
     d["row_remap_pending"], d["row_remap_failed"] = pend, fail
     t[_RR], t[_RR + 1], t[_RR + 2], t[_RR + 3] = _i(c), _i(u), "true" if pend else "false", "true" if fail else "false"
-
-
-def _retired(name: str, at: int) -> Callable[[Any, dict[str, Any], list[str]], None]:
-    def conv(v: Any, d: dict[str, Any], t: list[str]) -> None:
-        d[name] = x = len(v)
-        t[at] = _i(x)
-
-    return conv
 
 
 def _pending(v: Any, d: dict[str, Any], t: list[str]) -> None:
@@ -164,8 +158,8 @@ HEALTH = (
     Call("nvmlDeviceGetTotalEnergyConsumption", ("energy_joules_total",), _energy),
     Call("nvmlDeviceGetRemappedRows", ("remapped_rows_correctable", "remapped_rows_uncorrectable",
                                        "row_remap_pending", "row_remap_failed"), _remapped),
-    Call("nvmlDeviceGetRetiredPages", ("retired_pages_sbe",), _retired("retired_pages_sbe", _RP), (0,)),
-    Call("nvmlDeviceGetRetiredPages", ("retired_pages_dbe",), _retired("retired_pages_dbe", _RP + 1), (1,)),
+    Call("nvmlDeviceGetRetiredPages", ("retired_pages_sbe",), _count("retired_pages_sbe", _RP, len), (0,)),
+    Call("nvmlDeviceGetRetiredPages", ("retired_pages_dbe",), _count("retired_pages_dbe", _RP + 1, len), (1,)),
     Call("nvmlDeviceGetRetiredPagesPendingStatus", ("retired_pages_pending",), _pending),
 )
 
