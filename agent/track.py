@@ -17,6 +17,17 @@ runs from one batch's arrival to the next one's (so step time = input wait + com
 ``run.step(examples=n)`` marks a step by hand instead; ``run.wait()`` times a custom
 blocking fetch.
 
+How a run ends. ``run.close()`` (or leaving ``with track.init(...) as run:``) reports the
+run's end: ``finished``; ``failed`` with the exception's type and message when the block
+raised, or the exit code of a ``SystemExit`` other than 0; ``interrupted`` on
+``KeyboardInterrupt`` (SIGINT). ``run.end(state, ...)`` says it by hand (a signal handler of
+your own: ``run.end("interrupted", signal="SIGTERM")``). A process that exits without
+either reports at interpreter exit: ``failed`` after an uncaught exception, else
+``finished`` (a bare ``sys.exit(3)`` outside the ``with`` block cannot be told from 0 there:
+use the block or ``run.end``). A process killed outright (SIGKILL, the OOM killer, a
+segfault, SIGTERM without a handler) says nothing: the agent sees its process gone and
+reports the run ``crashed``.
+
 How it ships. Records go, in batches, as datagrams to the local cmdare-agent over a Unix
 datagram socket (``$CMDARE_TRAIN_SOCKET`` or ``/run/cmdare/train.sock``), sent
 non-blocking: a missing, stopped or slow agent never blocks or breaks training. What
@@ -26,10 +37,14 @@ agent with the next datagram that gets through.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import signal as _signal
 import socket
+import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -38,6 +53,8 @@ PROTOCOL = 1  # version of the datagram protocol between this library and the ag
 FLUSH_RECORDS = 256  # step records per datagram
 FLUSH_SECONDS = 1.0  # ... or at least this often while steps are being recorded
 ROLES = ("worker", "ps", "chief", "data", "client")
+END_STATES = ("finished", "failed", "interrupted")  # what a process can say of itself ("crashed": the agent)
+MAX_ERROR = 500  # characters of an exception's text sent with a failed run
 
 T = TypeVar("T")
 _clock = time.perf_counter
@@ -59,10 +76,12 @@ class Run:
         self._last_flush = _clock()
         self._last_step_end: float | None = None
         self._wait = 0.0  # input wait accumulated for the step in progress
+        self.ended: str | None = None  # the end state reported (None: still running)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
         self._head = {"v": PROTOCOL, "job": job, "run": run, "rank": rank, "pid": os.getpid()}
         self._send({"k": "job", **declared})
+        _LIVE.add(self)
 
     def declare(self, **fields: Any) -> None:
         """Add to this process's job declaration (e.g. ``flops_per_step`` once measured)
@@ -204,15 +223,82 @@ class Run:
             raise ValueError(f"checkpoint action must be 'save' or 'restore', got {action!r}")
         return _Checkpoint(self, action, path, self.steps if step is None else step)
 
-    def close(self) -> None:
+    # -- the end of the run ----------------------------------------------------------------
+    def end(self, state: str = "finished", *, exit_code: int | None = None, error: str | None = None,
+            signal: str | int | None = None) -> None:
+        """Report how this process's run ended (once: later calls do nothing): ``finished``,
+        ``failed`` (``error``: the exception, ``exit_code``) or ``interrupted`` (``signal``:
+        its name or number). Steps recorded so far are sent first. The socket stays open
+        until ``close()``."""
+        if state not in END_STATES:
+            raise ValueError(f"run.end: state must be one of {', '.join(END_STATES)}, got {state!r}")
+        if self.ended is not None or self._sock.fileno() < 0:
+            return
+        self.ended = state
+        msg: dict[str, Any] = {"k": "end", "state": state, "steps": self.steps}
+        if exit_code is not None:
+            msg["exit_code"] = int(exit_code)
+        if error:
+            msg["error"] = str(error)[:MAX_ERROR]
+        if signal is not None:
+            msg["signal"] = _signal_name(signal)
         self.flush()
+        self._send(msg)
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """Send what is left and report the end (``exc``: the exception the run ended with,
+        if any; see ``end``), then close the socket."""
+        if self._sock.fileno() < 0:
+            return
+        state, details = _end_of(exc)
+        self.end(state, **details)
         self._sock.close()
+        _LIVE.discard(self)
 
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
+        self.close(e)
+
+
+def _signal_name(sig: str | int) -> str:
+    if isinstance(sig, int):
+        try:
+            return _signal.Signals(sig).name
+        except ValueError:
+            return str(sig)
+    return str(sig)[:32]
+
+
+def _end_of(exc: BaseException | None) -> tuple[str, dict[str, Any]]:
+    """The end state (and its details) of a run that ended with ``exc`` (None: normally)."""
+    if exc is None:
+        return "finished", {}
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", {"signal": "SIGINT"}
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None or code == 0:
+            return "finished", {}
+        return "failed", {"exit_code": code if isinstance(code, int) else 1,
+                          "error": None if isinstance(code, int) else f"SystemExit: {code}"}
+    return "failed", {"error": f"{type(exc).__name__}: {exc}"}
+
+
+_LIVE: weakref.WeakSet[Run] = weakref.WeakSet()
+
+
+@atexit.register
+def _at_exit() -> None:
+    """Runs still open when the interpreter exits: failed after an uncaught exception
+    (``sys.last_value``, set before exit handlers run), else finished."""
+    exc = getattr(sys, "last_value", None)
+    for run in list(_LIVE):
+        try:
+            run.close(exc if isinstance(exc, BaseException) else None)
+        except Exception:  # noqa: S110 - never the training process's exit
+            pass
 
 
 class _Checkpoint:

@@ -14,7 +14,7 @@ from .verdicts import input_bound_sql, throttled_sql
 Result = tuple[list[str], list[tuple[Any, ...]]]
 
 
-def _run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> Result:
+def _run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | dict[str, Any]) -> Result:
     cur = con.execute(sql, params)
     cols = [d[0] for d in cur.description]
     return cols, cur.fetchall()
@@ -342,12 +342,26 @@ _STEP_SUMS = """steps, examples, steps / nullif(steps_per_second, 0) AS span,
     step_mean_seconds * steps AS step_time, wait_mean_seconds * steps AS wait_time"""
 
 
+# how a job's latest run stands, from its ranks' states (runs()): running while any rank
+# runs, else the worst end of its ranks
+JOB_STATE = ("crashed", "failed", "node lost", "node revoked", "interrupted", "node stopped", "finished")
+_WORST = "CASE state " + " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(JOB_STATE)) + " ELSE 99 END"
+JOB_STATE_SQL = f"""
+        rr AS (SELECT * FROM runs(since := $since)),
+        latest AS (SELECT job, arg_max(run, first_seen) AS run FROM rr GROUP BY job),
+        jstate AS (
+            SELECT rr.job, CASE WHEN bool_or(state = 'running') THEN 'running' ELSE arg_min(state, {_WORST}) END
+                       AS state,
+                   CASE WHEN NOT bool_or(state = 'running') THEN max(ended_at) END AS ended_at
+            FROM rr JOIN latest USING (job, run) GROUP BY rr.job)"""
+
+
 def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> Result:
     """Every training job seen (declared or stepping): model, size, ranks, nodes, steps/s
     (mean over ranks), examples/s (all examples over the time the job stepped: ranks side
-    by side add up, a restart's runs do not), input-wait share and verdict."""
-    where = " WHERE ts >= ?" if cutoff is not None else ""
-    params = [cutoff] if cutoff is not None else []
+    by side add up, a restart's runs do not), input-wait share and verdict, and how its
+    latest run stands (running, or how it ended: see ``runs``)."""
+    where = " WHERE ts >= $since" if cutoff is not None else ""
     share = "sum(s.wait_time) / nullif(sum(s.step_time), 0)"
     return _run(
         con,
@@ -356,7 +370,7 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
             SELECT job, arg_max(model, ts) AS model, arg_max(params, ts) AS params,
                    arg_max(world_size, ts) AS world_size, arg_max(batch_size, ts) AS batch_size,
                    arg_max(framework, ts) AS framework, arg_max(accelerator, ts) AS accelerator
-            FROM jobs GROUP BY job),
+            FROM jobs GROUP BY job),{JOB_STATE_SQL},
         st AS (SELECT job, run, rank, node, ts, {_STEP_SUMS} FROM steps{where}),
         per_rank AS (
             SELECT job, run, rank, any_value(node) AS node, sum(steps) AS steps, sum(examples) AS examples,
@@ -386,10 +400,29 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
                coalesce(a.nodes, 0) AS nodes, coalesce(a.steps, 0) AS steps,
                round(a.steps_per_s, 3) AS steps_per_s, round(a.examples_per_s, 1) AS examples_per_s,
                round(a.share * 100, 1) AS input_wait_pct, {input_bound_sql("a.share")} AS input_bound,
-               strftime(a.t1, '%Y-%m-%d %H:%M:%S') AS last_step
-        FROM agg a FULL OUTER JOIN decl d ON a.job = d.job
+               strftime(a.t1, '%Y-%m-%d %H:%M:%S') AS last_step, coalesce(js.state, 'running') AS state,
+               strftime(js.ended_at, '%Y-%m-%d %H:%M:%S') AS ended
+        FROM agg a FULL OUTER JOIN decl d ON a.job = d.job LEFT JOIN jstate js ON js.job = coalesce(a.job, d.job)
         ORDER BY 1""",
-        params,
+        {"since": cutoff},
+    )
+
+
+def runs(con: duckdb.DuckDBPyConnection, job: str | None = None, cutoff: dt.datetime | None = None) -> Result:
+    """Every run and rank (of one job, or all) with how it stands: running, finished,
+    failed (the error or exit code), interrupted, crashed, or its node's end (``runs()``)."""
+    return _run(
+        con,
+        """
+        SELECT job, run, rank, node, role, pid, state,
+               strftime(first_seen, '%Y-%m-%d %H:%M:%S') AS started,
+               strftime(last_step_at, '%Y-%m-%d %H:%M:%S') AS last_step,
+               strftime(ended_at, '%Y-%m-%d %H:%M:%S') AS ended, steps,
+               coalesce(left(error, 120), CAST(exit_code AS VARCHAR), signal) AS why
+        FROM runs(since := $since)
+        WHERE $job IS NULL OR job = $job
+        ORDER BY job, first_seen, run, rank""",
+        {"job": job, "since": cutoff},
     )
 
 

@@ -6,6 +6,8 @@ writing, so the logic in force is always the file, never a replay of migrations.
 - ``instance_lives(lost_after := 3, asof_ts := NULL)``: every life of a VM and how it ended
   (revoked / stopped / lost)
 - ``instances``: ``instance_lives()`` with the default liveness rule
+- ``runs(asof_ts, horizon, since, lost_after)``: every training run per (job, run, rank) and its state
+  (finished, failed, interrupted, crashed, running, or its node's end)
 - ``step_hardware``: each step aggregate next to its node's GPU and CPU use over its interval
 - ``gpu_1m``, ``gpu_5m``, ``host_1m``, ``host_5m``, ``steps_1m``, ``steps_5m``: exact 1- and
   5-minute aggregates per GPU, per host and per (job, run, rank, node), from the rollups and
@@ -20,7 +22,7 @@ import duckdb
 
 # in dependency order: a view after the macros and views it reads
 ROLLED = ("gpu_1m", "gpu_5m", "host_1m", "host_5m", "steps_1m", "steps_5m")  # collector/rollup.py's
-VIEWS = ("instance_lives", "instances", "step_hardware", *ROLLED)
+VIEWS = ("instance_lives", "instances", "runs", "step_hardware", *ROLLED)
 
 
 def _rolled(view: str) -> str:

@@ -231,6 +231,17 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "ok": (BOOL, "false when the save or restore raised"),
         "error": (STR, "the exception, when not ok"),
     },
+    "train_end": {
+        "run": (STR, "run id"),
+        "rank": (INT, "rank of the training process"),
+        "state": (STR, "finished | failed | interrupted (the process said so) | crashed (the agent saw its "
+                       "process gone without an end)"),
+        "exit_code": (INT, "failed: the exit code (SystemExit), when there was one"),
+        "signal": (STR, "interrupted: the signal's name (SIGINT)"),
+        "error": (STR, "failed: the exception's type and message (at most 500 characters)"),
+        "steps": (INT, "steps the process recorded (crashed: the last step number the agent saw)"),
+        "pid": (INT, "the process id, as the agent's kernel named the sender"),
+    },
     "status": {
         "source": (STR, "source or sink name, e.g. gpu, host, sink.kafka"),
         "ok": (BOOL, "whether the last collect/ship succeeded"),
@@ -278,6 +289,7 @@ _TABLES = {
     "train_slow_step": "slow_steps",
     "train_scalar": "scalars",
     "train_checkpoint": "checkpoints",
+    "train_end": "run_ends",
     "status": "agent_status",
 }
 _HOT = {"host", "gpu", "gpu_event", "tpu", "heartbeat", "status", "train_steps"}

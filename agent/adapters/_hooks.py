@@ -62,11 +62,12 @@ class HookClock:
         if self.run is not None:
             self.run.pause()
 
-    def close(self) -> None:
+    def close(self, exc: BaseException | None = None) -> None:
+        """Training ended (``exc``: the exception it ended with): the run reports its end."""
         if self._counting:  # training ended inside the counted step
             self._flops.__exit__(None, None, None)
             self._counting = False
         self._flops = None
         if self.run is not None:
-            self.run.close()
+            self.run.close(exc)
             self.run = None

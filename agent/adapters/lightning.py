@@ -91,4 +91,4 @@ class CmdareCallback(pl.Callback):
         self.clock.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.clock.close()
+        self.clock.close(exception)

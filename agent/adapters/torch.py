@@ -108,14 +108,14 @@ class TorchRun:
             self.run.pause()  # the counted step was slowed: the next one starts the clock
         yield from self.run.batches(it, count)
 
-    def close(self) -> None:
-        self.run.close()
+    def close(self, exc: BaseException | None = None) -> None:
+        self.run.close(exc)
 
     def __enter__(self) -> TorchRun:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
+        self.close(e)
 
 
 def track_module(job: str, module: torch.nn.Module, *, measure_flops: bool = False, **init: Any) -> TorchRun:

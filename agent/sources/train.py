@@ -11,7 +11,13 @@ queue never fills between ticks. Per tick it emits, per (job, run, rank):
 - ``train_slow_step``: single steps slower than ``slow_factor`` times the rank's recent
   median (at most ``max_slow_per_tick`` per rank per tick);
 - ``train_job`` and ``train_checkpoint``: each declaration and checkpoint at once (the
-  receiver wakes the agent, which emits and flushes them between ticks).
+  receiver wakes the agent, which emits and flushes them between ticks);
+- ``train_end``: a run's end as the process reports it (finished, failed, interrupted: at
+  once), or ``crashed`` when its process is gone without one (seen at a tick, reported at
+  the next, so an end still queued on the socket wins). The process is known by the
+  kernel's word (SO_PASSCRED), not by what the datagram claims, and by its start time, so a
+  reused PID is not taken for it; a sender in another PID namespace (the kernel gives 0)
+  is not watched.
 
 Events carry the training job's id in the envelope ``job`` field. Every datagram is hostile
 until checked: at most 1 MiB and 64 levels of nesting, names bounded, every number finite
@@ -29,12 +35,15 @@ import math
 import os
 import socket
 import stat
+import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from cmdare.wire.plugin import Option
 from cmdare.wire.registry import DATA_FIELDS
@@ -55,6 +64,10 @@ MAX_NAME = 256  # characters of a job or run id
 MAX_RECORDS = 100_000  # records in one datagram
 # bounds of a record's fields: [ts, seconds, seconds, examples, step]
 _LIMITS = ((0.0, 1e11), (0.0, 1e7), (0.0, 1e7), (0.0, 1e12), (0.0, 2.0**53))
+END_STATES = ("finished", "failed", "interrupted")  # what a process may say of its run
+MAX_ERROR = 500  # characters of a failed run's exception kept
+_CRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_CRED_SPACE = socket.CMSG_SPACE(_CRED.size)
 
 
 def _depth_ok(data: bytes) -> bool:
@@ -89,6 +102,11 @@ class _Rank:
         self.window: deque[float] = deque(maxlen=WINDOW)
         self.dropped = 0  # the library's own count of undelivered records
         self.since = self.last = time.time()
+        self.pid: int | None = None  # the sending process, as the kernel names it (None: not watched)
+        self.started: float | None = None  # its start time (a reused PID is another process)
+        self.ended = False  # the run's end was reported (by the process or as crashed)
+        self.gone_at: float | None = None  # when its process was first seen gone
+        self.last_step = 0
 
 
 @SOURCES.register
@@ -169,6 +187,7 @@ class TrainSource(Source):
                 p.unlink()  # a stale socket of an earlier agent
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sender's PID, by the kernel
             s.bind(str(p))
             os.chmod(p, int(self.config["socket_mode"], 8))
             if self.config["socket_group"]:
@@ -208,7 +227,7 @@ class TrainSource(Source):
             if sock is None:
                 return
             try:
-                data = sock.recv(MAX_DATAGRAM + 1)
+                data, anc, _, _ = sock.recvmsg(MAX_DATAGRAM + 1, _CRED_SPACE)
             except TimeoutError:
                 continue
             except OSError:
@@ -217,7 +236,7 @@ class TrainSource(Source):
                 time.sleep(0.05)
                 continue
             try:
-                self._take(data)
+                self._take(data, _sender(anc))
             except Exception as e:  # never the thread: one datagram, counted
                 self._count_bad("", f"{type(e).__name__}: {e}")
 
@@ -228,7 +247,8 @@ class TrainSource(Source):
             if job in self.bad_by_job or len(self.bad_by_job) < 1000:
                 self.bad_by_job[job] = self.bad_by_job.get(job, 0) + 1
 
-    def _take(self, data: bytes) -> None:
+    def _take(self, data: bytes, pid: int | None = None) -> None:
+        """One datagram; ``pid``: its sender as the kernel names it (None: not known)."""
         job = ""
         try:
             if len(data) > MAX_DATAGRAM:
@@ -268,16 +288,26 @@ class TrainSource(Source):
                         raise ValueError("a new rank past max_ranks_per_job / max_ranks: refused")
                     r = self.ranks[key] = _Rank()
                 r.dropped, r.last = max(r.dropped, dropped), time.time()
+                if pid and pid != r.pid:
+                    r.pid, r.started, r.gone_at = pid, _started(pid), None
                 if kind == "steps":
                     r.records.extend(recs)
+                    if recs:
+                        r.last_step = int(recs[-1][4])
                 elif kind == "data":
                     r.produced.extend(recs)
                 elif kind == "job":
-                    d = _typed("train_job", m, _JOB_KEYS)
-                    self.urgent.append(("train_job", job, {**head, **d}, time.time()))
+                    d = _typed("train_job", m, _JOB_KEYS)  # its pid: the kernel's, where known
+                    self.urgent.append(("train_job", job, {**head, **d, **_pid(r)}, time.time()))
                 elif kind == "ckpt":
                     d = _typed("train_checkpoint", m, _CKPT_KEYS)
                     self.urgent.append(("train_checkpoint", job, {**head, **d}, time.time()))
+                elif kind == "end":
+                    d = _end_fields(m)
+                    if r.ended:  # said twice (or after it was seen crashed): the first word stands
+                        raise ValueError("the run's end was already reported")
+                    r.ended = True
+                    self.urgent.append(("train_end", job, {**head, **d, **_pid(r)}, time.time()))
                 else:
                     raise ValueError(f"unknown message kind {kind!r}")
                 self.received += 1
@@ -327,10 +357,30 @@ class TrainSource(Source):
                     bad += 1
                     by_job[job] = by_job.get(job, 0) + 1
                     self.bad_example = f"{type(e).__name__}: {e}"[:200]
+        self._watch(emit, now)
         if bad:
             jobs = ", ".join(f"{j or '?'}: {n}" for j, n in sorted(by_job.items(), key=lambda x: -x[1])[:5])
             log.warning("train: %d malformed or refused datagrams this tick (%s; e.g. %s)", bad, jobs,
                         self.bad_example)
+
+    def _watch(self, emit: Emit, now: float) -> None:
+        """Runs whose process is gone without reporting an end: ``crashed``, one tick after
+        the process was first seen gone (an end still queued on the socket wins)."""
+        with self.lock:
+            watched = [(k, r) for k, r in self.ranks.items() if r.pid and not r.ended]
+        for (job, run, rank), r in watched:
+            if _alive(r.pid, r.started):  # type: ignore[arg-type]
+                r.gone_at = None
+                continue
+            if r.gone_at is None:
+                r.gone_at = now
+                continue
+            with self.lock:
+                if r.ended:
+                    continue
+                r.ended = True
+            emit("train_end", {"run": run, "rank": rank, "state": "crashed", "steps": r.last_step, **_pid(r)},
+                 r.gone_at, job=job)
 
     def _aggregate(
         self, emit: Emit, job: str, run: str, rank: int, r: _Rank, recs: list[list[float]], interval: float
@@ -437,6 +487,58 @@ class TrainSource(Source):
             pass
 
 
+def _sender(anc: list[tuple[int, int, bytes]]) -> int | None:
+    """The sending process's PID from the kernel's credentials (None: none, or 0: a sender
+    in another PID namespace, which this agent cannot watch)."""
+    for level, typ, data in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_CREDENTIALS and len(data) >= _CRED.size:
+            return _CRED.unpack_from(data)[0] or None
+    return None
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (None: it is gone, or cannot be read)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(pid: int, started: float | None) -> bool:
+    """Whether the process is still the one that sent (running, not a zombie)."""
+    try:
+        p = psutil.Process(pid)
+        if started is not None and abs(p.create_time() - started) > 0.01:
+            return False  # the PID was reused by another process
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess too
+        return False
+    except psutil.Error:  # AccessDenied: it exists
+        return True
+
+
+def _pid(r: _Rank) -> dict[str, Any]:
+    return {"pid": r.pid} if r.pid else {}
+
+
+def _end_fields(m: dict[str, Any]) -> dict[str, Any]:
+    """A run end's fields, checked: a state the process may report, an exit code and a
+    step count in range, texts bounded."""
+    state = m.get("state")
+    if state not in END_STATES:
+        raise ValueError(f"end state must be one of {', '.join(END_STATES)}")
+    d = _typed("train_end", m, _END_KEYS)
+    code, steps = d.get("exit_code"), d.get("steps")
+    if code is not None and not -(1 << 31) <= code < 1 << 31:
+        raise ValueError("exit_code out of range")
+    if steps is not None and not 0 <= steps < 1 << 53:
+        raise ValueError("steps out of range")
+    for k, n in (("error", MAX_ERROR), ("signal", 32)):
+        if k in d:
+            d[k] = d[k][:n]
+    return d
+
+
 def _typed(type_: str, m: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     """The message's fields of this event type, each of its declared kind; a field of the
     wrong kind (the training code passed a string for ``params``, say) is left out and
@@ -457,3 +559,4 @@ _JOB_KEYS = tuple(
     k for k in DATA_FIELDS["train_job"] if k not in ("run", "rank")
 )  # the rest of a declaration
 _CKPT_KEYS = ("action", "seconds", "bytes", "step", "path", "ok", "error")
+_END_KEYS = ("state", "exit_code", "signal", "error", "steps")

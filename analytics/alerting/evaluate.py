@@ -32,11 +32,17 @@ _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 MAX_INSTANCES = 10_000
 
 
-def prepare(con: duckdb.DuckDBPyConnection, at: dt.datetime, horizon: dt.datetime | None = None) -> None:
+def prepare(con: duckdb.DuckDBPyConnection, at: dt.datetime, horizon: dt.datetime | None = None,
+            lag: float = 0.0) -> None:
     """``eval_time()`` on this connection: the evaluation's time; ``ingest_horizon()``: the
     time up to which the collector is known to hold everything sent (``horizon``; the
-    evaluation's time when it is not behind, or outside a collector)."""
+    evaluation's time when it is not behind, or outside a collector); ``ingest_lag()``:
+    seconds the collector has had input it has not read (``lag``: since it last found
+    nothing unread; 0 when caught up, or outside a collector)."""
     h = at if horizon is None or horizon > at else horizon
+    lag = float(lag) if math.isfinite(lag) and lag > 0 else 0.0
+    con.execute(f"SET VARIABLE cmdare_lag = {lag!r}::DOUBLE")
+    con.execute("CREATE OR REPLACE TEMP MACRO ingest_lag() AS getvariable('cmdare_lag')")
     con.execute(f"SET VARIABLE cmdare_eval_time = TIMESTAMP '{at.isoformat(sep=' ')}'")
     con.execute(f"SET VARIABLE cmdare_horizon = TIMESTAMP '{h.isoformat(sep=' ')}'")
     con.execute("CREATE OR REPLACE TEMP MACRO eval_time() AS getvariable('cmdare_eval_time')")
@@ -99,13 +105,13 @@ class Instance:
 
 
 def evaluate(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, timeout: float = 30.0,
-             horizon: dt.datetime | None = None) -> list[Instance]:
+             horizon: dt.datetime | None = None, lag: float = 0.0) -> list[Instance]:
     """The rule's instances at ``at`` (raises duckdb.Error / RuleError when it cannot run)."""
     if rule.finding:
         return _findings(con, rule, at)
     from ..safesql import interrupt_after
 
-    prepare(con, at, horizon)
+    prepare(con, at, horizon, lag)
     with interrupt_after(con, timeout) as fired:
         try:
             cur = con.execute(rule.expr)  # type: ignore[arg-type]
@@ -170,7 +176,9 @@ def _findings(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime) -> li
 
 def _live(con: duckdb.DuckDBPyConnection, at: dt.datetime, window: float) -> tuple[set[str], set[str]]:
     """Jobs still stepping (or feeding input) at ``at``, heard within three of their own
-    intervals (at least a minute), and nodes heard from within two minutes."""
+    intervals (at least a minute), of which some run has not ended (``runs()``: a finished,
+    failed or crashed job is not alerted on for what it did while it ran), and nodes heard
+    from within two minutes."""
     since = at - dt.timedelta(seconds=window)
     jobs = con.execute(
         """
@@ -180,8 +188,11 @@ def _live(con: duckdb.DuckDBPyConnection, at: dt.datetime, window: float) -> tup
             SELECT job, ts, interval_seconds FROM data_batches WHERE ts > ? AND ts <= ? AND job IS NOT NULL)
         GROUP BY job
         HAVING epoch(?::TIMESTAMP) - epoch(max(ts)) <= greatest(60, 3 * coalesce(median(interval_seconds), 10))
+        EXCEPT
+        SELECT job FROM runs(asof_ts := ?::TIMESTAMP, since := ?::TIMESTAMP) GROUP BY job
+        HAVING NOT bool_or(state = 'running')
         """,
-        [since, at, since, at, at],
+        [since, at, since, at, at, at, since],
     ).fetchall()
     nodes = con.execute(  # any event of the node counts (not every source sends heartbeats)
         "SELECT node FROM nodes WHERE last_seen >= ?::TIMESTAMP - INTERVAL 2 MINUTE", [at]

@@ -112,6 +112,7 @@ class Alerting:
         # the ingest side's caught-up time (epoch seconds, None until it first caught up);
         # before that, the newest heartbeat stored when the collector started
         self.caught_up: Callable[[], float | None] = lambda: None
+        self.created = time.time()
         self.start_horizon: dt.datetime | None = None
         # after a gap (a restart, an outage, a backlog) agents re-send what they spooled,
         # each after its own backoff: the horizon stays where the gap began this long after
@@ -165,6 +166,13 @@ class Alerting:
         with self._hlock:
             return self._horizon(time.time(), self.caught_up())
 
+    def lag(self) -> float:
+        """Seconds the collector has had input it has not read: since it last found nothing
+        unread (its caught-up time), or since it started when it has not yet (what
+        ``ingest_lag()`` gives rules; CollectorBehind judges by it)."""
+        t = self.caught_up()
+        return max(0.0, time.time() - (self.created if t is None else t))
+
     def _horizon(self, now: float, t: float | None) -> dt.datetime | None:
         if t is None:  # not caught up since the start: the newest heartbeat stored then
             if self.start_horizon is not None and self._gap_from is None:
@@ -188,7 +196,7 @@ class Alerting:
         a resolution is owed even after SIGKILL), then send it."""
         at = self.clock()
         ids = {r.id for r in group.rules}
-        self.engine.eval_group(con, group, at, self.horizon())
+        self.engine.eval_group(con, group, at, self.horizon(), self.lag())
         due = [(r, r.due(self.engine, ids)) for r in self.senders]
         self.engine.mark_notified([it.key for _, items in due for it in items if not it.resolved])
         for _ in range(SAVE_TRIES):  # a write conflict with another group's save: again

@@ -136,15 +136,16 @@ class Engine:
 
     # evaluation
     def eval_group(self, con: duckdb.DuckDBPyConnection, group: Group, at: dt.datetime,
-                   horizon: dt.datetime | None = None) -> None:
+                   horizon: dt.datetime | None = None, lag: float = 0.0) -> None:
         """Every rule of the group at ``at``; ``horizon``: the collector's ingest horizon
-        (``ingest_horizon()``), None when it is not behind."""
+        (``ingest_horizon()``), None when it is not behind; ``lag``: seconds it has had
+        unread input (``ingest_lag()``)."""
         revoked = self._revoked(con, at) if any(r.inhibit_on_revocation for r in group.rules) else None
         for rule in group.rules:
             t0 = time.perf_counter()
             h = self.health[rule.id]
             try:
-                found = evaluate(con, rule, at, self.rule_timeout, horizon)
+                found = evaluate(con, rule, at, self.rule_timeout, horizon, lag)
                 self._apply(rule, found, at, revoked)
             except Exception as e:  # this rule only: the rest of the group runs
                 h.health = "error"

@@ -10,7 +10,7 @@ from ..db import AnalyticsError, Database
 from ..queries import needs_schema
 from ..units import Finding, Scope
 from .base import Table
-from .telemetry import jobs, steps
+from .telemetry import jobs, runs, steps
 
 
 @dataclass
@@ -83,10 +83,12 @@ def stored_findings(db: Database, job: str | None = None, since: dt.datetime | N
 
 
 def job_detail(db: Database, job: str) -> dict[str, Table]:
-    """One job: its row of ``jobs``, its steps per run and rank, its stored findings."""
+    """One job: its row of ``jobs``, its runs and ranks with their state, its steps per run
+    and rank, its stored findings."""
     summary = jobs(db)
     i = summary.columns.index("job")
     rows = [r for r in summary.rows if r[i] == job]
     if not rows:
         raise AnalyticsError(f"no such job {job!r} (analyze jobs lists them)")
-    return {"summary": Table(summary.columns, rows), "steps": steps(db, job), "findings": stored_findings(db, job)}
+    return {"summary": Table(summary.columns, rows), "runs": runs(db, job), "steps": steps(db, job),
+            "findings": stored_findings(db, job)}

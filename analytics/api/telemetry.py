@@ -58,6 +58,11 @@ def jobs(db: Database, since: dt.datetime | None = None) -> Table:
     return _table(db, queries.jobs, since)
 
 
+def runs(db: Database, job: str | None = None, since: dt.datetime | None = None) -> Table:
+    """Every run and rank (of one job, or all) and how it stands or ended."""
+    return _table(db, queries.runs, job, since)
+
+
 def steps(db: Database, job: str, node: str | None = None, since: dt.datetime | None = None) -> Table:
     """One job per run and rank."""
     return _table(db, queries.steps, job, node, since)

@@ -247,13 +247,32 @@ def jobs(since: str | None, db: str, as_json_: bool) -> None:
     """Training jobs: model, size, ranks, nodes, steps/s (mean per rank), examples/s (all
     examples over the time the job stepped: ranks side by side add up, a restart's runs
     do not), input-wait share and the input-bound verdict (TensorFlow profiler
-    thresholds: under 5% not, 5-20% moderately, 20% or more highly input-bound).
+    thresholds: under 5% not, 5-20% moderately, 20% or more highly input-bound), and the
+    state of its latest run (running, finished, failed, interrupted, crashed, or its node's
+    end: analyze runs shows each rank) with when it ended.
 
     \b
     Example:
       analyze jobs --since 1d
     """
     render.rows(call(db, api.jobs, since=cutoff(since)), as_json_)
+
+
+@cli.command()
+@click.option("--job", default=None, help="one training job's id (default: every job)")
+@since_option
+@db_option
+@json_option
+def runs(job: str | None, since: str | None, db: str, as_json_: bool) -> None:
+    """Every training run and rank and how it stands: running, finished, failed (its error
+    or exit code), interrupted, crashed (the agent saw its process gone without an end), or
+    "node lost" / "node revoked" / "node stopped" (its node ended before the run said).
+
+    \b
+    Example:
+      analyze runs --job resnet50-a
+    """
+    render.rows(call(db, api.runs, job=job, since=cutoff(since)), as_json_)
 
 
 @cli.command()
@@ -284,9 +303,9 @@ def steps(job: str, node: str | None, since: str | None, db: str, as_json_: bool
 def sql(query: str, max_rows: int, timeout: float, db: str, as_json_: bool) -> None:
     """Run one SELECT QUERY on the database, read-only (tables: nodes, host_samples,
     gpu_samples, gpu_events, tpu_samples, heartbeats, agent_status, jobs, steps, data_batches,
-    slow_steps, checkpoints, scalars, instance_identity, lifecycle_events, revocations,
-    model_fits, findings, unknown_events, dead_letters; views step_hardware, instances;
-    table macro instance_lives(lost_after := 3)).
+    slow_steps, checkpoints, run_ends, scalars, instance_identity, lifecycle_events,
+    revocations, model_fits, findings, unknown_events, dead_letters; views step_hardware,
+    instances; table macros instance_lives(lost_after := 3), runs(since := NULL)).
 
     The query reads the database and nothing else: no files, network or extensions, no
     settings (SET, PRAGMA), one statement; a row limit and a time limit.

@@ -324,6 +324,8 @@
       stat("input wait", s.input_wait_pct === null ? "n/a" : s.input_wait_pct + " %", s.input_bound,
         s.input_bound && s.input_bound !== "not input-bound" ? "warn" : ""),
       stat("ranks", s.ranks, `${s.nodes} nodes, ${s.runs} runs`), stat("accelerator", s.accelerator, s.model),
+      stat("state", s.state, s.ended ? "ended " + s.ended : "latest run",
+        ["crashed", "failed", "node lost"].includes(s.state) ? "bad" : ""),
       stat("GPUs active / allocated", `${series.gpus.active} / ${series.gpus.allocated}`,
         `active: mean utilisation ≥ ${series.gpus.busy_pct} % over the range`,
         series.gpus.active < series.gpus.allocated ? "warn" : "")));
@@ -354,6 +356,9 @@
     out.append(section("Checkpoints (" + series.checkpoints.length + ")", table(
       ["ts", "node", "rank", "action", "seconds", "mib", "step", "ok"], series.checkpoints,
       { highlight: (r) => r.ok === false, empty: "no checkpoint in the range" })));
+    out.append(section("Runs: how each rank stands or ended", table(
+      ["run", "rank", "node", "pid", "state", "started", "last_step", "ended", "steps", "why"], rowsOf(detail.runs || { columns: [], rows: [] }),
+      { highlight: (r) => ["crashed", "failed", "node lost"].includes(r.state), empty: "no run reported" })));
     out.append(section("Ranks, slowest first", table(
       ["run", "rank", "node", "steps", "step_mean_s", "vs_median_pct", "step_p95_s", "input_wait_pct"], series.ranks,
       { highlight: (r) => (r.vs_median_pct || 0) >= 10 })));

@@ -4,6 +4,7 @@ Unix datagram socket."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -66,7 +67,7 @@ def test_library_imports_without_the_agents_dependencies() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["3", "3"]  # 2 step records + the job declaration, all dropped
+    assert r.stdout.split() == ["3", "4"]  # 2 step records, the job declaration and the end: all dropped
 
 
 def test_batches_measures_input_wait_and_step_time(sockdir: Path) -> None:
@@ -148,7 +149,7 @@ def test_no_agent_drops_and_counts_never_raises() -> None:
     for _ in range(track.FLUSH_RECORDS * 2 + 1):
         run.step(examples=8)
     run.close()
-    assert run.steps == 513 and run.dropped == 1 + 512  # job declaration + every record
+    assert run.steps == 513 and run.dropped == 1 + 512 + 1  # job declaration, every record, the end
 
 
 def test_init_rejects_bad_arguments_with_one_line() -> None:
@@ -265,7 +266,8 @@ def test_bad_datagrams_are_counted_and_bad_fields_left_out(sockdir: Path, caplog
         evs = collect(src)
     finally:
         src.close()
-    assert [(t, d) for t, d, _, _ in evs] == [("train_job", {"run": "", "rank": 0, "model": "m"})]
+    # the pid: this process, as the kernel named the sender
+    assert [(t, d) for t, d, _, _ in evs] == [("train_job", {"run": "", "rank": 0, "model": "m", "pid": os.getpid()})]
     assert "train_job.params must be int" in caplog.text and "4 malformed or refused datagrams" in caplog.text
 
 

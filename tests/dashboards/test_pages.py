@@ -109,6 +109,10 @@ def test_the_ps_bound_jobs_page_names_the_finding_and_its_numbers(page, api: str
     assert p.locator("section:has(h2:text-matches('^Over time')) .uplot").count() == 3
     widths = p.eval_on_selector_all(".bar span", "els => els.map(e => parseFloat(e.style.width))")
     assert abs(sum(widths) - 100) < 0.5
+    # how the job's run stands: each rank finished (the simulated fleet's runs end)
+    assert p.inner_text('[data-stat="state"] .v') == "finished"
+    runs = p.locator("section:has(h2:text-matches('^Runs')) tbody tr")
+    assert runs.count() == 8 and all("finished" in runs.nth(i).inner_text() for i in range(8))
     assert page.problems == []
 
 

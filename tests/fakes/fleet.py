@@ -664,10 +664,26 @@ class DemoFleet(Scenarios):
         self.revoked_vm(start)
         self.agents()
 
+    def run_ends(self) -> None:
+        """A ``finished`` end per (job, run, rank) half a second after its last step, but
+        for ranks on revoked VMs."""
+        revoked = {e["node"] for e in self.events if e["type"] == "revocation"}
+        last: dict[tuple[str, str, int, str], tuple[float, int]] = {}
+        for e in self.events:
+            if e["type"] == "train_steps" and e["node"] not in revoked:
+                d = e["data"]
+                k = (e["job"], d["run"], d["rank"], e["node"])
+                last[k] = max(last.get(k, (0.0, 0)), (e["ts"], d["last_step"]))
+        for (job, run, rank, node), (ts, step) in sorted(last.items()):
+            self._ev(ts + 0.5, node, "train_end", {"run": run, "rank": rank, "state": "finished", "steps": step}, job)
+
     def agents(self, every: float = 30.0) -> None:
         """What each simulated node's agent says of the node itself: started by the boot a
         minute after it, its identity (a GCE VM), heartbeats every ``every`` seconds while
-        its job ran, and a clean stop at the end, so that analyze nodes shows real lives."""
+        its job ran, and a clean stop at the end, so that analyze nodes shows real lives.
+        Each rank's run ends ``finished`` after its last step (a rank on a revoked VM says
+        nothing: the revocation ended it)."""
+        self.run_ends()
         spans: dict[str, list[float]] = {}
         roles: dict[str, tuple[str, str]] = {}
         for e in self.events:

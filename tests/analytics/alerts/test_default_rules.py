@@ -106,15 +106,72 @@ def steps(con: duckdb.DuckDBPyConnection, job: str, node: str, until: float) -> 
         insert(con, "steps", ts=at(t), node=node, job=job, run="r", rank=0, interval_seconds=10.0, steps=50)
 
 
+def run_end(con: duckdb.DuckDBPyConnection, job: str, node: str, t: float, state: str, **kw: Any) -> None:
+    insert(con, "run_ends", ts=at(t), node=node, job=job, run="r", rank=0, state=state, **kw)
+
+
 def test_job_stalled(con: duckdb.DuckDBPyConnection) -> None:
-    steps(con, "stuck", "s-1", 600)  # steps stop at 600
+    steps(con, "stuck", "s-1", 600)  # steps stop at 600, no end: a stall
+    node_life(con, "s-1", 1000, job="stuck")  # its node lives
     steps(con, "running", "r-1", 1000)
-    [a] = fired(con, [at(1000)])["JobStalled"]
-    assert a.labels["job"] == "stuck" and a.value == 400
-    # a job whose node was revoked: the stall follows from it, inhibited
-    node_life(con, "s-1", 600, job="stuck", notice=590)
-    [a] = fired(con, [at(1000)])["JobStalled"]
-    assert a.state == "inhibited" and "revocation of s-1" in (a.inhibited_by or "")
+    steps(con, "done", "d-1", 600)
+    run_end(con, "done", "d-1", 601, "finished")  # ended: not a stall
+    steps(con, "old-agent", "o-1", 600)  # no end (an agent before run ends), its node stopped cleanly
+    node_life(con, "o-1", 600, job="old-agent", stop=True)
+    steps(con, "again", "a-1", 300)
+    run_end(con, "again", "a-1", 301, "finished")
+    steps(con, "again", "a-1", 650)  # restarted under the same run and rank after its end: stalls again
+    f = fired(con, [at(1000)])
+    assert sorted((a.labels["job"], a.value) for a in f["JobStalled"]) == [("again", 350), ("stuck", 400)]
+    # the collector holds data only up to 920 s (a backlog): "again" stepped within 5 minutes of
+    # that and may have stepped since; "stuck" had not
+    e = default_engine(con, 1800)
+    for g in e.groups:
+        e.eval_group(con, g, at(1000), at(920))
+    assert [a.labels["job"] for a in e.snapshot() if a.labels["alertname"] == "JobStalled"] == ["stuck"]
+
+
+def test_job_stalled_leaves_lost_and_revoked_nodes_to_their_own_alerts(con: duckdb.DuckDBPyConnection) -> None:
+    steps(con, "on-revoked", "v-1", 600)
+    node_life(con, "v-1", 600, job="on-revoked", notice=590)
+    steps(con, "on-lost", "l-1", 600)
+    node_life(con, "l-1", 600, job="on-lost")
+    f = fired(con, [at(1000)])
+    assert "JobStalled" not in f and [a.labels["node"] for a in f["NodeLost"]] == ["l-1"]
+    # before the node's silence ends its life, the stall is inhibited by the notice
+    steps(con, "early", "e-1", 300)
+    node_life(con, "e-1", 700, job="early", notice=690)
+    [a] = fired(con, [at(700)])["JobStalled"]
+    assert a.state == "inhibited" and "revocation of e-1" in (a.inhibited_by or "")
+
+
+def test_job_crashed(con: duckdb.DuckDBPyConnection) -> None:
+    steps(con, "oom", "c-1", 600)
+    run_end(con, "oom", "c-1", 610, "crashed", steps=3000, pid=4242)
+    steps(con, "fine", "c-2", 600)
+    run_end(con, "fine", "c-2", 610, "finished")
+    f = fired(con, [at(700)])
+    [a] = f["JobCrashed"]
+    assert (a.labels["job"], a.labels["run"], a.value, a.labels["severity"]) == ("oom", "r", 1, "critical")
+    assert "JobStalled" not in f and "JobFailed" not in f
+    assert "JobCrashed" not in fired(con, [at(610 + 901)])  # 15 minutes later: over
+    # the same process's own end at the same time wins over the agent's verdict
+    run_end(con, "oom", "c-1", 610, "finished", pid=4242)
+    assert "JobCrashed" not in fired(con, [at(700)])
+
+
+def test_job_failed(con: duckdb.DuckDBPyConnection) -> None:
+    steps(con, "nan", "f-1", 600)
+    run_end(con, "nan", "f-1", 605, "failed", error="FloatingPointError: loss is nan")
+    steps(con, "exit3", "f-2", 600)
+    run_end(con, "exit3", "f-2", 605, "failed", exit_code=3)
+    steps(con, "stopped", "f-3", 600)
+    run_end(con, "stopped", "f-3", 605, "interrupted", signal="SIGINT")  # someone stopped it: no page
+    f = fired(con, [at(700)])
+    got = sorted((a.labels["job"], a.labels["reason"], a.value) for a in f["JobFailed"])
+    assert got == [("exit3", "exit code 3", 1), ("nan", "FloatingPointError: loss is nan", 1)]
+    assert "loss is nan" in [a for a in f["JobFailed"] if a.labels["job"] == "nan"][0].annotations["summary"]
+    assert not {"JobStalled", "JobCrashed"} & set(f)
 
 
 def last_step(con: duckdb.DuckDBPyConnection, job: str) -> dt.datetime:
@@ -147,6 +204,14 @@ def test_input_bound(fleet) -> None:  # noqa: F811
     # the job stops stepping: the window still holds its telemetry, but the cause has ended
     f = fired(con, [end - dt.timedelta(minutes=5), end, end + dt.timedelta(minutes=3)])
     assert "InputBound" not in f
+    # the job said it finished at its last step: at once, nothing more about it
+    ranks = con.execute("SELECT DISTINCT rank, node FROM steps WHERE job = 'sim-starved-1'").fetchall()
+    for rank, node in ranks[1:]:
+        insert(con, "run_ends", ts=end, node=node, job="sim-starved-1", run="r1", rank=rank, state="finished")
+    assert "InputBound" in fired(con, [end - dt.timedelta(minutes=5), end])  # one rank still runs
+    rank, node = ranks[0]
+    insert(con, "run_ends", ts=end, node=node, job="sim-starved-1", run="r1", rank=rank, state="finished")
+    assert "InputBound" not in fired(con, [end - dt.timedelta(minutes=5), end])
 
 
 def test_ps_bound(fleet) -> None:  # noqa: F811
@@ -174,16 +239,36 @@ def _fired_with_horizon(con: duckdb.DuckDBPyConnection, t: dt.datetime, horizon:
     return {a.labels["alertname"]: a for a in e.snapshot() if a.state == "firing"}
 
 
+def _fired_lagging(con: duckdb.DuckDBPyConnection, t: dt.datetime, horizon: dt.datetime | None,
+                   lag: float) -> dict:
+    e = default_engine(con, 1800)
+    for g in e.groups:
+        e.eval_group(con, g, t, horizon, lag)
+    return {a.labels["alertname"]: a for a in e.snapshot() if a.state == "firing"}
+
+
 def test_collector_behind(con: duckdb.DuckDBPyConnection) -> None:
-    # every node sent until 300 s; the collector holds data only up to 300 s (a Kafka outage
-    # or a restart): at 400 s no node is judged lost, one alert says the collector is behind
+    # every node sent until 300 s; the collector has had unread input for 100 s (a Kafka
+    # outage or a restart) and holds data only up to 300 s: at 400 s no node is judged lost,
+    # one alert says the collector is behind
     for i in range(20):
         node_life(con, f"n{i}", 300)
-    f = _fired_with_horizon(con, at(400), at(300))
+    f = _fired_lagging(con, at(400), at(300), 100)
     assert "NodeLost" not in f
     a = f["CollectorBehind"]
     assert a.value == 100 and a.labels["subject"] == "ingest" and "100 s" in a.annotations["summary"]
-    # caught up (the horizon is now) and the nodes really went silent: they are lost, and
-    # the collector is not behind
-    f = _fired_with_horizon(con, at(400), at(400))
+    assert "CollectorBehind" not in _fired_lagging(con, at(400), at(300), 30)  # within 30 s
+    # caught up (nothing unread) and the nodes really went silent: they are lost, and the
+    # collector is not behind
+    f = _fired_lagging(con, at(400), at(400), 0)
     assert "CollectorBehind" not in f and "NodeLost" in f
+
+
+def test_collector_behind_is_unread_input_not_old_events(con: duckdb.DuckDBPyConnection) -> None:
+    # a spool read to its end whose newest event is 25 minutes old (the agent stopped): the
+    # horizon still waits at the newest heartbeat (a restart's grace), nothing is unread
+    node_life(con, "gone", 300, stop=True)
+    f = _fired_lagging(con, at(1800), at(300), 1.0)
+    assert "CollectorBehind" not in f and "NodeLost" not in f
+
+
