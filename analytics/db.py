@@ -18,7 +18,7 @@ import contextlib
 import datetime as dt
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -76,6 +76,9 @@ class Database:
         self._catalog = ""  # the served connection's database name (a cursor starts elsewhere)
         self._lock = threading.Lock()  # cursors are made one at a time
         self._write_lock = threading.Lock()
+        # up to when the database holds everything sent (a serving collector's ingest
+        # horizon; None: as of now, a file no collector is filling)
+        self.horizon: Callable[[], dt.datetime | None] = lambda: None
 
     @classmethod
     def served(cls, con: duckdb.DuckDBPyConnection, path: str | Path) -> Database:

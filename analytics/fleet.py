@@ -74,14 +74,14 @@ def gpu_rows(con: duckdb.DuckDBPyConnection, since: dt.datetime | None,
 
 
 def summary(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None,
-            lost_after: float = 3, with_nodes: bool = True) -> dict[str, Any]:
+            lost_after: float = 3, with_nodes: bool = True, horizon: dt.datetime | None = None) -> dict[str, Any]:
     """Nodes by liveness (None without ``with_nodes``: a caller that reads the node table
     anyway counts them there), GPUs by state, jobs with steps in the window, stored findings
     by severity, alerts by state, and goodput of those jobs' time inside the window."""
     nodes: dict[str, int] | None = None
     if with_nodes:
         nodes = {}
-        cols, rows = queries.nodes(con, lost_after, None)
+        cols, rows = queries.nodes(con, lost_after, None, horizon)
         for r in rows:
             st = dict(zip(cols, r, strict=True))["state"] or "unknown"
             nodes[st] = nodes.get(st, 0) + 1

@@ -30,13 +30,22 @@ def needs_schema(con: duckdb.DuckDBPyConnection, version: int, what: str) -> Non
         )
 
 
-def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[str, str] | None = None) -> Result:
+def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[str, str] | None = None,
+          horizon: dt.datetime | None = None) -> Result:
     """Every node seen: role, job, cloud identity and state of its latest life (alive, or
     how it ended: revoked / stopped / lost after ``lost_after`` silent heartbeat
     intervals), first/last seen, agent version and counters from its latest heartbeat,
     GPUs seen, sources currently not ok, and events stamped far from the collector's clock
-    (count, latest skew in seconds; ``clock skew``: a node seen only through those)."""
+    (count, latest skew in seconds; ``clock skew``: a node seen only through those).
+    ``horizon``: up to when the database holds everything sent (a collector behind: Kafka
+    away, a backlog); a node lost now but alive as of then is ``unknown (collector
+    behind)``, as the NodeLost rule judges it."""
     needs_schema(con, 7, "analyze nodes")
+    behind = horizon is not None and horizon < dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    then = ("""
+        past AS (
+            SELECT node, arg_max(coalesce(end_reason, state), boot_time) AS state
+            FROM instance_lives(lost_after := $lost, asof_ts := $horizon) GROUP BY node),""" if behind else "")
     return _run(
         con,
         f"""
@@ -51,23 +60,27 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[st
             WHERE state <> 'ok' GROUP BY node),
         sk AS (
             SELECT node, count(*) AS skewed_events, round(arg_max(skew_seconds, received_at)) AS clock_skew_s
-            FROM clock_skew GROUP BY node),
+            FROM clock_skew GROUP BY node),{then}
         life AS (
             SELECT node, arg_max(cloud, boot_time) AS cloud, arg_max(zone, boot_time) AS zone,
                    arg_max(instance_type, boot_time) AS instance_type, arg_max(spot, boot_time) AS spot,
                    arg_max(coalesce(end_reason, state), boot_time) AS state, count(*) AS lives
-            FROM instance_lives(lost_after := ?) GROUP BY node)
+            FROM instance_lives(lost_after := $lost) GROUP BY node)
         SELECT n.node, n.role, n.job, life.cloud, life.zone, life.instance_type, life.spot,
-               coalesce(life.state, CASE WHEN sk.node IS NULL THEN 'unknown' ELSE 'clock skew' END) AS state, coalesce(life.lives, 0) AS lives,
+               coalesce({"CASE WHEN life.state = 'lost' AND past.state = 'alive' THEN 'unknown (collector behind)' "
+                         "ELSE life.state END" if behind else "life.state"},
+                        CASE WHEN sk.node IS NULL THEN 'unknown' ELSE 'clock skew' END) AS state,
+               coalesce(life.lives, 0) AS lives,
                strftime(n.first_seen, '%Y-%m-%d %H:%M:%S') AS first_seen,
                strftime(n.last_seen, '%Y-%m-%d %H:%M:%S') AS last_seen, hb.agent_version,
                hb.last_seq AS heartbeats, coalesce(g.gpus, 0) AS gpus, hb.spool_pending, hb.dropped,
                coalesce(st.problems, '') AS not_ok, sk.clock_skew_s, coalesce(sk.skewed_events, 0) AS skewed_events
         FROM nodes n LEFT JOIN hb USING (node) LEFT JOIN g USING (node) LEFT JOIN st USING (node)
-        LEFT JOIN life USING (node) LEFT JOIN sk USING (node)
-        {"WHERE json_extract_string(n.labels, ?) = ?" if label else ""}
+        LEFT JOIN life USING (node) LEFT JOIN sk USING (node){" LEFT JOIN past USING (node)" if behind else ""}
+        {"WHERE json_extract_string(n.labels, $lk) = $lv" if label else ""}
         ORDER BY n.node""",
-        [lost_after] + ([f'$."{label[0]}"', label[1]] if label else []),
+        {"lost": lost_after, **({"horizon": horizon} if behind else {}),
+         **({"lk": f'$."{label[0]}"', "lv": label[1]} if label else {})},
     )
 
 

@@ -7,7 +7,9 @@ failures at run time are ``CollectorError``s (one line each); the CLI only maps 
 
 from __future__ import annotations
 
+import datetime as dt
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +82,7 @@ def run(cfg: CollectorConfig, say: Say) -> None:
         _start_alerting(r.alerting, r.service, cfg.ui_url, say)
         if r.service:
             r.service.alerting = r.alerting
+            r.service.database.horizon = _horizon(r)
         if cfg.command == "kafka":
             try:
                 r.ingest.open()
@@ -161,6 +164,21 @@ def _alerting(con: Any, cfg: CollectorConfig) -> Any:
         raise ConfigError(str(e)) from None
     al.grace = cfg.liveness_grace
     return al
+
+
+def _horizon(r: Run) -> Callable[[], dt.datetime | None]:
+    """Up to when the served database holds everything sent: the alerting's ingest horizon
+    (with its grace after a gap), else the last time ingest found nothing unread (before
+    that, the collector's start). Liveness on the API and the pages is judged as of it."""
+    if r.alerting is not None:
+        return r.alerting.horizon
+    started = time.time()
+
+    def horizon() -> dt.datetime | None:
+        t = r.ingest.totals.caught_up_at
+        return dt.datetime.fromtimestamp(started if t is None else t, dt.timezone.utc).replace(tzinfo=None)
+
+    return horizon
 
 
 def _serve(con: Any, db: str, http: Any, totals: Callable[[], Totals], say: Say) -> Any:

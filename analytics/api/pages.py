@@ -22,7 +22,7 @@ def fleet_summary(db: Database, since: dt.datetime | None = None, until: dt.date
     from .. import fleet
 
     with db.read() as con:
-        return fleet.summary(con, since, until, lost_after, with_nodes)
+        return fleet.summary(con, since, until, lost_after, with_nodes, db.horizon())
 
 
 def gpu_heatmap(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,

@@ -12,8 +12,9 @@ from .base import Table, _table
 
 
 def nodes(db: Database, lost_after: float = 3, label: str | None = None) -> Table:
-    """Every node seen (cmdare.analytics.queries.nodes); ``label``: KEY=VALUE."""
-    return _table(db, queries.nodes, lost_after, queries.parse_label(label))
+    """Every node seen (cmdare.analytics.queries.nodes); ``label``: KEY=VALUE. A serving
+    collector judges liveness as of its ingest horizon (``db.horizon``)."""
+    return _table(db, queries.nodes, lost_after, queries.parse_label(label), db.horizon())
 
 
 def instances(db: Database, lost_after: float = 3, since: dt.datetime | None = None, region: str | None = None,

@@ -214,6 +214,37 @@ def test_each_life_ends_with_the_right_classification(db: Path) -> None:
     assert nodes["spare-1"]["state"] == "unknown"  # no agent lifecycle from that node
 
 
+def test_a_node_silent_only_past_the_collectors_horizon_is_unknown_not_lost(db: Path) -> None:
+    """A collector behind (Kafka away, a backlog) holds nothing of the last minutes: a node
+    silent only since its horizon is "unknown (collector behind)" on the API and the fleet
+    page, as NodeLost judges it; one silent before the horizon is lost all the same."""
+    import datetime as dt
+
+    from cmdare.analytics import api
+    from cmdare.analytics.db import Database
+
+    d = Database(db)
+    state = lambda: {r[0]: r[d_cols.index("state")] for r in t.rows}  # noqa: E731
+    t = api.nodes(d)
+    d_cols = t.columns
+    assert state()["kill-1"] == "lost" and state()["reboot-1"] == "alive"
+    # the collector caught up last 30 minutes ago: reboot-1 and restart-1 (heard 5 s ago) are
+    # alive as of then; kill-1 was silent long before
+    d.horizon = lambda: dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(minutes=30)
+    t = api.nodes(d, lost_after=3)
+    assert state()["kill-1"] == "lost" and state()["reboot-1"] == "alive"
+    # at its horizon the nodes still sent: a node silent after it cannot be judged lost
+    t0 = dt.datetime.fromtimestamp(T0 + 150, dt.timezone.utc).replace(tzinfo=None)  # kill-1 sent until +200
+    d.horizon = lambda: t0
+    t = api.nodes(d)
+    assert state()["kill-1"] == "unknown (collector behind)" and state()["stop-1"] == "stopped"
+    fleet = api.fleet_summary(d)["nodes"]
+    assert fleet["unknown (collector behind)"] == 1 and "lost" not in fleet
+    d.horizon = lambda: None  # a file no collector fills: as of now
+    t = api.nodes(d)
+    assert state()["kill-1"] == "lost"
+
+
 def test_instances_filters(db: Path) -> None:
     assert {r["node"] for r in run("instances", "--region", "europe", "--db", str(db))} == {"kill-1"}
     assert len(run("instances", "--gpu-type", "a100", "--db", str(db))) == 6  # every life

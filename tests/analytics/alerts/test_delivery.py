@@ -393,6 +393,27 @@ def test_the_ingest_horizon_waits_out_gaps_and_their_grace(tmp_path) -> None:
         con.close()
 
 
+def test_ingest_lag_is_the_time_since_nothing_was_unread(tmp_path) -> None:
+    """ingest_lag(): since the collector started while it has not caught up once, then since
+    it last found nothing unread; never the age of the newest event."""
+    con = connect(str(tmp_path / "a.duckdb"))
+    al = Alerting(con, [], 1800)
+    seen: list[float | None] = [None]
+    al.caught_up = lambda: seen[0]
+    try:
+        al.created = time.time() - 50
+        assert 49 < al.lag() < 60  # reading since it started
+        seen[0] = time.time() - 1  # a spool read to its end a second ago, whatever its events' age
+        assert 0.9 < al.lag() < 5
+        seen[0] = time.time() - 120  # Kafka away for two minutes
+        assert 119 < al.lag() < 130
+        seen[0] = time.time() + 5  # a clock step: never negative
+        assert al.lag() == 0
+    finally:
+        al.stop()
+        con.close()
+
+
 ONCE = f"""
 groups:
   - name: once
