@@ -204,6 +204,17 @@ def stored_findings(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, t0: 
     return out
 
 
+def _uncovered(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime) -> list[str]:
+    """The jobs no detector run looked at over [t0, t1] (a database from before coverage was
+    kept counts every job without stored findings as not looked at)."""
+    from .current import uncovered
+
+    try:
+        return uncovered(con, jobs, t0, t1, list(DETECTORS))
+    except duckdb.CatalogException:  # no finding_coverage table (an older database, read-only)
+        return list(jobs)
+
+
 def fresh_findings(con: duckdb.DuckDBPyConnection, job: str | None, t0: dt.datetime,
                    t1: dt.datetime) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """The same, from running the detectors now (one job, or every job)."""
@@ -328,11 +339,11 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
     whole = goodput(con, job, since, until)
     cat = prices.load()
     found = stored_findings(con, [job], _stamp(whole.start), _stamp(whole.end)).get(job)
-    if found is None:
+    if found is None and _uncovered(con, [job], _stamp(whole.start), _stamp(whole.end)):
         found = fresh_findings(con, job, _stamp(whole.start), _stamp(whole.end)).get(job, [])
     rows = []
     for a, b in windows(whole.start, whole.end, every) if whole.end > whole.start else [(whole.start, whole.end)]:
-        acc = account_many(con, [job], a, b, {job: found}, cat)[job]
+        acc = account_many(con, [job], a, b, {job: found or []}, cat)[job]
         tot = acc.total
         lead = [_stamp(a)] if every is not None else []
         for k in (*BUCKETS, "total"):
@@ -345,10 +356,12 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
 
 
 def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None, by: str,
-                every: float | None = None, detect: bool = False) -> tuple[list[str], list[list[Any]], list[str]]:
+                every: float | None = None, detect: bool = True) -> tuple[list[str], list[list[Any]], list[str]]:
     """Every job that stepped in [since, until), accounted and rolled up ``by`` (job, region,
     accelerator, fleet, or a node label such as team); with ``every``, per window. Findings:
-    those stored; ``detect`` runs the detectors now for jobs without any."""
+    those stored (the collector's detector schedule keeps them current); for jobs whose time
+    no detector run covered (``finding_coverage``: an offline database), the detectors run
+    now, unless ``detect`` is off."""
     from . import prices
     from .goodput import epoch
 
@@ -361,15 +374,15 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     lo = since or _stamp(min(whole[j].start for j in jobs))
     hi = until or _stamp(max(whole[j].end for j in jobs))
     found = stored_findings(con, jobs, lo, hi)
-    missing = [j for j in jobs if j not in found]
+    missing = [j for j in _uncovered(con, jobs, lo, hi) if j not in found]
     if missing and detect:
-        fresh = fresh_findings(con, None, lo, hi)
+        fresh = fresh_findings(con, missing[0] if len(missing) == 1 else None, lo, hi)
         for j in missing:
             found[j] = fresh.get(j, [])
-    elif not found:  # nothing stored at all (a job with no problem stores none once bottlenecks ran)
-        notes.append(f"the {len(jobs)} jobs have no stored findings for the range: their productive time is not "
-                     "split by the detectors' evidence (analyze bottlenecks stores findings; --detect runs the "
-                     "detectors now)")
+    elif missing:
+        notes.append(f"{len(missing)} job(s) were never looked at by the detectors in the range: their productive "
+                     "time is not split by the detectors' evidence (--detect runs them now; a collector keeps "
+                     "findings current)")
     cat = prices.load()
     out_rows: list[list[Any]] = []
     cols: list[str] = []

@@ -25,6 +25,9 @@ from .detectors import DETECTORS
 from .units import Finding, Scope, check_requirements, run_unit
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+EPOCH = dt.datetime(1970, 1, 1)  # a coverage that starts with the data
+COLUMNS = ("kind, job, node, rank, subject, severity, confidence, window_start, window_end, summary, evidence, "
+           "fit_ids, suggests, first_detected, detected_at")
 CONFIG_ENV = "CMDARE_ANALYZE_CONFIG"
 
 
@@ -134,6 +137,25 @@ def run(
     return out
 
 
+def record_coverage(con: duckdb.DuckDBPyConnection, kinds: list[str], job: str | None, since: dt.datetime | None,
+                    until: dt.datetime, now: dt.datetime, extend: bool = False) -> None:
+    """The detectors ``kinds`` looked at [since, until] for ``job`` (None: every job); with
+    ``extend``, the latest row of the same kinds and job reaching ``since`` grows instead
+    (a schedule's consecutive rounds). Inside the caller's transaction."""
+    start = since or EPOCH
+    if extend:
+        row = con.execute(
+            """SELECT rowid FROM finding_coverage
+               WHERE job IS NOT DISTINCT FROM $job AND kinds = $kinds::VARCHAR[] AND window_end >= $start
+               ORDER BY window_end DESC LIMIT 1""", {"job": job, "kinds": sorted(kinds), "start": start}).fetchone()
+        if row is not None:
+            con.execute("UPDATE finding_coverage SET window_end = greatest(window_end, $until), ran_at = $now "
+                        "WHERE rowid = $r", {"until": until, "now": now, "r": row[0]})
+            return
+    con.execute("INSERT INTO finding_coverage VALUES ($job, $kinds::VARCHAR[], $start, $until, $now)",
+                {"job": job, "kinds": sorted(kinds), "start": start, "until": until, "now": now})
+
+
 def _key(kind: str, job: Any, node: Any, rank: Any, subject: Any) -> tuple:
     return (kind, job, node, rank, subject)
 
@@ -188,7 +210,8 @@ def store(
             for f in outcome.findings
         ]
         if rows:
-            con.executemany("INSERT INTO findings VALUES (" + ", ".join("?" * 15) + ")", rows)
+            con.executemany(f"INSERT INTO findings ({COLUMNS}) VALUES (" + ", ".join("?" * 15) + ")", rows)
+        record_coverage(con, outcome.ran, scope.job, scope.since, scope.until or now, now)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

@@ -292,6 +292,11 @@ ACTIVE_SECONDS = 3600  # a finding whose window ended this recently is active; a
 MAX_METRIC_JOBS = 200  # jobs whose goodput one scrape exports (the most recent)
 
 
+def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = ? AND column_name = ?",
+                            [table, column]).fetchone()[0])
+
+
 def conclusions(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) -> dict[str, Any]:
     """What the collector exports to Prometheus besides its own counters: active findings
     per (job, kind, severity), and goodput per running job (productive share of wall time
@@ -300,9 +305,12 @@ def conclusions(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) 
     since = now - dt.timedelta(seconds=ACTIVE_SECONDS)
     findings: list[tuple[str, str, str, int]] = []
     if _has(con, "findings"):
+        # active: not resolved by the collector's detector schedule, and standing on the last
+        # hour's telemetry (a finding stored by hand is never resolved: its window ages out)
         findings = [(j or "", k, s, n) for j, k, s, n in con.execute(
-            "SELECT job, kind, severity, count(*) FROM findings WHERE window_end >= ? GROUP BY ALL ORDER BY ALL",
-            [since]).fetchall()]
+            f"SELECT job, kind, severity, count(*) FROM findings WHERE window_end >= ? "
+            f"{'AND resolved_at IS NULL ' if _has_column(con, 'findings', 'resolved_at') else ''}"
+            "GROUP BY ALL ORDER BY ALL", [since]).fetchall()]
     jobs = [j for (j,) in con.execute(
         "SELECT job FROM steps WHERE job IS NOT NULL AND ts >= ? GROUP BY job ORDER BY max(ts) DESC LIMIT ?",
         [since, MAX_METRIC_JOBS]).fetchall()]

@@ -97,7 +97,7 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("fleet_goodput", "/api/v1/goodput", "jobs",
              (p_since(True), p_until(True),
               Param("by", str, "fleet", {"max_length": 64, "pattern": r"^[A-Za-z0-9_.-]+$"}),
-              Param("every", float | None, bounds={"ge": 60, "le": 1e8}), Param("detect", bool, False))),
+              Param("every", float | None, bounds={"ge": 60, "le": 1e8}), Param("detect", bool, True))),
     Resource("goodput", "/api/v1/jobs/{job}/goodput", "jobs",
              (P_JOB, p_since(True), p_until(True), Param("every", float | None, bounds={"ge": 60, "le": 1e8})),
              report="job", report_params=("since",)),

@@ -215,7 +215,7 @@ class Service:
                 log.warning("metrics: conclusions unavailable: %s", str(e).splitlines()[0][:200])
                 return
         c = self._conclusions[1]
-        f = GaugeMetricFamily("cmdare_finding_active", "stored findings whose window ended within the last hour",
+        f = GaugeMetricFamily("cmdare_finding_active", "stored findings not resolved whose window ended within the last hour",
                               labels=("job", "kind", "severity"))
         for job, kind, sev, n in c["findings"]:
             f.add_metric([job, kind, sev], n)

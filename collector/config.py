@@ -128,6 +128,12 @@ SETTINGS: tuple[Setting, ...] = (
        "once it has caught up, for agents to re-send what they spooled", shown="45s"),
     _s("alerting", "resend", "duration", 60.0, "re-send firing alerts to the receivers this often",
        flag="--alert-resend", shown="1m"),
+    _s("findings", "detect_every", "duration", 60.0,
+       "run every detector over the last --detect-window this often and keep the findings table current (goodput, "
+       "the pages and /metrics read it); off: only analyze bottlenecks stores findings", shown="1m", off=True,
+       least=5),
+    _s("findings", "detect_window", "duration", 900.0, "the sliding window each scheduled detector round reads",
+       shown="15m"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 # receivers' secrets by receiver name (the file's [[receivers]] tables name them directly)
@@ -177,9 +183,12 @@ def parse_value(s: Setting, where: str, v: Any) -> Any:
         raise ConfigError(f"{where}: {v!r} must be more than 0 (or off)")
     if s.off and x < s.least:
         what = "negative" if s.least == 0 else f"under {s.least:g} s"
-        raise ConfigError(f"{where}: {str(v)[:20]!r} must not be {what}; 'off' keeps all")
+        off = "'off' keeps all" if s.section == "storage" else "or 'off'"
+        raise ConfigError(f"{where}: {str(v)[:20]!r} must not be {what}; {off}")
     if s.key == "commit_every" and not 0.05 <= x <= 3600:
         raise ConfigError(f"{where}: {str(v)[:20]!r} must be from 50ms to 1h")
+    if s.key == "detect_window" and not 60 <= x <= 86400:
+        raise ConfigError(f"{where}: {str(v)[:20]!r} must be from 1m to 1d")
     return x
 
 

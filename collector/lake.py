@@ -64,7 +64,8 @@ MARKER = "lake_commits"
 EVENT_TABLES = tuple(sorted({*TABLES.values(), "unknown_events", "clock_skew", "dead_letters"}))
 APPENDED = (*EVENT_TABLES, "nodes")
 # written by analyze, replaced whole (small)
-DERIVED = ("findings", "model_fits", "alerts", "alert_rules", "checkpoint_records", "startup_records")
+DERIVED = ("findings", "finding_coverage", "model_fits", "alerts", "alert_rules", "checkpoint_records",
+           "startup_records")
 # single-file bookkeeping with no lake counterpart
 LOCAL_ONLY = ("ingest_positions", "rollup_dirty", "rollup_horizon", *rollup.TABLES, "schema_migrations")
 # how one stored row is recognised when a round overlaps what a table holds (nodes rows

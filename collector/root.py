@@ -39,8 +39,11 @@ class Run:
     alerting: Any = None
     service: Any = None
     ingest: Any = None
+    detectors: Any = None
 
     def close(self) -> None:
+        if self.detectors:
+            self.detectors.stop()
         if self.alerting:
             self.alerting.stop()
         if self.service:
@@ -83,6 +86,9 @@ def run(cfg: CollectorConfig, say: Say) -> None:
         if r.service:
             r.service.alerting = r.alerting
             r.service.database.horizon = _horizon(r)
+        r.detectors = _detectors(con, cfg, say) if serve else None
+        if r.alerting and r.detectors:  # finding rules read what the schedule keeps current
+            r.alerting.engine.findings_fresh = 2 * cfg.detect_every + 30
         if cfg.command == "kafka":
             try:
                 r.ingest.open()
@@ -164,6 +170,19 @@ def _alerting(con: Any, cfg: CollectorConfig) -> Any:
         raise ConfigError(str(e)) from None
     al.grace = cfg.liveness_grace
     return al
+
+
+def _detectors(con: Any, cfg: CollectorConfig, say: Say) -> Any:
+    """The detectors on a schedule (findings kept current), or None with --detect-every off."""
+    from cmdare.analytics.current import DetectorSchedule
+
+    if cfg.detect_every is None:
+        return None
+    d = DetectorSchedule(con, cfg.detect_every, cfg.detect_window)
+    d.start()
+    say(f"cmdare-collector: detectors every {cfg.detect_every:g} s over the last {cfg.detect_window:g} s "
+        "(findings kept current; --detect-every off: none)")
+    return d
 
 
 def _horizon(r: Run) -> Callable[[], dt.datetime | None]:

@@ -72,6 +72,9 @@ class Engine:
         self.lock = threading.Lock()
         self.receivers: list[Any] = []  # those that deliver (resolutions are kept until they have)
         self.rule_timeout = 30.0  # seconds one rule's query may run
+        # with the collector's detector schedule on: finding rules read the findings it stored
+        # within this many seconds (unresolved) instead of running their detector again
+        self.findings_fresh: float | None = None
 
     def delivered(self, items: list[tuple[tuple[str, str], Any, bool]], at: dt.datetime) -> None:
         """A receiver delivered these alerts (key, episode, ``True``: their resolution) at
@@ -145,7 +148,7 @@ class Engine:
             t0 = time.perf_counter()
             h = self.health[rule.id]
             try:
-                found = evaluate(con, rule, at, self.rule_timeout, horizon, lag)
+                found = evaluate(con, rule, at, self.rule_timeout, horizon, lag, self.findings_fresh)
                 self._apply(rule, found, at, revoked)
             except Exception as e:  # this rule only: the rest of the group runs
                 h.health = "error"

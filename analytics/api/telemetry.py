@@ -83,7 +83,7 @@ def goodput(db: Database, job: str, since: dt.datetime | None = None, until: dt.
 
 
 def fleet_goodput(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
-                  by: str = "fleet", every: float | None = None, detect: bool = False) -> Table:
+                  by: str = "fleet", every: float | None = None, detect: bool = True) -> Table:
     """Every job's accelerator time in the range, rolled up ``by`` job, region, accelerator,
     fleet or a node label (e.g. team); ``notes`` says what was not counted."""
     from ..accounting import fleet_table

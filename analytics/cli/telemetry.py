@@ -103,7 +103,9 @@ def revocations(since: str | None, region: str | None, gpu_type: str | None, db:
 @click.option("--fleet", is_flag=True, help="every job that stepped in the range, rolled up --by")
 @click.option("--by", default="fleet", show_default=True, metavar="job|region|accelerator|fleet|LABEL",
               help="with --fleet: one row per job, region, accelerator, the fleet, or value of a node label (team)")
-@click.option("--detect", is_flag=True, help="with --fleet: run the detectors now for jobs with no stored findings")
+@click.option("--detect/--no-detect", default=True, show_default=True,
+              help="with --fleet: run the detectors now for jobs no detector run looked at (a database no collector "
+                   "keeps current); --no-detect: stored findings only")
 @click.option("--since", help="only the part of the wall time newer than this (e.g. 30m, 24h, 7d)")
 @until_option
 @every_option
@@ -119,8 +121,9 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
     GPU-second lands in exactly one; the buckets add up to the total. GPU-hours, and dollars
     from the price catalogue (spot or on-demand price of each node's instance type).
 
-    PS wait, stragglers and idle GPUs come from the detectors' evidence: the findings that
-    `analyze bottlenecks` stored (for one job, the detectors run now when none are stored).
+    PS wait, stragglers and idle GPUs come from the detectors' evidence: the findings the
+    collector's detector schedule keeps current or `analyze bottlenecks` stored; for jobs no
+    detector run looked at, the detectors run now.
     With --fleet, every job that stepped in the range, one row per --by group.
 
     \b
@@ -131,8 +134,8 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
     """
     if fleet == bool(job):
         raise click.UsageError("give --job JOB, or --fleet (with --by)")
-    if not fleet and (by != "fleet" or detect):
-        raise click.UsageError("--by and --detect go with --fleet")
+    if not fleet and by != "fleet":
+        raise click.UsageError("--by goes with --fleet")
     if len(by) > 64 or not all(c.isalnum() or c in "_.-" for c in by):
         raise click.BadParameter("a group (job, region, accelerator, fleet) or a label key", param_hint="--by")
     ev = every_value(every)

@@ -127,7 +127,7 @@ def test_the_fleet_rolls_up_by_label_region_accelerator_and_job(db: Path) -> Non
     assert r.exit_code == 0, r.output
     rows = {x["team"]: x for x in json.loads(r.stdout)}
     assert set(rows) == {"vision", "speech"}
-    assert "no stored findings" in r.stderr and "price catalogue has no price" in r.stderr
+    assert "never looked at" not in r.stderr and "price catalogue has no price" in r.stderr  # detected now
     fleet = json.loads(CliRunner().invoke(cli, ["goodput", "--fleet", "--db", str(db), "--json"]).stdout)
     assert len(fleet) == 1 and fleet[0]["jobs"] == 3
     assert fleet[0]["gpu_hours"] == pytest.approx(sum(x["gpu_hours"] for x in rows.values()), abs=1e-3)
@@ -153,7 +153,7 @@ def test_windows_add_up_to_the_whole(db: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["goodput"], "give --job JOB, or --fleet"),
     (["goodput", "--job", "c1", "--fleet"], "give --job JOB, or --fleet"),
-    (["goodput", "--job", "c1", "--by", "team"], "--by and --detect go with --fleet"),
+    (["goodput", "--job", "c1", "--by", "team"], "--by goes with --fleet"),
     (["goodput", "--fleet", "--by", "team'); DROP TABLE steps; --"], "a group (job, region, accelerator"),
     (["goodput", "--job", "c1", "--every", "10s"], "goodput windows are at least 1m"),
     (["goodput", "--fleet", "--every", "1m", "--since", "3650d"], "at most 1000"),
@@ -193,7 +193,7 @@ def test_the_fleet_roll_up_through_the_collectors_api_is_the_local_one(db: Path,
         local = CliRunner().invoke(cli, args)
         remote = CliRunner().invoke(cli, args, obj={"server": url})
         assert remote.exit_code == 0 and remote.stdout == local.stdout
-        assert "no stored findings" in remote.stderr  # the notes travel too
+        assert "price catalogue has no price" in remote.stderr  # the notes travel too
         one = CliRunner().invoke(cli, ["goodput", "--job", "c1", "--every", "1m", "--db", str(served), "--json"],
                                  obj={"server": url})
         assert one.exit_code == 0 and len(json.loads(one.stdout)) == 7 * 11
@@ -234,17 +234,51 @@ def test_evidence_shares_are_clamped_and_default_to_nothing(found: list, gpus: i
         assert got[k] == pytest.approx(v), k
 
 
-def test_the_fleet_splits_by_evidence_only_with_findings_stored_or_detected(demo_db: Path) -> None:  # noqa: F811
-    def ps_wait(*extra: str) -> tuple[float, str]:
+def test_the_fleet_is_split_by_evidence_by_default_on_a_database_no_one_analysed(demo_db: Path) -> None:  # noqa: F811
+    """Issue 51: on a fresh demo database (no analyze bottlenecks, no collector schedule)
+    goodput --fleet used to call the idle and PS-bound jobs ~98 % productive; the detectors
+    now run on first read for jobs no detector run looked at."""
+    def rows(*extra: str) -> tuple[dict[str, dict], str]:
         r = CliRunner().invoke(cli, ["goodput", "--fleet", "--by", "job", "--db", str(demo_db), "--json", *extra])
         assert r.exit_code == 0, r.output
-        row = next(x for x in json.loads(r.stdout) if x["job"] == "sim-ps-5")
-        return row["ps_wait_gpu_hours"], r.stderr
+        return {x["job"]: x for x in json.loads(r.stdout)}, r.stderr
 
-    plain, said = ps_wait()
-    assert plain == 0 and "have no stored findings" in said
-    detected, said = ps_wait("--detect")
-    assert detected > 0 and "no stored findings" not in said
+    got, said = rows()
+    assert got["sim-idle-8"]["goodput_pct"] == pytest.approx(49.0, abs=1.5)
+    assert got["sim-ps-5"]["goodput_pct"] == pytest.approx(31.1, abs=1.5) and got["sim-ps-5"]["ps_wait_gpu_hours"] > 0
+    assert got["sim-healthy-1"]["goodput_pct"] > 95 and "never looked at" not in said
+    plain, said = rows("--no-detect")  # stored findings only: the old answer, and a note that says why
+    assert plain["sim-ps-5"]["ps_wait_gpu_hours"] == 0 and plain["sim-idle-8"]["goodput_pct"] > 97
+    assert "were never looked at by the detectors" in said
+
+
+def test_a_job_looked_at_and_found_healthy_is_not_detected_again(demo_db: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Coverage, not the absence of findings, says whether the detectors looked: a healthy
+    job stores no finding, and is not run again; a job outside what they looked at is."""
+    import datetime as dt
+    import shutil
+
+    from cmdare.analytics import accounting
+    from cmdare.collector.db import connect
+
+    db = tmp_path / "c.duckdb"
+    shutil.copy(demo_db, db)
+    con = connect(db)
+    try:
+        jobs = ["sim-healthy-1", "sim-ps-5"]
+        t0, t1 = dt.datetime(2000, 1, 1), dt.datetime(2100, 1, 1)
+        assert accounting._uncovered(con, jobs, t0, t1) == jobs
+        con.execute("INSERT INTO finding_coverage VALUES ('sim-healthy-1', ['gpu_idle', 'ps_bound', 'straggler'], "
+                    "'2000-01-01', '2100-01-01', now())")
+        assert accounting._uncovered(con, jobs, t0, t1) == ["sim-ps-5"]
+        # a run of some other detector does not cover these three
+        con.execute("INSERT INTO finding_coverage VALUES (NULL, ['gpu_errors'], '2000-01-01', '2100-01-01', now())")
+        assert accounting._uncovered(con, jobs, t0, t1) == ["sim-ps-5"]
+        con.execute("INSERT INTO finding_coverage VALUES (NULL, ['gpu_idle', 'ps_bound', 'straggler', 'x'], "
+                    "'2000-01-01', '2000-01-02', now())")  # every job, but long before
+        assert accounting._uncovered(con, jobs, t0, t1) == ["sim-ps-5"]
+    finally:
+        con.close()
 
 
 def test_a_mixed_job_is_priced_node_by_node_and_counted_by_what_it_stepped_on(tmp_path: Path) -> None:

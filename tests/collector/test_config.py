@@ -96,6 +96,10 @@ def test_every_receiver_kind_is_a_unit_with_a_flag_and_docs() -> None:
     ({"max_clock_skew": "0s"}, r"^--max-clock-skew: '0s' must be more than 0 \(or off\)$"),
     ({"max_clock_skew": "nan"}, r"^--max-clock-skew: expected a duration"),
     ({"retain_raw": "10s"}, r"^--retain-raw: '10s' must not be under 300 s; 'off' keeps all$"),
+    ({"detect_every": "1s"}, r"^--detect-every: '1s' must not be under 5 s; or 'off'$"),
+    ({"detect_every": "inf"}, r"^--detect-every: expected a duration"),
+    ({"detect_window": "10s"}, r"^--detect-window: '10s' must be from 1m to 1d$"),
+    ({"detect_window": "off"}, r"^--detect-window: expected a duration"),
     ({"lake": "/l", "retain_raw": "7d"}, r"^--retain-raw: a lake's retention is cmdare-collector maintain's$"),
     ({"lake": "/l", "rules": ("default",), "follow": True}, r"^--lake: --rules belong to a database file"),
     ({"lake": "/l", "commit_every": "2h"}, r"^--commit-every: '2h' must be from 50ms to 1h$"),
@@ -107,7 +111,7 @@ def test_bad_settings_are_one_line_errors(flags, error) -> None:
 
 @pytest.mark.parametrize(("text", "error"), [
     ("[ingest\n", r"not TOML: "),
-    ("[nope]\nx = 1\n", r"unknown table \[nope\] \(known: alerting, http, ingest, kafka, lake, storage, receivers\)"),
+    ("[nope]\nx = 1\n", r"unknown table \[nope\] \(known: alerting, findings, http, ingest, kafka, lake, storage, receivers\)"),
     ("[ingest]\nbatch_size = 1\n", r"unknown key ingest.batch_size \(known: group, batch_bytes"),
     ("[ingest]\ngroup = \"g\"\n", r"ingest.group: the spool command does not take it"),
     ("[ingest]\ninterval = -1\n", r"ingest.interval: duration must not be negative"),
@@ -178,12 +182,12 @@ DEFAULTS = {
               "ui_url": None, "security_protocol": None, "sasl_mechanism": None, "sasl_username": None,
               "sasl_password_file": None, "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
               "ssl_no_check_hostname": False, "rules": [], "inhibit_window": 1800.0, "liveness_grace": 45.0,
-              "resend": 60.0},
+              "resend": 60.0, "detect_every": 60.0, "detect_window": 900.0},
     "spool": {"db": "cmdare.duckdb", "follow": False, "interval": 1.0, "max_clock_skew": 86400.0,
               "retain_raw": 7 * 86400.0, "retain_rollups": 400 * 86400.0, "lake": None, "catalog": None,
               "commit_every": 10.0, "http": "127.0.0.1:0", "http_token_file": None, "http_tls_cert": None,
               "http_tls_key": None, "ui_url": None, "rules": [], "inhibit_window": 1800.0, "liveness_grace": 45.0,
-              "resend": 60.0},
+              "resend": 60.0, "detect_every": 60.0, "detect_window": 900.0},
 }
 
 
@@ -195,7 +199,7 @@ def test_every_default_is_the_documented_one(command: str) -> None:
     assert shown == {"db": "cmdare.duckdb", "group": "cmdare-collector", "batch_bytes": "64MiB", "max_wait": "1s",
                      "progress_every": "10s", "interval": "1s", "max_clock_skew": "1d", "retain_raw": "7d",
                      "retain_rollups": "400d", "commit_every": "10s", "http": "127.0.0.1:0", "inhibit_window": "30m",
-                     "liveness_grace": "45s", "resend": "1m"}
+                     "liveness_grace": "45s", "resend": "1m", "detect_every": "1m", "detect_window": "15m"}
     for s in config.SETTINGS:  # what --help shows is what the setting parses to
         if s.shown:
             assert config.parse_value(s, s.flag, s.shown) == DEFAULTS["kafka"].get(s.key, DEFAULTS["spool"].get(s.key))

@@ -1,0 +1,134 @@
+"""Findings kept current (issue 51): the collector's detector schedule stores findings as
+intervals that grow while they hold and are resolved when they stop, records what it looked
+at, and never stops the collector when a round fails."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import duckdb
+import pytest
+
+from cmdare.analytics import current, findings
+from tests.analytics.detectors.conftest import fleet  # noqa: F401  (the simulated fleet fixture)
+
+
+def stored(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], tuple]:
+    rows = con.execute("SELECT kind, job, window_start, window_end, resolved_at, first_detected FROM findings").fetchall()
+    return {(k, j): (a, b, r, f) for k, j, a, b, r, f in rows}
+
+
+def build(s) -> None:
+    s.sim_job({}, kind="idle", nodes=1, gpus=4, idle=((0, 2), (0, 3)))
+    s.sim_job({}, kind="fine", nodes=1, gpus=1)
+
+
+def test_a_schedule_extends_what_still_holds_and_resolves_what_stopped(fleet) -> None:  # noqa: F811
+    con, _ = fleet(build)
+    end = con.execute("SELECT max(ts) FROM steps").fetchone()[0]
+    clock = [end - dt.timedelta(minutes=10)]
+    sched = current.DetectorSchedule(con, 60, 900, clock=lambda: clock[0])
+    try:
+        ext, new, gone = sched.round()
+        assert new >= 1 and ext == 0 and gone == 0
+        first = stored(con)
+        idle = first[("gpu_idle", "sim-idle-1")]
+        assert idle[2] is None  # not resolved
+        assert not [k for k in first if k[1] == "sim-fine-2"]  # a healthy job stores nothing...
+        cov = con.execute("SELECT job, window_start, window_end FROM finding_coverage").fetchall()
+        assert cov == [(None, clock[0] - dt.timedelta(minutes=15), clock[0])]  # ...but was looked at
+        # a minute later: the same finding, its window extended, first seen kept; coverage grows in place
+        clock[0] += dt.timedelta(minutes=1)
+        ext, new, gone = sched.round()
+        assert ext >= 1 and new == 0 and gone == 0
+        later = stored(con)[("gpu_idle", "sim-idle-1")]
+        assert later[0] == idle[0] and later[1] >= idle[1] and later[3] == idle[3]
+        assert con.execute("SELECT count(*), max(window_end) FROM finding_coverage").fetchone() == (1, clock[0])
+        # the job ended 20 minutes ago: the window holds none of it, the finding is resolved
+        # where it was last found, and stays (goodput reads the two hours it held)
+        clock[0] = end + dt.timedelta(minutes=20)
+        ext, new, gone = sched.round()
+        assert gone >= 1
+        after = stored(con)[("gpu_idle", "sim-idle-1")]
+        assert after[2] == clock[0] and after[1] == later[1]
+        # resolved findings are not reopened by a round that finds the same again later
+        ext, new, gone = sched.round()
+        assert (ext, gone) == (0, 0)
+    finally:
+        sched.stop()
+
+
+def test_manual_and_scheduled_runs_record_what_they_looked_at(fleet) -> None:  # noqa: F811
+    con, _ = fleet(build)
+    from cmdare.analytics.units import Scope
+
+    out = findings.run(con, Scope("sim-fine-2", None, None), ["gpu_idle"])
+    findings.store(con, out, Scope("sim-fine-2", None, None), now=dt.datetime(2026, 1, 1))
+    job, kinds, a, b, ran = con.execute("SELECT * FROM finding_coverage").fetchone()
+    assert (job, kinds, a, b, ran) == ("sim-fine-2", ["gpu_idle"], findings.EPOCH, dt.datetime(2026, 1, 1),
+                                        dt.datetime(2026, 1, 1))
+
+
+def test_a_failing_round_is_logged_once_and_the_next_runs(fleet, monkeypatch, caplog) -> None:  # noqa: F811
+    con, _ = fleet(build)
+    calls = {"n": 0}
+    real = findings.run
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] <= 3:
+            raise duckdb.IOException("disk full\nsecond line")
+        return real(*a, **k)
+
+    monkeypatch.setattr(findings, "run", flaky)
+    sched = current.DetectorSchedule(con, 0.05, 900)
+    with caplog.at_level(logging.WARNING, logger="cmdare.findings"):
+        sched.start()
+        deadline = dt.datetime.now() + dt.timedelta(seconds=20)
+        while sched.rounds == 0 and dt.datetime.now() < deadline:
+            sched.stop_event.wait(0.05)
+        sched.stop()
+    assert sched.failures == 3 and sched.rounds >= 1
+    lines = [r.getMessage() for r in caplog.records if "detector round failed" in r.getMessage()]
+    assert len(lines) == 1 and "IOException: disk full" in lines[0] and "second line" not in lines[0]
+
+
+@pytest.mark.parametrize("window", [59.0, 86401.0])
+def test_the_window_is_bounded(window: float) -> None:
+    from cmdare.collector.config import BY_KEY, parse_value
+    from cmdare.wire.units import ConfigError
+
+    with pytest.raises(ConfigError, match="must be from 1m to 1d"):
+        parse_value(BY_KEY["detect_window"], "--detect-window", f"{window}s")
+
+
+def test_finding_rules_read_what_the_schedule_stored(fleet, monkeypatch) -> None:  # noqa: F811
+    """With the schedule on, a finding rule reads its stored, unresolved, fresh findings
+    instead of running its detector a second time; resolved or stale ones do not fire."""
+    from cmdare.analytics import units
+    from tests.analytics.alerts.conftest import default_engine
+
+    con, _ = fleet(lambda s: (s.sim_job(kind="starved", wait=0.45, util=0.3, cpu=0.95), s.sim_job(kind="fed")))
+    end = con.execute("SELECT max(ts) FROM steps").fetchone()[0]
+    sched = current.DetectorSchedule(con, 60, 900, clock=lambda: end)
+    sched.round()
+    sched.stop()
+
+    def firing(at: dt.datetime) -> set[str]:
+        e = default_engine(con, 1800)
+        e.findings_fresh = 150.0
+        for g in e.groups:
+            e.eval_group(con, g, at)
+        bad = {r: h.last_error for r, h in e.health.items() if h.health == "error"}
+        assert not bad, bad
+        return {a.labels["job"] for a in e.snapshot() if a.labels["alertname"] == "InputBound"}
+
+    def no_detector(*a, **k):
+        raise AssertionError("the detector ran again")
+
+    monkeypatch.setattr(units, "run_unit", no_detector)
+    assert firing(end) == {"sim-starved-1"}
+    assert firing(end + dt.timedelta(minutes=5)) == set()  # the schedule has not confirmed it since: stale
+    con.execute("UPDATE findings SET resolved_at = ?", [end])
+    assert firing(end) == set()  # resolved
