@@ -210,13 +210,18 @@ def cluster_prediction(con: duckdb.DuckDBPyConnection, gpus: list[tuple[str, int
 
 def _extrapolation(out: dict[str, Any], fit: dict[str, Any], **inputs: Any) -> None:
     """``extrapolated`` (None: the fit cannot tell), the reasons, and the interval widened
-    by the decades outside the fitted ranges (cmdare.analytics.models.ranges)."""
-    from ..models.ranges import check, widen
+    by the decades outside the fitted ranges; past the limit no interval and ``rough``, why
+    (cmdare.analytics.models.ranges)."""
+    from ..models.ranges import check, rough, widen
 
     ex, reasons, decades = check(fit, **inputs)
     out["extrapolated"] = ex
     if reasons:
         out["extrapolation"] = reasons
+    if why := rough(fit, **inputs):  # too far for any interval: a point estimate, said to be rough
+        out["interval"] = None
+        out["rough"] = why
+        return
     if ex and decades > 0:
         lo, hi = out["interval"]
         out["interval"] = list(widen(out["prediction"], lo, hi, decades))

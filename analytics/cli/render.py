@@ -177,15 +177,23 @@ def prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
 
         click.echo(json.dumps(clean(out)))
         return
-    lo, hi = out["interval"]
-    widened = f", widened {out['interval_widened']:g}x in log space" if out.get("interval_widened") else ""
-    click.echo(f"{out['prediction']:.4g} {unit} (95% interval {lo:.4g} .. {hi:.4g}{widened}; fit {out['fit_id']})")
+    if out.get("interval") is None:
+        click.echo(f"{out['prediction']:.4g} {unit} (a rough guide, no 95% interval; fit {out['fit_id']})")
+        if out.get("rough"):
+            import textwrap
+
+            click.echo(textwrap.fill(out["rough"], 120, initial_indent="  why: ", subsequent_indent="    "))
+    else:
+        lo, hi = out["interval"]
+        widened = f", widened {out['interval_widened']:g}x in log space" if out.get("interval_widened") else ""
+        click.echo(f"{out['prediction']:.4g} {unit} (95% interval {lo:.4g} .. {hi:.4g}{widened}; fit {out['fit_id']})")
     if out.get("extrapolated"):
         click.echo("  extrapolates: " + "; ".join(out.get("extrapolation") or []))
     elif out.get("extrapolated") is None and out.get("extrapolation"):
         click.echo("  note: " + "; ".join(out["extrapolation"]))
     for k, v in out.items():
-        if k in ("predicted", "prediction", "interval", "fit_id", "extrapolated", "extrapolation", "interval_widened"):
+        if k in ("predicted", "prediction", "interval", "fit_id", "extrapolated", "extrapolation", "interval_widened",
+                 "rough"):
             continue
         if isinstance(v, dict):
             v = ", ".join(f"{a} {b:.4g}" if isinstance(b, float) else f"{a} {b}" for a, b in v.items()) or "-"

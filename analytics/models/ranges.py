@@ -8,6 +8,11 @@ decade outside the fitted range (an unseen accelerator counts as half a decade).
 widening is a convention, not a derivation: a fit's interval says nothing about where it
 has no data, so cmdare makes the interval grow with the distance instead of pretending.
 A fit stored before ranges were kept says it cannot tell (``extrapolated``: None).
+
+Past a limit no widening means anything: an input ``ROUGH_FACTOR`` (10) times outside what
+was fitted, or an accelerator the fit never saw. There a prediction is a point estimate
+given as a rough guide with no 95 % interval, and says why (``rough``): a narrow interval on
+a far extrapolation would be a promise the data cannot keep.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import math
 from typing import Any
 
 UNSEEN_ACCELERATOR_DECADES = 0.5
+ROUGH_FACTOR = 10.0  # an input this many times outside its fitted range: no interval at all
 
 
 def ranges_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -73,3 +79,29 @@ def widen(value: float, lo: float, hi: float, decades: float) -> tuple[float, fl
         return lo, hi
     k = 1.0 + decades
     return value * (lo / value) ** k, value * (hi / value) ** k
+
+
+def rough(fit: dict[str, Any], **inputs: Any) -> str | None:
+    """Why a prediction for ``inputs`` is only a rough guide (an input ROUGH_FACTOR times or
+    more outside its fitted range, or an accelerator never fitted), or None."""
+    r = (fit.get("model") or {}).get("input_ranges")
+    if not r:
+        return None
+    why: list[str] = []
+    for k, v in inputs.items():
+        if k in ("accelerator", "model") or v is None or k not in r:
+            continue
+        lo, hi = r[k]
+        x = float(v)
+        if hi > 0 and x >= ROUGH_FACTOR * hi:
+            why.append(f"{k} is {x / hi:.3g}x the largest fitted")
+        elif x > 0 and lo >= ROUGH_FACTOR * x:
+            why.append(f"{k} is 1/{lo / x:.3g} of the smallest fitted")
+    acc = inputs.get("accelerator")
+    for a in [acc] if isinstance(acc, str) else acc or []:
+        if a and r.get("accelerators") and a not in r["accelerators"]:
+            why.append(f"accelerator {a} was never fitted")
+    if not why:
+        return None
+    return (f"{'; '.join(why)}: past {ROUGH_FACTOR:g}x outside the fitted inputs (or on an unfitted accelerator) "
+            "no interval holds, so none is given")

@@ -339,14 +339,17 @@ class Cluster(Recommender):
         extrapolation: dict[str, Any] = {}
         cfit, params, acc_name = fitted
         if cfit is not None and w in pred.get(p, {}) and (w not in meas.get(p, {})):
-            from ..models.ranges import check, widen
+            from ..models.ranges import check, rough, widen
 
             ex, reasons, decades = check(cfit, workers=w, ps=p, workers_per_ps=w / p, params=params,
                                          accelerator=acc_name)
             extrapolation = {"extrapolated": ex}
             if reasons:
                 extrapolation["extrapolated_because"] = "; ".join(reasons)
-            if ex and decades > 0 and "steps_per_second" in interval:
+            if why := rough(cfit, workers=w, ps=p, workers_per_ps=w / p, params=params, accelerator=acc_name):
+                interval = {}  # too far for any interval: the prediction is a rough guide
+                extrapolation["rough"] = why
+            elif ex and decades > 0 and "steps_per_second" in interval:
                 lo_v, hi_v = widen(predicted["steps_per_second"], *interval["steps_per_second"], decades)
                 interval["steps_per_second"] = (round(lo_v, 4), round(hi_v, 4))
         knee_txt = _knee_text(knees, k, bool(pred))

@@ -381,7 +381,7 @@
     if (!c.measured.length) return;
     const xs = [...new Set(c.measured.map((m) => m.workers).concat(c.predicted.map((p) => p.workers)))].sort((a, b) => a - b);
     const mean = (w) => { const v = c.measured.filter((m) => m.workers === w).map((m) => m.steps_per_second); return v.length ? v.reduce((a, b) => a + b) / v.length : null; };
-    const pred = (w, k) => { const p = c.predicted.find((q) => q.workers === w); return p ? (k === undefined ? p.steps_per_second : p.interval[k]) : null; };
+    const pred = (w, k) => { const p = c.predicted.find((q) => q.workers === w); return p ? (k === undefined ? p.steps_per_second : (p.interval ? p.interval[k] : null)) : null; };
     const series = [["measured (mean of runs)", xs.map(mean), "#b91c1c"]];
     if (c.predicted.length) series.push(["cluster fit", xs.map((w) => pred(w)), "#2563eb"], ["95 % interval, low", xs.map((w) => pred(w, 0)), "#93c5fd"], ["95 % interval, high", xs.map((w) => pred(w, 1)), "#93c5fd"]);
     const plot = el("div", { class: "chart", "data-measured": String(c.measured.length), "data-predicted": String(c.predicted.length) });

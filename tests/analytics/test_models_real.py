@@ -200,21 +200,29 @@ def test_from_job_bad_input(fitted: Path, tmp_path: Path) -> None:
 
 def test_a_prediction_past_what_the_fit_saw_says_so_and_widens_its_interval(fitted: Path) -> None:
     """The README's example asks a fit of K80 / P100 CNNs (6.3e8..1.0e10 FLOPs per step)
-    about 3.1e12 FLOPs on a V100: every input past the fit is named and the interval grows
-    with the distance; inside the ranges nothing is said and nothing widened."""
+    about 3.1e12 FLOPs on a V100: 304x past the work fitted, on an accelerator it never saw.
+    No interval holds that far (issue 51: it used to give 0.0095 .. 0.061 steps/s as 95 %):
+    a rough point estimate, and why. A few times past the fit the interval grows with the
+    distance; inside the ranges nothing is said and nothing widened."""
     far = _predict(fitted, "speed", "--gpu-type", "v100", "--flops-per-step", "3.1e12", "--params", "25.6e6")
-    assert far["extrapolated"] is True and far["interval_widened"] > 3
+    assert far["extrapolated"] is True and far["interval"] is None and far["prediction"] > 0
     why = " ".join(far["extrapolation"])
     assert "flops_per_step 3.1e+12 is 30" in why and "x the largest fitted" in why
     assert "accelerator v100 not in the fit (fitted on k80, p100)" in why
-    lo, hi = far["interval"]
-    assert lo < far["prediction"] < hi and hi / lo > 5  # not the 1.7x of the unwidened 0.018..0.031
+    assert "flops_per_step is 304x the largest fitted" in far["rough"] and "v100 was never fitted" in far["rough"]
+    mid = _predict(fitted, "speed", "--gpu-type", "p100", "--flops-per-step", "3e10", "--params", "25.6e6")
+    assert mid["extrapolated"] is True and mid["interval_widened"] > 1 and "rough" not in mid
+    lo, hi = mid["interval"]
+    assert lo < mid["prediction"] < hi
     near = _predict(fitted, "speed", "--gpu-type", "p100", "--flops-per-step", "630989589", "--params", "693818",
                     "--tensors", "50")
     assert near["extrapolated"] is False and "extrapolation" not in near and "interval_widened" not in near
     res = CliRunner().invoke(cli, ["predict", "speed", "--gpu-type", "v100", "--flops-per-step", "3.1e12",
                                    "--params", "25.6e6", "--db", str(fitted)])
-    assert "widened" in res.stdout.splitlines()[0] and res.stdout.splitlines()[1].startswith("  extrapolates: ")
+    lines = res.stdout.splitlines()
+    assert "a rough guide, no 95% interval" in lines[0] and "95% interval" not in lines[0].replace("no 95% i", "")
+    assert lines[1].startswith("  why: ") and any(x.startswith("  extrapolates: ") for x in lines[2:])
+    assert max(len(x) for x in lines[:3]) <= 120 or lines[2].startswith("  extrapolates")
     # the cluster fit: 16 workers on 1 PS is twice the most it saw
     wide = _predict(fitted, "cluster", "--from-job", P100_1, "--workers", "16", "--ps", "1")
     assert wide["extrapolated"] is True and any(r.startswith("workers 16 is 2x") for r in wide["extrapolation"])
