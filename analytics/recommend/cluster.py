@@ -55,6 +55,20 @@ def _knees(meas: dict[int, dict[int, float]], pred: dict[int, dict[int, tuple[fl
     return knees
 
 
+def _best_measured(meas: dict[int, dict[int, float]], th: float) -> tuple[int, int, float] | None:
+    """The best measured configuration by the knee rule over measured series only (the
+    knee of each PS count's series; another PS where its knee is faster by more than the
+    threshold): (workers, ps, speed), or None when no PS count has two measured sizes."""
+    knees = {p: knee(m, th)[0] for p, m in meas.items() if len(m) >= 2}
+    if not knees:
+        return None
+    best = min(knees)
+    for p in sorted(knees)[1:]:
+        if meas[p][knees[p]] > (1 + th) * meas[best][knees[best]]:
+            best = p
+    return knees[best], best, meas[best][knees[best]]
+
+
 def _knee_text(knees: dict[int, dict[str, Any]], k: dict[str, Any], predicted: bool) -> str:
     """The knees in words, and what an unsettled one means."""
     txt = "; ".join(
@@ -303,6 +317,18 @@ class Cluster(Recommender):
         w, p = k["workers"], best_p
         predicted: dict[str, Any] = {"steps_per_second": round(k["speed"], 4)}
         interval = {"steps_per_second": tuple(round(x, 4) for x in k["interval"])} if "interval" in k else {}
+        evidence: dict[str, Any] = {}
+        stay = _best_measured(meas, th) if w not in meas.get(p, {}) else None
+        if stay is not None and not (interval and interval["steps_per_second"][0] > stay[2]):
+            # advice stays with the evidence: the fit's configuration was never measured and
+            # its interval does not lie wholly above the best measured one
+            mw, mp, ms = stay
+            evidence = {"stays_with_measured": True,
+                        "experiment": f"measure {w} workers with {p} PS: the fit predicts {k['speed'] / ms - 1:+.0%} "
+                                      f"({k['speed']:.3g} vs {ms:.3g} steps/s measured)"}
+            w, p, k = mw, mp, {**knees.get(mp, {}), "workers": mw, "speed": ms, "from": "measured",
+                               "settled": knees.get(mp, {}).get("settled", True)}
+            predicted, interval = {"steps_per_second": round(ms, 4)}, {}
         price = w * o["worker_price"] + p * o["ps_price"]
         cost: dict[str, Any] = {}
         why_deadline = ""
@@ -377,8 +403,10 @@ class Cluster(Recommender):
                 "worker_price_per_hour": o["worker_price"] or None,
                 "ps_price_per_hour": o["ps_price"] or None,
                 **extrapolation,
+                **evidence,
             },
-            why=knee_txt + second + why_deadline,
+            why=(f"the best measured configuration, {w} workers x {p} PS; to settle the rest, "
+                 f"{evidence['experiment']}. " if evidence and not why_deadline else "") + knee_txt + second + why_deadline,
         )
 
     def _cheapest(

@@ -200,3 +200,37 @@ def test_prices_from_the_catalogue_with_their_date(fitted: Path) -> None:
     assert code == 1 and "x9.huge is not in the price catalogue (add it with $CMDARE_PRICES=prices.csv)" in err
     code, _, err = rec(fitted, "--from-job", job, "--worker-type", "p3.2xlarge", "--worker-price", "1")
     assert code == 1 and "give --worker-price or --worker-type, not both" in err
+
+
+def _pred(lower: float) -> dict[int, dict[int, tuple[float, float, float]]]:
+    """A cluster fit's predictions whose knee is 8 workers on 4 PS at 86.6 steps/s (each PS
+    count capped lower), every interval from ``lower`` x to 1.5x the prediction."""
+    seq = [20, 38, 52, 61, 68, 74, 80, 86.6, 88, 88.5, 89, 89, 89, 89, 89, 89]
+    caps = {1: 62, 2: 72, 3: 80, 4: 1e9}
+    return {p: {w: (min(v, c), min(v, c) * lower, min(v, c) * 1.5) for w, v in enumerate(seq, 1)}
+            for p, c in caps.items()}
+
+
+MEASURED = {1: {1: 20.0, 2: 38.0, 3: 52.0, 4: 61.0, 5: 63.0}, 2: {1: 20.0, 5: 68.0, 7: 80.0, 8: 81.0}}
+
+
+def test_advice_stays_with_the_best_measured_unless_the_fit_is_surely_better() -> None:
+    """Issue 51 (held-out ResNet-32 on P100): the fit's knee was 8 workers x 4 PS at 86.6
+    steps/s (63.4 .. 130.7), never measured, its interval holding the measured 80 of 7 x 2.
+    The answer is the best measured configuration and the experiment that would settle it."""
+    from cmdare.analytics.recommend.cluster import Cluster
+
+    c = Cluster(Cluster.parse_options("cluster", {}))
+    rec = c._answer({"from_job": "j"}, MEASURED, _pred(0.73), ["cluster-1"], {})
+    assert rec.action == {"workers": 7, "ps": 2}
+    assert rec.predicted == {"steps_per_second": 80.0} and rec.interval == {}
+    assert rec.assumptions["stays_with_measured"] is True
+    assert rec.assumptions["experiment"] == "measure 8 workers with 4 PS: the fit predicts +8% (86.6 vs 80 steps/s measured)"
+    assert rec.why.startswith("the best measured configuration, 7 workers x 2 PS; to settle the rest, measure 8 workers")
+    # the fit's whole interval above the best measured: its configuration is worth recommending
+    sure = c._answer({"from_job": "j"}, MEASURED, _pred(0.93), ["cluster-1"], {})
+    assert sure.action == {"workers": 8, "ps": 4} and "stays_with_measured" not in sure.assumptions
+    assert sure.interval["steps_per_second"][0] > 80
+    # nothing measured at several sizes: the fit is all there is
+    bare = c._answer({"from_job": "j"}, {}, _pred(0.73), ["cluster-1"], {})
+    assert bare.action == {"workers": 8, "ps": 4} and "experiment" not in bare.assumptions
