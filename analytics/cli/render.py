@@ -178,7 +178,8 @@ def prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
         click.echo(json.dumps(clean(out)))
         return
     if out.get("interval") is None:
-        click.echo(f"{out['prediction']:.4g} {unit} (a rough guide, no 95% interval; fit {out['fit_id']})")
+        said = out.get("no_interval") or "a rough guide, no 95% interval"
+        click.echo(f"{out['prediction']:.4g} {unit} ({said}; fit {out['fit_id']})")
         if out.get("rough"):
             import textwrap
 
@@ -193,7 +194,7 @@ def prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
         click.echo("  note: " + "; ".join(out["extrapolation"]))
     for k, v in out.items():
         if k in ("predicted", "prediction", "interval", "fit_id", "extrapolated", "extrapolation", "interval_widened",
-                 "rough"):
+                 "rough", "no_interval"):
             continue
         if isinstance(v, dict):
             v = ", ".join(f"{a} {b:.4g}" if isinstance(b, float) else f"{a} {b}" for a, b in v.items()) or "-"

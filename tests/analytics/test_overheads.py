@@ -15,6 +15,7 @@ from cmdare.analytics import overheads
 from cmdare.analytics.cli import cli
 from cmdare.analytics.db import AnalyticsError
 from tests.analytics.conftest import DATA, serving
+from tests.analytics.test_demo_fleet import demo_db  # noqa: F401  (the simulated fleet, a module fixture)
 
 CKPTS = DATA / "overheads" / "checkpoints.csv"
 STARTS = DATA / "overheads" / "startup.csv"
@@ -358,3 +359,29 @@ def test_a_header_that_is_not_csv_is_one_line(tmp_path: Path) -> None:
     assert run("import", "checkpoints", str(g), "--db", str(db))[0] == 0
     with duckdb.connect(str(db), read_only=True) as c:
         assert c.execute("SELECT source FROM checkpoint_records").fetchall() == [("n" * 117 + "...",)]
+
+
+def test_predict_startup_answers_from_the_starts_fit_overhead_lists(demo_db: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Issue 51: fit overhead listed the agents' measured start-ups (and recommend region used
+    them) while predict startup said there was no VM start-up model. Without imported
+    records it now answers from those same figures, the nearest group when the asked one was
+    never measured (saying so)."""
+    import shutil
+
+    db = tmp_path / "o.duckdb"
+    shutil.copy(demo_db, db)
+    r = CliRunner().invoke(cli, ["fit", "overhead", "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    groups = json.loads(r.stdout)["vm_startup_seconds"]
+    key, g = max(groups.items(), key=lambda kv: kv[1]["n"])
+    region, acc, purchase = key.split("/")
+
+    def predict(*args: str) -> dict:
+        res = CliRunner().invoke(cli, ["predict", "startup", *args, "--db", str(db), "--json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)
+
+    same = predict("--region", region, "--purchase", purchase, "--gpu-type", "v100" if acc == "?" else acc)
+    assert same["prediction"] == pytest.approx(g["mean"]) and "agents' measured VM start-ups" in same["from"]
+    far = predict("--region", "asia-south1", "--purchase", "spot", "--gpu-type", "h100")
+    assert far["extrapolated"] is True and "never measured" in far["extrapolation"][0]
