@@ -155,6 +155,8 @@ def _price(nodes: list[tuple], cat: dict[Any, Any], memo: dict[tuple, float | No
                 p = None  # a CPU host's price does not cover the node's GPUs
             if p is not None:
                 break
+        if p is None and short and acc_n:  # GCE: the VM and its GPUs billed apart
+            p = prices.attached(itype, region, short, int(acc_n), cat)
         usd = None if p is None else (p.spot if spot else p.on_demand)
         count = p.accelerator_count if p is not None and p.accelerator_count else acc_n
         memo[key] = usd / count if usd is not None and count else None

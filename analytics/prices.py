@@ -100,3 +100,38 @@ def lookup(instance_type: str, region: str | None = None,
         regions = ", ".join(sorted(p.region for p in rows))
         raise AnalyticsError(f"{instance_type} has prices in several regions ({regions}): name the region")
     return rows[0]
+
+
+def attached(instance_type: str, region: str | None, accelerator: str, count: int,
+             cat: dict[tuple[str, str, str], Price] | None = None) -> Price | None:
+    """A GCE VM with ``count`` GPUs attached, priced as GCE bills it: the VM's own row plus
+    ``count`` times the GPU's price, the GPU's price read off a catalogue row of a VM with
+    one such GPU (``X+1xACC``) less that VM's row (``X``) in the same region. None when
+    either is missing; a spot price only where every part has one."""
+    cat = cat if cat is not None else load()
+    if count <= 0 or "+" in instance_type:
+        return None
+    vm = next((p for (c, r, t), p in cat.items() if t == instance_type and (region is None or r == region)
+               and not p.accelerator_count), None)
+    if vm is None:
+        return None
+    gpu_od = gpu_spot = None
+    for (c, r, t), p in sorted(cat.items()):
+        if r != vm.region or not t.endswith(f"+1x{accelerator}") or p.accelerator_count != 1:
+            continue
+        base = cat.get((c, r, t.split("+")[0]))
+        if base is None:
+            continue
+        if p.on_demand is not None and base.on_demand is not None:
+            gpu_od = p.on_demand - base.on_demand
+        if p.spot is not None and base.spot is not None:
+            gpu_spot = p.spot - base.spot
+        break
+    if gpu_od is None:
+        return None
+
+    def total(v: float | None, g: float | None) -> float | None:
+        return None if v is None or g is None else round(v + count * g, 6)
+
+    return Price(vm.cloud, vm.region, f"{instance_type}+{count}x{accelerator}", accelerator, count,
+                 total(vm.on_demand, gpu_od), total(vm.spot, gpu_spot), vm.as_of)

@@ -9,6 +9,7 @@ import pytest
 
 from cmdare.analytics import catalog, prices
 from cmdare.analytics.db import AnalyticsError
+from tests.analytics.test_demo_fleet import demo_db  # noqa: F401  (the simulated fleet, a module fixture)
 
 HEADER = "cloud,region,instance_type,accelerator,accelerator_count,on_demand,spot,as_of\n"
 
@@ -67,3 +68,37 @@ def test_bad_rows_are_refused_naming_file_row_and_column(tmp_path: Path, monkeyp
     monkeypatch.setenv(prices.ENV, str(tmp_path / "gone.csv"))
     with pytest.raises(AnalyticsError, match=r"\$CMDARE_PRICES: .*gone.csv: cannot read"):
         prices.load()
+
+
+def test_gpus_attached_to_a_gce_vm_are_priced_as_gce_bills_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 51: 5 of the demo's 11 simulated jobs had no dollars: their N1 VMs hold 2 or 4
+    V100s and the catalogue lists N1 with one. The VM's row plus N times the GPU's price
+    (an N1 row with one GPU less the bare N1 row) prices any count; nothing is made up where
+    a part is missing."""
+    monkeypatch.delenv(prices.ENV, raising=False)
+    cat = prices.load()
+    gpu = 2.86 - 0.379998  # n1-standard-8+1xv100 less n1-standard-8, on demand
+    four = prices.attached("n1-standard-8", "us-central1", "v100", 4, cat)
+    assert four is not None and four.instance_type == "n1-standard-8+4xv100" and four.accelerator_count == 4
+    assert four.on_demand == pytest.approx(0.379998 + 4 * gpu)
+    assert four.spot is None  # the bare VM's spot price is not recorded: no spot total
+    one = prices.attached("n1-standard-8", "us-central1", "v100", 1, cat)
+    assert one.on_demand == pytest.approx(2.86)  # the listed row, recomposed
+    assert prices.attached("n1-standard-8", "us-central1", "h100", 2, cat) is None  # no N1 row with an H100
+    assert prices.attached("n1-standard-8", "europe-west4", "v100", 2, cat) is None  # no row in that region
+    assert prices.attached("a2-highgpu-1g", "us-central1", "a100-40gb", 2, cat) is None  # a GPU VM, not a bare one
+    assert prices.attached("n1-standard-8", "us-central1", "v100", 0, cat) is None
+
+
+def test_every_simulated_demo_job_is_priced(monkeypatch: pytest.MonkeyPatch, demo_db: Path) -> None:  # noqa: F811
+    import json
+
+    from click.testing import CliRunner
+
+    from cmdare.analytics.cli import cli
+
+    monkeypatch.delenv(prices.ENV, raising=False)
+    r = CliRunner().invoke(cli, ["goodput", "--fleet", "--by", "job", "--db", str(demo_db), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert rows and all(x["dollars"] is not None and x["dollars"] > 0 for x in rows if x["job"].startswith("sim-")), rows
