@@ -449,7 +449,8 @@ def steps(
     verdict, slow steps, and the node's mean GPU and CPU utilisation while it stepped."""
     known = [r[0] for r in con.execute("SELECT DISTINCT job FROM steps ORDER BY 1").fetchall()]
     if job not in known:
-        hint = f" (jobs with steps: {', '.join(known[:10])})" if known else " (no job has sent steps yet)"
+        more = f", and {len(known) - 3} more: analyze jobs" if len(known) > 3 else ""
+        hint = f" (jobs with steps: {', '.join(known[:3])}{more})" if known else " (no job has sent steps yet)"
         raise AnalyticsError(f"no steps for job {job!r}{hint}")
     where, params = _where(node, cutoff)
     where = (where + " AND job = ?") if where else " WHERE job = ?"

@@ -31,7 +31,12 @@ def rows(t: api.Table, as_json_: bool, columns: str | None = None, default: tupl
     elif default and not wide and not as_json_:
         # a default column, or one that matters whenever it holds anything (a clock skew)
         shown = {c for c in ALARMS if c in cols and any(r[cols.index(c)] not in (None, 0, "") for r in t.rows)}
-        cols = [c for c in cols if c == "bucket" or c in default or c in shown]
+        picked = [c for c in cols if c == "bucket" or c in default or c in shown]
+        order = sorted(picked, key=lambda c: (c != "bucket", default.index(c) if c in default else len(default)))
+        keep = set(_fit(t, order, skip=True))  # by the default's priority, shown in the table's order
+        cols = [c for c in picked if c in keep]
+    elif not wide and not as_json_:
+        cols = _fit(t, cols)  # the columns that fit WIDTH, from the left
     idx = [t.columns.index(c) for c in cols]
     data = [tuple(r[i] for i in idx) for r in t.rows]
     if as_json_:
@@ -39,10 +44,40 @@ def rows(t: api.Table, as_json_: bool, columns: str | None = None, default: tupl
     elif not data:
         click.echo("(no rows)")
     else:
-        click.echo(table(cols, data, None if (wide or columns or not default) else 120))
+        click.echo(table(cols, data, None if (wide or columns) else WIDTH))
         hidden = [c for c in t.columns if c not in cols]
         if hidden and not columns:
-            click.echo(f"({len(hidden)} more columns: {', '.join(hidden)}: --wide, or --columns)", err=True)
+            how = "--wide, or --columns" if default else "--json has them all"
+            click.echo(_wrap(f"({len(hidden)} more columns: {', '.join(hidden)}: {how})"), err=True)
+
+
+WIDTH = 120  # characters: the widest line a default text output prints
+
+
+def _wrap(text: str, indent: str = "") -> str:
+    """``text`` folded at WIDTH (continuation lines indented two more than ``indent``)."""
+    import textwrap
+
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def _fit(t: api.Table, cols: list[str], skip: bool = False) -> list[str]:
+    """The leading columns whose aligned text fits WIDTH (at least the first); ``skip``: one
+    that does not fit is passed over for narrower ones after it."""
+    from ..output import _cell
+
+    kept, used = [], -2
+    for c in cols:
+        i = t.columns.index(c)
+        w = max([len(c)] + [len(_cell(r[i])) for r in t.rows])
+        if kept and used + 2 + w > WIDTH:
+            if skip:
+                continue  # a narrower one further down may fit
+            break
+        kept.append(c)
+        used += 2 + w
+    return kept
 
 
 def sql(r: Any, as_json_: bool, max_rows: int) -> None:
@@ -65,22 +100,26 @@ def bottlenecks(out: api.Bottlenecks, as_json_: bool, db: str) -> None:
         def when(t: dt.datetime | None) -> str:
             return "" if t is None else t.strftime("%m-%d %H:%M")
 
-        cols = ["severity", "kind", "job", "node", "rank", "conf", "from", "to", "summary"]
+        cols = ["severity", "kind", "job", "node", "rank", "conf", "from", "to"]
         shown = [
             (f.severity, f.kind, f.job or "", f.node or "", "" if f.rank is None else f.rank, f"{f.confidence:.2f}",
-             when(f.window_start), when(f.window_end), f.summary)
+             when(f.window_start), when(f.window_end))
             for f in out.findings
         ]
-        click.echo(table(cols, shown))
+        lines = table(cols, shown, WIDTH).split("\n")
+        click.echo("\n".join(lines[:2]))
+        for line, f in zip(lines[2:], out.findings, strict=True):  # each finding, its summary under it
+            click.echo(line)
+            click.echo(_wrap(f.summary, "    "))
         ok = [n for n in out.next if n.ok]
         if ok:  # each was run on this database: it answers
             click.echo("\nwhat to do about them:")
             width = max(len(n.command) for n in ok)
             for n in ok:
-                click.echo(f"  {n.command:<{width}}  # {n.answer}")
+                click.echo(_wrap(f"  {n.command:<{width}}  # {n.answer}", "  "))
         for n in out.next:
             if not n.ok:
-                click.echo(f"note: not suggested: {n.command}: {n.reason}", err=True)
+                click.echo(_wrap(f"note: not suggested: {n.command}: {n.reason}"), err=True)
     if out.stored is not None:
         click.echo(f"stored {out.stored} finding{'s' if out.stored != 1 else ''} in {db} (table findings)", err=True)
     elif out.not_stored == "no-store":
@@ -101,7 +140,7 @@ def alerts(a: api.Alerts, as_json_: bool) -> None:
         return
     shown = [(r[0], r[1], r[2], r[3], ",".join(f"{k}={v}" for k, v in sorted(json.loads(r[4]).items())
                                               if k != "alertname"), r[5] or r[6] or "") for r in a.rows]
-    click.echo(table(["rule", "state", "since", "value", "labels", "summary"], shown) if shown else "(no active alerts)")
+    click.echo(table(["rule", "state", "since", "value", "labels", "summary"], shown, WIDTH) if shown else "(no active alerts)")
     bad = [h for h in a.health if h[1] != "ok"]
     click.echo(f"\n{len(a.health)} rules, {len(a.health) - len(bad)} healthy")
     for h in bad:
@@ -160,7 +199,7 @@ def fit(f: api.FitResult, as_json_: bool) -> None:
             med = "not reached" if c["median_hours"] is None else f"{c['median_hours']:.2f} h"
             click.echo(f"  {g}: {c['n']} lives, {c['events']} revoked, median lifetime {med}")
     for n in out["notes"][:20]:
-        click.echo(f"  note: {n}")
+        click.echo(_wrap(f"  note: {n}", "  "))
 
 
 def _ci(m: dict[str, Any]) -> str:
@@ -213,8 +252,8 @@ def recommendation(rec: Any, as_json_: bool) -> None:
         f"{k} " + (", ".join(f"{n} x {t}" for t, n in v.items()) if isinstance(v, dict) else str(v))
         for k, v in rec.action.items()
     )
-    click.echo(f"{rec.kind.replace('_', '-')}: {act}")
-    click.echo(f"  why: {rec.why}")
+    click.echo(_wrap(f"{rec.kind.replace('_', '-')}: {act}"))
+    click.echo(_wrap(f"  why: {rec.why}", "  "))
     for k, v in rec.predicted.items():
         iv = rec.interval.get(k)
         shown = iv and f"{iv[0]:.4g}" != f"{iv[1]:.4g}"  # a zero-width interval says nothing
@@ -222,7 +261,7 @@ def recommendation(rec: Any, as_json_: bool) -> None:
     for k, v in rec.cost.items():
         click.echo(f"  cost {k}: {v}")
     if rec.assumptions.get("extrapolated"):
-        click.echo(f"  extrapolates: {rec.assumptions.get('extrapolated_because') or 'outside what was measured or fitted'}")
+        click.echo(_wrap(f"  extrapolates: {rec.assumptions.get('extrapolated_because') or 'outside what was measured or fitted'}", "  "))
     if rec.fit_ids:
         click.echo(f"  fits: {', '.join(rec.fit_ids)}")
-    click.echo("  assumptions: " + ", ".join(f"{k}={v}" for k, v in rec.assumptions.items() if v is not None))
+    click.echo(_wrap("  assumptions: " + ", ".join(f"{k}={v}" for k, v in rec.assumptions.items() if v is not None), "  "))

@@ -150,10 +150,11 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
     if fleet:  # the bucket columns are many: the main ones, and the badput buckets that hold anything
         busy = {c for c in t.columns if c.endswith("_gpu_hours") and c != "productive_gpu_hours"
                 and any(r[t.columns.index(c)] for r in t.rows)}
-        default = ("window", by, "jobs", "gpu_hours", "goodput_pct", *sorted(busy), "dollars", "badput_dollars")
+        heavy = sorted(busy, key=lambda c: -sum(r[t.columns.index(c)] or 0 for r in t.rows))  # the largest first
+        default = ("window", by, "jobs", "gpu_hours", "goodput_pct", "dollars", "badput_dollars", *heavy)
     render.rows(t, as_json_, columns, default, wide)
     for n in t.notes:
-        click.echo(f"note: {n}", err=True)
+        click.echo(render._wrap(f"note: {n}"), err=True)
 
 
 @cli.command()

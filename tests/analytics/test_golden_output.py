@@ -98,3 +98,17 @@ def test_the_same_output_through_a_live_collectors_api(fleet_db: Path, tmp_path:
     want = json.loads(GOLDEN.read_text())
     for g, w in zip(got, want, strict=True):
         assert g == w, g["argv"]
+
+
+def test_every_default_text_output_is_at_most_120_characters_wide() -> None:
+    """Issue 51: bottlenecks printed 281-character lines, recommend cluster 538. Every
+    command of the golden set (the demo fleet), as text, on stdout and stderr (an error is
+    one line whatever its length: it quotes what failed)."""
+    long = []
+    for c in json.loads(GOLDEN.read_text()):
+        if "--json" in c["argv"]:
+            continue
+        for stream in ("stdout", "stderr"):
+            long += [(c["argv"], stream, len(x)) for x in c[stream].splitlines()
+                     if len(x) > 120 and not x.startswith("Error: ")]
+    assert long == []
