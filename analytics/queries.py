@@ -265,6 +265,10 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
         GROUP BY {key}s.node, s."index" ORDER BY {key}s.node, gpu""",
         params + params,
     )
+    if b:
+        from .rolled import fill
+
+        cols_rows = fill(con, "gpu", cols_rows, every, node, cutoff, until, label)  # type: ignore[arg-type]
     return _mig_to_parents(cols_rows, bool(b))
 
 
@@ -314,7 +318,7 @@ def host(
     where, params = _where(node, cutoff, until, label)
     b = _bucket_expr(every, con, "host_samples", where, params)
     sel, key = (f"{b} AS bucket, ", "bucket, ") if b else ("", "")
-    return _run(
+    out = _run(
         con,
         f"""
         WITH s AS (SELECT {sel}* FROM host_samples{where}),
@@ -348,6 +352,11 @@ def host(
         ORDER BY {"b.bucket, " if b else ""}b.node""",
         params,
     )
+    if b:
+        from .rolled import fill
+
+        out = fill(con, "host", out, every, node, cutoff, until, label)  # type: ignore[arg-type]
+    return out
 
 
 # per step aggregate: the time its steps covered, and its wait / step time totals

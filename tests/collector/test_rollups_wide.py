@@ -220,3 +220,28 @@ def test_the_collector_keeps_raw_samples_for_retain_raw_and_their_rollups_stay(t
         r = CliRunner().invoke(collector, ["spool", str(d), "--db", str(tmp_path / "x.duckdb"), *bad])
         assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "x.duckdb").exists()
+
+
+@pytest.mark.parametrize("every", [300.0, 600.0, 120.0])
+def test_every_reads_the_rollups_where_retention_deleted_the_raw_samples(con, every: float) -> None:
+    """Issue 51: after retention analyze gpu --every 5m showed 1 bucket where gpu_5m held 7.
+    Every bucket that starts before the retention horizon comes from the rollups, whole, with
+    the same figures the raw samples gave before they were deleted."""
+    from cmdare.analytics import queries
+
+    w = Writer(con, max_skew=None, rollup_every=None)
+    w.write([("m", gpu("a", T0, 180) + host("a", T0, 180))])  # 30 minutes
+    before_g = queries.gpu(con, every=every)
+    before_h = queries.host(con, every=every)
+    rollup.retain(con, 900, None)  # raw rows of the first 15 minutes or so are gone
+    assert con.execute("SELECT min(ts) FROM gpu_samples").fetchone()[0] > at(T0 + 600)
+    after_g = queries.gpu(con, every=every)
+    after_h = queries.host(con, every=every)
+    c = before_g[0]
+    assert after_g[0] == c and after_h[0] == before_h[0]
+    key = [c.index(k) for k in ("bucket", "node", "gpu", "samples", "util_pct", "util_max_pct", "power_w",
+                                "temp_max_c", "throttled_pct", "mem_used_gib")]
+    assert [[r[i] for i in key] for r in after_g[1]] == [[r[i] for i in key] for r in before_g[1]]
+    hk = [before_h[0].index(k) for k in ("bucket", "node", "samples", "cpu_pct", "cpu_max_pct", "mem_used_gib")]
+    assert [[r[i] for i in hk] for r in after_h[1]] == [[r[i] for i in hk] for r in before_h[1]]
+    assert all(len(r[0]) == 19 for r in after_g[1])  # bucket times whole: YYYY-MM-DD HH:MM:SS

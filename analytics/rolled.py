@@ -1,0 +1,98 @@
+"""``--every`` where raw samples are gone (issue 51): the collector's retention deletes raw
+GPU and host samples once their rollups are built (``rollup_horizon``), so a bucketed
+``analyze gpu`` / ``host`` over an older window read nothing there (1 bucket shown where
+``gpu_5m`` held 7). Buckets that start before the horizon are read from the exact 5-minute
+(or, for an ``every`` that is a whole number of minutes but not of five, 1-minute) views,
+aggregated to ``every``; columns the rollups do not keep (a host's network and disk rates,
+its process count, a MIG profile) are empty there."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import duckdb
+
+Result = tuple[list[str], list[tuple[Any, ...]]]
+
+GPU_SQL = """
+WITH r AS (
+    SELECT time_bucket(INTERVAL {us} MICROSECONDS, bucket) AS b, * FROM {view}
+    WHERE bucket < $h {cond}),
+ev AS (
+    SELECT time_bucket(INTERVAL {us} MICROSECONDS, ts) AS b, node, uuid,
+           sum(count) FILTER (WHERE kind = 'xid') AS xid, sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc,
+           bool_or(kind = 'lost') AS lost
+    FROM gpu_events WHERE ts < $h GROUP BY ALL)
+SELECT strftime(r.b, '%Y-%m-%d %H:%M:%S') AS bucket, r.node, r."index" AS gpu, any_value(r.name) AS name,
+       sum(r.samples) AS samples, round(sum(util_sum) / nullif(sum(util_samples), 0) * 100, 1) AS util_pct,
+       round(max(util_max) * 100, 1) AS util_max_pct, round(max(mem_used_max) / 2^30, 2) AS mem_used_gib,
+       round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
+       round(sum(power_sum) / nullif(sum(power_samples), 0), 1) AS power_w, round(max(temp_max), 1) AS temp_max_c,
+       round(sum(throttled) / nullif(sum(throttle_samples), 0) * 100, 1) AS throttled_pct,
+       coalesce(any_value(ev.ecc), 0) AS ecc_errors, coalesce(any_value(ev.xid), 0) AS xid_events,
+       coalesce(any_value(ev.lost), false) AS lost, strftime(max(last_ts), '%Y-%m-%d %H:%M:%S') AS last_sample,
+       any_value(parent_index) AS parent, NULL AS mig_profile, round(any_value(mig_slice_ratio) * 100, 1) AS mig_share_pct,
+       round(sum(gr_sum) / nullif(sum(gr_n), 0) * 100, 1) AS gr_active_pct,
+       round(sum(sm_active_sum) / nullif(sum(sm_active_n), 0) * 100, 1) AS sm_active_pct,
+       round(sum(tensor_sum) / nullif(sum(tensor_n), 0) * 100, 1) AS tensor_pct,
+       round(sum(dram_sum) / nullif(sum(dram_n), 0) * 100, 1) AS dram_pct,
+       round((max(energy_max) - min(energy_min)) / 3.6e6, 4) AS energy_kwh,
+       max(nvl_err_max) - min(nvl_err_min) AS nvlink_errors
+FROM r LEFT JOIN ev ON ev.b = r.b AND ev.node = r.node AND ev.uuid = r.uuid
+GROUP BY r.b, r.node, r."index" ORDER BY r.b, r.node, gpu"""
+
+HOST_SQL = """
+SELECT strftime(time_bucket(INTERVAL {us} MICROSECONDS, bucket), '%Y-%m-%d %H:%M:%S') AS bucket, node,
+       sum(samples) AS samples, round(sum(cpu_sum) / nullif(sum(cpu_samples), 0) * 100, 1) AS cpu_pct,
+       round(max(cpu_max) * 100, 1) AS cpu_max_pct,
+       round(sum(load1_sum) / nullif(sum(load1_samples), 0), 2) AS load1,
+       round(max(mem_used_max) / 2^30, 2) AS mem_used_gib, round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib
+FROM {view} WHERE bucket < $h {cond}
+GROUP BY ALL ORDER BY 1, node"""
+
+
+def horizon(con: duckdb.DuckDBPyConnection, src: str) -> dt.datetime | None:
+    """Before when ``src``'s raw rows were deleted (None: never)."""
+    try:
+        return con.execute("SELECT max(before) FROM rollup_horizon WHERE src = ?", [src]).fetchone()[0]
+    except duckdb.CatalogException:
+        return None
+
+
+def fill(con: duckdb.DuckDBPyConnection, kind: str, result: Result, every: float, node: str | None,
+         cutoff: dt.datetime | None, until: dt.datetime | None, label: tuple[str, str] | None) -> Result:
+    """``result`` (bucketed from the raw samples) with every bucket that starts before the
+    retention horizon read from the rollups instead."""
+    src = "gpu_samples" if kind == "gpu" else "host_samples"
+    h = horizon(con, src)
+    if h is None or (cutoff is not None and cutoff >= h) or every % 60:
+        return result
+    view = f"{kind}_5m" if every % 300 == 0 else f"{kind}_1m"
+    step = 300 if view.endswith("5m") else 60
+    # every bucket with any part before the horizon, whole (the views hold the rest exactly)
+    floor = con.execute(f"SELECT time_bucket(INTERVAL {int(every * 1e6)} MICROSECONDS, ?::TIMESTAMP)", [h]).fetchone()[0]
+    h = floor if floor >= h else floor + dt.timedelta(seconds=every)
+    cond, params = "", {"h": h}
+    if node:
+        cond += " AND node = $node"
+        params["node"] = node
+    if cutoff is not None:
+        cond += " AND bucket >= $cutoff"
+        params["cutoff"] = dt.datetime.fromtimestamp(
+            (cutoff.replace(tzinfo=dt.timezone.utc).timestamp() // step) * step, dt.timezone.utc).replace(tzinfo=None)
+    if until is not None:
+        cond += " AND bucket < $until"
+        params["until"] = until
+    if label is not None:
+        cond += " AND node IN (SELECT node FROM nodes WHERE json_extract_string(labels, $lk) = $lv)"
+        params |= {"lk": f'$."{label[0]}"', "lv": label[1]}
+    sql = (GPU_SQL if kind == "gpu" else HOST_SQL).format(us=int(every * 1e6), view=view, cond=cond)
+    cur = con.execute(sql, params)
+    got = [d[0] for d in cur.description]
+    cols, rows = result
+    early = [tuple(dict(zip(got, r, strict=True)).get(c) for c in cols) for r in cur.fetchall()]
+    if not early:
+        return result
+    cut = h.strftime("%Y-%m-%d %H:%M:%S")
+    return cols, early + [r for r in rows if r[0] >= cut]
