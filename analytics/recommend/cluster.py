@@ -69,6 +69,45 @@ def _best_measured(meas: dict[int, dict[int, float]], th: float) -> tuple[int, i
     return knees[best], best, meas[best][knees[best]]
 
 
+def _with_evidence(meas: dict[int, dict[int, float]], knees: dict[int, dict[str, Any]], k: dict[str, Any], w: int,
+                   p: int, interval: dict[str, Any], th: float) -> tuple[int, int, dict[str, Any], dict[str, Any]] | None:
+    """Advice stays with the evidence: when the chosen (w, p) was never measured and its
+    interval does not lie wholly above the best measured configuration, that one instead
+    (workers, ps, its knee, and the experiment that would settle the rest); else None."""
+    stay = _best_measured(meas, th) if w not in meas.get(p, {}) else None
+    if stay is None or (interval and interval["steps_per_second"][0] > stay[2]):
+        return None
+    mw, mp, ms = stay
+    evidence = {"stays_with_measured": True,
+                "experiment": f"measure {w} workers with {p} PS: the fit predicts {k['speed'] / ms - 1:+.0%} "
+                              f"({k['speed']:.3g} vs {ms:.3g} steps/s measured)"}
+    knee_ = {**knees.get(mp, {}), "workers": mw, "speed": ms, "from": "measured",
+             "settled": knees.get(mp, {}).get("settled", True)}
+    return mw, mp, knee_, evidence
+
+
+def _extrapolation(fitted: tuple[dict[str, Any] | None, float, str], w: int, p: int, predicted: dict[str, Any],
+                   interval: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a configuration predicted by the cluster fit says of the fit's ranges: whether
+    it extrapolates and why, and its interval widened by the distance, or dropped past the
+    limit (``rough``)."""
+    from ..models.ranges import check, rough, widen
+
+    cfit, params, acc_name = fitted
+    assert cfit is not None
+    inputs = {"workers": w, "ps": p, "workers_per_ps": w / p, "params": params, "accelerator": acc_name}
+    ex, reasons, decades = check(cfit, **inputs)
+    out: dict[str, Any] = {"extrapolated": ex}
+    if reasons:
+        out["extrapolated_because"] = "; ".join(reasons)
+    if why := rough(cfit, **inputs):
+        return {**out, "rough": why}, {}  # too far for any interval: the prediction is a rough guide
+    if ex and decades > 0 and "steps_per_second" in interval:
+        lo_v, hi_v = widen(predicted["steps_per_second"], *interval["steps_per_second"], decades)
+        interval = {**interval, "steps_per_second": (round(lo_v, 4), round(hi_v, 4))}
+    return out, interval
+
+
 def _knee_text(knees: dict[int, dict[str, Any]], k: dict[str, Any], predicted: bool) -> str:
     """The knees in words, and what an unsettled one means."""
     txt = "; ".join(
@@ -318,17 +357,9 @@ class Cluster(Recommender):
         predicted: dict[str, Any] = {"steps_per_second": round(k["speed"], 4)}
         interval = {"steps_per_second": tuple(round(x, 4) for x in k["interval"])} if "interval" in k else {}
         evidence: dict[str, Any] = {}
-        stay = _best_measured(meas, th) if w not in meas.get(p, {}) else None
-        if stay is not None and not (interval and interval["steps_per_second"][0] > stay[2]):
-            # advice stays with the evidence: the fit's configuration was never measured and
-            # its interval does not lie wholly above the best measured one
-            mw, mp, ms = stay
-            evidence = {"stays_with_measured": True,
-                        "experiment": f"measure {w} workers with {p} PS: the fit predicts {k['speed'] / ms - 1:+.0%} "
-                                      f"({k['speed']:.3g} vs {ms:.3g} steps/s measured)"}
-            w, p, k = mw, mp, {**knees.get(mp, {}), "workers": mw, "speed": ms, "from": "measured",
-                               "settled": knees.get(mp, {}).get("settled", True)}
-            predicted, interval = {"steps_per_second": round(ms, 4)}, {}
+        if (stay := _with_evidence(meas, knees, k, w, p, interval, th)) is not None:
+            w, p, k, evidence = stay
+            predicted, interval = {"steps_per_second": round(k["speed"], 4)}, {}
         price = w * o["worker_price"] + p * o["ps_price"]
         cost: dict[str, Any] = {}
         why_deadline = ""
@@ -363,21 +394,8 @@ class Cluster(Recommender):
             if self.as_of:
                 cost["prices_as_of"] = self.as_of
         extrapolation: dict[str, Any] = {}
-        cfit, params, acc_name = fitted
-        if cfit is not None and w in pred.get(p, {}) and (w not in meas.get(p, {})):
-            from ..models.ranges import check, rough, widen
-
-            ex, reasons, decades = check(cfit, workers=w, ps=p, workers_per_ps=w / p, params=params,
-                                         accelerator=acc_name)
-            extrapolation = {"extrapolated": ex}
-            if reasons:
-                extrapolation["extrapolated_because"] = "; ".join(reasons)
-            if why := rough(cfit, workers=w, ps=p, workers_per_ps=w / p, params=params, accelerator=acc_name):
-                interval = {}  # too far for any interval: the prediction is a rough guide
-                extrapolation["rough"] = why
-            elif ex and decades > 0 and "steps_per_second" in interval:
-                lo_v, hi_v = widen(predicted["steps_per_second"], *interval["steps_per_second"], decades)
-                interval["steps_per_second"] = (round(lo_v, 4), round(hi_v, 4))
+        if fitted[0] is not None and w in pred.get(p, {}) and (w not in meas.get(p, {})):
+            extrapolation, interval = _extrapolation(fitted, w, p, predicted, interval)
         knee_txt = _knee_text(knees, k, bool(pred))
         second = ""
         if 1 in knees and 2 in knees:
