@@ -201,9 +201,20 @@ def run_unit(
 
 
 class Detector(AnalyticsUnit):
-    """Base of detectors (``analytics/detectors/<name>.py``): ``run`` returns ``Finding``s."""
+    """Base of detectors (``analytics/detectors/<name>.py``): ``run`` returns ``Finding``s;
+    ``ACTION``: what to do about a finding in one line, ``{name}`` filled from its evidence
+    (shown where no recommender answers it)."""
 
     RESULT: ClassVar[type] = Finding
+    ACTION: ClassVar[str] = ""
+
+    @classmethod
+    def action(cls, f: Finding) -> str:
+        """``ACTION`` for finding ``f``: the evidence's numbers filled in (one the evidence
+        lacks reads "?", never a KeyError)."""
+        import re
+
+        return re.sub(r"\{(\w+)\}", lambda m: str(f.evidence.get(m.group(1), "?")), cls.ACTION)
 
 
 class Recommender(AnalyticsUnit):

@@ -90,8 +90,14 @@ def job_advice(db: Database, job: str) -> dict[str, Any]:
             except AnalyticsError as e:
                 item |= {"ok": False, "reason": str(e).splitlines()[0][:200]}
         recs.append(item)
+    from ..detectors import DETECTORS
+
+    answered = {n.kind for n in b.next}
+    # a finding no recommender answers carries its own action (the detector's ACTION)
+    actions = [{"kind": f.kind, "node": f.node, "action": DETECTORS.get(f.kind).action(f)} for f in b.findings
+               if not set(f.suggests) & answered and DETECTORS.get(f.kind).ACTION]
     return {"job": job, "findings": [codec.finding_json(f) for f in b.findings], "skipped": b.skipped,
-            "recommendations": recs}
+            "recommendations": recs, "actions": actions}
 
 
 def scaling_curve(db: Database, job: str) -> dict[str, Any]:

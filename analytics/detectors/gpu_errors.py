@@ -14,6 +14,7 @@ from ..units import DETECTORS, Detector, Finding, Scope
 @DETECTORS.register
 class GpuErrors(Detector):
     name = "gpu_errors"
+    ACTION = 'drain the node and have the GPU reset or replaced before it takes the job down (nvidia-smi -q shows its retired pages and Xid history)'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "critical_xids": Option(
             "list",

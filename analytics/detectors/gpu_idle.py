@@ -23,6 +23,7 @@ def _gpus(rows: list[tuple]) -> str:
 @DETECTORS.register
 class GpuIdle(Detector):
     name = "gpu_idle"
+    ACTION = 'release the idle GPUs (fewer per node, or a smaller instance type) or give the job work for them'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "idle_util": Option("float", 0.05, "mean utilisation over 5 minutes below which a GPU is idle", lo=0, hi=1),
         "min_idle": Option("duration", 600.0, "idle time a GPU needs before it is reported"),

@@ -14,6 +14,7 @@ from ..units import DETECTORS, Detector, Finding, Scope
 @DETECTORS.register
 class GpuShared(Detector):
     name = "gpu_shared"
+    ACTION = "give each job its own GPUs (a scheduler's GPU limits, MIG, or CUDA_VISIBLE_DEVICES)"  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "min_samples": Option("int", 3, "samples a GPU must show two jobs' processes in before it is reported", lo=1),
     }

@@ -27,6 +27,7 @@ def reasons(mask: int | None) -> str:
 @DETECTORS.register
 class GpuThrottled(Detector):
     name = "gpu_throttled"
+    ACTION = "check the node's cooling and power limit (nvidia-smi -q -d PERFORMANCE) or move the job off it"  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "min_share": Option("float", 0.2, "share of a GPU's samples throttled at which it is reported", lo=0, hi=1),
         "min_samples": Option("int", 30, "samples with a throttle mask a GPU needs before it is judged", lo=1),

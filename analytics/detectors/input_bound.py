@@ -14,6 +14,7 @@ from ..verdicts import INPUT_BOUND_CLASSES, input_bound_class
 @DETECTORS.register
 class InputBound(Detector):
     name = "input_bound"
+    ACTION = 'add input workers or move preprocessing off the training hosts (analyze recommend data-workers / placement)'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "max_gpu_util": Option("float", 0.5, "accelerator utilisation below which the hardware points at input", lo=0, hi=1),
         "busy_cpu": Option("float", 0.85, "host CPU utilisation at which the input pipeline counts as saturated", lo=0, hi=1),

@@ -13,6 +13,7 @@ from ..units import DETECTORS, Detector, Finding, Scope
 @DETECTORS.register
 class NvlinkErrors(Detector):
     name = "nvlink_errors"
+    ACTION = 'drain the node and have its NVLink checked (nvidia-smi nvlink -e); until then keep multi-GPU jobs off it'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "min_errors": Option("int", 10, "NVLink errors on one GPU in scope that make a finding", lo=1),
         "critical_errors": Option("int", 1000, "errors that make it critical (a link degrading: collectives slow down)", lo=1),

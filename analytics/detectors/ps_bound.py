@@ -49,6 +49,7 @@ def _nic_rates(con: duckdb.DuckDBPyConnection, scope: Scope, nodes: list[str]) -
 @DETECTORS.register
 class PsBound(Detector):
     name = "ps_bound"
+    ACTION = "add parameter servers or spread the model's tensors over them (analyze recommend cluster)"  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "min_efficiency": Option(
             "float", 0.8, "scaling efficiency (speed / (workers x single-worker speed)) below which a job is suspect", lo=0, hi=1

@@ -18,6 +18,7 @@ def _pct(x: float) -> str:
 @DETECTORS.register
 class TensorIdle(Detector):
     name = "tensor_idle"
+    ACTION = 'enable mixed precision (bf16 / fp16) so the Tensor Cores do the work'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         **evidence.GPM_OPTIONS,
         "max_tensor": Option("float", 0.05, "tensor-pipe activity below which the tensor cores count as idle", lo=0, hi=1),

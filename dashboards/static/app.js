@@ -400,7 +400,11 @@
 
   function adviceInto(box, a) {
     if (a.error) { box.append(el("p", { class: "bad", text: a.error })); return; }
-    if (!a.recommendations.length) {
+    for (const x of a.actions || []) {  // findings no recommender answers: the detector's own action
+      box.append(el("div", { class: "finding info", "data-action": x.kind }, el("b", { text: x.kind }),
+        el("span", { class: "muted", text: x.node ? " " + x.node : "" }), el("div", { class: "action", text: x.action })));
+    }
+    if (!a.recommendations.length && !(a.actions || []).length) {
       box.append(el("p", { class: "muted", text: a.findings.length ? "the findings suggest no recommendation" : "no finding now" }));
     }
     for (const r of a.recommendations) {

@@ -19,6 +19,7 @@ from cmdare.analytics.cli import cli
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many
+from tests.analytics.test_demo_fleet import demo_db  # noqa: F401  (the simulated fleet, a module fixture)
 from tests.fakes.fleet import KINDS, Scenarios, evaluate
 
 FIELDS = {
@@ -192,3 +193,27 @@ def test_the_demo_fleet_shows_every_kind_of_finding(tmp_path: Path) -> None:
     assert con.execute("SELECT count(*) FROM instances WHERE end_reason = 'revoked'").fetchall()[0][0] == 1
     assert con.execute("SELECT count(*) FROM nodes WHERE labels->>'simulated' = 'true'").fetchall()[0][0] == con.execute("SELECT count(*) FROM nodes").fetchall()[0][0]
     con.close()
+
+
+def test_every_detector_says_what_to_do_and_fills_in_its_evidence() -> None:
+    """Issue 51: the recommendations page said "no recommendation" for jobs whose findings
+    carry an action; each detector has one (ACTION), its numbers from the finding's evidence."""
+    from cmdare.analytics.detectors import DETECTORS
+    from cmdare.analytics.units import Finding
+
+    for name in DETECTORS:
+        assert DETECTORS.get(name).ACTION, name
+    ck = DETECTORS.get("checkpoint_overhead")
+    f = Finding("checkpoint_overhead", "j", "s", evidence={"young_daly_interval_seconds": 1619.2, "interval_seconds": 120.0})
+    assert ck.action(f).startswith("checkpoint every 1619.2 s") and "instead of every 120.0 s" in ck.action(f)
+    assert "every ? s" in ck.action(Finding("checkpoint_overhead", "j", "s"))  # evidence missing: no KeyError
+
+
+def test_the_advice_of_a_job_no_recommender_answers_is_its_findings_action(demo_db) -> None:  # noqa: F811
+    from cmdare.analytics import api
+    from cmdare.analytics.db import Database
+
+    a = api.job_advice(Database(demo_db), "sim-idle-8")
+    assert [x["kind"] for x in a["actions"]] == ["gpu_idle"] and "release the idle GPUs" in a["actions"][0]["action"]
+    ps = api.job_advice(Database(demo_db), "sim-ps-5")  # answered by recommend cluster: no own action
+    assert ps["actions"] == [] and ps["recommendations"]

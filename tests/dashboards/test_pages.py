@@ -146,6 +146,11 @@ def test_the_recommendations_page_answers_each_flagged_job_or_says_why_not(page,
     assert "workers 8, ps 4" in ps
     inp = p.locator('section.advice[data-job="sim-input-6"]').inner_text()
     assert "data-workers" in inp and ("cannot answer" in inp or "workers" in inp)
+    # issue 51: a finding no recommender answers shows its detector's own action, never
+    # "no recommendation" (the idle job: release its idle GPUs)
+    p.wait_for_selector('section.advice[data-job="sim-idle-8"] [data-action="gpu_idle"]')
+    idle = p.locator('section.advice[data-job="sim-idle-8"]').inner_text()
+    assert "release the idle GPUs" in idle and "suggest no recommendation" not in idle
     assert page.problems == []
 
 
