@@ -167,6 +167,40 @@ def _price(nodes: list[tuple], cat: dict[Any, Any], memo: dict[tuple, float | No
     return sum(per) / len(per), f"price catalogue ({len(per)} of {len(nodes)} nodes priced)"
 
 
+def vm_price(node: tuple, cat: dict[Any, Any] | None = None) -> float | None:
+    """$/hour of one node's VM (a row of ``_nodes``): its instance type with its GPUs in the
+    catalogue (``TYPE+NxACC``, else the VM plus N GPUs as GCE bills them), the CPU type alone
+    for a node without GPUs; spot or on-demand as the node runs; None: not in the catalogue."""
+    from . import prices
+
+    _node, region, itype, spot, acc, acc_n, _labels = node
+    if not itype:
+        return None
+    short = _acc_name(acc) if acc_n else None
+    p = None
+    for name in (*([f"{itype}+{acc_n}x{short}"] if short else []), itype):
+        try:
+            p = prices.lookup(name, region, cat) or prices.lookup(name, None, cat)
+        except AnalyticsError:
+            p = None
+        if p is not None and acc_n and not p.accelerator_count:
+            p = None  # a CPU host's price does not cover the node's GPUs
+        if p is not None:
+            break
+    if p is None and short:
+        p = prices.attached(itype, region, short, int(acc_n), cat)
+    return None if p is None else (p.spot if spot else p.on_demand)
+
+
+def job_vm_prices(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, tuple[float | None, bool, str]]:
+    """node -> ($/hour of its VM or None, whether it holds accelerators, its instance type) for
+    every node of ``job`` (its ranks' and its input workers')."""
+    from . import prices
+
+    cat = prices.load()
+    return {n[0]: (vm_price(n, cat), bool(n[5]), n[2] or "(no instance type)") for n in _nodes(con, [job]).get(job, [])}
+
+
 def _groups(nodes: list[tuple], declared_acc: str | None) -> dict[str, str]:
     def most(xs: list[Any]) -> str:
         xs = [x for x in xs if x]

@@ -72,8 +72,7 @@ def recommend_data_workers(db: str, as_json_: bool, **given: Any) -> None:
 
 
 @recommend.command(name="placement")
-@table_options(_table("placement"), trace={"type": click.Path(dir_okay=False)},
-               host_price={"required": True}, worker_price={"required": True})
+@table_options(_table("placement"), trace={"type": click.Path(dir_okay=False)})
 @db_option
 @json_option
 def recommend_placement(db: str, as_json_: bool, **given: Any) -> None:
@@ -92,7 +91,8 @@ def recommend_placement(db: str, as_json_: bool, **given: Any) -> None:
     With --job, the trace comes from telemetry: per minute, the job's input workers on a
     host of its training ranks (local) or elsewhere (remote), and the training ranks'
     median batch time; a configuration held two minutes or more counts (its first minute
-    left out).
+    left out). A price not given is the price catalogue's for the job's own nodes (its
+    accelerator hosts', its input workers'); --trace needs both prices.
     """
     o = table_values(_table("placement"), given)
     recs = _recommend(db if o["job"] else None, "placement", **o)

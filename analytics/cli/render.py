@@ -116,7 +116,7 @@ def bottlenecks(out: api.Bottlenecks, as_json_: bool, db: str) -> None:
             click.echo("\nwhat to do about them:")
             width = max(len(n.command) for n in ok)
             for n in ok:
-                click.echo(_wrap(f"  {n.command:<{width}}  # {n.answer}", "  "))
+                click.echo(_wrap(f"{n.command:<{width}}  # {n.answer}", "  "))
         for n in out.next:
             if not n.ok:
                 click.echo(_wrap(f"note: not suggested: {n.command}: {n.reason}"), err=True)
@@ -199,7 +199,7 @@ def fit(f: api.FitResult, as_json_: bool) -> None:
             med = "not reached" if c["median_hours"] is None else f"{c['median_hours']:.2f} h"
             click.echo(f"  {g}: {c['n']} lives, {c['events']} revoked, median lifetime {med}")
     for n in out["notes"][:20]:
-        click.echo(_wrap(f"  note: {n}", "  "))
+        click.echo(_wrap(f"note: {n}", "  "))
 
 
 def _ci(m: dict[str, Any]) -> str:
@@ -253,7 +253,7 @@ def recommendation(rec: Any, as_json_: bool) -> None:
         for k, v in rec.action.items()
     )
     click.echo(_wrap(f"{rec.kind.replace('_', '-')}: {act}"))
-    click.echo(_wrap(f"  why: {rec.why}", "  "))
+    click.echo(_wrap(f"why: {rec.why}", "  "))
     for k, v in rec.predicted.items():
         iv = rec.interval.get(k)
         shown = iv and f"{iv[0]:.4g}" != f"{iv[1]:.4g}"  # a zero-width interval says nothing
@@ -261,7 +261,7 @@ def recommendation(rec: Any, as_json_: bool) -> None:
     for k, v in rec.cost.items():
         click.echo(f"  cost {k}: {v}")
     if rec.assumptions.get("extrapolated"):
-        click.echo(_wrap(f"  extrapolates: {rec.assumptions.get('extrapolated_because') or 'outside what was measured or fitted'}", "  "))
+        click.echo(_wrap(f"extrapolates: {rec.assumptions.get('extrapolated_because') or 'outside what was measured or fitted'}", "  "))
     if rec.fit_ids:
         click.echo(f"  fits: {', '.join(rec.fit_ids)}")
-    click.echo(_wrap("  assumptions: " + ", ".join(f"{k}={v}" for k, v in rec.assumptions.items() if v is not None), "  "))
+    click.echo(_wrap("assumptions: " + ", ".join(f"{k}={v}" for k, v in rec.assumptions.items() if v is not None), "  "))

@@ -137,12 +137,37 @@ class Placement(Recommender):
         "job": Option("str", "", "a job in the database: the trace from its telemetry (role-data workers, local or remote)"),
     }
 
+    def _catalogue_prices(self, con: duckdb.DuckDBPyConnection) -> str:
+        """The prices not given, from the price catalogue for the job's own nodes: the
+        accelerator host's VM (the mean over the nodes with accelerators) and an input
+        worker's (over those without); what was found, or why not."""
+        from ..accounting import job_vm_prices
+
+        o = self.options
+        nodes = job_vm_prices(con, o["job"])
+        said = []
+        for key, gpu, what in (("host_price", True, "accelerator host"), ("worker_price", False, "input worker")):
+            if o[key] > 0:
+                continue
+            ps = [p for p, g, _ in nodes.values() if g == gpu and p]
+            if ps:
+                o[key] = round(sum(ps) / len(ps), 4)
+                said.append(f"{what} {o[key]:g} $/h from the price catalogue ({len(ps)} nodes)")
+            else:
+                types = sorted({t for _, g, t in nodes.values() if g == gpu}) or ["no such node"]
+                said.append(f"no catalogue price for the job's {what} ({', '.join(types)[:80]})")
+        return "; ".join(said)
+
     def run(self, con: duckdb.DuckDBPyConnection | None, scope: Scope) -> list[Recommendation]:
         o = self.options
         if bool(o["trace"]) == bool(o["job"]):
             raise AnalyticsError("placement needs --trace FILE.csv (remote,local,batch_ms per configuration observed) or --job J, one of them")
+        priced_from = "given"
+        if (o["host_price"] <= 0 or o["worker_price"] <= 0) and o["job"] and con is not None:
+            priced_from = self._catalogue_prices(con)
         if o["host_price"] <= 0 or o["worker_price"] <= 0:
-            raise AnalyticsError("placement needs --host-price and --worker-price ($/hour, above 0): removal is an economic rule")
+            raise AnalyticsError("placement needs --host-price and --worker-price ($/hour, above 0): removal is an economic rule"
+                                 + (f" ({priced_from})" if priced_from != "given" else ""))
         if o["job"]:
             if con is None:
                 raise AnalyticsError("placement --job needs the database")
@@ -174,6 +199,7 @@ class Placement(Recommender):
             "rule": "Pecan AutoPlacement",
             "host_price_per_hour": o["host_price"],
             "worker_price_per_hour": o["worker_price"],
+            "prices_from": priced_from,
             "threshold": o["threshold"],
             "local_stop": o["local_stop"],
             "local_limit": o["local_limit"],

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from cmdare.analytics.cli import cli
 from cmdare.analytics.db import AnalyticsError
 from cmdare.analytics.recommend.placement import auto_placement, cost_per_1000_steps
+from tests.analytics.test_demo_fleet import demo_db  # noqa: F401  (the simulated fleet, a module fixture)
 
 C, W = 2.48, 0.19  # accelerator host, remote worker: $/hour
 
@@ -118,3 +119,23 @@ def test_from_a_jobs_telemetry(input_db) -> None:
     r = CliRunner().invoke(cli, ["recommend", "placement", "--job", job, "--trace", "x.csv", "--db", str(db),
                                  "--host-price", "1", "--worker-price", "1"])
     assert r.exit_code == 1 and "or --job J, one of them" in r.stderr
+
+
+def test_a_jobs_own_instance_types_price_it_when_no_price_is_given(input_db, demo_db) -> None:  # noqa: F811
+    """Issue 51: placement answered "needs --host-price and --worker-price" for jobs whose
+    nodes run catalogued instance types. Their catalogue prices stand in for a price not
+    given (said in prices_from); a job whose nodes the catalogue does not price is refused,
+    naming what it lacks."""
+    r = CliRunner().invoke(cli, ["recommend", "placement", "--job", "sim-input-6", "--db", str(demo_db), "--json"])
+    assert r.exit_code == 0, r.stderr
+    a = json.loads(r.stdout)["assumptions"]
+    assert a["host_price_per_hour"] == pytest.approx(2.86)  # n1-standard-8 with one V100, on demand
+    assert a["worker_price_per_hour"] == pytest.approx(0.38)  # n1-standard-8, the input workers' VMs
+    assert "from the price catalogue" in a["prices_from"]
+    r = CliRunner().invoke(cli, ["recommend", "placement", "--job", "sim-input-6", "--db", str(demo_db),
+                                 "--host-price", "5", "--json"])
+    a = json.loads(r.stdout)["assumptions"]
+    assert a["host_price_per_hour"] == 5 and a["worker_price_per_hour"] == pytest.approx(0.38)
+    db, job = input_db  # simulated without cloud identities
+    r = CliRunner().invoke(cli, ["recommend", "placement", "--job", job, "--db", str(db)])
+    assert r.exit_code == 1 and "no catalogue price for the job's accelerator host" in r.stderr
