@@ -84,6 +84,25 @@ def test_maintenance_builds_rollups_that_read_exactly_at_any_lag(lake: Lake) -> 
     assert maintain(lake, retain_raw=None, compact_files=None, expire_after=None).rolled == {}
 
 
+def test_rebuilding_one_day_leaves_the_next_days_rollups_alone(lake: Lake) -> None:
+    """A late append into the first day rebuilds that day only: its overwrite is bounded to
+    the day, so the second day's rollup rows (held by the same files) are kept, and every
+    view stays exact (a filter a day too wide would delete them: data lost)."""
+    maintain(lake, retain_raw=None, compact_files=None, expire_after=None)
+    f = Path(lake.location.local).parent / "late1.duckdb"
+    late = connect(f)
+    Writer(late, max_skew=None, rollup_every=None).write([("late", gpu("b", START + 7, 2, every=63))])  # day one
+    load_database(lake, late, str(f))
+    late.close()
+    want = exact(lake)
+    rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=None)
+    assert rep.rolled == {"gpu_rollup_1m": 1, "gpu_rollup_5m": 1}
+    assert pending(lake) == 0 and exact(lake) == want
+    with LakeDatabase(str(lake.location.local)).read() as con:
+        assert con.execute("SELECT count(*) FROM gpu_rollup_5m WHERE bucket >= TIMESTAMP '2026-09-02'"
+                           ).fetchall()[0][0] > 0
+
+
 def test_retention_deletes_raw_days_once_rolled_and_the_rollups_keep_them(lake: Lake) -> None:
     want = exact(lake)
     with LakeDatabase(str(lake.location.local)).read() as con:
