@@ -137,6 +137,17 @@ class Placement(Recommender):
         "job": Option("str", "", "a job in the database: the trace from its telemetry (role-data workers, local or remote)"),
     }
 
+    def _decided(self, con: duckdb.DuckDBPyConnection, job: str) -> tuple[int, str] | None:
+        """How many input workers ``recommend data-workers`` decides for the job (and by which
+        rule), or None when it cannot answer."""
+        from ..units import RECOMMENDERS, run_unit
+
+        try:
+            [rec] = run_unit(RECOMMENDERS, "data_workers", con, Scope(), {"job": job})[:1]
+        except (AnalyticsError, ValueError):
+            return None
+        return int(rec.action["workers"]), str(rec.assumptions.get("rule", "data-workers"))
+
     def _catalogue_prices(self, con: duckdb.DuckDBPyConnection) -> str:
         """The prices not given, from the price catalogue for the job's own nodes: the
         accelerator host's VM (the mean over the nodes with accelerators) and an input
@@ -181,25 +192,34 @@ class Placement(Recommender):
             trace, label, source = read_trace(o["trace"]), "--trace", "trace"
         rp = auto_placement(trace, o["host_price"], o["worker_price"], o["threshold"], o["local_stop"], o["local_limit"], label)
         rem, loc = rp.settled
-        bt = trace[rp.settled]
-        cost = {"dollars_per_1000_steps": round(cost_per_1000_steps(bt, rem, o["host_price"], o["worker_price"]), 4),
-                "dollars_per_hour": round(o["host_price"] + rem * o["worker_price"], 4)}
+        own = (rem, loc)
+        decided = self._decided(con, o["job"]) if o["job"] and con is not None else None
+        if decided is not None and decided[0] != rem + loc:
+            # one answer per job: the data-workers rule decides how many; placement says where
+            # (its local workers kept, the rest remote), and what its replay alone would say
+            loc = min(loc, decided[0])
+            rem = decided[0] - loc
+        bt = trace.get((rem, loc))  # None: a count the job never ran at
+        cost = {"dollars_per_hour": round(o["host_price"] + rem * o["worker_price"], 4)}
+        if bt is not None:
+            cost = {"dollars_per_1000_steps": round(cost_per_1000_steps(bt, rem, o["host_price"], o["worker_price"]), 4),
+                    **cost}
         steps = " -> ".join(
             f"{ph} ({c[0]},{c[1]})" + (f" r {r:+.1%}" if r is not None else "")
             + ("" if r is None else " rejected" if ("back" in d or "not economical" in d) else " kept")
             for ph, c, r, d in rp.path
         )
-        why = (f"AutoPlacement settles on {rem} remote, {loc} local: {steps}" if rp.done else
-               f"the trace ends at ({rem},{loc}) before the policy would: measure ({rp.next_to_try[0]},{rp.next_to_try[1]}) next; {steps}")
-        if o["job"]:  # the same job's data-workers answer may name another count: say why
-            why += ("; placement replays the configurations this job measured (where input workers run, and when one "
-                    "more stops paying for itself); recommend data-workers sizes the count from the rates measured: "
-                    "the two can differ until the job has run at the count data-workers names")
+        why = (f"AutoPlacement settles on {own[0]} remote, {own[1]} local: {steps}" if rp.done else
+               f"the trace ends at ({own[0]},{own[1]}) before the policy would: measure ({rp.next_to_try[0]},{rp.next_to_try[1]}) next; {steps}")
+        if (rem, loc) != own and decided is not None:
+            why = (f"{decided[0]} input workers as recommend data-workers decides ({decided[1]}): {rem} remote, "
+                   f"{loc} local; placement's replay alone would say {own[0]} remote, {own[1]} local: {why}")
         assumptions: dict[str, object] = {
             "rule": "Pecan AutoPlacement",
             "host_price_per_hour": o["host_price"],
             "worker_price_per_hour": o["worker_price"],
             "prices_from": priced_from,
+            "placement_would_say": f"{own[0]} remote, {own[1]} local" if (rem, loc) != own else None,
             "threshold": o["threshold"],
             "local_stop": o["local_stop"],
             "local_limit": o["local_limit"],
@@ -215,7 +235,7 @@ class Placement(Recommender):
             Recommendation(
                 self.name,
                 action={"remote": rem, "local": loc},
-                predicted={"batch_seconds": round(bt, 6)},
+                predicted={"batch_seconds": round(bt, 6)} if bt is not None else {},
                 cost=cost,
                 assumptions=assumptions,
                 why=why,

@@ -48,7 +48,10 @@ def test_the_demo_fleet_shows_each_problem_and_its_recommendations(demo_db: Path
     assert r.exit_code == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["assumptions"]["next_remote"] == 4 and out["assumptions"]["next_local"] == 0
-    assert "recommend data-workers sizes the count from the rates measured" in out["why"]  # why the two differ
+    # one answer per job (issue 51): data-workers decides how many, placement says where and
+    # what its replay alone would say
+    assert out["action"] == {"remote": tf["action"]["workers"], "local": 0}
+    assert out["assumptions"]["placement_would_say"] == "3 remote, 0 local"
     r = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", "sim-ps-2", "--db", str(db), "--json"])
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[0])["action"]["ps"] >= 1
@@ -71,9 +74,12 @@ def test_bottlenecks_text_ends_with_the_commands_that_answer_the_findings_and_ea
         run = CliRunner().invoke(cli, [*argv, "--db", str(demo_db)])
         assert run.exit_code == 0, (c, run.stderr)
     assert "# workers 4, ps 2" in tail[cmds.index("analyze recommend cluster --from-job sim-ps-4")]
-    # what cannot answer is said, once, with why: placement needs prices
-    assert ("note: not suggested: analyze recommend placement --job sim-input-6: placement needs --host-price and "
-            "--worker-price") in r.stderr
+    # placement prices the job's own nodes from the catalogue: it answers too (issue 51), the
+    # same count as data-workers
+    placement = tail[cmds.index("analyze recommend placement --job sim-input-6")]
+    data = tail[cmds.index("analyze recommend data-workers --job sim-input-6")]
+    n = int(data.split("# workers ")[1].split()[0])
+    assert f"# remote {n}, local 0" in placement and "not suggested" not in r.stderr
 
 
 def test_a_ps_bound_job_gets_the_ps_count_that_removes_its_bottleneck_not_what_it_runs(demo_db: Path) -> None:

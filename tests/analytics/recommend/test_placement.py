@@ -110,12 +110,18 @@ def test_from_a_jobs_telemetry(input_db) -> None:
                                  "--worker-price", "0.19", "--local-limit", "2", "--json"])
     assert r.exit_code == 0, r.stderr
     out = json.loads(r.stdout)
-    # remote up to 5 (6 adds nothing), 2 local workers (free, no slower), then one remote
-    # worker removed (4 + 2 local still keep up) and not a second (3 + 2: -6 %, not economical)
-    assert out["action"] == {"remote": 4, "local": 2}
+    # the replay: remote up to 5 (6 adds nothing), 2 local workers (free, no slower), then
+    # one remote worker removed (4 + 2 local still keep up) and not a second (3 + 2: -6 %,
+    # not economical): 4 remote, 2 local
     assert out["assumptions"]["source"] == f"telemetry of {job}" and out["assumptions"]["configurations_measured"] == 10
-    assert out["predicted"]["batch_seconds"] == pytest.approx(0.2, rel=0.03)
     assert "remote down (3,2)" in out["why"] and "rejected" in out["why"]
+    # issue 51, one answer per job: how many is recommend data-workers' (5 here), placement
+    # keeps its 2 local workers and says what its replay alone would: 4 + 2
+    dw = CliRunner().invoke(cli, ["recommend", "data-workers", "--job", job, "--db", str(db), "--json"])
+    n = json.loads(dw.stdout)["action"]["workers"]
+    assert out["action"] == {"remote": n - 2, "local": 2} and out["assumptions"]["placement_would_say"] == "4 remote, 2 local"
+    assert f"{n} input workers as recommend data-workers decides" in out["why"]
+    assert out["predicted"]["batch_seconds"] == pytest.approx(0.21, rel=0.05)  # (3,2): a configuration the job ran at
     r = CliRunner().invoke(cli, ["recommend", "placement", "--job", job, "--trace", "x.csv", "--db", str(db),
                                  "--host-price", "1", "--worker-price", "1"])
     assert r.exit_code == 1 and "or --job J, one of them" in r.stderr
