@@ -46,6 +46,12 @@ def ends(s: socket.socket) -> list[dict]:
         out.append(m)
 
 
+def _path() -> str:
+    """ROOT first on the children's import path, the rest kept (a machine where cmdare is
+    laid out, not installed: bench/device/run_end_check.sh)."""
+    return os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)
+
+
 # -- the library -------------------------------------------------------------------------
 def test_close_reports_finished_once_with_the_steps(sockdir: Path) -> None:
     s = listen(sockdir / "a.sock")
@@ -111,7 +117,7 @@ if sys.argv[2] == "raise":
 def test_a_process_that_never_closes_reports_at_exit(sockdir: Path, how: str, state: str) -> None:
     s = listen(sockdir / "a.sock")
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(sockdir / "a.sock"), how], capture_output=True,
-                       text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+                       text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": _path()}, timeout=60)
     assert r.returncode == (1 if how == "raise" else 0), r.stderr
     [e] = ends(s)
     assert e["state"] == state and e["steps"] == 2
@@ -156,7 +162,7 @@ else:
 
 def trainer(path: Path, job: str, rank: int, how: str) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-c", TRAINER, str(path), job, str(rank), how], stdout=subprocess.PIPE,
-                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": _path()})
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
 
