@@ -165,8 +165,10 @@ class Placement(Recommender):
                 o[key] = round(sum(ps) / len(ps), 4)
                 said.append(f"{what} {o[key]:g} $/h from the price catalogue ({len(ps)} nodes)")
             else:
-                types = sorted({t for _, g, t in nodes.values() if g == gpu}) or ["no such node"]
-                said.append(f"no catalogue price for the job's {what} ({', '.join(types)[:80]})")
+                types = sorted({t for _, g, t in nodes.values() if g == gpu})
+                said.append(f"no catalogue price for the job's {what} (" + (', '.join(types)[:80] if types else
+                            f"no node of the job is one: {'none holds accelerators' if gpu else 'all hold accelerators'}")
+                            + ")")
         return "; ".join(said)
 
     def run(self, con: duckdb.DuckDBPyConnection | None, scope: Scope) -> list[Recommendation]:
