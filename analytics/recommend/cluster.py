@@ -357,7 +357,10 @@ class Cluster(Recommender):
         predicted: dict[str, Any] = {"steps_per_second": round(k["speed"], 4)}
         interval = {"steps_per_second": tuple(round(x, 4) for x in k["interval"])} if "interval" in k else {}
         evidence: dict[str, Any] = {}
-        if (stay := _with_evidence(meas, knees, k, w, p, interval, th)) is not None:
+        shown = interval  # the interval as it will be reported: widened past the fit, none past the limit
+        if fitted[0] is not None and w in pred.get(p, {}) and w not in meas.get(p, {}):
+            shown = _extrapolation(fitted, w, p, predicted, interval)[1]
+        if (stay := _with_evidence(meas, knees, k, w, p, shown, th)) is not None:
             w, p, k, evidence = stay
             predicted, interval = {"steps_per_second": round(k["speed"], 4)}, {}
         price = w * o["worker_price"] + p * o["ps_price"]
