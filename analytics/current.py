@@ -28,6 +28,7 @@ from typing import Any
 import duckdb
 
 from . import findings
+from .db import retry_conflicts
 from .findings import record_coverage
 from .units import Finding, Scope
 
@@ -140,15 +141,7 @@ class DetectorSchedule:
         scope = Scope(None, now - dt.timedelta(seconds=self.window), now)
         t0 = time.perf_counter()
         out = findings.run(self.cur, scope)
-        for _ in range(SAVE_TRIES):
-            try:
-                res = track(self.cur, out.ran, out.findings, scope, now)
-                break
-            except duckdb.TransactionException as e:
-                conflict = e
-                time.sleep(0.05)
-        else:
-            raise conflict
+        res = retry_conflicts(lambda: track(self.cur, out.ran, out.findings, scope, now), SAVE_TRIES)
         self.rounds += 1
         self.last, self.last_seconds = res, time.perf_counter() - t0
         return res

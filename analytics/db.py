@@ -18,8 +18,10 @@ import contextlib
 import datetime as dt
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 
@@ -64,6 +66,9 @@ def open_rw(path: str | Path) -> duckdb.DuckDBPyConnection:
         return connect(path)
     except DatabaseError as e:
         raise AnalyticsError(str(e)) from None
+
+
+T = TypeVar("T")
 
 
 class Database:
@@ -220,3 +225,16 @@ def read_text_file(path: str | Path, limit: int, what: str, where: str = "",
         return data.decode()
     except UnicodeDecodeError:
         raise error(f"{where}: not a text file") from None
+
+
+def retry_conflicts(fn: Callable[[], T], tries: int, pause: float = 0.05) -> T:
+    """``fn()``, again after a DuckDB write-write conflict (another thread's transaction on
+    the same rows), up to ``tries`` times; the last conflict is raised."""
+    for i in range(tries):
+        try:
+            return fn()
+        except duckdb.TransactionException:
+            if i == tries - 1:
+                raise
+            time.sleep(pause)
+    raise AssertionError("tries must be at least 1")

@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from ..db import retry_conflicts
 from .evaluate import utcnow, validate
 from .notify.log import LogReceiver
 from .notify.receivers import ReceiverSpec
@@ -199,15 +200,7 @@ class Alerting:
         self.engine.eval_group(con, group, at, self.horizon(), self.lag())
         due = [(r, r.due(self.engine, ids)) for r in self.senders]
         self.engine.mark_notified([it.key for _, items in due for it in items if not it.resolved])
-        for _ in range(SAVE_TRIES):  # a write conflict with another group's save: again
-            try:
-                self.engine.save(con, group, at)
-                break
-            except duckdb.TransactionException as e:
-                conflict = e
-                time.sleep(0.05)
-        else:
-            raise conflict
+        retry_conflicts(lambda: self.engine.save(con, group, at), SAVE_TRIES)  # another group's save: again
         for r, items in due:
             r.send(items)
         self.log.round(self.engine, ids)

@@ -132,3 +132,21 @@ def test_finding_rules_read_what_the_schedule_stored(fleet, monkeypatch) -> None
     assert firing(end + dt.timedelta(minutes=5)) == set()  # the schedule has not confirmed it since: stale
     con.execute("UPDATE findings SET resolved_at = ?", [end])
     assert firing(end) == set()  # resolved
+
+
+def test_a_write_conflict_is_tried_again_then_raised() -> None:
+    from cmdare.analytics.db import retry_conflicts
+
+    calls = {"n": 0}
+
+    def flaky() -> str:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            raise duckdb.TransactionException("Conflict on tuple deletion")
+        return "saved"
+
+    assert retry_conflicts(flaky, 3, pause=0) == "saved" and calls["n"] == 3
+    calls["n"] = -10
+    with pytest.raises(duckdb.TransactionException):
+        retry_conflicts(flaky, 3, pause=0)
+    assert calls["n"] == -7  # tried three times, no more
