@@ -127,6 +127,37 @@ def test_maintenance_drops_old_raw_days_compacts_and_keeps_every_other_row(lake:
     assert "retention: gpu_samples: 1 day partition(s) deleted" in rep.lines()
 
 
+def test_expiry_deletes_only_old_files_no_snapshot_references(lake: Lake) -> None:
+    """After compaction and snapshot expiry, the data files no kept snapshot references are
+    deleted when older than an hour (ORPHAN_AGE); a newer unreferenced file (a commit in
+    flight) and every referenced file stay: a wrong test here deletes live data."""
+    import os
+    import shutil
+    import time
+
+    from cmdare.collector.lake import NAMESPACE
+
+    for j in range(6):
+        lake.append("gpu_samples", samples(j * 10, 10, day=0), {"t/0": ([j], [j + 1])}, "a")
+    maintain(lake, retain_raw=None, compact_files=2, expire_after=None)  # six files rewritten into one
+    data = Path(lake.location.local) / NAMESPACE / "gpu_samples" / "data"
+    files = [Path(d) / f for d, _, fs in os.walk(data) for f in fs if f.endswith(".parquet")]
+    assert len(files) == 7
+    old = time.time() - 2 * 3600
+    for f in files:
+        os.utime(f, (old, old))
+    stray_old, stray_new = files[0].with_name("old-orphan.parquet"), files[0].with_name("in-flight.parquet")
+    shutil.copy(files[0], stray_old)
+    os.utime(stray_old, (old, old))
+    shutil.copy(files[0], stray_new)  # written just now
+    rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=0)
+    assert rep.expired_snapshots > 0 and rep.orphans_deleted == 7  # the six rewritten away, and the old stray
+    assert count(lake) == (60, 60)  # every referenced file kept
+    assert stray_new.exists() and not stray_old.exists()
+    left = [Path(d) / f for d, _, fs in os.walk(data) for f in fs if f.endswith(".parquet")]
+    assert len(left) == 2  # the compacted file and the one in flight
+
+
 @pytest.mark.parametrize("uri,catalog,words", [
     ("", None, "give a directory"),
     ("s3://bucket/x", None, "needs --catalog"),
