@@ -86,9 +86,6 @@ def run(cfg: CollectorConfig, say: Say) -> None:
         if r.service:
             r.service.alerting = r.alerting
             r.service.database.horizon = _horizon(r)
-        r.detectors = _detectors(con, cfg, say) if serve else None
-        if r.alerting and r.detectors:  # finding rules read what the schedule keeps current
-            r.alerting.engine.findings_fresh = 2 * cfg.detect_every + 30
         if cfg.command == "kafka":
             try:
                 r.ingest.open()
@@ -101,6 +98,9 @@ def run(cfg: CollectorConfig, say: Say) -> None:
             say(f"cmdare-collector: consuming {cfg.url.text}{over} (group {cfg.group}) into {cfg.db}")
         if r.service:
             r.service.ready = True
+        r.detectors = _detectors(con, cfg, say) if serve else None  # (not needed to be ready)
+        if r.alerting and r.detectors:  # finding rules read what the schedule keeps current
+            r.alerting.engine.findings_fresh = 2 * cfg.detect_every + 30
         try:
             t = _consume(cfg, r.ingest)
         except duckdb.Error as e:

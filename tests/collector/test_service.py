@@ -84,7 +84,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path,
 def test_health_readiness_and_metrics(live) -> None:
     _, _, url = live
     assert call(url, "/healthz") == (200, b'{"status":"ok"}')
-    assert json.loads(call(url, "/readyz")[1]) == {"ready": True}
+    # ready once the input runs (a moment after the API answers)
+    wait_for(lambda: json.loads(call(url, "/readyz")[1]) == {"ready": True}, 30, what="ready")
     wait_for(lambda: b"cmdare_collector_events_stored_total 0.0" not in call(url, "/metrics")[1], 30,
              what="events stored")
     code, text = call(url, "/metrics")
