@@ -145,6 +145,8 @@ def test_the_sql_endpoint_returns_json_or_arrow_within_limits(live) -> None:
     code, body = call(url, "/api/v1/sql", {"query": "SELECT * FROM range(30) t(i)", "max_rows": 10})
     out = json.loads(body)
     assert code == 200 and out["columns"] == ["i"] and len(out["rows"]) == 10 and out["truncated"] is True
+    wait_for(lambda: json.loads(call(url, "/api/v1/sql", {"query": "SELECT count(*) AS n FROM gpu_samples"})[1]
+                                )["rows"] != [[0]], 30, what="GPU samples stored")  # the module's first test on its worker
     code, body = call(url, "/api/v1/sql", {"query": "SELECT node, count(*) AS n FROM gpu_samples GROUP BY node"},
                       accept="application/vnd.apache.arrow.stream")
     t = pa.ipc.open_stream(body).read_all()
