@@ -131,7 +131,8 @@ def test_alertmanager_gets_its_api_and_a_webhook_the_documented_envelope(sink, r
     for r in (am, wh):
         r.send(r.due(e, {"r"}))
     deadline = time.monotonic() + 10
-    while len(h.got) < 2 and time.monotonic() < deadline:
+    # both bodies received, and both deliveries reported back (after each answer is read)
+    while (len(h.got) < 2 or len(e.reported) < 2) and time.monotonic() < deadline:
         time.sleep(0.01)
     got = dict(h.got)
     assert set(got) == {"/api/v2/alerts", "/hook?x=1"}
