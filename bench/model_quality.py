@@ -136,7 +136,6 @@ def plots(out: Path, truth: Truth, jobs: list, sp, cl, lt) -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    lin = models.Linear(**cl.model["linear"])
     for name in ("resnet50", "vgg16"):
         for acc, ps in (("v100", 1), ("v100", 2)):
             pts = sorted(
@@ -149,7 +148,7 @@ def plots(out: Path, truth: Truth, jobs: list, sp, cl, lt) -> None:
             )
             params = next(j.params for j in jobs if j.model == name)
             ws = np.arange(1, 17)
-            curve = [w / lin.point(models.cluster_features(t1, params, w, ps)) for w in ws]
+            curve = [models.predict_cluster({"model": cl.model}, [t1] * int(w), ps, params)["steps_per_second"] for w in ws]
             line = ax.plot(ws, curve, lw=1, label=f"{name} {acc} {ps} PS (fit)")[0]
             ax.scatter(*zip(*pts, strict=False), color=line.get_color(), s=14)
     ax.set(xlabel="workers", ylabel="cluster steps/s", title="cluster speed: measured (dots) and fitted")

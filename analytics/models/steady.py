@@ -13,6 +13,7 @@ catalogue), FLOPs per step and parameter count.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 
 import duckdb
@@ -117,7 +118,11 @@ def job_speeds(
             skipped.append(f"{name}: too few step intervals for a steady state")
             continue
         ps_n = int(ps or 0)
-        speed = sum(good.values()) if ps_n > 0 else good[min(good)]
+        speed = math.fsum(good.values()) if ps_n > 0 else good[min(good)]
+        # to 10 significant digits: DuckDB's parallel sums differ in the last bits from run
+        # to run, and a nonlinear fit (the cluster's k-norm) would carry that into its
+        # coefficients; rounded, the same data gives the same fit
+        speed = float(f"{speed:.10g}")
         out.append(
             JobSpeed(
                 name,
@@ -135,4 +140,5 @@ def job_speeds(
                 acc,
             )
         )
+    out.sort(key=lambda j: j.job)  # the database's order varies; a fit's should not
     return out, skipped

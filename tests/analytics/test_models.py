@@ -360,3 +360,59 @@ def test_hazard_ratios_converge_to_the_truth_with_many_lives(tmp_path: Path, see
     for col, b, se in zip(ph["columns"], ph["params"], ph["bse"], strict=True):
         assert fit.model["coefficients"][f"hazard_ratio[{col}]"] == pytest.approx(truth[col], rel=0.15), col
         assert abs(b - math.log(truth[col])) < 1.96 * se and se < 0.08, col
+
+
+def _knorm_fit(a: float, b: float, c: float, d: float, k: float, g: float) -> dict[str, Any]:
+    from cmdare.analytics.models.cluster import LAW, LAW_COLS
+
+    theta = [math.log(a), math.log(b), math.log(c), math.log(d), math.log(k), g]
+    zero = [[0.0] * 6 for _ in range(6)]
+    return {"model": {"nonlinear": {"law": LAW, "columns": LAW_COLS, "params": theta, "cov": zero, "scale": 0.0,
+                                    "df_resid": 10.0}}}
+
+
+def test_a_cluster_fit_stored_in_the_linear_form_predicts_as_the_knorm_with_k_and_g_one() -> None:
+    """Databases keep cluster fits of the linear form (before the k-norm): they still predict,
+    and the same coefficients as a k-norm with k = g = 1 predict the same."""
+    from cmdare.analytics.models.cluster import knee_workers, ps_limit, single_worker_seconds
+
+    old = {"model": {"linear": {"columns": models.cluster.CLUSTER_COLS, "params": [1.0, 0.02, 0.06, 1e-9],
+                                "cov": [[0.0] * 4 for _ in range(4)], "scale": 0.0, "df_resid": 10.0,
+                                "relative": True}}}
+    new = _knorm_fit(1.0, 0.02, 0.06, 1e-9, 1.0, 1.0)
+    params, t1 = 25e6, 0.25  # S = 0.1 GB a step
+    for w, ps in ((1, 1), (4, 1), (8, 2), (16, 3)):
+        want = w / (t1 + 0.02 * 0.1 + 0.06 * 0.1 * w / ps + 1e-9)
+        for fit in (old, new):
+            r = models.predict_cluster(fit, [t1] * w, ps, params)
+            assert r["steps_per_second"] == pytest.approx(want, rel=1e-6)
+            assert single_worker_seconds(fit, want, w, ps, params) == pytest.approx(t1, rel=1e-6)
+    for ps in (1, 2):
+        assert ps_limit(old, ps, params) == pytest.approx(ps_limit(new, ps, params)) == pytest.approx(ps / 0.006)
+        assert knee_workers(old, t1, ps, params) == knee_workers(new, t1, ps, params)
+    r = models.predict_cluster(old, [t1] * 4, 1, params)
+    assert r["workers_at_90pct_of_limit"] == pytest.approx(9 * (t1 + 0.002) / 0.006, rel=1e-6)
+
+
+def test_the_knorm_bends_to_the_ps_limit_and_solves_back_for_the_single_worker_time() -> None:
+    """k = 4: speed is within a few per cent of min(compute, PS limit) away from the corner;
+    g = 0.5: two PS serve sqrt(2) what one does; the 90 %-of-limit count and T1 from a
+    measured speed follow the same law."""
+    from cmdare.analytics.models.cluster import ps_limit, single_worker_seconds
+
+    fit = _knorm_fit(1.0, 1e-9, 0.3, 1e-9, 4.0, 0.5)
+    params, t1 = 25e6, 0.1  # S = 0.1 GB: PS limit 1 / 0.03 = 33.3 steps/s on one PS
+    assert ps_limit(fit, 1, params) == pytest.approx(1 / 0.03)
+    assert ps_limit(fit, 2, params) == pytest.approx(math.sqrt(2) / 0.03)
+    two = models.predict_cluster(fit, [t1] * 2, 1, params)["steps_per_second"]
+    assert two == pytest.approx(20 / (1 + (20 * 0.03) ** 4) ** 0.25, rel=1e-6) and 19 < two < 20
+    many = models.predict_cluster(fit, [t1] * 32, 1, params)
+    assert 0.97 * (1 / 0.03) < many["steps_per_second"] < 1 / 0.03
+    assert many["knee_workers"] in (3, 4)
+    # speed = L / (1 + (t1 L / W)^k)^(1/k) = 0.9 L
+    w90 = many["workers_at_90pct_of_limit"]
+    assert w90 / (t1 * (1 / 0.03)) == pytest.approx(1 / ((1 / 0.9) ** 4 - 1) ** 0.25, rel=1e-6)
+    for w in (2, 3, 5):
+        v = models.predict_cluster(fit, [t1] * w, 1, params)["steps_per_second"]
+        assert single_worker_seconds(fit, v, w, 1, params) == pytest.approx(t1, rel=1e-6)
+    assert single_worker_seconds(fit, 40.0, 8, 1, params) is None  # past the PS limit: no T1 gives it

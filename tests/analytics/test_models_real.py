@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -64,15 +65,16 @@ def test_single_gpu_step_time_holds_out_across_architectures(real) -> None:
     assert len(fit.cv["worst"]) == 3 and fit.cv["worst"][0]["ape"] >= fit.cv["worst"][-1]["ape"]
 
 
-def _cluster_mape(jobs: list[models.JobSpeed], from_job: bool) -> float:
+def _cluster_mape(jobs: list[models.JobSpeed], from_job: bool) -> tuple[float, float]:
     """Cluster steps/s of every 2-8 worker run, its architecture held out of both fits;
     the single-worker time from the same series' 1-worker run (``from_job``) or from the
-    speed fit (the declaration alone)."""
+    speed fit (the declaration alone). Returns the MAPE and the share of runs inside the
+    held-out prediction's 95 % interval."""
     series: dict[tuple[str, str, int], dict[int, models.JobSpeed]] = {}
     for j in jobs:
         if j.job.startswith("cmdare-cluster_size"):
             series.setdefault((j.model, j.accelerator, j.ps), {})[j.workers] = j
-    apes = []
+    apes, inside = [], []
     for arch in sorted({k[0] for k in series}):
         train = [j for j in jobs if j.model != arch]
         cl = {"model": models.fit_cluster(train, None).model}
@@ -85,27 +87,58 @@ def _cluster_mape(jobs: list[models.JobSpeed], from_job: bool) -> float:
             t1 = 1 / (one.speed if from_job else models.predict_speed(speed_fit, one.acc, one.flops_per_step, one.params, one.tensors)[0])
             for w, j in runs.items():
                 if w >= 2:
-                    v = models.predict_cluster(cl, [t1] * w, ps, j.params)["steps_per_second"]
-                    apes.append(abs(v - j.speed) / j.speed)
+                    r = models.predict_cluster(cl, [t1] * w, ps, j.params)
+                    apes.append(abs(r["steps_per_second"] - j.speed) / j.speed)
+                    inside.append(r["lower"] <= j.speed <= r["upper"])
     assert len(apes) == 42
-    return float(np.mean(apes))
+    return float(np.mean(apes)), float(np.mean(inside))
 
 
 def test_cluster_speed_from_a_measured_run_and_from_the_declaration(real) -> None:
     jobs, _ = models.job_speeds(real)
-    # the targets: 10 % from a measured run, 13 % from the declaration (measured 8.6 %, 11.1 %)
-    assert _cluster_mape(jobs, from_job=True) <= 0.10
-    assert _cluster_mape(jobs, from_job=False) <= 0.13
+    # the targets: 10 % from a measured run, 13 % from the declaration (measured 8.5 %, 9.5 %)
+    # and 95 % intervals that hold for an architecture the fit did not see (measured 41 and
+    # 42 of 42 runs inside; with the in-sample residual scale 20 and 18: issue 51)
+    for from_job, target in ((True, 0.10), (False, 0.13)):
+        mape, covered = _cluster_mape(jobs, from_job)
+        assert mape <= target and covered >= 0.9, (from_job, mape, covered)
 
 
 def test_the_fits_knee_sits_at_the_plateau_the_runs_reached(fitted: Path, real) -> None:
     """P100 resnet15 with one PS: the measured series knees at 5 workers (92 steps/s) and
-    reaches 106 at 8; the fit's knee lies there, not at its asymptote (315)."""
+    reaches 106 at 8. The fit's knee is within one worker of it and its PS limit is the
+    plateau the runs reached (the k-norm: a linear sum put the asymptote at 315 steps/s and
+    the knee at 9)."""
     speeds = {j.job: j.speed for j in models.job_speeds(real)[0]}
     best = max(v for k, v in speeds.items() if k.startswith("cmdare-cluster_size-p100-ps1-") and k.endswith("-resnet15"))
     out = _predict(fitted, "cluster", "--from-job", P100_1, "--workers", "8", "--ps", "1")
-    assert out["ps_limit_steps_per_second"] > 2 * best  # the asymptote: not what a user sees
-    assert 0.85 * best <= out["knee_steps_per_second"] <= 1.25 * best and 4 <= out["knee_workers"] <= 12
+    assert 0.9 * best <= out["ps_limit_steps_per_second"] <= 1.25 * best
+    assert 0.85 * best <= out["knee_steps_per_second"] <= 1.1 * best and 4 <= out["knee_workers"] <= 6
+    assert out["workers_at_90pct_of_limit"] == pytest.approx(6.9, abs=1.5)
+
+
+def test_the_fits_knee_is_within_one_worker_of_every_measured_knee(real) -> None:
+    """Issue 51: every shared-half series measured at three or more worker counts (1 and 2
+    PS, K80 and P100) has the fit's knee (Cachew's 7 % rule over the fit's speeds from the
+    series' measured single-worker time) within one worker of the measured one."""
+    from cmdare.analytics.recommend.cluster import knee
+
+    jobs, _ = models.job_speeds(real)
+    fit = {"model": models.fit_cluster(jobs, None).model}
+    single = {(j.model, j.accelerator): 1 / j.speed for j in jobs if j.workers == 1}
+    series: dict[tuple[str, str, int], dict[int, list[float]]] = {}
+    for j in jobs:
+        if j.job.startswith("cmdare-cluster_size"):
+            series.setdefault((j.model, j.accelerator, j.ps), {}).setdefault(j.workers, []).append(j.speed)
+    params = {j.model: j.params for j in jobs}
+    got = {}
+    for (m, acc, ps), ws in series.items():
+        meas = {w: float(np.median(v)) for w, v in ws.items()}
+        pred = {w: models.predict_cluster(fit, [single[(m, acc)]] * w, ps, params[m])["steps_per_second"] for w in meas}
+        got[(m, acc, ps)] = (knee(meas, 0.07)[0], knee(pred, 0.07)[0])
+    assert len(got) == 6 and {k[1] for k in got} == {"k80", "p100"}
+    assert all(abs(a - b) <= 1 for a, b in got.values()), got
+    assert sum(a == 5 for a, _ in got.values()) == 3  # the three P100 series that plateau
 
 
 def test_analyze_fit_says_where_the_fit_is_weak(real_db: Path, tmp_path: Path) -> None:
@@ -263,11 +296,13 @@ def test_a_fit_stored_before_ranges_were_kept_says_it_cannot_tell(fitted: Path, 
 
 
 def test_a_cluster_recommendation_past_the_fitted_workers_says_it_extrapolates(fitted: Path) -> None:
-    res = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", P100_4, "--db", str(fitted), "--json"])
+    k80 = "cmdare-cluster_size-k80-ps1-w4-resnet15"
+    res = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", k80, "--db", str(fitted), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     a = out["assumptions"]
-    # resnet15 on P100 with 2+ PS still scales at 8 measured workers: the fit's knee lies past them
+    # resnet15 on K80 still scales at 8 measured workers (1 PS): the fit's knee lies past
+    # them, its interval wholly above the best measured (P100's answer stays with 8 x 2)
     assert a["knee_from"] == "cluster fit" and out["action"]["workers"] > 8
     assert a["extrapolated"] is True and "the largest fitted (8)" in a["extrapolated_because"]
 
@@ -303,4 +338,5 @@ def test_a_cluster_answer_on_real_runs_stays_with_the_best_measured(fitted: Path
     out = json.loads(r.stdout.splitlines()[0])
     assert out["action"] == {"workers": 8, "ps": 2} and out["assumptions"]["stays_with_measured"] is True
     assert out["interval"] == {} and out["assumptions"]["knee_from"] == "measured"
-    assert out["assumptions"]["experiment"].startswith("measure 12 workers with 3 PS: the fit predicts +")
+    assert re.match(r"measure \d+ workers with [3-9] PS: the fit predicts \+\d+% \(\d+ vs 176 steps/s measured\)$",
+                    out["assumptions"]["experiment"]), out["assumptions"]
