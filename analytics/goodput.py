@@ -27,6 +27,7 @@ checkpoint save / restore, wasted progress and recovery after a disruption).
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,13 +215,13 @@ def _revocations(con: duckdb.DuckDBPyConnection, job: str) -> list[tuple[float, 
             if span is None or not span[0] <= tn <= span[1] + NOTICE_WINDOW or span[1] > tn + STOPPED_WITHIN:
                 continue
             saves = [c for c in ckpts if c[0] == "save" and c[3] and c[1] <= r["last"] and c[2] is not None]
-            lost_from[run] = max((c[2] for c in saves), default=0)
+            lost_from[run] = max((c[2] for c in saves), default=-math.inf)  # no good save: every step, step 0 too
             after = [x["first"] for x in runs.values() if x["first"] >= r["last"]]
             resume = min(after) if after else max(x["last"] for x in runs.values())
             pieces.append((tn, resume))
     for run, _node, t, n, first, last, span in steps:
         if run in lost_from and last is not None and last > lost_from[run]:
-            k = last - max(lost_from[run], (first or 1) - 1)
+            k = last - max(lost_from[run], (1 if first is None else first) - 1)  # runs numbered from 0 too
             frac = min(1.0, k / n) if n else 1.0
             pieces.append((t - span * frac, t))
     return pieces

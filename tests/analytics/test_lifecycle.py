@@ -358,3 +358,69 @@ def test_overhead_fit_measures_resume_after_the_revocation_and_the_restart(db: P
     assert out["resume_after_revocation_seconds"]["mean"] == pytest.approx(120.0)  # notice +600 -> step +720
     assert out["resume_after_restart_seconds"]["mean"] == pytest.approx(95.0)  # r1 ends +625, r2 steps +720
     assert any("checkpoint save: needs at least 5 saves" in n and "analyze import checkpoints" in n for n in out["notes"])
+
+
+def _three_runs(tmp_path: Path, saves: list[dict[str, Any]]) -> Path:
+    """Job j1 as three runs: ra on a-2 (steps 1-1000 in [+20, +120], not hit), rb on b-2
+    (declared +150, steps numbered from 0 in [+200, +300]; the notice at +295) and rc on
+    c-2, resuming at +300, the instant rb's last interval ended."""
+    evs = life("a-2", BOOT, T0 - 200, T0 + 400, stop="SIGTERM")
+    evs += life("b-2", BOOT, T0 - 200, T0 + 300, stop="SIGTERM", shutdown=True)
+    evs += life("c-2", BOOT, T0 + 250, T0 + 400, stop="SIGTERM")
+    evs.append(ev(T0 + 295, "b-2", "revocation", {"cloud": "gce", "kind": "preemption", "action": "stop",
+                                                  "deadline": T0 + 325, "lead_seconds": 30.0,
+                                                  "notice_id": "gce:preempted", "revokes": True, "boot_time": BOOT}))
+    evs += [decl("a-2", "ra", T0), *steps("a-2", "ra", T0 + 20, 10, 1)]
+    evs += [decl("b-2", "rb", T0 + 150), *steps("b-2", "rb", T0 + 200, 10, 0), *saves]
+    evs += [decl("c-2", "rc", T0 + 300), *steps("c-2", "rc", T0 + 300, 5, 0)]
+    p = tmp_path / "runs.duckdb"
+    con = connect(p)
+    res = Writer(con).write([("three", encode_many(evs))])
+    assert res.dead == 0, con.execute("SELECT reason FROM dead_letters").fetchall()
+    con.close()
+    return p
+
+
+def _goodput(p: Path) -> dict[str, float]:
+    return {r["category"]: r["seconds"] for r in run("goodput", "--job", "j1", "--db", str(p))}
+
+
+def test_a_revocation_of_the_second_of_three_runs_costs_that_runs_steps_and_nothing_after_the_resume(
+        tmp_path: Path) -> None:
+    """No good save: every step of the hit run is redone, its first (step 0) too; the
+    resume is the next run's first instant even when it is the hit run's last; the run
+    before it, on another node, loses nothing."""
+    got = _goodput(_three_runs(tmp_path, []))
+    assert got["revocation"] == pytest.approx(100.0, abs=1e-6)  # rb's [+200, +300]
+    assert got["productive"] == pytest.approx(80.0 + 40.0, abs=1e-6)  # ra and rc, 80 % of their steps
+    assert got["input_wait"] == pytest.approx(20.0 + 10.0, abs=1e-6)
+    assert got["startup"] == pytest.approx(20.0 + 50.0, abs=1e-6)  # ra +0..+20, rb +150..+200
+    assert got["total"] == pytest.approx(350.0, abs=1e-6)
+
+
+def test_a_save_at_the_hit_runs_last_instant_counts_and_a_save_without_a_step_is_ignored(
+        tmp_path: Path) -> None:
+    """rb saved step 49 (2 s, ending at +300, its last instant): steps 50-999 are redone, half
+    of its first interval is kept; a save that names no step says nothing of what is lost."""
+    stepless = ckpt("b-2", "rb", T0 + 250, "save", 1.0, 0)
+    del stepless["data"]["step"]
+    got = _goodput(_three_runs(tmp_path, [stepless, ckpt("b-2", "rb", T0 + 300, "save", 2.0, 49)]))
+    assert got["checkpoint_save"] == pytest.approx(3.0, abs=1e-6)
+    # [+205, +300] redone, less the saves' 3 s
+    assert got["revocation"] == pytest.approx(92.0, abs=1e-6)
+    assert got["total"] == pytest.approx(350.0, abs=1e-6)
+
+
+def test_a_steps_record_numbering_more_steps_than_it_counts_loses_no_more_than_its_own_interval(
+        tmp_path: Path) -> None:
+    """A broken client: rb's first record counts 50 steps (5 s of its 10 s interval) but
+    numbers 0-99. What is redone of it is its own 5 s, never time before it."""
+    p = tmp_path / "odd"
+    p.mkdir()
+    path = _three_runs(p, [])
+    con = connect(path)
+    con.execute("""UPDATE steps SET steps = 50 WHERE run = 'rb' AND first_step = 0""")
+    con.close()
+    got = _goodput(path)
+    assert got["revocation"] == pytest.approx(95.0, abs=1e-6)  # [+205, +300]
+    assert got["total"] == pytest.approx(350.0, abs=1e-6)
