@@ -47,6 +47,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 SHARED = {"kafka_broker": "kafka", "real_db": "real_db", "postgres": "postgres", "browser": "browser"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads xdist_group to place each test
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("kafka") and item.get_closest_marker("slow"):

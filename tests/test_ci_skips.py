@@ -23,6 +23,7 @@ def run(ci: str | None, probe: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # waits on purpose, or runs pytest itself, for seconds (fast tier: docs/testing.md)
 @pytest.mark.parametrize("ci", ["true", "1"])
 def test_under_ci_a_skip_is_a_failure_with_its_reason(ci: str) -> None:
     r = run(ci, "probe_tests.py")
@@ -35,6 +36,7 @@ def test_under_ci_a_skip_is_a_failure_with_its_reason(ci: str) -> None:
     assert r.returncode != 0 and "a_module_nobody_has is not installed" in r.stdout, r.stdout
 
 
+@pytest.mark.slow  # waits on purpose, or runs pytest itself, for seconds (fast tier: docs/testing.md)
 @pytest.mark.parametrize("ci", [None, "false", ""])
 def test_outside_ci_they_skip(ci: str | None) -> None:
     r = run(ci, "probe_tests.py")

@@ -21,10 +21,7 @@ DATA = Path(os.environ.get("CMDARE_REAL_DATA")
             or (_SHARED if (_SHARED / "jobs.csv").is_file() else ROOT / "tests" / "fixtures" / "cmdare"))
 
 
-@pytest.fixture(scope="session")
-def real_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every run of the data, imported through the CLI with the flags its README gives."""
-    db = tmp_path_factory.mktemp("real") / "real.duckdb"
+def _import_real(db: Path) -> None:
     for r in csv.DictReader(open(DATA / "jobs.csv")):
         args = ["import", "tensorboard", str(DATA / r["file"]), "--db", str(db), "--job", r["job"]]
         args += ["--gpu-type", r["gpu_type"], "--workers", r["workers"], "--ps", r["ps"], "--model", r["model"]]
@@ -32,6 +29,29 @@ def real_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         args += ["--batch-size", r["batch_size"]]
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 0, res.output
+
+
+@pytest.fixture(scope="session")
+def real_db(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """Every run of the data, imported through the CLI with the flags its README gives.
+    Under xdist the first worker to need it imports it into the run's shared temporary
+    directory (a lock file: pytest-xdist's recipe for a session fixture made once) and
+    each worker reads a copy of its own."""
+    import fcntl
+    import shutil
+
+    db = tmp_path_factory.mktemp("real") / "real.duckdb"
+    if worker_id == "master":
+        _import_real(db)
+        return db
+    shared = tmp_path_factory.getbasetemp().parent / "real-shared.duckdb"
+    with open(shared.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not shared.exists():
+            part = shared.with_suffix(".part")
+            _import_real(part)
+            part.rename(shared)
+    shutil.copyfile(shared, db)
     return db
 
 

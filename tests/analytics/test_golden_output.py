@@ -86,6 +86,7 @@ def test_local_output_is_unchanged(fleet_db: Path, tmp_path: Path) -> None:
         assert g == w, g["argv"]
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_the_same_output_through_a_live_collectors_api(fleet_db: Path, tmp_path: Path) -> None:
     from tests.analytics.conftest import serving
 

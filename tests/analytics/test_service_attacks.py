@@ -151,6 +151,7 @@ def test_bodies_results_and_errors_are_bounded(served) -> None:
     assert code == 422 and "lost_after" in out["error"]
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_a_slow_query_holds_back_no_other_request(served) -> None:
     _, url, _ = served
     slow: dict = {}
@@ -172,6 +173,7 @@ def test_a_slow_query_holds_back_no_other_request(served) -> None:
     assert slow["t"] < 15
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_slow_connections_are_capped_and_timed_out(served) -> None:
     _, url, svc = served
     host, port = "127.0.0.1", int(url.rsplit(":", 1)[1])

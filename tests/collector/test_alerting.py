@@ -138,6 +138,7 @@ def _slow_collector(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path
     return p, log
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_sigterm_during_a_slow_round_stops_cleanly(tmp_path: Path) -> None:
     p, log = _slow_collector(tmp_path, "--http", "off")
     try:

@@ -98,6 +98,7 @@ def test_health_readiness_and_metrics(live) -> None:
     assert bs["cmdare_collector_batch_seconds_count"] == fams["cmdare_collector_batches"].samples[0].value
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_analyze_runs_through_the_collector_while_it_writes(live) -> None:
     _, db, _ = live
     # the file is held by the collector: analyze finds its API and answers live
@@ -159,6 +160,7 @@ def test_the_sql_endpoint_returns_json_or_arrow_within_limits(live) -> None:
     assert code == 404  # no argv endpoint: commands are resources
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_token_off_loopback_and_http_off(tmp_path: Path) -> None:
     spool, db = tmp_path / "spool", tmp_path / "t.duckdb"
     spool.mkdir()
@@ -204,6 +206,7 @@ def test_token_off_loopback_and_http_off(tmp_path: Path) -> None:
         stop(col)
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_the_same_output_as_locally_once_the_collector_stops(live) -> None:
     """Last in this module: stops the live collector."""
     _, db, _ = live
@@ -232,6 +235,7 @@ def test_the_same_output_as_locally_once_the_collector_stops(live) -> None:
     assert locally.stdout == through.stdout and locally.stderr == through.stderr
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_tls_with_a_certificate_the_client_trusts(tmp_path: Path) -> None:
     import shutil
     import ssl
@@ -262,6 +266,7 @@ def test_tls_with_a_certificate_the_client_trusts(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--http-tls-cert and --http-tls-key go together" in r.stderr
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_a_service_file_left_by_a_killed_collector_is_ignored(tmp_path: Path) -> None:
     """A collector killed with SIGKILL leaves its service file; analyze must read the file
     itself, not try a dead URL. The control: the same file naming a live process is

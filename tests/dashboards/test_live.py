@@ -9,11 +9,14 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from cmdare.analytics.client import service_file
 from tests.conftest import BIN, agent_env, wait_for
 from tests.integration.test_alert_delivery import RULES  # AgentRunning: heartbeats in the last 3 s
 
 
+@pytest.mark.slow  # runs the product end to end, or waits on purpose, for seconds (fast tier: docs/testing.md)
 def test_a_live_collectors_pages_show_its_agents_and_an_alert_link_opens_the_alert(page, tmp_path: Path) -> None:
     spool, db, rules = tmp_path / "spool", tmp_path / "live.duckdb", tmp_path / "rules.yml"
     rules.write_text(RULES)

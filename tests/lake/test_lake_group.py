@@ -51,7 +51,9 @@ def test_three_collectors_one_killed_one_added_store_every_event_once(
     url, lake, group = kafka_broker.url(topic), tmp_path / "lake", f"g-{uuid.uuid4().hex[:6]}"
     logs = [tmp_path / f"collector-{i}.log" for i in range(4)]
     procs = [collector(url, lake, group, logs[i]) for i in range(3)]
-    agents = start_agents(tmp_path, url, n=20, duration=24, interval="1s")
+    # the agents send until the collector added later has committed a round of its own
+    # (then SIGTERM), not for a fixed time: under load the first commit can come late
+    agents = start_agents(tmp_path, url, n=20, duration=120, interval="1s")
     try:
         # mid-stream: once the first has committed a round (and staged more since)
         wait_for(lambda: procs[0].pid in committers(lake), 40, what="the first collector's first commit")
@@ -61,6 +63,9 @@ def test_three_collectors_one_killed_one_added_store_every_event_once(
         procs[0].wait(timeout=10)
         time.sleep(4)
         procs.append(collector(url, lake, group, logs[3]))
+        wait_for(lambda: procs[3].pid in committers(lake), 90, what="the added collector's first commit")
+        for a in agents:
+            a.proc.send_signal(signal.SIGTERM)
         for a in agents:
             assert a.proc.wait(timeout=120) == 0, a.log.read_text()[-2000:]
         for p, log in zip(procs[1:], logs[1:], strict=True):
@@ -72,4 +77,4 @@ def test_three_collectors_one_killed_one_added_store_every_event_once(
     assert "lake commits" in text
     with LakeDatabase(str(lake)).read() as con:
         check_rows(con, agents)
-    assert procs[3].pid in committers(lake)  # the one added later took partitions over
+    assert procs[3].pid in committers(lake)  # the one added later took partitions over (and kept them)

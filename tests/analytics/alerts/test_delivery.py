@@ -191,6 +191,7 @@ def test_a_receivers_documented_defaults_and_its_error_cut_at_200_characters(hoo
         srv.shutdown()
 
 
+@pytest.mark.slow  # waits on purpose, or runs pytest itself, for seconds (fast tier: docs/testing.md)
 def test_a_trickling_receiver_is_cut_at_its_deadline_counted_and_logged(tmp_path, caplog) -> None:
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -253,6 +254,7 @@ groups:
 """
 
 
+@pytest.mark.slow  # waits on purpose, or runs pytest itself, for seconds (fast tier: docs/testing.md)
 def test_a_slow_group_delays_no_other_and_stop_interrupts_it(tmp_path) -> None:
     con = connect(str(tmp_path / "a.duckdb"))
     f = tmp_path / "rules.yml"

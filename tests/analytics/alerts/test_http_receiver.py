@@ -162,6 +162,7 @@ def test_a_resolved_alert_ends_when_it_resolved_and_a_webhook_batch_of_resolutio
     assert body["status"] == "resolved" and body["alerts"][0]["endsAt"] == "2026-03-01T12:05:00.000Z"
 
 
+@pytest.mark.slow  # waits on purpose, or runs pytest itself, for seconds (fast tier: docs/testing.md)
 def test_retries_back_off_from_half_a_second_doubling_and_start_over_after_a_success(sink, receiver, caplog) -> None:
     import logging
 
@@ -223,6 +224,7 @@ def test_the_delivery_bounds_are_the_documented_ones(receiver) -> None:
         k.stop(grace=0)
 
 
+@pytest.mark.slow  # waits on purpose, or runs pytest itself, for seconds (fast tier: docs/testing.md)
 def test_stop_ends_an_idle_sender_at_once_and_waits_3_s_for_a_hung_one(receiver) -> None:
     import socket
 

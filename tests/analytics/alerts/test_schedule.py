@@ -170,6 +170,7 @@ def test_runner_threads_are_named_for_their_group_within_sixty_characters(con, t
         al.stop()
 
 
+@pytest.mark.slow  # waits on purpose, or runs pytest itself, for seconds (fast tier: docs/testing.md)
 def test_rounds_keep_their_interval_and_stop_wakes_the_runners_and_stops_the_receivers(con, tmp_path) -> None:
     from cmdare.analytics.alerting.notify.http import HttpReceiver
 
