@@ -150,3 +150,42 @@ def test_the_maintain_command_builds_the_rollups_and_refuses_bad_durations(lake:
     for bad in (["--retain-rollups", "-1d"], ["--retain-rollups", "forever"]):
         r = CliRunner().invoke(collector, ["maintain", "--lake", where, *bad])
         assert r.exit_code == 2 and "--retain-rollups" in r.output and "Traceback" not in r.output, r.output
+
+
+def _lake_of(tmp_path: Path, lines: bytes) -> Lake:
+    db = tmp_path / "some.duckdb"
+    con = connect(db)
+    Writer(con, max_skew=None, rollup_every=None).write([("m", lines)])
+    lk = Lake(str(tmp_path / "lake"))
+    lk.ensure()
+    load_database(lk, con, str(db))
+    con.close()
+    return lk
+
+
+def test_rollup_retention_goes_on_past_tables_with_no_days_or_no_old_day(tmp_path: Path) -> None:
+    """Three days of steps, host samples only on the last day, no GPU samples: the GPU
+    rollups hold no day and the host rollups no old one, and still every steps rollup loses
+    its two days before the newest (the cut counts from each table's newest day)."""
+    day = 86400.0
+    lines = b"".join(steps("a", 0, START + k * day, 6) for k in range(3)) + host("a", START + 2 * day, 6)
+    lk = _lake_of(tmp_path, lines)
+    maintain(lk, retain_raw=None, compact_files=None, expire_after=None)
+    rep = maintain(lk, retain_raw=None, compact_files=None, expire_after=None, retain_rollups=3600)
+    assert rep.rollup_days_deleted == {"step_rollup_1m": 2, "step_rollup_5m": 2}
+    with LakeDatabase(str(lk.location.local)).read() as con:
+        assert con.execute("SELECT min(bucket) FROM step_rollup_1m").fetchall() == [(dt.datetime(2026, 9, 3, 23, 40),)]
+        assert con.execute("SELECT count(*) FROM host_rollup_1m").fetchall()[0][0] > 0
+
+
+def test_rollups_are_built_for_the_sources_a_lake_has_when_an_earlier_one_is_missing(tmp_path: Path) -> None:
+    """A lake without a GPU samples table (dropped, or made before it existed): the host and
+    steps rollups are still built, and read exactly."""
+    lk = _lake_of(tmp_path, host("a", START, 30) + steps("a", 0, START, 30))
+    from cmdare.collector.lake import NAMESPACE
+
+    lk.catalog.drop_table(f"{NAMESPACE}.gpu_samples")
+    rep = maintain(lk, retain_raw=None, compact_files=None, expire_after=None)
+    assert {t for t in rep.rolled if t.startswith(("host_", "step_"))} == {
+        "host_rollup_1m", "host_rollup_5m", "step_rollup_1m", "step_rollup_5m"}
+    assert not {t for t in rep.rolled if t.startswith("gpu_")}
