@@ -233,3 +233,34 @@ def test_to_lake_copies_a_database_file_once(tmp_path: Path) -> None:
         assert con.execute("SELECT fit_id FROM model_fits").fetchall() == [("f1",)]
     r = CliRunner().invoke(collector, ["to-lake", "--db", str(tmp_path / "none.duckdb"), "--lake", lake])
     assert r.exit_code == 1 and "no such database" in r.output
+
+
+def test_maintenance_defaults_are_the_documented_ones() -> None:
+    """`cmdare-collector maintain`'s documented defaults (docs/lake.md, --help): raw samples
+    kept 7 days, rollups 400, a day compacted past 8 files, snapshots expired after a day,
+    unreferenced files deleted only after an hour (a commit may be in flight)."""
+    import inspect
+
+    from cmdare.collector import lakemaint
+
+    d = {k: p.default for k, p in inspect.signature(maintain).parameters.items()}
+    assert (d["retain_raw"], d["compact_files"], d["expire_after"], d["retain_rollups"]) == (
+        7 * 86400, 8, 86400, 400 * 86400)
+    assert lakemaint.ORPHAN_AGE == 3600.0
+
+
+def test_nothing_to_do_reports_nothing_and_keeps_every_recent_snapshot(lake: Lake) -> None:
+    """Exactly as many files as the limit is not compacted; a later day past it is (a day
+    that needs nothing does not stop the loop); snapshots younger than a day are kept."""
+    for j in range(4):  # day 0: four files, the limit
+        lake.append("gpu_samples", samples(j * 10, 10, day=0), {"t/0": ([j], [j + 1])}, "a")
+    for j in range(5):  # day 1: five
+        lake.append("gpu_samples", samples(500 + j * 10, 10, day=1), {"t/0": ([4 + j], [5 + j])}, "a")
+    snaps = {x.snapshot_id for x in lake.table("gpu_samples").snapshots()}
+    rep = maintain(lake, retain_raw=None, compact_files=4, expire_after=86400)
+    assert rep.compacted == {"gpu_samples": (5, 1)} and rep.expired_snapshots == 0 and rep.orphans_deleted == 0
+    assert snaps < {x.snapshot_id for x in lake.table("gpu_samples").snapshots()}  # none expired, the rewrite's added
+    assert count(lake) == (90, 90)
+    empty = maintain(lake, retain_raw=None, compact_files=None, expire_after=None, retain_rollups=None)
+    assert (empty.compacted, empty.deleted_partitions, empty.expired_snapshots, empty.orphans_deleted) == ({}, {}, 0, 0)
+    assert empty.lines()[-1] == "snapshots expired: 0; unreferenced data files deleted: 0"
