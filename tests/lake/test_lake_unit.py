@@ -264,3 +264,36 @@ def test_nothing_to_do_reports_nothing_and_keeps_every_recent_snapshot(lake: Lak
     empty = maintain(lake, retain_raw=None, compact_files=None, expire_after=None, retain_rollups=None)
     assert (empty.compacted, empty.deleted_partitions, empty.expired_snapshots, empty.orphans_deleted) == ({}, {}, 0, 0)
     assert empty.lines()[-1] == "snapshots expired: 0; unreferenced data files deleted: 0"
+
+
+def test_a_collector_committing_during_compaction_costs_that_day_only_until_the_next_run(
+        lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collector appends to the first day while maintenance compacts it (between its read
+    and its commit): that day's rewrite loses the race, is said and left for the next run,
+    nothing is lost, and the next day is still compacted in the same run."""
+    from pyiceberg.table import Table
+
+    for day in (0, 1):
+        for j in range(3):
+            lake.append("gpu_samples", samples(day * 1000 + j * 10, 10, day=day),
+                        {"t/0": ([day * 3 + j], [day * 3 + j + 1])}, "a")
+    other = Lake(str(tmp_path / "lake"))
+    real_scan, raced = Table.scan, []
+
+    def scan(self, *a, **k):  # the collector's commit lands after maintenance read the day
+        if not raced and self.name()[-1] == "gpu_samples":
+            raced.append(0)  # once (the collector's append scans too)
+            raced[0] = other.append("gpu_samples", samples(500, 5, day=0), {"t/0": ([6], [7])}, "b")
+        return real_scan(self, *a, **k)
+
+    monkeypatch.setattr(Table, "scan", scan)
+    rep = maintain(lake, retain_raw=None, compact_files=2, expire_after=None, retain_rollups=None)
+    monkeypatch.undo()
+    assert raced == [5]
+    assert rep.skipped == ["compaction of gpu_samples 2026-09-01"]
+    assert rep.compacted == {"gpu_samples": (3, 1)}  # the second day, after the lost race
+    assert "skipped (a collector committed meanwhile; the next run does it): compaction of gpu_samples 2026-09-01" \
+        in rep.lines()
+    assert count(lake) == (65, 65)
+    again = maintain(lake, retain_raw=None, compact_files=2, expire_after=None, retain_rollups=None)
+    assert again.skipped == [] and again.compacted == {"gpu_samples": (4, 1)} and count(lake) == (65, 65)
