@@ -173,7 +173,11 @@ def db(tmp_path: Path) -> Path:
     evs.append(ckpt("spare-1", "r2", T0 + 718, "restore", 8.0, 3000))
     evs += steps("spare-1", "r2", T0 + 720, 15, 3001)  # [+720, +870]
     evs += steps("spare-1", "r2", T0 + 880, 15, 4501)  # an evaluation gap, then [+880, +1030]
-    p = tmp_path / "fleet.duckdb"
+    return _store(tmp_path / "fleet.duckdb", evs)
+
+
+def _store(p: Path, evs: list[dict[str, Any]]) -> Path:
+    """The events through the collector's writer into a new database file, none dead."""
     con = connect(p)
     res = Writer(con).write([("fixture", encode_many(evs))])
     assert res.dead == 0, con.execute("SELECT reason FROM dead_letters").fetchall()
@@ -373,12 +377,7 @@ def _three_runs(tmp_path: Path, saves: list[dict[str, Any]]) -> Path:
     evs += [decl("a-2", "ra", T0), *steps("a-2", "ra", T0 + 20, 10, 1)]
     evs += [decl("b-2", "rb", T0 + 150), *steps("b-2", "rb", T0 + 200, 10, 0), *saves]
     evs += [decl("c-2", "rc", T0 + 300), *steps("c-2", "rc", T0 + 300, 5, 0)]
-    p = tmp_path / "runs.duckdb"
-    con = connect(p)
-    res = Writer(con).write([("three", encode_many(evs))])
-    assert res.dead == 0, con.execute("SELECT reason FROM dead_letters").fetchall()
-    con.close()
-    return p
+    return _store(tmp_path / "runs.duckdb", evs)
 
 
 def _goodput(p: Path) -> dict[str, float]:

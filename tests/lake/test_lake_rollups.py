@@ -43,18 +43,21 @@ def exact(lake: Lake) -> dict[str, list[tuple]]:
     return {v: rolled for v, (rolled, _) in got.items()}
 
 
-@pytest.fixture
-def lake(tmp_path: Path) -> Lake:
-    db = tmp_path / "f.duckdb"
+def _lake_of(tmp_path: Path, lines: bytes) -> Lake:
+    db = tmp_path / "some.duckdb"
     con = connect(db)
-    w = Writer(con, max_skew=None, rollup_every=None)
-    w.write([("m", b"".join(gpu(n, START, 240) + host(n, START, 240) + steps(n, i, START, 240)
-                            for i, n in enumerate(("a", "b", "c"))))])  # 40 minutes: two days
+    Writer(con, max_skew=None, rollup_every=None).write([("m", lines)])
     lk = Lake(str(tmp_path / "lake"))
     lk.ensure()
     load_database(lk, con, str(db))
     con.close()
     return lk
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Lake:
+    return _lake_of(tmp_path, b"".join(gpu(n, START, 240) + host(n, START, 240) + steps(n, i, START, 240)
+                                       for i, n in enumerate(("a", "b", "c"))))  # 40 minutes: two days
 
 
 def test_maintenance_builds_rollups_that_read_exactly_at_any_lag(lake: Lake) -> None:
@@ -151,16 +154,6 @@ def test_the_maintain_command_builds_the_rollups_and_refuses_bad_durations(lake:
         r = CliRunner().invoke(collector, ["maintain", "--lake", where, *bad])
         assert r.exit_code == 2 and "--retain-rollups" in r.output and "Traceback" not in r.output, r.output
 
-
-def _lake_of(tmp_path: Path, lines: bytes) -> Lake:
-    db = tmp_path / "some.duckdb"
-    con = connect(db)
-    Writer(con, max_skew=None, rollup_every=None).write([("m", lines)])
-    lk = Lake(str(tmp_path / "lake"))
-    lk.ensure()
-    load_database(lk, con, str(db))
-    con.close()
-    return lk
 
 
 def test_rollup_retention_goes_on_past_tables_with_no_days_or_no_old_day(tmp_path: Path) -> None:
