@@ -218,7 +218,7 @@ def _revocations(con: duckdb.DuckDBPyConnection, job: str) -> list[tuple[float, 
             lost_from[run] = max((c[2] for c in saves), default=-math.inf)  # no good save: every step, step 0 too
             after = [x["first"] for x in runs.values() if x["first"] >= r["last"]]
             resume = min(after) if after else max(x["last"] for x in runs.values())
-            pieces.append((tn, resume))
+            pieces.append((tn, max(tn, resume)))  # resumed before the notice came: no time
     for run, _node, t, n, first, last, span in steps:
         if run in lost_from and last is not None and last > lost_from[run]:
             k = last - max(lost_from[run], (1 if first is None else first) - 1)  # runs numbered from 0 too

@@ -364,15 +364,15 @@ def test_overhead_fit_measures_resume_after_the_revocation_and_the_restart(db: P
     assert any("checkpoint save: needs at least 5 saves" in n and "analyze import checkpoints" in n for n in out["notes"])
 
 
-def _three_runs(tmp_path: Path, saves: list[dict[str, Any]]) -> Path:
+def _three_runs(tmp_path: Path, saves: list[dict[str, Any]], notice: float = 295.0) -> Path:
     """Job j1 as three runs: ra on a-2 (steps 1-1000 in [+20, +120], not hit), rb on b-2
     (declared +150, steps numbered from 0 in [+200, +300]; the notice at +295) and rc on
     c-2, resuming at +300, the instant rb's last interval ended."""
     evs = life("a-2", BOOT, T0 - 200, T0 + 400, stop="SIGTERM")
     evs += life("b-2", BOOT, T0 - 200, T0 + 300, stop="SIGTERM", shutdown=True)
     evs += life("c-2", BOOT, T0 + 250, T0 + 400, stop="SIGTERM")
-    evs.append(ev(T0 + 295, "b-2", "revocation", {"cloud": "gce", "kind": "preemption", "action": "stop",
-                                                  "deadline": T0 + 325, "lead_seconds": 30.0,
+    evs.append(ev(T0 + notice, "b-2", "revocation", {"cloud": "gce", "kind": "preemption", "action": "stop",
+                                                     "deadline": T0 + notice + 30, "lead_seconds": 30.0,
                                                   "notice_id": "gce:preempted", "revokes": True, "boot_time": BOOT}))
     evs += [decl("a-2", "ra", T0), *steps("a-2", "ra", T0 + 20, 10, 1)]
     evs += [decl("b-2", "rb", T0 + 150), *steps("b-2", "rb", T0 + 200, 10, 0), *saves]
@@ -423,3 +423,13 @@ def test_a_steps_record_numbering_more_steps_than_it_counts_loses_no_more_than_i
     got = _goodput(path)
     assert got["revocation"] == pytest.approx(95.0, abs=1e-6)  # [+205, +300]
     assert got["total"] == pytest.approx(350.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("notice", [200.0, 360.0])
+def test_a_notice_at_either_edge_of_the_window_still_hits_the_run(tmp_path: Path, notice: float) -> None:
+    """A notice at the instant the run began stepping on the node (+200), or NOTICE_WINDOW
+    (60 s) after its last step there (+360, after the next run already resumed): the run
+    was hit, and its steps are redone; a resume before the notice adds no time."""
+    got = _goodput(_three_runs(tmp_path, [], notice=notice))
+    assert got["revocation"] == pytest.approx(100.0, abs=1e-6)
+    assert got["productive"] == pytest.approx(120.0, abs=1e-6) and got["total"] == pytest.approx(350.0, abs=1e-6)
