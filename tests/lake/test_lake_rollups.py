@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,48 @@ def test_rollups_are_built_for_the_sources_a_lake_has_when_an_earlier_one_is_mis
     assert {t for t in rep.rolled if t.startswith(("host_", "step_"))} == {
         "host_rollup_1m", "host_rollup_5m", "step_rollup_1m", "step_rollup_5m"}
     assert not {t for t in rep.rolled if t.startswith("gpu_")}
+
+
+def _empty(t) -> object:  # an empty Arrow table of an Iceberg table's schema
+    return t.schema().as_arrow().empty_table()
+
+
+def test_a_corrupt_rollup_state_rebuilds_its_days_instead_of_failing(lake: Lake) -> None:
+    """A rollup table whose state property is not JSON (a hand edit, a foreign writer): its
+    days are rebuilt from the raw files, the views stay exact, the run does not fail."""
+    maintain(lake, retain_raw=None, compact_files=None, expire_after=None)
+    t = lake.table("gpu_rollup_1m")
+    t.append(_empty(t), snapshot_properties={lakerollup.ROLLED: "{not json"})
+    assert lakerollup.rolled(lake.table("gpu_rollup_1m")) == {}
+    rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=None)
+    assert rep.rolled == {"gpu_rollup_1m": 2}
+    assert pending(lake) == 0
+    exact(lake)
+
+
+def test_a_rollup_commit_lost_to_another_run_skips_that_day_and_builds_the_next(
+        lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another maintenance run commits to a rollup table between this run's read and its
+    overwrite of the first day: that day is skipped and said, the second day is still built
+    in this run, the next run builds the skipped one, and the views are exact throughout."""
+    from pyiceberg.table import Table
+
+    other = Lake(str(lake.location.local))
+    real, raced = Table.overwrite, []
+
+    def overwrite(self, *a, **k):
+        if not raced and self.name()[-1] == "gpu_rollup_1m":
+            raced.append(1)
+            o = other.table("gpu_rollup_1m")
+            o.append(_empty(o), snapshot_properties={lakerollup.ROLLED: json.dumps(lakerollup.rolled(o))})
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Table, "overwrite", overwrite)
+    rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=None, retain_rollups=None)
+    monkeypatch.undo()
+    assert rep.skipped == ["rollup gpu_rollup_1m 2026-09-01"]
+    assert rep.rolled["gpu_rollup_1m"] == 1 and rep.rolled["gpu_rollup_5m"] == 2
+    exact(lake)
+    again = maintain(lake, retain_raw=None, compact_files=None, expire_after=None, retain_rollups=None)
+    assert again.rolled == {"gpu_rollup_1m": 1} and again.skipped == [] and pending(lake) == 0
+    exact(lake)
