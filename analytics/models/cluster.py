@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .ranges import ranges_of
-from .regression import Fit, Linear, Nonlinear, logo_cv, model_from, need_data
+from .regression import Fit, Linear, Nonlinear, knorm_k, logo_cv, model_from, need_data
 from .speed import predict_speed
 from .steady import JobSpeed
 
@@ -46,7 +46,7 @@ def _parts(m: Linear | Nonlinear) -> tuple[float, float, float, float, float, fl
     """(a, b, c, d, k, g): base time a*T1 + b*S + d, contention c*S*W/P^g, combined as a k-norm."""
     if isinstance(m, Nonlinear):
         la, lb, lc, ld, lk, g = m.params
-        return math.exp(la), math.exp(lb), math.exp(lc), math.exp(ld), math.exp(min(lk, 4.0)), g
+        return math.exp(la), math.exp(lb), math.exp(lc), math.exp(ld), knorm_k(lk), g
     a, b, c, d = m.params
     return a, b, c, d, 1.0, 1.0
 
@@ -174,9 +174,6 @@ def single_worker_seconds(fit: dict[str, Any], speed: float, workers: int, ps: i
     s = weights_gb(params)
     tw = workers / speed
     cont = c * s * workers / max(ps, 1) ** g
-    if k == 1.0:
-        base = tw - cont
-    else:
-        base = (tw**k - cont**k) ** (1 / k) if tw > cont else -1.0
+    base = (tw**k - cont**k) ** (1 / k) if tw > cont else -1.0  # the k-norm solved for base
     t1 = (base - b * s - d) / a if a > 0 else -1.0
     return t1 if t1 > 0 else None

@@ -77,6 +77,14 @@ def _compute_tensors(theta: np.ndarray, X: np.ndarray) -> np.ndarray:
     return np.exp(la) * X[:, 0] + np.exp(lb) * X[:, 1] / X[:, 2] ** e + np.exp(ld)
 
 
+KNORM_MAX_LOG_K = 4.0  # k = e^4 ~ 55: past it the k-norm is the maximum to within rounding
+
+
+def knorm_k(log_k: float) -> float:
+    """The k-norm's exponent from its fitted log, bounded (the law's and its readers')."""
+    return math.exp(min(log_k, KNORM_MAX_LOG_K))
+
+
 def _ps_knorm(theta: np.ndarray, X: np.ndarray) -> np.ndarray:
     """Per-worker step time as the k-norm of compute and PS contention:
     t = (base^k + cont^k)^(1/k), base = a*T1 + b*S + d, cont = c*S*W/P * P^(1-g); X columns:
@@ -85,7 +93,7 @@ def _ps_knorm(theta: np.ndarray, X: np.ndarray) -> np.ndarray:
     a second PS does not double what the PS side serves.  theta = (log a, log b, log c,
     log d, log k, g)."""
     la, lb, lc, ld, lk, g = theta
-    k = math.exp(min(lk, 4.0))
+    k = knorm_k(lk)
     base = np.exp(la) * X[:, 0] + np.exp(lb) * X[:, 1] + np.exp(ld)
     cont = np.exp(lc) * X[:, 2] * np.power(np.maximum(X[:, 3], 1.0), 1.0 - g)
     m = np.maximum(base, cont)
