@@ -16,7 +16,7 @@ from typing import Any
 
 import duckdb
 
-from . import queries
+from . import processes, queries
 from .db import AnalyticsError
 
 BUSY_PCT = 10.0
@@ -264,7 +264,7 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
     cond = "node IN (SELECT node FROM jobs WHERE job = $j) AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)"
     use = {(n, i): (sm, own, other) for n, i, sm, own, other in con.execute(
         f"""WITH pj AS (SELECT DISTINCT node, pid FROM jobs WHERE job = $j AND pid IS NOT NULL),
-                 pp AS ({queries.process_rows(cond)})
+                 pp AS ({processes.process_rows(cond)})
             SELECT pp.node, pp."index", round(avg(pp.sm) FILTER (WHERE pj.pid IS NOT NULL) * 100, 1),
                    count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NOT NULL),
                    count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NULL)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from .. import queries
+from .. import processes, queries
 from ..db import Database
 from .base import Table, _table
 
@@ -45,7 +45,7 @@ def gpu_processes(db: Database, node: str | None = None, since: dt.datetime | No
                   until: dt.datetime | None = None, job: str | None = None) -> Table:
     """Per GPU and process: the job and rank it is (by PID), its share of the GPU's samples,
     SM / memory share and memory; ``job``: that job's only."""
-    return _table(db, queries.gpu_processes, node, since, until, job)
+    return _table(db, processes.gpu_processes, node, since, until, job)
 
 
 def host(db: Database, node: str | None = None, since: dt.datetime | None = None, until: dt.datetime | None = None,
@@ -78,7 +78,7 @@ def goodput(db: Database, job: str, since: dt.datetime | None = None, until: dt.
 
     with db.read() as con:
         cols, rows = job_table(con, job, epoch(since), epoch(until), every)
-        notes = queries.gpu_use_notes(con, job, since, until)
+        notes = processes.gpu_use_notes(con, job, since, until)
     return Table(list(cols), [tuple(r) for r in rows], notes=notes)
 
 

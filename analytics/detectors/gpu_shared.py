@@ -7,7 +7,7 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .. import queries
+from .. import processes
 from ..units import DETECTORS, Detector, Finding, Scope
 
 
@@ -23,7 +23,7 @@ class GpuShared(Detector):
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
         where, params = Scope(None, scope.since, scope.until).where()
         rows = con.execute(
-            f"""WITH p AS ({queries.process_rows(where)}),
+            f"""WITH p AS ({processes.process_rows(where)}),
                     j AS (SELECT node, pid, any_value(job) AS job FROM jobs
                           WHERE pid IS NOT NULL AND job IS NOT NULL AND job <> '' GROUP BY node, pid),
                     a AS (SELECT p.node, p."index", p.ts, j.job, avg(p.sm) AS sm FROM p JOIN j USING (node, pid)

@@ -1,0 +1,80 @@
+"""Process attribution: which training job and rank each process on a GPU is (its PID on
+its node, as the job's rank declared it), what it used of the GPU, and the notes the
+goodput answer gives from them.  The agent lists a GPU's processes in each sample
+(``gpu_samples.processes``, JSON); ``process_rows`` is the one place that reads that list."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import duckdb
+
+from .queries import Result, _run, _where
+
+
+def process_rows(cond: str) -> str:
+    """SQL of the processes the GPU samples matching ``cond`` list, one row each (node,
+    "index", ts, uuid, parent_index, pid, used, sm, mem).  What an agent cannot have meant
+    costs that value only: a pid that is not a positive integer leaves its entry out, an
+    SM / memory share outside 0..1 or a negative memory reads as null."""
+    return f"""SELECT node, "index", ts, uuid, parent_index, p.pid AS pid,
+                      CASE WHEN p.used_bytes >= 0 THEN p.used_bytes END AS used,
+                      CASE WHEN p.sm_ratio BETWEEN 0 AND 1 THEN p.sm_ratio END AS sm,
+                      CASE WHEN p.mem_ratio BETWEEN 0 AND 1 THEN p.mem_ratio END AS mem
+               FROM (SELECT node, "index", ts, uuid, parent_index,
+                            unnest(from_json(processes, '[{{"pid":"BIGINT","used_bytes":"BIGINT","sm_ratio":"DOUBLE","mem_ratio":"DOUBLE"}}]')) AS p
+                     FROM gpu_samples WHERE ({cond}) AND processes IS NOT NULL AND processes <> '[]')
+               WHERE p.pid > 0"""
+
+
+def gpu_processes(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None,
+                  until: dt.datetime | None = None, job: str | None = None) -> Result:
+    """Per GPU and process over [cutoff, until): the training job and rank it is (its PID
+    as the job's rank declared it on that node; none: a process in no job), the share of
+    the GPU's samples it was listed in, its mean SM and memory-interface share where NVML
+    sampled it, its peak memory; ``job``: that job's processes only."""
+    where, params = _where(node, cutoff, until)
+    jp: list[Any] = []
+    jfilter = ""
+    if job is not None:
+        jfilter, jp = "WHERE j.job = ?", [job]
+    return _run(
+        con,
+        f"""WITH g AS (SELECT node, "index", count(*) AS n FROM gpu_samples{where} GROUP BY ALL),
+                 p AS (SELECT node, "index", any_value(uuid) AS uuid, any_value(parent_index) AS parent, pid,
+                              count(DISTINCT ts) AS n, avg(sm) AS sm, avg(mem) AS mem, max(used) AS used
+                       FROM ({process_rows(where.removeprefix(" WHERE ") or "true")})
+                       GROUP BY node, "index", pid),
+                 j AS (SELECT node, pid, any_value(job) AS job, any_value(rank) AS rank, any_value(run) AS run
+                       FROM jobs WHERE pid IS NOT NULL GROUP BY node, pid)
+            SELECT p.node, p."index" AS gpu, p.parent, p.pid, coalesce(j.job, '') AS job, j.rank, j.run,
+                   round(p.n / g.n * 100, 1) AS present_pct, round(p.sm * 100, 1) AS sm_pct,
+                   round(p.mem * 100, 1) AS mem_pct, round(p.used / 2^30, 2) AS mem_used_gib
+            FROM p JOIN g USING (node, "index") LEFT JOIN j ON j.node = p.node AND j.pid = p.pid
+            {jfilter}
+            ORDER BY p.node, p."index", p.pid""",
+        params + params + jp,
+    )
+
+
+def gpu_use_notes(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | None, until: dt.datetime | None) -> list[str]:
+    """What the job's own processes used of the GPUs they ran on (by PID), and GPUs its
+    processes shared with processes of no rank of it: the goodput buckets count allocated
+    GPU time, this says how much of it the job really used."""
+    try:
+        _, rows = gpu_processes(con, None, since, until, None)
+    except Exception:  # a database from before per-process fields, no jobs table: nothing to say
+        return []
+    own = [r for r in rows if r[4] == job]
+    if not own:
+        return []
+    gpus = {(r[0], r[1]) for r in own}
+    sm = [r[8] for r in own if r[8] is not None]
+    others = {(r[0], r[1], r[3]) for r in rows if (r[0], r[1]) in gpus and r[4] != job}
+    out = [f"the job's processes used {sum(sm) / len(sm):.0f} % of the SMs of its {len(gpus)} GPU(s) on average "
+           f"(per process: analyze gpu --job {job})" if sm else
+           f"the job's processes ran on {len(gpus)} GPU(s) (no per-process utilisation sampled)"]
+    if others:
+        out.append(f"{len(others)} process(es) of no rank of this job held the same GPUs")
+    return out
