@@ -25,6 +25,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MAX_CONFIG_BYTES = 1 << 20
+EXCERPT = 20  # characters of a refused value quoted in its error
 BOTH, KAFKA, SPOOL = ("kafka", "spool"), ("kafka",), ("spool",)
 
 
@@ -170,25 +171,29 @@ class CollectorConfig:
         return Retention(self.values["retain_raw"], self.values["retain_rollups"])
 
 
+def _excerpt(v: Any, n: int = EXCERPT) -> str:
+    """The start of a refused value as an error quotes it."""
+    return repr(str(v)[:n])
+
+
 def parse_value(s: Setting, where: str, v: Any) -> Any:
     """One setting's value from a flag's text or a file's value."""
     if v is None:
         return None
     if s.off and isinstance(v, str) and v.strip().lower() == "off":
         return None
-    if s.option.kind == "list" and isinstance(v, tuple):
+    if isinstance(v, tuple):  # a repeatable flag's values (click gives a tuple)
         v = list(v)
     x = s.option.parse(where, v)
     if s.key == "max_clock_skew" and x <= 0:
         raise ConfigError(f"{where}: {v!r} must be more than 0 (or off)")
-    if s.off and x < s.least:
-        what = "negative" if s.least == 0 else f"under {s.least:g} s"
+    if s.off and x < s.least:  # durations are never negative (parse_duration): least > 0 only bites
         off = "'off' keeps all" if s.section == "storage" else "or 'off'"
-        raise ConfigError(f"{where}: {str(v)[:20]!r} must not be {what}; {off}")
+        raise ConfigError(f"{where}: {_excerpt(v)} must not be under {s.least:g} s; {off}")
     if s.key == "commit_every" and not 0.05 <= x <= 3600:
-        raise ConfigError(f"{where}: {str(v)[:20]!r} must be from 50ms to 1h")
+        raise ConfigError(f"{where}: {_excerpt(v)} must be from 50ms to 1h")
     if s.key == "detect_window" and not 60 <= x <= 86400:
-        raise ConfigError(f"{where}: {str(v)[:20]!r} must be from 1m to 1d")
+        raise ConfigError(f"{where}: {_excerpt(v)} must be from 1m to 1d")
     return x
 
 
@@ -197,9 +202,8 @@ def duration_or_off(flag: str, text: str, least: float = 0.0) -> float | None:
     if text.strip().lower() == "off":
         return None
     v = parse_duration(flag, text)
-    if v < least:
-        what = "negative" if least == 0 else f"under {least:g} s"
-        raise ConfigError(f"{flag}: {text[:20]!r} must not be {what}; 'off' keeps all")
+    if v < least:  # never negative (parse_duration): a least of 0 refuses nothing
+        raise ConfigError(f"{flag}: {_excerpt(text)} must not be under {least:g} s; 'off' keeps all")
     return v
 
 
@@ -272,7 +276,7 @@ def build(command: str, target: str, flags: Mapping[str, Any], given_flags: set[
         for spec in flags.get(key + "s", ()) or ():
             name, eq, path = spec.partition("=")
             if not eq or not name.strip() or not path:
-                raise ConfigError(f"{flag}: expected NAME=FILE (NAME: the receiver's name), got {spec[:40]!r}")
+                raise ConfigError(f"{flag}: expected NAME=FILE (NAME: the receiver's name), got {_excerpt(spec, 40)}")
             secrets.setdefault(name.strip(), {})[key] = path
     for kind, cls in kinds().items():
         for i, text in enumerate(flags.get(f"receiver_{kind}", ()) or ()):

@@ -281,3 +281,97 @@ def test_receiver_flags_secrets_and_their_edges(tmp_path: Path, con) -> None:
         cfg = _build(rules=(str(rules),), follow=True, receiver_webhook=("ops=http://h:9/",), token_files=(f"ops={bad}",))
         with pytest.raises(Exception, match="empty, or holds control characters"):
             load(con, tuple(cfg.rules), 1800, cfg.receivers, cfg.resend)
+
+
+def test_a_refused_value_is_quoted_to_its_first_20_characters(tmp_path: Path) -> None:
+    long = "0" * 25 + "2h"  # 2 hours, written long
+    for flags, tail in (({"commit_every": long}, "must be from 50ms to 1h"),
+                        ({"detect_window": "0" * 25 + "2d"}, "must be from 1m to 1d"),
+                        ({"retain_raw": "0" * 25 + "1s"}, "must not be under 300 s; 'off' keeps all")):
+        with pytest.raises(ConfigError) as e:
+            _build(**flags)
+        assert str(e.value).endswith(f": '{'0' * 20}' {tail}"), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        config.duration_or_off("--x", "0" * 25 + "1s", 300)
+    assert str(e.value) == f"--x: '{'0' * 20}' must not be under 300 s; 'off' keeps all"
+    with pytest.raises(ConfigError) as e:
+        _build(token_files=("x" * 50,))
+    assert str(e.value) == f"--alert-token-file: expected NAME=FILE (NAME: the receiver's name), got '{'x' * 40}'"
+
+
+@pytest.mark.parametrize("spec", ["ops", "ops=", "=/tok", " =/tok", "="])
+def test_a_secret_flag_needs_a_name_and_a_file(spec: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--alert-token-file: expected NAME=FILE"):
+        _build(token_files=(spec,))
+
+
+def test_the_clock_skew_bound_takes_any_positive_duration() -> None:
+    assert _build(max_clock_skew="0.5s").max_clock_skew == 0.5
+    assert _build(max_clock_skew="off").max_clock_skew is None
+    with pytest.raises(ConfigError, match=r"^--max-clock-skew: '0s' must be more than 0 \(or off\)$"):
+        _build(max_clock_skew="0s")
+
+
+def test_the_settings_table_cannot_be_changed_and_a_config_has_only_its_keys() -> None:
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.SETTINGS[0].default = "x"  # type: ignore[misc]
+    cfg = _build()
+    assert not hasattr(cfg, "no_such_setting") and getattr(cfg, "group", "absent") == "absent"
+    assert cfg.follow is False and cfg.interval == 1.0
+
+
+def _captured(command: str, args: list[str]) -> tuple[int, dict, str]:
+    """What a command decorated with ``click_options(command)`` receives for ``args``."""
+    import click
+
+    got: dict = {}
+
+    @click.command()
+    @config.click_options(command)
+    def cmd(**kw):  # noqa: ANN003
+        got.update(kw)
+
+    r = CliRunner().invoke(cmd, args)
+    return r.exit_code, got, r.output
+
+
+def test_the_generated_flags_parse_as_their_settings_say(tmp_path: Path) -> None:
+    code, got, out = _captured("spool", ["--follow", "--rules", "a.yml", "--rules", "b.yml", "--interval", "5s",
+                                         "--alert-webhook", "ops=http://h/", "--alert-webhook", "b=http://i/",
+                                         "--alert-token-file", "ops=/t", "--alert-token-file", "b=/u"])
+    assert code == 0, out
+    assert got["follow"] is True and got["rules"] == ("a.yml", "b.yml") and got["interval"] == "5s"
+    assert got["receiver_webhook"] == ("ops=http://h/", "b=http://i/") and got["token_files"] == ("ops=/t", "b=/u")
+    code, got, out = _captured("spool", [])
+    assert code == 0 and got["follow"] is False and got["rules"] == () and got["interval"] == "1s"
+    assert got["db"] == "cmdare.duckdb" and got["config_file"] is None
+    code, got, out = _captured("kafka", ["--ssl-no-check-hostname"])
+    assert code == 0 and got["ssl_no_check_hostname"] is True
+    code, _, out = _captured("spool", ["--config", str(tmp_path)])  # a directory is not a config file
+    assert code == 2 and "is a directory" in out
+    # a setting from a flag, the file or its default, as build() reads what click gave
+    code, got, _ = _captured("spool", ["--rules", "a.yml", "--follow"])
+    cfg = config.build("spool", "/tmp", got, {"rules", "follow"})
+    assert cfg.rules == ["a.yml"] and cfg.follow is True
+
+
+def test_help_shows_the_defaults_that_are_the_tables() -> None:
+    code, _, out = _captured("spool", ["--help"])
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "--db TEXT" in flat and "[default: cmdare.duckdb]" in flat
+    assert "[default: 1s]" in flat and "[default: 400d]" in flat
+    assert "default: None" not in flat and "[default: False]" not in flat
+
+
+def test_a_config_file_of_exactly_the_bound_is_read(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    body = '[ingest]\ninterval = "2s"\n'
+    f.write_text(body + "#" * (config.MAX_CONFIG_BYTES - len(body) - 1) + "\n")
+    assert f.stat().st_size == config.MAX_CONFIG_BYTES
+    assert _build(file=str(f)).interval == 2.0
+    f.write_text(body + "#" * (config.MAX_CONFIG_BYTES - len(body)) + "\n")
+    with pytest.raises(ConfigError, match="over 1,048,576 bytes"):
+        _build(file=str(f))
