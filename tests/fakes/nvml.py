@@ -115,6 +115,8 @@ class FakeNvml:
             d.migs = [_Dev(d.index, model, k, d) for k in range(self.nmig)]
         self._gpm_buffers: dict[int, Any] = {}  # sample address -> its state (kept alive)
         self.inited = 0
+        self.unbalanced = 0  # nvmlShutdown calls with no init left
+        self.event_sets = 0  # created and not freed
         self.calls = 0
         self._xid_pending: list[tuple[_Dev, int]] = []
         for k in dir(_real):
@@ -130,7 +132,10 @@ class FakeNvml:
         self.inited += 1
 
     def nvmlShutdown(self) -> None:
-        self.inited = max(0, self.inited - 1)
+        if not self.inited:  # as the real library: a shutdown with no init is an error
+            self.unbalanced += 1
+            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+        self.inited -= 1
 
     def _check(self) -> None:
         self.calls += 1
@@ -378,19 +383,22 @@ class FakeNvml:
     # -- Xid events
     def nvmlEventSetCreate(self) -> list[Any]:
         self._check()
+        self.event_sets += 1
         return []
 
     def nvmlDeviceRegisterEvents(self, h: _Dev, types: int, es: list[Any]) -> None:
         es.append(h)
 
     def nvmlEventSetWait_v2(self, es: list[Any], timeout_ms: int) -> Any:
-        if self._xid_pending:
+        while self._xid_pending:  # only the GPUs registered in this set report
             d, xid = self._xid_pending.pop(0)
+            if d not in es:
+                continue
             return SimpleNamespace(device=d, eventType=_real.nvmlEventTypeXidCriticalError, eventData=xid)
         raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
 
     def nvmlEventSetFree(self, es: list[Any]) -> None:
-        pass
+        self.event_sets -= 1
 
 
 def from_env() -> FakeNvml:

@@ -5,6 +5,7 @@ occurrences, never a last-value gauge). See the package docstring for the failur
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -70,7 +71,7 @@ class GpuSource(Source):
         self.gpus: list[Gpu] = []
         self.event_set: Any = None
         self._inited = False
-        self._next_retry = 0.0  # while NVML or its GPUs are missing: no retry before this
+        self._next_retry = -math.inf  # while NVML or its GPUs are missing: no retry before this
         self._why = ""
 
     # -- start and stop ---------------------------------------------------------------------
@@ -116,7 +117,7 @@ class GpuSource(Source):
         self._discover()
         if self.config["xid_events"]:
             self._watch_xid()
-        self._next_retry = 0.0  # started: a later start (after close) is not a retry
+        self._next_retry = -math.inf  # started: a later start (after close) is not a retry
 
     def _discover(self) -> None:
         """MIG instances (each a GPU of its own), GPM support and NVLinks of every GPU; one
