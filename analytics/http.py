@@ -99,12 +99,20 @@ class SqlOut(TableOut):
 
 # -- middleware -------------------------------------------------------------------------------
 
+OPEN_PATHS = frozenset({"/healthz", "/ui/login", "/ui/logout"})  # answered without a token (logout ends
+# only the session its own cookie names)
+
+
 class Guard:
     """Bearer token (scheme case-insensitive, RFC 7235) and the body limit, before any
     route runs. Pure ASGI: a refused request costs no body read."""
 
-    def __init__(self, app: Any, token: str | None, limits: Limits, counter: Callable[[], None]) -> None:
+    def __init__(self, app: Any, token: str | None, limits: Limits, counter: Callable[[], None],
+                 sessions: Any = None) -> None:
+        from cmdare.dashboards.sessions import Sessions
+
         self.app, self.token, self.limits, self.counter = app, token, limits, counter
+        self.sessions = sessions if sessions is not None else Sessions()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -112,13 +120,16 @@ class Guard:
             return
         headers = dict(scope.get("headers") or [])
         path = scope["path"]
-        if self.token and path != "/healthz" and path != "/ui/login" and not path.startswith("/ui/static/"):
-            from cmdare.dashboards.pages import cookie_ok, login_redirect
+        send = _no_store(send)
+        if self.token and path not in OPEN_PATHS and not path.startswith("/ui/static/"):
+            from cmdare.dashboards.pages import login_redirect
+            from cmdare.dashboards.sessions import session_id
 
             scheme, _, got = headers.get(b"authorization", b"").decode("latin-1").strip().partition(" ")
             bearer = scheme.lower() == "bearer" and hmac.compare_digest(got.strip().encode(), self.token.encode())
             # the pages' session cookie reads (GET, HEAD) and never writes
-            if not bearer and not (scope["method"] in ("GET", "HEAD") and cookie_ok(headers, self.token)):
+            if not bearer and not (scope["method"] in ("GET", "HEAD")
+                                   and self.sessions.check(session_id(headers), self.token)):
                 if path == "/ui" or path.startswith("/ui/"):
                     where = login_redirect(path, scope.get("query_string", b"").decode("latin-1"))
                     await Response(b"", 303, {"Location": where})(scope, receive, send)
@@ -156,6 +167,20 @@ class Guard:
             await _too_large(limit)(scope, receive, send)
 
 
+def _no_store(send: Any) -> Any:
+    """``send`` with ``Cache-Control: no-store`` on every answer that does not say its own
+    caching: answers are a database's contents, no browser or proxy keeps them (the pages'
+    static files say theirs)."""
+
+    async def wrapped(msg: Any) -> None:
+        if msg["type"] == "http.response.start" and not any(k.lower() == b"cache-control"
+                                                             for k, _ in msg.get("headers", ())):
+            msg = dict(msg, headers=[*msg.get("headers", ()), (b"cache-control", b"no-store")])
+        await send(msg)
+
+    return wrapped
+
+
 class _BodyTooLarge(BaseException):  # noqa: N818  (not an Exception: no handler on the way may turn it into a 400)
     pass
 
@@ -168,7 +193,7 @@ def _too_large(limit: int) -> Response:
 
 def create_app(db: Database, token: str | None = None, limits: Limits | None = None,
                ready: Callable[[], bool] = lambda: True, metrics: Callable[[], bytes] | None = None,
-               count: Callable[[], None] = lambda: None) -> FastAPI:
+               count: Callable[[], None] = lambda: None, sessions: Any = None) -> FastAPI:
     """The collector's API over ``db``: the service routes, every resource of the table
     (cmdare.analytics.resources), and the pages."""
     lim = limits or Limits()
@@ -183,7 +208,7 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
     _model_routes(app, db)
     from cmdare.dashboards import pages
 
-    pages.mount(app, token)
+    pages.mount(app, token, sessions)
     return app
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import duckdb
 
+from cmdare.dashboards.sessions import SESSION_TTL
+
 from .client import TOKEN_ENV, service_file
 from .db import Database
 from .http import Limits, create_app
@@ -46,6 +48,7 @@ class HttpConfig:
     request_timeout: float = REQUEST_TIMEOUT
     limits: Limits = Limits()
     ui_url: str | None = None  # where people open the pages, when a proxy stands in front
+    session_ttl: float = SESSION_TTL  # how long a page sign-in lasts
 
     @property
     def loopback(self) -> bool:
@@ -56,7 +59,8 @@ class HttpConfig:
 
 
 def parse_http(value: str, token_file: str | None = None, tls_cert: str | None = None,
-               tls_key: str | None = None, ui_url: str | None = None) -> HttpConfig | None:
+               tls_key: str | None = None, ui_url: str | None = None,
+               session_ttl: float = SESSION_TTL) -> HttpConfig | None:
     """``--http ADDR:PORT`` (or ``off``); a one-line ValueError for anything else, or for an
     address off loopback without a token."""
     if ui_url is not None:
@@ -86,7 +90,7 @@ def parse_http(value: str, token_file: str | None = None, tls_cert: str | None =
         token = os.environ[TOKEN_ENV].strip()
     if bool(tls_cert) != bool(tls_key):
         raise ValueError("--http-tls-cert and --http-tls-key go together")
-    cfg = HttpConfig(host, int(port), token, tls_cert, tls_key, ui_url=ui_url)
+    cfg = HttpConfig(host, int(port), token, tls_cert, tls_key, ui_url=ui_url, session_ttl=session_ttl)
     if not cfg.loopback and not token:
         raise ValueError(
             f"--http {value}: off loopback the API needs a bearer token (--http-token-file or ${TOKEN_ENV})"
@@ -121,10 +125,14 @@ class Service:
         def count() -> None:
             self.requests += 1
 
+        from cmdare.dashboards.sessions import Sessions
+
         from .http import Guard
 
-        app = create_app(self.database, self.cfg.token, self.cfg.limits, lambda: self.ready, self.metrics_text)
-        return Guard(app, self.cfg.token, self.cfg.limits, count)
+        sessions = Sessions(self.cfg.session_ttl)  # one store: the pages open sessions, the Guard checks them
+        app = create_app(self.database, self.cfg.token, self.cfg.limits, lambda: self.ready, self.metrics_text,
+                         sessions=sessions)
+        return Guard(app, self.cfg.token, self.cfg.limits, count, sessions)
 
     def metrics_text(self) -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest

@@ -97,6 +97,8 @@ SETTINGS: tuple[Setting, ...] = (
        "bearer token clients must send (needed off loopback; or $CMDARE_HTTP_TOKEN)"),
     _s("http", "http_tls_cert", "str", None, "TLS certificate for the API"),
     _s("http", "http_tls_key", "str", None, "TLS private key for the API"),
+    _s("http", "session_ttl", "duration", 12 * 3600.0,
+       "how long a page sign-in lasts (sign-out, a new token or a restart end it sooner)", shown="12h"),
     _s("http", "ui_url", "str", None,
        "where people open the pages (/ui) when a proxy stands in front: alerts link to URL/ui/alerts; default: the "
        "API's own address", envvar="CMDARE_UI_URL", metavar="URL"),
@@ -192,6 +194,8 @@ def parse_value(s: Setting, where: str, v: Any) -> Any:
         raise ConfigError(f"{where}: {_excerpt(v)} must not be under {s.least:g} s; {off}")
     if s.key == "commit_every" and not 0.05 <= x <= 3600:
         raise ConfigError(f"{where}: {_excerpt(v)} must be from 50ms to 1h")
+    if s.key == "session_ttl" and not 60 <= x <= 30 * 86400:
+        raise ConfigError(f"{where}: {_excerpt(v)} must be from 1m to 30d")
     if s.key == "detect_window" and not 60 <= x <= 86400:
         raise ConfigError(f"{where}: {_excerpt(v)} must be from 1m to 1d")
     return x

@@ -152,7 +152,8 @@ def _http(cfg: CollectorConfig) -> Any:
     from cmdare.analytics.service import parse_http
 
     try:
-        return parse_http(cfg.http, cfg.http_token_file, cfg.http_tls_cert, cfg.http_tls_key, cfg.ui_url)
+        return parse_http(cfg.http, cfg.http_token_file, cfg.http_tls_cert, cfg.http_tls_key, cfg.ui_url,
+                          cfg.session_ttl)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -4,13 +4,14 @@ licence is vendored under static/ (uPlot, pinned in static/vendor/VENDOR.json): 
 work offline and load nothing from another origin.
 
 Authentication is the API's: with a bearer token set, a browser signs in once at
-``/ui/login`` and gets a session cookie (HttpOnly, SameSite=Strict, an HMAC of the token,
-never the token) that is accepted for GET and HEAD only, so the cookie can read and never
-write.
+``/ui/login`` and gets a session cookie (HttpOnly, SameSite=Strict, a random session id,
+never the token: dashboards/sessions.py) that is accepted for GET and HEAD only, so the
+cookie can read and never write; it expires, and ``sign out`` ends it.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import html
@@ -23,7 +24,8 @@ from urllib.parse import parse_qs, quote
 from fastapi import Path, Request  # module level: FastAPI resolves the routes' annotations here
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-COOKIE = "cmdare_session"
+from .sessions import COOKIE, Sessions, session_id
+
 LOGIN_DELAY = 0.5  # seconds a wrong token waits for its answer
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "connect-src 'self'; font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -60,25 +62,11 @@ PAGES: dict[str, Page] = {p.name: p for p in (
 )}
 
 
-def session_value(token: str) -> str:
-    """What the session cookie holds: an HMAC of the token (the token never leaves the
-    login request)."""
-    return hmac.new(token.encode(), b"cmdare-ui-session-v1", hashlib.sha256).hexdigest()
-
-
-def cookie_ok(headers: dict[bytes, bytes], token: str) -> bool:
-    raw = headers.get(b"cookie", b"").decode("latin-1")
-    want = session_value(token)
-    for part in raw.split(";"):
-        k, _, v = part.strip().partition("=")
-        if k == COOKIE and hmac.compare_digest(v.encode(), want.encode()):
-            return True
-    return False
-
-
-def shell(page: Page, title: str, attrs: dict[str, str] | None = None, inline: dict[str, Any] | None = None) -> str:
+def shell(page: Page, title: str, attrs: dict[str, str] | None = None, inline: dict[str, Any] | None = None,
+          signout: bool = False) -> str:
     """The HTML of a page. ``inline``: the self-contained report (scripts, styles and the
-    API answers inlined; no request leaves the file)."""
+    API answers inlined; no request leaves the file). ``signout``: a sign-out button (a
+    collector with a token)."""
     data_attrs = "".join(f' data-{k}="{html.escape(v, quote=True)}"' for k, v in (attrs or {}).items())
     nav = "".join(f'<a href="{"#" + p.name if inline is not None else p.path}" data-nav="{p.name}">{p.title}</a>'
                   for p in PAGES.values() if p.path and "{" not in p.path)
@@ -90,10 +78,11 @@ def shell(page: Page, title: str, attrs: dict[str, str] | None = None, inline: d
         tail = ""
     else:
         data = json.dumps(inline["data"], separators=(",", ":")).replace("<", "\\u003c")  # no </script>, no <!--
-        head = f"<style>{static_text('vendor/uPlot.min.css')}</style><style>{static_text('style.css')}</style>"
-        tail = (f"<script>window.CMDARE_DATA={data};</script>"  # inline scripts run where they stand: last
-                f"<script>{_script(static_text('vendor/uPlot.iife.min.js'))}</script>"
-                f"<script>{_script(static_text('app.js'))}</script>")
+        scripts = [f"window.CMDARE_DATA={data};", _script(static_text("vendor/uPlot.iife.min.js")),
+                   _script(static_text("app.js"))]  # inline scripts run where they stand: last
+        head = (f'<meta http-equiv="Content-Security-Policy" content="{report_csp(scripts)}">'
+                f"<style>{static_text('vendor/uPlot.min.css')}</style><style>{static_text('style.css')}</style>")
+        tail = "".join(f"<script>{x}</script>" for x in scripts)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">
 <title>{html.escape(title)} · cmdare</title>{head}</head>
@@ -103,11 +92,25 @@ def shell(page: Page, title: str, attrs: dict[str, str] | None = None, inline: d
 <option value="24h">24 h</option><option value="7d">7 d</option><option value="all">all</option></select></label>
 <label>refresh <select id="refresh"><option value="0">off</option><option value="10">10 s</option>
 <option value="30">30 s</option><option value="60">1 min</option></select></label>
-<span id="updated"></span></div></header>
+<span id="updated"></span>{SIGNOUT if signout else ""}</div></header>
 <div id="error" role="alert" hidden></div>
 <main id="page" data-page="{page.name}"{data_attrs}><h1>{html.escape(title)}</h1><p class="loading">loading…</p></main>
 {tail}</body></html>
 """
+
+
+def report_csp(scripts: list[str]) -> str:
+    """The offline report's Content-Security-Policy: only its own inline scripts (by their
+    SHA-256) run, and the file loads and sends nothing (a hostile name in the data cannot
+    add a script, a form target or a request)."""
+    hashes = " ".join("'sha256-" + base64.b64encode(hashlib.sha256(x.encode()).digest()).decode() + "'"
+                      for x in scripts)
+    return (f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src data:; "
+            "form-action 'none'; base-uri 'none'")
+
+
+SIGNOUT = ('<form method="post" action="/ui/logout" class="signout"><button type="submit">sign out</button>'
+           '</form>')
 
 
 def _script(text: str) -> str:
@@ -156,14 +159,16 @@ def login_redirect(path: str, query: str) -> str:
     return "/ui/login?next=" + quote(path + ("?" + query if query else ""), safe="")
 
 
-def mount(app: Any, token: str | None) -> None:
-    """The pages' routes on the collector's FastAPI app."""
+def mount(app: Any, token: str | None, sessions: Sessions | None = None) -> None:
+    """The pages' routes on the collector's FastAPI app; ``sessions``: the signed-in browsers
+    (the Guard in front checks them)."""
+    sessions = sessions if sessions is not None else Sessions()
     headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
                "Cache-Control": "no-store"}
 
     def page(name: str, attrs: dict[str, str] | None = None, title: str | None = None) -> HTMLResponse:
         p = PAGES[name]
-        return HTMLResponse(shell(p, title or p.title, attrs), headers=headers)
+        return HTMLResponse(shell(p, title or p.title, attrs, signout=bool(token)), headers=headers)
 
     def plain(name: str) -> Any:
         def endpoint() -> Any:
@@ -206,12 +211,15 @@ def mount(app: Any, token: str | None) -> None:
             await asyncio.sleep(LOGIN_DELAY)  # a guess costs time (each connection; the cap bounds them)
             return HTMLResponse(login_page(nxt, True), 401, headers=headers)
         r = RedirectResponse(nxt, 303)
-        r.set_cookie(COOKIE, session_value(token), httponly=True, samesite="strict", path="/",
-                     secure=request.url.scheme == "https")
+        r.set_cookie(COOKIE, sessions.open(token), max_age=int(sessions.ttl), httponly=True, samesite="strict",
+                     path="/", secure=request.url.scheme == "https")
         return r
 
     @app.post("/ui/logout", include_in_schema=False)
-    def logout() -> Any:
-        r = RedirectResponse("/ui/login", 303)
-        r.delete_cookie(COOKIE, path="/")
+    def logout(request: Request) -> Any:
+        # open to all (the Guard lets it through): it ends only the session its own cookie
+        # names, and a cross-site form cannot send that cookie (SameSite=Strict)
+        sessions.close(session_id({k.encode("latin-1"): v.encode("latin-1") for k, v in request.headers.items()}))
+        r = RedirectResponse("/ui/login", 303, headers={"Cache-Control": "no-store"})
+        r.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return r

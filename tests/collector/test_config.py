@@ -179,14 +179,14 @@ DEFAULTS = {
               "idle_exit": None, "progress_every": 10.0, "max_clock_skew": 86400.0, "retain_raw": 7 * 86400.0,
               "retain_rollups": 400 * 86400.0, "lake": None, "catalog": None, "commit_every": 10.0,
               "http": "127.0.0.1:0", "http_token_file": None, "http_tls_cert": None, "http_tls_key": None,
-              "ui_url": None, "security_protocol": None, "sasl_mechanism": None, "sasl_username": None,
+              "session_ttl": 43200.0, "ui_url": None, "security_protocol": None, "sasl_mechanism": None, "sasl_username": None,
               "sasl_password_file": None, "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
               "ssl_no_check_hostname": False, "rules": [], "inhibit_window": 1800.0, "liveness_grace": 45.0,
               "resend": 60.0, "detect_every": 60.0, "detect_window": 900.0},
     "spool": {"db": "cmdare.duckdb", "follow": False, "interval": 1.0, "max_clock_skew": 86400.0,
               "retain_raw": 7 * 86400.0, "retain_rollups": 400 * 86400.0, "lake": None, "catalog": None,
               "commit_every": 10.0, "http": "127.0.0.1:0", "http_token_file": None, "http_tls_cert": None,
-              "http_tls_key": None, "ui_url": None, "rules": [], "inhibit_window": 1800.0, "liveness_grace": 45.0,
+              "http_tls_key": None, "session_ttl": 43200.0, "ui_url": None, "rules": [], "inhibit_window": 1800.0, "liveness_grace": 45.0,
               "resend": 60.0, "detect_every": 60.0, "detect_window": 900.0},
 }
 
@@ -199,7 +199,8 @@ def test_every_default_is_the_documented_one(command: str) -> None:
     assert shown == {"db": "cmdare.duckdb", "group": "cmdare-collector", "batch_bytes": "64MiB", "max_wait": "1s",
                      "progress_every": "10s", "interval": "1s", "max_clock_skew": "1d", "retain_raw": "7d",
                      "retain_rollups": "400d", "commit_every": "10s", "http": "127.0.0.1:0", "inhibit_window": "30m",
-                     "liveness_grace": "45s", "resend": "1m", "detect_every": "1m", "detect_window": "15m"}
+                     "liveness_grace": "45s", "resend": "1m", "detect_every": "1m", "detect_window": "15m",
+                     "session_ttl": "12h"}
     for s in config.SETTINGS:  # what --help shows is what the setting parses to
         if s.shown:
             assert config.parse_value(s, s.flag, s.shown) == DEFAULTS["kafka"].get(s.key, DEFAULTS["spool"].get(s.key))

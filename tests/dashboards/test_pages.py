@@ -248,6 +248,12 @@ def test_with_a_token_a_browser_signs_in_once_and_its_cookie_only_reads(page, gu
         headers: {'Content-Type': 'application/json'}, body: '{}'})).status""")
     assert status == 401
     assert p.evaluate("async () => (await fetch('/api/v1/nodes')).status") == 200
+    # sign out: the session ends, the cookie goes, the pages ask for the token again
+    p.click("form.signout button")
+    p.wait_for_url("**/ui/login")
+    assert p.context.cookies() == []
+    p.goto(guarded + "/ui/jobs")
+    assert "/ui/login?next=" in p.url
 
 
 def test_login_refuses_an_open_redirect_and_pages_send_a_strict_policy(guarded: str) -> None:
@@ -300,6 +306,10 @@ def test_the_html_report_is_the_pages_in_one_file_that_makes_no_request(page, fl
     assert "report: job 1/" in r.stderr and "wrote " in r.stdout
     text = out.read_text()
     assert "</script" not in text.split("window.CMDARE_DATA=", 1)[1].split("</script>", 1)[0]
+    # only the file's own three scripts may run (by hash), and it may load or send nothing
+    csp = text.split('http-equiv="Content-Security-Policy" content="', 1)[1].split('"', 1)[0]
+    assert csp.startswith("default-src 'none'; script-src 'sha256-") and csp.count("'sha256-") == 3
+    assert "'unsafe-inline'" not in csp.split("script-src", 1)[1].split(";", 1)[0]
     requests: list[str] = []
     page.page.on("request", lambda q: requests.append(q.url))
     p = page.open(out.as_uri())

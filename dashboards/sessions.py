@@ -1,0 +1,103 @@
+"""The pages' sign-in sessions: a browser that signed in with the collector's token holds a
+random session id in an HttpOnly, SameSite=Strict cookie; the collector keeps, per session,
+the fingerprint of the token it signed in with and when it expires.
+
+- a session ends when it expires (``--session-ttl``, default 12 h), when the browser signs
+  out (``POST /ui/logout``), when the token it signed in with is no longer the collector's
+  (rotated: a restart with a new token file), and when the collector restarts (the store
+  is memory: sign in again);
+- the store is bounded (``MAX_SESSIONS``; the oldest session goes first), so sign-ins
+  cannot grow the collector;
+- the session id is never stored: the store is keyed by its SHA-256, and a cookie is
+  compared by that digest, so neither a memory dump nor a timing difference gives one out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+COOKIE = "cmdare_session"
+SESSION_TTL = 12 * 3600.0  # seconds a sign-in lasts
+MAX_SESSIONS = 10_000  # sessions kept at once; the oldest goes first
+MAX_COOKIE_HEADER = 8192  # bytes of a Cookie header looked at
+
+
+def fingerprint(token: str) -> str:
+    """What a session remembers of its token (never the token)."""
+    return hashlib.sha256(b"cmdare-ui-token-v2\0" + token.encode()).hexdigest()
+
+
+def _key(sid: str) -> str:
+    return hashlib.sha256(sid.encode("latin-1", "replace")).hexdigest()
+
+
+def session_id(headers: dict[bytes, bytes]) -> str | None:
+    """The session cookie's value in a request's headers (the first of that exact name)."""
+    raw = headers.get(b"cookie", b"")[:MAX_COOKIE_HEADER].decode("latin-1")
+    for part in raw.split(";"):
+        k, eq, v = part.strip().partition("=")
+        if k == COOKIE and eq:
+            return v.strip()
+    return None
+
+
+class Sessions:
+    """The signed-in browsers of one collector (thread-safe: the API's threads share it)."""
+
+    def __init__(self, ttl: float = SESSION_TTL, max_sessions: int = MAX_SESSIONS,
+                 clock: Callable[[], float] = time.time) -> None:
+        if not ttl > 0 or max_sessions < 1:
+            raise ValueError("a session lasts more than 0 s and the store holds at least one")
+        self.ttl, self.max_sessions, self.clock = ttl, max_sessions, clock
+        self._by_key: OrderedDict[str, tuple[str, float]] = OrderedDict()  # key -> (fingerprint, expiry)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def open(self, token: str) -> str:
+        """A new session for a browser that gave ``token``: its id, for the cookie."""
+        sid = secrets.token_urlsafe(32)
+        now = self.clock()
+        with self._lock:
+            self._prune(now)
+            while len(self._by_key) >= self.max_sessions:
+                self._by_key.popitem(last=False)
+            self._by_key[_key(sid)] = (fingerprint(token), now + self.ttl)
+        return sid
+
+    def check(self, sid: str | None, token: str) -> bool:
+        """Whether ``sid`` is a live session signed in with ``token``."""
+        if not sid:
+            return False
+        k = _key(sid)
+        with self._lock:
+            got = self._by_key.get(k)
+            if got is None:
+                return False
+            fp, expiry = got
+            if self.clock() >= expiry:
+                del self._by_key[k]
+                return False
+        return hmac.compare_digest(fp, fingerprint(token))
+
+    def close(self, sid: str | None) -> bool:
+        """Sign-out: the session ends (True when there was one)."""
+        if not sid:
+            return False
+        with self._lock:
+            return self._by_key.pop(_key(sid), None) is not None
+
+    def _prune(self, now: float) -> None:
+        """Expired sessions dropped (they are in order of expiry: one TTL for all)."""
+        while self._by_key:
+            k, (_, expiry) = next(iter(self._by_key.items()))
+            if expiry > now:
+                break
+            del self._by_key[k]
