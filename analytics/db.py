@@ -168,15 +168,36 @@ def _q(s: str) -> str:
 SINCE_UNITS = ("s", "m", "h", "d", "w")
 
 
+EARLIEST, LATEST = dt.datetime(1970, 1, 1), dt.datetime(2200, 1, 1)  # what a time argument may name (UTC)
+TIME_RANGE = f"a time from {EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d} (UTC)"
+
+
+def in_time_range(t: dt.datetime) -> bool:
+    """Whether ``t`` (naive UTC, or with a zone) is from 1970 to 2200: what telemetry can
+    hold; outside it an argument is refused in one line, never an overflow deeper down."""
+    u = t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo is not None else t
+    return EARLIEST <= u <= LATEST
+
+
+def _ago(flag: str, text: str, seconds: float, now: dt.datetime | None) -> dt.datetime:
+    now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    try:
+        t = now - dt.timedelta(seconds=seconds)
+    except OverflowError:
+        t = dt.datetime.min
+    if not in_time_range(t):
+        raise AnalyticsError(f"{flag}: {text[:40]!r} ago is not {TIME_RANGE}")
+    return t
+
+
 def since_cutoff(since: str | None, now: dt.datetime | None = None) -> dt.datetime | None:
     """``10m`` / ``2h`` / ``7d`` -> naive UTC datetime; None -> no cutoff."""
     if since is None:
         return None
     seconds = duration_seconds(since, SINCE_UNITS, bare=False)
     if seconds is None:
-        raise AnalyticsError(f"--since: expected a duration like 30s, 10m, 2h or 7d, got {since!r}")
-    now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-    return now - dt.timedelta(seconds=seconds)
+        raise AnalyticsError(f"--since: expected a duration like 30s, 10m, 2h or 7d, got {since[:40]!r}")
+    return _ago("--since", since, seconds, now)
 
 
 def time_arg(flag: str, text: str | None, now: dt.datetime | None = None) -> dt.datetime | None:
@@ -186,13 +207,14 @@ def time_arg(flag: str, text: str | None, now: dt.datetime | None = None) -> dt.
         return None
     seconds = duration_seconds(text, SINCE_UNITS, bare=False)
     if seconds is not None:
-        now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-        return now - dt.timedelta(seconds=seconds)
+        return _ago(flag, text, seconds, now)
     try:
         t = dt.datetime.fromisoformat(text.strip())
     except ValueError:
         raise AnalyticsError(f"{flag}: expected a duration ago (10m, 2h, 7d) or an ISO 8601 time, "
                              f"got {text[:40]!r}") from None
+    if not in_time_range(t):
+        raise AnalyticsError(f"{flag}: {text[:40]!r} is not {TIME_RANGE}")
     if t.tzinfo is not None:
         t = t.astimezone(dt.timezone.utc).replace(tzinfo=None)
     return t

@@ -25,7 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import api, codec
 from .db import AnalyticsError, Database
-from .resources import RESOURCES, Resource, Since, Until
+from .resources import RESOURCES, Resource, Since, Stamp, Until
+from .routing import RawNames, named
 
 ARROW = "application/vnd.apache.arrow.stream"
 EXCERPT = 200  # characters of client input an error may quote
@@ -56,7 +57,7 @@ class SqlBody(BaseModel):
 
 class FindingsRun(BaseModel):
     job: str | None = Field(None, max_length=512)
-    since: dt.datetime | None = None
+    since: Stamp | None = None
     kinds: list[str] = Field(default_factory=list, max_length=64)
     options: dict[str, dict[str, Any]] = Field(default_factory=dict, max_length=64)
     store: bool = True
@@ -199,6 +200,7 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
     lim = limits or Limits()
     app = FastAPI(title="cmdare collector API", version="1", docs_url=None, redoc_url=None,
                   description="Telemetry, findings, recommendations, models and alerts of one cmdare database.")
+    app.add_middleware(RawNames)
     _error_handlers(app)
     _service_routes(app, ready, metrics)
     for r in RESOURCES:
@@ -222,7 +224,8 @@ def _error_handlers(app: FastAPI) -> None:
         errs = e.errors()
         first = errs[0] if errs else {}
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "body"
-        return JSONResponse({"error": one_line(f"{where}: {first.get('msg', 'invalid')}", EXCERPT)}, 422)
+        msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")  # a validator's own words
+        return JSONResponse({"error": one_line(f"{where}: {msg}", EXCERPT)}, 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> Response:
@@ -278,21 +281,21 @@ def _route(app: FastAPI, db: Database, r: Resource) -> None:
         sig.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=p.type))
     endpoint.__signature__ = inspect.Signature(sig)  # type: ignore[attr-defined]
     endpoint.__name__ = r.name
-    app.add_api_route(r.route, endpoint, methods=[r.method], tags=[r.tag], name=r.name,
+    app.add_api_route(named(r.route), endpoint, methods=[r.method], tags=[r.tag], name=r.name,
                       response_model=TableOut if r.answer == "table" else None)
 
 
 def _custom_routes(app: FastAPI, db: Database, lim: Limits) -> None:
     """The resources with a request or answer of their own shape (``custom`` in the table)."""
 
-    @app.get("/api/v1/jobs/{job}", tags=["jobs"])
+    @app.get(named("/api/v1/jobs/{job}"), tags=["jobs"])
     def job_detail(job: str = Path(max_length=512)) -> Any:
         d = api.job_detail(db, job)
         return {"job": job, **{k: table(v) for k, v in d.items()}}
 
     @app.get("/api/v1/fleet/heatmap", tags=["fleet"])
-    def heatmap(since: dt.datetime | None = Query(None, description=Since),
-                until: dt.datetime | None = Query(None, description=Until),
+    def heatmap(since: Stamp | None = Query(None, description=Since),
+                until: Stamp | None = Query(None, description=Until),
                 columns: int = Query(120, ge=1, le=1440, description="time buckets across the window"),
                 label: str | None = Query(None, max_length=330)) -> Any:
         # up to 2,000,000 cells of whole percents: serialised at once (no per-value encoder walk)

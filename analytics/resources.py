@@ -17,10 +17,25 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator
+
+from .db import TIME_RANGE, in_time_range
 
 Since = "only rows newer than this (ISO 8601, UTC)"
 Until = "only rows older than this (ISO 8601, UTC)"
+
+
+def _in_range(t: dt.datetime) -> dt.datetime:
+    """A time parameter from 1970 to 2200 (analytics.db.in_time_range): a one-line 422
+    outside it, never an overflow deeper down."""
+    if not in_time_range(t):
+        raise ValueError(TIME_RANGE)
+    return t
+
+
+Stamp = Annotated[dt.datetime, AfterValidator(_in_range)]  # every time parameter of the API
 
 
 @dataclass(frozen=True)
@@ -39,11 +54,11 @@ class Param:
 
 
 def p_since(naive: bool = False) -> Param:
-    return Param("since", dt.datetime | None, description=Since, naive=naive)
+    return Param("since", Stamp | None, description=Since, naive=naive)
 
 
 def p_until(naive: bool = False) -> Param:
-    return Param("until", dt.datetime | None, description=Until, naive=naive)
+    return Param("until", Stamp | None, description=Until, naive=naive)
 
 
 P_NODE = Param("node", str | None, bounds={"max_length": 512})

@@ -180,7 +180,9 @@ def mount(app: Any, token: str | None, sessions: Sessions | None = None) -> None
         if p.path and "{" not in p.path:
             app.add_api_route(p.path, plain(p.name), methods=["GET"], include_in_schema=False)
 
-    @app.get("/ui/jobs/{job}", include_in_schema=False)
+    from cmdare.analytics.routing import named
+
+    @app.get(named("/ui/jobs/{job}"), include_in_schema=False)
     def job(job: str = Path(max_length=512)) -> Any:
         return page("job", {"job": job}, f"Job {job}")
 

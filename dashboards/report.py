@@ -67,9 +67,16 @@ def _run(make: Callable[[], Any]) -> Any:
     return out["value"]
 
 
-async def _asgi_get(app: Any, path: str, query: str) -> tuple[int, bytes]:
+def js_segment(name: str) -> str:
+    """A name as one path segment, encoded as the pages' script encodes it
+    (``encodeURIComponent``): the report's data are keyed by the routes the script asks for."""
+    return urllib.parse.quote(name, safe="!*'()")
+
+
+async def _asgi_get(app: Any, route: str, query: str) -> tuple[int, bytes]:
+    """``route``: percent-encoded, as on the wire (a name's ``/`` is ``%2F``)."""
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-             "path": path, "raw_path": urllib.parse.quote(path).encode(), "query_string": query.encode(),
+             "path": urllib.parse.unquote(route), "raw_path": route.encode("ascii"), "query_string": query.encode(),
              "root_path": "", "headers": [(b"host", b"report"), (b"accept", b"application/json")],
              "client": ("127.0.0.1", 0), "server": ("report", 80)}
     out: dict[str, Any] = {"status": 500, "body": b""}
@@ -118,7 +125,7 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
         progress(f"job {i}/{len(chosen)}: {j}")
         for r in RESOURCES:  # ... and once per job (report = job)
             if r.report == "job":
-                put(r.route.replace("{job}", j), **{k: values[k] for k in r.report_params})
+                put(r.route.replace("{job}", js_segment(j)), **{k: values[k] for k in r.report_params})
     data["$report"] = {"jobs": chosen, "since": s, "made": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
                        "jobs_left_out": max(0, (len(jobs.get("rows", [])) if not job else 1) - len(chosen))}
     return data

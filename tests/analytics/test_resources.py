@@ -41,7 +41,7 @@ WRITES = {"fit", "import_overheads", "import_events", "predict_speed", "predict_
 
 def test_every_resource_is_a_route_and_every_route_a_resource(tmp_path: Path) -> None:
     app = create_app(Database(tmp_path / "x.duckdb"))
-    routes = {(m, r.path) for r in app.routes if getattr(r, "path", "").startswith("/api/") for m in r.methods}
+    routes = {(m, r.path_format) for r in app.routes if getattr(r, "path", "").startswith("/api/") for m in r.methods}
     table = {(r.method, r.route) for r in RESOURCES}
     assert routes == table
     assert len(BY_NAME) == len(RESOURCES) and all(hasattr(api, r.name) for r in RESOURCES)
