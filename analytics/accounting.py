@@ -84,7 +84,7 @@ def _gpus(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: 
     if rest:
         for j, n in con.execute("""SELECT job, count(DISTINCT node) FROM steps WHERE job IN (SELECT unnest(?::VARCHAR[]))
                                    GROUP BY job""", [rest]).fetchall():
-            out[j] = (max(1, int(n)), "stepping nodes")
+            out[j] = (int(n), "stepping nodes")  # steps.node is NOT NULL: a job with steps has one
     return out
 
 
