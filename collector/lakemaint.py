@@ -105,10 +105,10 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
         cut = (now - dt.timedelta(seconds=retain_raw)).date()  # whole days before the cut's day
         if name in rollup.SOURCES:  # only days every rollup of the table holds as they are
             _, pending = lakerollup.pending_days(lake, name)
-            held = [dt.date.fromisoformat(d) for d in pending]
-            if held and min(held) < cut:
-                rep.kept_unrolled[name] = sum(1 for d in held if d < cut)
-                cut = min(held)
+            early = [d for d in map(dt.date.fromisoformat, pending) if d < cut]
+            if early:
+                rep.kept_unrolled[name] = len(early)
+                cut = min(early)
         old = [d for d in day_partitions(t) if d < cut]
         if old:
             try:
@@ -154,9 +154,8 @@ def _orphans(lake: Lake, name: str) -> int:
         for m in snap.manifests(t.io):
             for entry in m.fetch_manifest_entry(t.io, discard_deleted=True):
                 kept.add(_path(entry.data_file.file_path))
-    root = lake.location.local / NAMESPACE / name / "data" if lake.location.local else None
-    if root is None or not root.is_dir():
-        return 0
+    assert lake.location.local is not None  # the caller's condition: a local lake
+    root = lake.location.local / NAMESPACE / name / "data"  # (a table with no data yet has none: walks nothing)
     n = 0
     limit = dt.datetime.now().timestamp() - ORPHAN_AGE
     for dirpath, _, files in os.walk(root):

@@ -297,3 +297,67 @@ def test_a_collector_committing_during_compaction_costs_that_day_only_until_the_
     assert count(lake) == (65, 65)
     again = maintain(lake, retain_raw=None, compact_files=2, expire_after=None, retain_rollups=None)
     assert again.skipped == [] and again.compacted == {"gpu_samples": (4, 1)} and count(lake) == (65, 65)
+
+
+def test_a_retention_commit_lost_to_a_collector_is_said_and_done_by_the_next_run(
+        lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collector appends while retention deletes old days (between its read and its
+    commit): the delete loses the race, is said, nothing is lost, the next run deletes."""
+    from pyiceberg.table import Table
+
+    for day in (0, 1, 9):
+        lake.append("gpu_samples", samples(day * 100, 10, day=day), {"t/0": ([day], [day + 1])}, "a")
+    maintain(lake, retain_raw=None, compact_files=None, expire_after=None)  # the rollups hold every day
+    other = Lake(str(tmp_path / "lake"))
+    real, raced = Table.delete, []
+
+    def delete(self, *a, **k):
+        if not raced and self.name()[-1] == "gpu_samples":
+            raced.append(other.append("gpu_samples", samples(950, 5, day=9), {"t/0": ([20], [21])}, "b"))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Table, "delete", delete)
+    now = DAY0 + dt.timedelta(days=9, hours=12)
+    rep = maintain(lake, retain_raw=86400, compact_files=None, expire_after=None, now=now)
+    monkeypatch.undo()
+    assert raced == [5] and rep.skipped == ["retention of gpu_samples"] and rep.deleted_partitions == {}
+    assert count(lake) == (35, 35)
+    again = maintain(lake, retain_raw=86400, compact_files=None, expire_after=None, now=now)
+    assert again.skipped == [] and again.deleted_partitions == {"gpu_samples": 2} and count(lake) == (15, 15)
+
+
+def test_a_day_not_rolled_up_at_the_cut_itself_holds_nothing_back(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention deletes the days before the cut's day; a pending day that is the cut's own
+    day keeps nothing back and is not reported as kept."""
+    from cmdare.collector import lakerollup
+
+    for day in (1, 2):
+        lake.append("gpu_samples", samples(day * 100, 10, day=day), {"t/0": ([day], [day + 1])}, "a")
+    monkeypatch.setattr(lakerollup, "build", lambda lake, skipped: {})  # nothing rolled: every day pending
+    rep = maintain(lake, retain_raw=86400, compact_files=None, expire_after=None,
+                   now=DAY0 + dt.timedelta(days=2, hours=12))  # the cut: day 1
+    assert rep.kept_unrolled == {} and rep.deleted_partitions == {} and count(lake) == (20, 20)
+    assert not any("kept" in line for line in rep.lines())
+    rep = maintain(lake, retain_raw=86400, compact_files=None, expire_after=None,
+                   now=DAY0 + dt.timedelta(days=3, hours=12))  # the cut: day 2; day 1 pending before it
+    assert rep.kept_unrolled == {"gpu_samples": 1} and rep.deleted_partitions == {} and count(lake) == (20, 20)
+
+
+def test_a_snapshot_expiry_lost_to_another_commit_is_said_and_counts_nothing(
+        lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table.update.snapshot import ExpireSnapshots
+
+    for j in range(3):
+        lake.append("gpu_samples", samples(j * 10, 10), {"t/0": ([j], [j + 1])}, "a")
+
+    def lost(self, *a, **k):
+        raise CommitFailedException("another commit landed first")
+
+    monkeypatch.setattr(ExpireSnapshots, "commit", lost)
+    rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=0, retain_rollups=None)
+    monkeypatch.undo()
+    assert "snapshot expiry of gpu_samples" in rep.skipped
+    assert rep.expired_snapshots == 0 and rep.orphans_deleted == 0 and count(lake) == (30, 30)
+    rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=0, retain_rollups=None)
+    assert rep.expired_snapshots >= 2 and rep.skipped == []
