@@ -33,7 +33,7 @@ def hdr(cookie: str) -> dict[bytes, bytes]:
 def test_the_exact_session_id_signs_in() -> None:
     s = Sessions()
     sid = s.open(TOKEN)
-    assert len(sid) >= 40 and TOKEN not in sid
+    assert len(sid) == 43 and TOKEN not in sid  # 32 random bytes (256 bits), URL-safe base64
     assert s.check(session_id(hdr(f"{COOKIE}={sid}")), TOKEN)
     assert s.check(session_id(hdr(f"theme=dark; {COOKIE}={sid}; x=1")), TOKEN)
     assert s.open(TOKEN) != sid  # each sign-in its own session
@@ -96,11 +96,20 @@ def test_the_store_is_bounded_the_oldest_going_first_and_expired_ones_pruned() -
         Sessions(ttl=0)
     with pytest.raises(ValueError):
         Sessions(max_sessions=0)
+    one = Sessions(ttl=1, max_sessions=1)  # the smallest store there is
+    a, b = one.open(TOKEN), one.open(TOKEN)
+    assert not one.check(a, TOKEN) and one.check(b, TOKEN)
 
 
 def test_a_huge_cookie_header_is_read_only_to_its_bound() -> None:
+    from cmdare.dashboards.sessions import MAX_COOKIE_HEADER
+
     s = Sessions()
     sid = s.open(TOKEN)
+    tail = f"; {COOKIE}={sid}"
+    exact = "x=" + "a" * (MAX_COOKIE_HEADER - 2 - len(tail)) + tail
+    assert len(exact) == MAX_COOKIE_HEADER == 8192 and session_id(hdr(exact)) == sid
+    assert session_id(hdr("x=a" + exact[2:])) == sid[:-1]  # one byte over: the end is not read
     assert session_id(hdr("x=" + "a" * 10_000 + f"; {COOKIE}={sid}")) is None
     assert session_id(hdr(f"{COOKIE}={sid}; " + "x=" + "a" * 10_000)) == sid
 
