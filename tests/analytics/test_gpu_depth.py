@@ -181,3 +181,35 @@ def test_a_process_is_its_nodes_pid_not_any_pid(tmp_path) -> None:
     procs = run("gpu", "--processes", "--db", str(tmp_path / "agent-j.duckdb"))
     assert [(r["node"], r["gpu"], r["pid"], r["job"]) for r in procs] == [("n0", 0, 4000, "j"), ("n1", 0, 4000, "")]
     assert [r["node"] for r in run("gpu", "--job", "j", "--db", str(tmp_path / "agent-j.duckdb"))] == ["n0"]
+
+
+def test_the_goodput_notes_count_the_jobs_gpus_and_each_foreign_process_once(monkeypatch) -> None:
+    """gpu_use_notes over per-process rows (node, gpu, parent, pid, job, rank, run, present,
+    sm, mem, GiB): the job's GPUs are (node, index) pairs; a foreign process is its node, GPU
+    and PID on one of them, whatever job (or none) it belongs to."""
+    from cmdare.analytics import processes
+
+    def row(node, gpu, pid, job, sm, gib=1.0):
+        return (node, gpu, None, pid, job, 0 if job == "j" else None, None, 100.0, sm, 5.0, gib)
+
+    rows = [row("n0", 0, 100, "j", 80.0), row("n1", 0, 100, "j", 60.0),  # the job: index 0 on two nodes
+            row("n0", 0, 200, "", 5.0), row("n1", 0, 200, "", 5.0),  # one PID, two nodes: two processes
+            row("n0", 0, 201, "", None), row("n1", 0, 300, "k", 1.0, 2.0),  # another job's on the job's GPU
+            row("n0", 1, 400, "k", 90.0), row("n2", 0, 500, "", 9.0)]  # on GPUs the job does not hold
+    monkeypatch.setattr(processes, "gpu_processes", lambda *a, **k: (["c"] * 11, rows))
+    assert processes.gpu_use_notes(None, "j", None, None) == [
+        "the job's processes used 70 % of the SMs of its 2 GPU(s) on average (per process: analyze gpu --job j)",
+        "4 process(es) of no rank of this job held the same GPUs"]
+    assert processes.gpu_use_notes(None, "k", None, None) == [
+        "the job's processes used 46 % of the SMs of its 2 GPU(s) on average (per process: analyze gpu --job k)",
+        "2 process(es) of no rank of this job held the same GPUs"]
+    assert processes.gpu_use_notes(None, "none", None, None) == []
+    monkeypatch.setattr(processes, "gpu_processes", lambda *a, **k: (["c"] * 11, [row("n0", 0, 1, "j", None)]))
+    assert processes.gpu_use_notes(None, "j", None, None) == [
+        "the job's processes ran on 1 GPU(s) (no per-process utilisation sampled)"]
+
+    def old(*a, **k):
+        raise RuntimeError("a database from before per-process fields")
+
+    monkeypatch.setattr(processes, "gpu_processes", old)
+    assert processes.gpu_use_notes(None, "j", None, None) == []
