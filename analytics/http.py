@@ -13,6 +13,7 @@ import datetime as dt
 import hmac
 import inspect
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,6 +28,7 @@ from . import api, codec
 from .db import AnalyticsError, Database
 from .resources import RESOURCES, Resource, Since, Stamp, Until
 from .routing import RawNames, named
+from .throttle import Throttle
 
 ARROW = "application/vnd.apache.arrow.stream"
 EXCERPT = 200  # characters of client input an error may quote
@@ -109,11 +111,12 @@ class Guard:
     route runs. Pure ASGI: a refused request costs no body read."""
 
     def __init__(self, app: Any, token: str | None, limits: Limits, counter: Callable[[], None],
-                 sessions: Any = None) -> None:
+                 sessions: Any = None, throttle: Throttle | None = None) -> None:
         from cmdare.dashboards.sessions import Sessions
 
         self.app, self.token, self.limits, self.counter = app, token, limits, counter
         self.sessions = sessions if sessions is not None else Sessions()
+        self.throttle = throttle if throttle is not None else Throttle()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -126,11 +129,25 @@ class Guard:
             from cmdare.dashboards.pages import login_redirect
             from cmdare.dashboards.sessions import session_id
 
-            scheme, _, got = headers.get(b"authorization", b"").decode("latin-1").strip().partition(" ")
+            presented = headers.get(b"authorization", b"").strip()
+            address = (scope.get("client") or (None,))[0]
+            wait = self.throttle.wait(address) if presented else 0.0
+            if wait > 0:  # failed too often: not even looked at
+                secs = str(math.ceil(wait))
+                await JSONResponse({"error": f"too many failed sign-ins from this address: try again in {secs} s"},
+                                   429, {"Retry-After": secs})(scope, receive, send)
+                return
+            scheme, _, got = presented.decode("latin-1").partition(" ")
             bearer = scheme.lower() == "bearer" and hmac.compare_digest(got.strip().encode(), self.token.encode())
+            sid = session_id(headers)
+            if bearer:
+                self.throttle.succeeded(address)
             # the pages' session cookie reads (GET, HEAD) and never writes
-            if not bearer and not (scope["method"] in ("GET", "HEAD")
-                                   and self.sessions.check(session_id(headers), self.token)):
+            elif not (scope["method"] in ("GET", "HEAD") and self.sessions.check(sid, self.token)):
+                if presented:
+                    self.throttle.failed(address, "bearer")
+                elif sid:
+                    self.throttle.failed(address, "cookie")
                 if path == "/ui" or path.startswith("/ui/"):
                     where = login_redirect(path, scope.get("query_string", b"").decode("latin-1"))
                     await Response(b"", 303, {"Location": where})(scope, receive, send)
@@ -194,7 +211,8 @@ def _too_large(limit: int) -> Response:
 
 def create_app(db: Database, token: str | None = None, limits: Limits | None = None,
                ready: Callable[[], bool] = lambda: True, metrics: Callable[[], bytes] | None = None,
-               count: Callable[[], None] = lambda: None, sessions: Any = None) -> FastAPI:
+               count: Callable[[], None] = lambda: None, sessions: Any = None,
+               throttle: Throttle | None = None) -> FastAPI:
     """The collector's API over ``db``: the service routes, every resource of the table
     (cmdare.analytics.resources), and the pages."""
     lim = limits or Limits()
@@ -210,7 +228,7 @@ def create_app(db: Database, token: str | None = None, limits: Limits | None = N
     _model_routes(app, db)
     from cmdare.dashboards import pages
 
-    pages.mount(app, token, sessions)
+    pages.mount(app, token, sessions, throttle)
     return app
 
 

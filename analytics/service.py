@@ -30,6 +30,7 @@ from cmdare.dashboards.sessions import SESSION_TTL
 from .client import TOKEN_ENV, service_file
 from .db import Database
 from .http import Limits, create_app
+from .throttle import HOW, Throttle
 
 log = logging.getLogger("cmdare.analytics.service")
 MAX_CONNECTIONS = 256
@@ -118,6 +119,7 @@ class Service:
         self.thread: threading.Thread | None = None
         self.url = ""
         self.requests = 0
+        self.throttle = Throttle()  # failed sign-ins, per address and overall (the API and the login form)
         self.alerting: Any = None  # the rule evaluation (Alerting), when --rules
         self._conclusions: tuple[float, dict[str, Any]] | None = None
 
@@ -131,8 +133,8 @@ class Service:
 
         sessions = Sessions(self.cfg.session_ttl)  # one store: the pages open sessions, the Guard checks them
         app = create_app(self.database, self.cfg.token, self.cfg.limits, lambda: self.ready, self.metrics_text,
-                         sessions=sessions)
-        return Guard(app, self.cfg.token, self.cfg.limits, count, sessions)
+                         sessions=sessions, throttle=self.throttle)
+        return Guard(app, self.cfg.token, self.cfg.limits, count, sessions, self.throttle)
 
     def metrics_text(self) -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest
@@ -201,6 +203,15 @@ class Service:
                     yield failed
                 yield from svc.conclusion_metrics()
                 yield CounterMetricFamily("cmdare_collector_http_requests", "API requests served", value=svc.requests)
+                fails = CounterMetricFamily("cmdare_collector_auth_failures",
+                                            "failed sign-ins by what failed (a bearer token, the login form, a "
+                                            "page cookie)", labels=("how",))
+                for how in HOW:
+                    fails.add_metric([how], svc.throttle.failures[how])
+                yield fails
+                yield CounterMetricFamily("cmdare_collector_auth_throttled",
+                                          "sign-in attempts answered 429 without being checked",
+                                          value=svc.throttle.throttled)
                 yield GaugeMetricFamily("cmdare_collector_ready", "1 once ingest runs", value=1.0 if svc.ready else 0.0)
 
         reg = CollectorRegistry(auto_describe=False)

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import html
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -132,11 +133,13 @@ def static_bytes(name: str) -> bytes:
     return res.read_bytes()
 
 
-def login_page(next_: str, failed: bool) -> str:
+def login_page(next_: str, failed: bool, wait: float = 0.0) -> str:
     msg = '<p class="bad">That token is not the collector\'s.</p>' if failed else ""
+    if wait > 0:
+        msg = f'<p class="bad">Too many failed sign-ins from this address: try again in {math.ceil(wait)} s.</p>'
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>sign in · cmdare</title>
 <link rel="stylesheet" href="/ui/static/style.css"></head><body class="login"><main>
-<h1>cmdare</h1><p>This collector asks for its API token (the one given with --api-token-file).</p>{msg}
+<h1>cmdare</h1><p>This collector asks for its API token (the one given with --http-token-file).</p>{msg}
 <form method="post" action="/ui/login"><input type="hidden" name="next" value="{html.escape(next_, quote=True)}">
 <label>token <input type="password" name="token" autocomplete="current-password" autofocus></label>
 <button type="submit">sign in</button></form></main></body></html>
@@ -159,10 +162,13 @@ def login_redirect(path: str, query: str) -> str:
     return "/ui/login?next=" + quote(path + ("?" + query if query else ""), safe="")
 
 
-def mount(app: Any, token: str | None, sessions: Sessions | None = None) -> None:
+def mount(app: Any, token: str | None, sessions: Sessions | None = None, throttle: Any = None) -> None:
     """The pages' routes on the collector's FastAPI app; ``sessions``: the signed-in browsers
-    (the Guard in front checks them)."""
+    (the Guard in front checks them); ``throttle``: failed sign-ins (analytics/throttle.py)."""
+    from cmdare.analytics.throttle import Throttle
+
     sessions = sessions if sessions is not None else Sessions()
+    throttle = throttle if throttle is not None else Throttle()
     headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
                "Cache-Control": "no-store"}
 
@@ -207,11 +213,18 @@ def mount(app: Any, token: str | None, sessions: Sessions | None = None) -> None
         got, nxt = parse_login(await request.body())
         if not token:
             return RedirectResponse(nxt, 303)
+        address = request.client.host if request.client else None
+        wait = throttle.wait(address)
+        if wait > 0:  # not even looked at
+            return HTMLResponse(login_page(nxt, False, wait), 429,
+                                headers={**headers, "Retry-After": str(math.ceil(wait))})
         if not hmac.compare_digest(got.encode(), token.encode()):
             import asyncio
 
-            await asyncio.sleep(LOGIN_DELAY)  # a guess costs time (each connection; the cap bounds them)
+            throttle.failed(address, "login")
+            await asyncio.sleep(LOGIN_DELAY)  # a guess costs time (each connection; the throttle bounds them)
             return HTMLResponse(login_page(nxt, True), 401, headers=headers)
+        throttle.succeeded(address)
         r = RedirectResponse(nxt, 303)
         r.set_cookie(COOKIE, sessions.open(token), max_age=int(sessions.ttl), httponly=True, samesite="strict",
                      path="/", secure=request.url.scheme == "https")
