@@ -186,6 +186,8 @@ def parse_value(s: Setting, where: str, v: Any) -> Any:
         return None
     if isinstance(v, tuple):  # a repeatable flag's values (click gives a tuple)
         v = list(v)
+    if s.option.kind == "str" and isinstance(v, str) and not v.strip():
+        raise ConfigError(f"{where}: empty (leave it out for the default)")
     x = s.option.parse(where, v)
     if s.key == "max_clock_skew" and x <= 0:
         raise ConfigError(f"{where}: {v!r} must be more than 0 (or off)")

@@ -142,7 +142,9 @@ class Location:
             d = Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve()
             if d.exists() and not d.is_dir():
                 raise LakeError(f"--lake {str(d)[:80]}: not a directory")
-            return cls(d.as_uri(), catalog or f"sqlite:///{d / 'catalog.db'}", d)
+            # the warehouse as a plain path: pyiceberg writes a file URI's %-escapes literally (a lake in
+            # "sp ace" had its files under "sp%20ace"); DuckDB reads the same plain paths
+            return cls(str(d), catalog or sqlite_url(d / "catalog.db"), d)
         if parsed.scheme in ("s3", "s3a", "gs", "gcs", "abfs", "abfss") and parsed.netloc:
             if parsed.username or parsed.password:
                 raise LakeError("--lake: credentials do not belong in the URI (use the cloud's environment)")
@@ -150,6 +152,13 @@ class Location:
                 raise LakeError(f"--lake {parsed.scheme}://...: an object-store lake needs --catalog postgresql://...")
             return cls(text.rstrip("/"), catalog, None)
         raise LakeError(f"--lake: unknown scheme {parsed.scheme[:20]!r} (a directory, s3://, gs://, abfs://)")
+
+
+def sqlite_url(path: Path) -> str:
+    """The SQLAlchemy URL of a SQLite file at any path (spaces, ``%``, ``?``, ``#``, unicode):
+    SQLite's own URI form (``file:`` + %-escapes, ``uri=true``), escaped once more because
+    SQLAlchemy unescapes a URL's database part before passing it on."""
+    return "sqlite:///file:" + urllib.parse.quote(urllib.parse.quote(str(path))) + "?uri=true"
 
 
 class Lake:
@@ -167,7 +176,11 @@ class Lake:
             if not loc.local.exists():
                 if not create:
                     raise LakeError(f"{loc.local}: no such lake (write one with cmdare-collector --lake)")
-                loc.local.mkdir(parents=True)
+                try:
+                    loc.local.mkdir(parents=True)
+                except OSError as e:
+                    raise LakeError(f"--lake {str(loc.local)[:80]}: cannot make the directory: "
+                                    f"{e.strerror or type(e).__name__}") from None
             elif not create and not (loc.local / "catalog.db").exists() and catalog is None:
                 raise LakeError(f"{loc.local}: not a lake (no catalog.db; write one with cmdare-collector --lake)")
         try:

@@ -158,6 +158,8 @@ def cli(ctx: click.Context, group_db: str | None, server: str | None, lake: str 
     ctx.ensure_object(dict)
     if server:
         ctx.obj["server"] = server
+    if lake is not None and not lake.strip():
+        raise click.BadParameter("empty: give the lake's directory or object-store URI", param_hint="--lake")
     if lake:
         if server or group_db:
             raise click.UsageError("--lake: give either a lake or a database (--db / --server), not both")
