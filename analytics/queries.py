@@ -156,11 +156,11 @@ def revocations(
                    lead(l.boot_time) OVER (PARTITION BY l.node ORDER BY l.boot_time) AS next_boot
             FROM revocations v ASOF LEFT JOIN lives l ON v.node = l.node AND v.ts >= l.boot_time),
         work AS (  -- per notice and job: the last step the node reported in that life
-            SELECT r.id, s.job, max(s.last_step) AS last_step, max(s.ts) AS last_step_ts
+            SELECT r.node AS rnode, r.id, s.job, max(s.last_step) AS last_step, max(s.ts) AS last_step_ts
             FROM r JOIN steps s ON s.node = r.node AND s.ts >= coalesce(r.booted, r.ts - INTERVAL 1 DAY)
-            GROUP BY r.id, s.job),
+            GROUP BY r.node, r.id, s.job),
         ck AS (  -- the job's last good save at or before that step
-            SELECT w.id, w.job, w.last_step, w.last_step_ts, max(c.step) AS ckpt_step,
+            SELECT w.rnode, w.id, w.job, w.last_step, w.last_step_ts, max(c.step) AS ckpt_step,
                    arg_max(c.ts, c.step) AS ckpt_ts, count(c.id) AS saves
             FROM work w LEFT JOIN checkpoints c ON c.job = w.job AND c.action = 'save' AND c.ok
                  AND c.step <= w.last_step AND c.ts <= w.last_step_ts
@@ -173,7 +173,7 @@ def revocations(
                ck.job, ck.last_step, ck.ckpt_step AS checkpoint_step,
                CASE WHEN ck.saves > 0 THEN ck.last_step - ck.ckpt_step END AS steps_lost,
                CASE WHEN ck.saves > 0 THEN round(epoch(ck.last_step_ts - ck.ckpt_ts), 1) END AS work_lost_s
-        FROM r LEFT JOIN ck ON ck.id = r.id
+        FROM r LEFT JOIN ck ON ck.id = r.id AND ck.rnode = r.node
         {"WHERE " + cond if cond else ""}
         ORDER BY r.ts, r.node, ck.job""",
         [lost_after, *params],

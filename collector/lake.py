@@ -326,7 +326,8 @@ class Lake:
         rows' time range only."""
         from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 
-        key = IDENTITY.get(name, ("id",) if "id" in rows.column_names else ())
+        key = IDENTITY.get(name, tuple(c for c in ("node", "id") if c in rows.column_names) if "id" in rows.column_names
+                           else ())  # an event is its sender's (node, id)
         col = time_column(name) if name != MARKER else None
         if not key or not rows.num_rows:
             return rows
@@ -427,7 +428,7 @@ def _append(t: Any, rows: pa.Table, props: dict[str, str]) -> None:
 def load_database(lake: Lake, con: duckdb.DuckDBPyConnection, source: str,
                   progress: Any = None) -> tuple[dict[str, int], dict[str, int]]:
     """Copy a database file's tables into the lake (cmdare-collector to-lake): the appended
-    tables exactly once by event id (a second run stores no event again), the tables
+    tables exactly once by event identity (node, id) (a second run stores no event again), the tables
     analyze writes replacing the lake's; (event rows stored, rows replaced) per table."""
     have = {storage.logical(t) for (t,) in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'").fetchall()}

@@ -11,9 +11,11 @@ One ``Writer.write(messages)`` call is one transaction:
    ``ingest.dead_letters``, the envelopes into ``ingest.nodes``, the caller's position
    (spool) into ``ingest_positions``.
 
-De-duplication: an event delivered twice carries the same id *and the same ts*, so a new
-row is dropped when a row with its id exists in the batch's ts range (an anti-join that
-zone maps keep cheap) or earlier in the same batch.  No unbounded in-memory index.
+De-duplication: an event delivered twice carries the same node, id *and ts*, so a new row
+is dropped when a row of its node with its id exists in the batch's ts range (an anti-join
+that zone maps keep cheap) or earlier in the same batch.  An event's identity is its
+sender's (node, id): a sender that reuses another node's ids loses nothing of either.  No
+unbounded in-memory index.
 """
 
 from __future__ import annotations
@@ -259,7 +261,7 @@ class Writer:
             con.execute(ev_view(s.row_types, s.has_rows, s.has_json))
             lines_n, env_dead, valid, repeats = con.execute(
                 "SELECT count(*), count(reason), count(*) - count(reason), "
-                "count(id) FILTER (WHERE reason IS NULL) - count(DISTINCT id) FILTER (WHERE reason IS NULL) "
+                "count(id) FILTER (WHERE reason IS NULL) - count(DISTINCT (node, id)) FILTER (WHERE reason IS NULL) "
                 "FROM _ev"
             ).fetchone()
             res.lines += lines_n
@@ -314,7 +316,7 @@ class Writer:
             INSERT INTO {storage.stored(table)} (id, ts, node, job, {", ".join(f'"{c}"' for c in stored)})
             SELECT id, ts, node, job, {", ".join(exprs)} FROM {src} s
             WHERE reason IS NULL AND NOT EXISTS (
-                SELECT 1 FROM {storage.stored(table)} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id)""",
+                SELECT 1 FROM {storage.stored(table)} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id AND x.node = s.node)""",
             [lo, hi],
         ).fetchone()
         if inserted and table in rollup.SOURCES:
@@ -335,8 +337,8 @@ class Writer:
             INSERT INTO clock_skew
             SELECT id, ts, node, '{table}', $now, epoch(ts) - epoch($now::TIMESTAMP) FROM {src} s
             WHERE reason IS NULL AND (ts < $w0 OR ts > $w1)
-              AND NOT EXISTS (SELECT 1 FROM {table} x WHERE x.ts BETWEEN $lo AND $hi AND x.id = s.id)
-              AND NOT EXISTS (SELECT 1 FROM clock_skew c WHERE c.id = s.id)""",
+              AND NOT EXISTS (SELECT 1 FROM {table} x WHERE x.ts BETWEEN $lo AND $hi AND x.id = s.id AND x.node = s.node)
+              AND NOT EXISTS (SELECT 1 FROM clock_skew c WHERE c.id = s.id AND c.node = s.node)""",
             {"now": self._now, "w0": self._window[0], "w1": self._window[1], "lo": lo, "hi": hi},
         ).fetchone()
         return n
@@ -349,7 +351,7 @@ class Writer:
                    NULL::VARCHAR AS reason
             FROM (SELECT * FROM _evj WHERE reason IS NULL AND type NOT IN ({known})) e
             JOIN _batch b ON b.origin = e.origin AND b.line_no = e.line_no
-            QUALIFY row_number() OVER (PARTITION BY e.id ORDER BY e.origin, e.line_no) = 1""")
+            QUALIFY row_number() OVER (PARTITION BY e.node, e.id ORDER BY e.origin, e.line_no) = 1""")
         return self._insert_dedup("unknown_events", ["type", "data"], "_t", res)
 
 

@@ -138,7 +138,7 @@ def fast_sql(type_: str, present: tuple[str, ...]) -> tuple[list[str], str, str]
         values.append(val)
     checks = [f"coalesce(bool_and(coalesce({' AND '.join(oks)}, false)), true)"]
     checks += [f"(SELECT coalesce(bool_and(ok), true) FROM _k_{type_}_{i})" for i in range(len(distinct))]
-    check = f"""SELECT {" AND ".join(checks)}, count(*) - count(DISTINCT c.id),
+    check = f"""SELECT {" AND ".join(checks)}, count(*) - count(DISTINCT (c.node, c.id)),
         make_timestamp(TRY_CAST(round(min(c.ts) * 1e6) AS BIGINT)),
         make_timestamp(TRY_CAST(round(max(c.ts) * 1e6) AS BIGINT)), count(*)
     FROM _cf_{type_} c"""
@@ -149,7 +149,8 @@ def fast_sql(type_: str, present: tuple[str, ...]) -> tuple[list[str], str, str]
     insert = f"""INSERT INTO {storage.stored(table)} (id, ts, node, job{cols})
     SELECT c.id, make_timestamp(TRY_CAST(round(c.ts * 1e6) AS BIGINT)), c.node, c.job{"".join(", " + v for v in exprs)}
     FROM _cf_{type_} c{joins}
-    WHERE NOT EXISTS (SELECT 1 FROM {storage.stored(table)} x WHERE x.ts BETWEEN ? AND ? AND x.id = c.id)"""
+    WHERE NOT EXISTS (SELECT 1 FROM {storage.stored(table)} x WHERE x.ts BETWEEN ? AND ? AND x.id = c.id
+                      AND x.node = c.node)"""
     return lookups, check, insert
 
 

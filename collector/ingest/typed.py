@@ -67,8 +67,8 @@ SELECT * FROM ({" UNION ALL ".join(parts)})
     return sql, list(fields)
 
 
-# the window is costly: used only for a batch that holds the same id twice
-_FIRST_OF_ID = "QUALIFY row_number() OVER (PARTITION BY id ORDER BY origin, line_no) = 1"
+# the window is costly: used only for a batch that holds the same (node, id) twice
+_FIRST_OF_ID = "QUALIFY row_number() OVER (PARTITION BY node, id ORDER BY origin, line_no) = 1"
 # (type, de-duplicate in the batch, has JSON lines, has rows) -> (SQL making _t, columns)
 TYPE_SQL = {
     (t, dedup, js, rows): _type_sql(t, dedup, js, rows)
