@@ -29,7 +29,10 @@ from .rulefmt import (
 )
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-MAX_INSTANCES = 10_000
+MAX_INSTANCES = 10_000  # rows (alert instances) one rule may return
+MAX_RESULT_BYTES = 2 << 20  # characters of labels in all its rows (a state file, a receiver's batch)
+CHECK_TIMEOUT = 10.0  # seconds a rule's SQL may run when rules are checked or loaded
+FETCH = 512  # rows fetched at a time: a result past a bound stops at the first chunk over it
 
 
 def prepare(con: duckdb.DuckDBPyConnection, at: dt.datetime, horizon: dt.datetime | None = None,
@@ -79,10 +82,17 @@ def columns_of(con: duckdb.DuckDBPyConnection, rule: Rule) -> list[str]:
 def validate(con: duckdb.DuckDBPyConnection, groups: list[Group]) -> None:
     """Every rule's SQL parses and binds against this database, and its templates name
     columns it has."""
-    prepare(con, utcnow())
+    at = utcnow()
+    prepare(con, at)
     for g in groups:
         for r in g.rules:
             cols = columns_of(con, r)
+            if not r.finding:  # its result now, within the bounds (a rule past them would never alert)
+                try:
+                    evaluate(con, r, at, timeout=CHECK_TIMEOUT)
+                except RuleError as e:
+                    if "stopped after" not in str(e):  # slow here is no error: the live evaluation has its own limit
+                        raise RuleError(f"{r.where()}: {e}") from None
             have = set(cols) | set(r.labels) | {"alertname"}
             for k, text in {**r.labels, **r.annotations}.items():
                 for m in TEMPLATE.finditer(text):
@@ -114,29 +124,53 @@ def evaluate(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, timeou
     from ..safesql import interrupt_after
 
     prepare(con, at, horizon, lag)
+    out: list[Instance] = []
+    size = 0
     with interrupt_after(con, timeout) as fired:
         try:
             cur = con.execute(rule.expr)  # type: ignore[arg-type]
             cols = [d[0] for d in cur.description or []]
-            rows = cur.fetchmany(MAX_INSTANCES + 1)
+            vi = cols.index("value") if "value" in cols else None
+            n = 0
+            while chunk := cur.fetchmany(FETCH):
+                n += len(chunk)
+                if n > MAX_INSTANCES:
+                    raise RuleError(f"expr returned more than {MAX_INSTANCES:,} rows (alert instances): narrow it")
+                for row in chunk:
+                    inst = _instance(cols, vi, row, n)
+                    if inst is not None:
+                        size += sum(len(k) + len(x) for k, x in inst.labels.items())
+                        out.append(inst)
+                if size > MAX_RESULT_BYTES:
+                    raise RuleError(f"expr's labels hold more than {MAX_RESULT_BYTES >> 20} MiB in "
+                                    f"{len(out):,} rows: narrow it (fewer rows or shorter labels)")
         except duckdb.Error as e:
             if fired.is_set():
                 raise RuleError(f"expr stopped after {timeout:g} s") from None
             raise RuleError(f"expr failed: {_first(e)}") from None
-    if len(rows) > MAX_INSTANCES:
-        raise RuleError("expr returned more than 10,000 rows (alert instances): narrow it")
-    out = []
-    vi = cols.index("value") if "value" in cols else None
-    for row in rows:
-        v = 1.0 if vi is None else row[vi]
-        if v is None:
-            continue  # no value: no instance (as a PromQL comparison that filtered it)
-        v = float(v)
-        if math.isnan(v):
-            continue
-        labels = {c: "" if x is None else str(x)[:MAX_TEXT] for i, (c, x) in enumerate(zip(cols, row, strict=True)) if i != vi}
-        out.append(Instance(labels, v))
     return out
+
+
+def _instance(cols: list[str], vi: int | None, row: tuple[Any, ...], n: int) -> Instance | None:
+    """One row as an instance (None: no value, as a PromQL comparison that filtered it out);
+    a label over MAX_TEXT characters is refused, not cut (rows differing past the cut would
+    merge into one alert)."""
+    v = 1.0 if vi is None else row[vi]
+    if v is None:
+        return None
+    v = float(v)
+    if math.isnan(v):
+        return None
+    labels = {}
+    for i, (c, x) in enumerate(zip(cols, row, strict=True)):
+        if i == vi:
+            continue
+        text = "" if x is None else str(x)
+        if len(text) > MAX_TEXT:
+            raise RuleError(f"expr: label {c} is longer than {MAX_TEXT:,} characters (row {n:,} or before): "
+                            "refused, not cut")
+        labels[c] = text
+    return Instance(labels, v)
 
 
 _SEV = {s: i for i, s in enumerate(SEVERITIES)}

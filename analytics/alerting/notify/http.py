@@ -28,6 +28,13 @@ _NEVER = dt.datetime(1970, 1, 1)
 # the documented delivery bounds (docs/alerts.md, "Delivery"): one exchange's whole time, the
 # backoff's cap, a firing alert's default repeat
 TIMEOUT, BACKOFF_MAX, RESEND = 5.0, 30.0, 60.0
+MAX_ITEMS = 500  # alerts one delivery carries: a bulk group goes in parts
+
+
+def _urgent(it: Item) -> bool:
+    """Critical alerts (a revocation, a lost node, a crash) go before everything else, in
+    a delivery of their own: never behind a bulk group."""
+    return it.body.get("labels", {}).get("severity") == "critical"
 
 
 @dataclass
@@ -134,7 +141,7 @@ class Receiver:
                     self._cv.wait()
                 if self._stop and not self._batch:
                     return
-                batch, self._batch = self._batch, {}
+                batch = self._take()
                 self._sending = True
             try:
                 self._deliver([it.body for it in batch.values()])
@@ -164,6 +171,14 @@ class Receiver:
             if self.engine is not None:
                 self.engine.delivered([(it.key, it.episode, it.resolved) for it in batch.values()], now)
             self._sending = False
+
+    def _take(self) -> dict[tuple[str, str], Item]:
+        """The next delivery (under the lock): the critical alerts queued, else at most
+        MAX_ITEMS of the rest, oldest first; what is left waits for the next one."""
+        keys = [k for k, it in self._batch.items() if _urgent(it)][:MAX_ITEMS]
+        if not keys:
+            keys = list(self._batch)[:MAX_ITEMS]
+        return {k: self._batch.pop(k) for k in keys}
 
     def idle(self) -> bool:
         """Nothing queued and nothing being sent."""
