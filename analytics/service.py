@@ -364,22 +364,49 @@ def _connection_cap(nofile: int, wanted: int) -> int:
 
 
 def _guarded(max_connections: int, request_timeout: float) -> type:
-    """uvicorn's h11 protocol with a cap on open connections (one past it is closed at
-    once: no file descriptor held) and a deadline for each request to arrive whole."""
+    """uvicorn's h11 protocol with fair connections: at most ``max_connections`` open, at
+    most a quarter of them from one address (an IPv6 host: its /64), a deadline for each
+    request to arrive whole. A connection past a cap takes the place of the one that has
+    waited longest without a request (still sending its headers, or idle between
+    requests: a slow-header attack's, or a keep-alive nobody uses); with none such it is
+    closed at once (no file descriptor held). So connections that trickle their headers
+    cannot lock out clients whose requests arrive whole, from another address or their own."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from .throttle import Throttle
+
+    per_address = max(4, max_connections // 4)
+
+    def waiting(c: Any) -> bool:  # no request being answered: only headers, or nothing, arrived
+        return c.conn.their_state == h11.IDLE and (c.cycle is None or c.cycle.response_complete)
 
     class Guarded(H11Protocol):  # type: ignore[misc]
         refused = 0
         timed_out = 0
+        evicted = 0
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            if len(self.connections) >= max_connections:
-                Guarded.refused += 1
-                transport.abort()
-                return
+            peer = transport.get_extra_info("peername")
+            self._who = Throttle.key(peer[0] if isinstance(peer, tuple) and peer else None)
+            mine = [c for c in self.connections if getattr(c, "_who", None) == self._who]
+            for pool, cap in ((mine, per_address), (self.connections, max_connections)):
+                if len(pool) >= cap:
+                    old = min((c for c in pool if waiting(c)), key=lambda c: c._waiting_since, default=None)
+                    if old is None:
+                        Guarded.refused += 1
+                        transport.abort()
+                        return
+                    Guarded.evicted += 1
+                    old.transport.abort()
+                    old._gone()
             super().connection_made(transport)
+            self._waiting_since = self.loop.time()
             self._deadline = self.loop.call_later(request_timeout, self._too_slow)
+
+        def _gone(self) -> None:  # out of the count now (connection_lost comes later)
+            self.connections.discard(self)
+            self._stop_deadline()
 
         def _too_slow(self) -> None:
             if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and (self.cycle is None or not self.cycle.response_started):
@@ -394,6 +421,7 @@ def _guarded(max_connections: int, request_timeout: float) -> type:
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._stop_deadline()
+            self._waiting_since = self.loop.time()
             if not self.transport.is_closing():
                 self._deadline = self.loop.call_later(request_timeout, self._too_slow)
 

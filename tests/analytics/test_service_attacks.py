@@ -282,3 +282,66 @@ def test_table_filters_through_the_api_are_typed_and_bounded(served) -> None:
     assert code == 200 and out["rows"] == []  # a job's name is a value, never SQL
     code, out = call(url, "/api/v1/tpus")
     assert code == 200 and "duty_pct" in out["columns"]
+
+
+class _Slowloris:
+    """Connections that send a header line now and then and never finish, re-opened as
+    soon as the server closes them, from ``source``."""
+
+    def __init__(self, port: int, n: int, source: str = "127.0.0.1") -> None:
+        self.port, self.n, self.source = port, n, source
+        self.stop = threading.Event()
+        self.opened = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self) -> socket.socket | None:
+        try:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=2, source_address=(self.source, 0))
+            s.sendall(b"GET /api/v1/nodes HTTP/1.1\r\nHost: x\r\n")
+            self.opened += 1
+            return s
+        except OSError:
+            return None
+
+    def _run(self) -> None:
+        socks = [s for s in (self._open() for _ in range(self.n)) if s]
+        while not self.stop.is_set():
+            for i, s in enumerate(socks):
+                try:
+                    s.sendall(b"X-a: b\r\n")
+                except OSError:
+                    s.close()
+                    socks[i] = self._open() or s
+            self.stop.wait(0.3)
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.slow  # holds an attack for seconds
+def test_slow_header_connections_cannot_lock_out_whole_requests(served) -> None:
+    """Three times the cap of slow-header connections from one address, re-opened as they
+    are closed: requests that arrive whole, from that address or another, are answered."""
+    _, url, svc = served
+    port = int(url.rsplit(":", 1)[1])
+    attack = _Slowloris(port, 120)
+    attack.thread.start()
+    try:
+        time.sleep(1.0)
+        codes = []
+        for i in range(30):
+            src = "127.0.0.2" if i % 2 else "127.0.0.1"
+            t = time.monotonic()
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(src, 0))
+                conn.sendall(b"GET /api/v1/nodes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                head = conn.recv(64)
+                conn.close()
+                codes.append((head[:12], time.monotonic() - t))
+            except OSError as e:
+                codes.append((repr(e).encode()[:12], time.monotonic() - t))
+        assert len(svc.server.server_state.connections) <= 41
+    finally:
+        attack.stop.set()
+        attack.thread.join(10)
+    assert [c for c, _ in codes] == [b"HTTP/1.1 200"] * 30, codes
+    assert attack.opened > 120  # the attacker's connections were closed and re-opened meanwhile
