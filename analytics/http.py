@@ -10,7 +10,6 @@ time are bounded (``Limits``; docs/service.md). Errors are ``{"error": "one line
 from __future__ import annotations
 
 import datetime as dt
-import hmac
 import inspect
 import json
 import math
@@ -29,6 +28,7 @@ from .db import AnalyticsError, Database
 from .resources import RESOURCES, Resource, Since, Stamp, Until
 from .routing import RawNames, named
 from .throttle import Throttle
+from .tokens import Tokens, needs_admin
 
 ARROW = "application/vnd.apache.arrow.stream"
 EXCERPT = 200  # characters of client input an error may quote
@@ -110,11 +110,12 @@ class Guard:
     """Bearer token (scheme case-insensitive, RFC 7235) and the body limit, before any
     route runs. Pure ASGI: a refused request costs no body read."""
 
-    def __init__(self, app: Any, token: str | None, limits: Limits, counter: Callable[[], None],
+    def __init__(self, app: Any, token: Tokens | str | None, limits: Limits, counter: Callable[[], None],
                  sessions: Any = None, throttle: Throttle | None = None) -> None:
         from cmdare.dashboards.sessions import Sessions
 
-        self.app, self.token, self.limits, self.counter = app, token, limits, counter
+        self.app, self.limits, self.counter = app, limits, counter
+        self.token = Tokens.of(token)
         self.sessions = sessions if sessions is not None else Sessions()
         self.throttle = throttle if throttle is not None else Throttle()
 
@@ -138,10 +139,15 @@ class Guard:
                                    429, {"Retry-After": secs})(scope, receive, send)
                 return
             scheme, _, got = presented.decode("latin-1").partition(" ")
-            bearer = scheme.lower() == "bearer" and hmac.compare_digest(got.strip().encode(), self.token.encode())
+            bearer = self.token.match(got.strip()) if scheme.lower() == "bearer" else None
             sid = session_id(headers)
             if bearer:
                 self.throttle.succeeded(address)
+                if bearer.scope != "admin" and needs_admin(scope["method"], path):
+                    await JSONResponse({"error": f"token {bearer.name}: its scope is {bearer.scope}; "
+                                                 f"{scope['method']} {path[:80]} needs an admin token"},
+                                       403)(scope, receive, send)
+                    return
             # the pages' session cookie reads (GET, HEAD) and never writes
             elif not (scope["method"] in ("GET", "HEAD") and self.sessions.check(sid, self.token)):
                 if presented:
@@ -209,10 +215,11 @@ def _too_large(limit: int) -> Response:
 
 # -- the app ----------------------------------------------------------------------------------
 
-def create_app(db: Database, token: str | None = None, limits: Limits | None = None,
+def create_app(db: Database, token: Tokens | str | None = None, limits: Limits | None = None,
                ready: Callable[[], bool] = lambda: True, metrics: Callable[[], bytes] | None = None,
                count: Callable[[], None] = lambda: None, sessions: Any = None,
                throttle: Throttle | None = None) -> FastAPI:
+    token = Tokens.of(token)
     """The collector's API over ``db``: the service routes, every resource of the table
     (cmdare.analytics.resources), and the pages."""
     lim = limits or Limits()

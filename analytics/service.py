@@ -31,6 +31,7 @@ from .client import TOKEN_ENV, service_file
 from .db import Database
 from .http import Limits, create_app
 from .throttle import HOW, Throttle
+from .tokens import TokenError, Tokens
 
 log = logging.getLogger("cmdare.analytics.service")
 MAX_CONNECTIONS = 256
@@ -42,7 +43,7 @@ REQUEST_TIMEOUT = 10.0
 class HttpConfig:
     host: str
     port: int
-    token: str | None = None
+    token: Tokens | str | None = None  # analytics/tokens.py (a file's, re-read when it changes), or one token
     tls_cert: str | None = None
     tls_key: str | None = None
     max_connections: int = MAX_CONNECTIONS
@@ -79,14 +80,12 @@ def parse_http(value: str, token_file: str | None = None, tls_cert: str | None =
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"--http: expected ADDR:PORT (e.g. 127.0.0.1:8765) or off, got {value!r}")
-    token = None
+    token: Tokens | str | None = None
     if token_file:
         try:
-            token = Path(token_file).read_text().strip()
-        except OSError as e:
-            raise ValueError(f"--http-token-file {token_file}: cannot read: {e.strerror}") from None
-        if not token:
-            raise ValueError(f"--http-token-file {token_file}: the file is empty")
+            token = Tokens.load(token_file)
+        except TokenError as e:
+            raise ValueError(f"--http-token-file {e}") from None
     elif os.environ.get(TOKEN_ENV):
         token = os.environ[TOKEN_ENV].strip()
     if bool(tls_cert) != bool(tls_key):

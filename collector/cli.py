@@ -116,6 +116,29 @@ def migrate(db: str) -> None:
     con.close()
 
 
+@cli.command("token-hash")
+@click.option("--name", default="token", show_default=True, help="the token's name (what logs and errors say)")
+@click.option("--scope", type=click.Choice(["read", "admin"]), default="read", show_default=True,
+              help="read: every GET, SQL and rule checks; admin: writes too (fits, imports, stored findings)")
+def token_hash(name: str, scope: str) -> None:
+    """Read a token from stdin and print its [[token]] table for --http-token-file (its
+    SHA-256, never the token; docs/service.md).
+
+    Example:
+      openssl rand -hex 24 | tee ops.token | cmdare-collector token-hash --name ops --scope admin >> tokens.toml
+    """
+    import sys
+
+    from cmdare.analytics.tokens import _NAME, digest
+
+    if not _NAME.match(name):
+        raise click.BadParameter("1 to 64 of A-Z a-z 0-9 _ . @ -", param_hint="--name")
+    secret = sys.stdin.read(4097).strip()
+    if not secret or len(secret) > 4096 or any(ord(c) < 32 for c in secret):
+        raise click.UsageError("give the token on stdin: one line of 1 to 4,096 printable characters")
+    click.echo(f'[[token]]\nname = "{name}"\nscope = "{scope}"\nsha256 = "{digest(secret)}"\n')
+
+
 cli.add_command(lakecli.maintain)
 cli.add_command(lakecli.to_lake)
 

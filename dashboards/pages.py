@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import html
 import json
 import math
@@ -162,11 +161,13 @@ def login_redirect(path: str, query: str) -> str:
     return "/ui/login?next=" + quote(path + ("?" + query if query else ""), safe="")
 
 
-def mount(app: Any, token: str | None, sessions: Sessions | None = None, throttle: Any = None) -> None:
+def mount(app: Any, token: Any, sessions: Sessions | None = None, throttle: Any = None) -> None:
     """The pages' routes on the collector's FastAPI app; ``sessions``: the signed-in browsers
     (the Guard in front checks them); ``throttle``: failed sign-ins (analytics/throttle.py)."""
     from cmdare.analytics.throttle import Throttle
+    from cmdare.analytics.tokens import Tokens
 
+    token = Tokens.of(token)  # the API's tokens (analytics/tokens.py), or None
     sessions = sessions if sessions is not None else Sessions()
     throttle = throttle if throttle is not None else Throttle()
     headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
@@ -218,7 +219,8 @@ def mount(app: Any, token: str | None, sessions: Sessions | None = None, throttl
         if wait > 0:  # not even looked at
             return HTMLResponse(login_page(nxt, False, wait), 429,
                                 headers={**headers, "Retry-After": str(math.ceil(wait))})
-        if not hmac.compare_digest(got.encode(), token.encode()):
+        who = token.match(got)
+        if who is None:
             import asyncio
 
             throttle.failed(address, "login")
@@ -226,7 +228,7 @@ def mount(app: Any, token: str | None, sessions: Sessions | None = None, throttl
             return HTMLResponse(login_page(nxt, True), 401, headers=headers)
         throttle.succeeded(address)
         r = RedirectResponse(nxt, 303)
-        r.set_cookie(COOKIE, sessions.open(token), max_age=int(sessions.ttl), httponly=True, samesite="strict",
+        r.set_cookie(COOKIE, sessions.open(who), max_age=int(sessions.ttl), httponly=True, samesite="strict",
                      path="/", secure=request.url.scheme == "https")
         return r
 

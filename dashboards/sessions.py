@@ -4,8 +4,8 @@ the fingerprint of the token it signed in with and when it expires.
 
 - a session ends when it expires (``--session-ttl``, default 12 h), when the browser signs
   out (``POST /ui/logout``), when the token it signed in with is no longer the collector's
-  (rotated: a restart with a new token file), and when the collector restarts (the store
-  is memory: sign in again);
+  (removed from the token file or given a new secret: analytics/tokens.py), and when the
+  collector restarts (the store is memory: sign in again);
 - the store is bounded (``MAX_SESSIONS``; the oldest session goes first), so sign-ins
   cannot grow the collector;
 - the session id is never stored: the store is keyed by its SHA-256, and a cookie is
@@ -15,12 +15,12 @@ the fingerprint of the token it signed in with and when it expires.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 COOKIE = "cmdare_session"
 SESSION_TTL = 12 * 3600.0  # seconds a sign-in lasts
@@ -28,9 +28,14 @@ MAX_SESSIONS = 10_000  # sessions kept at once; the oldest goes first
 MAX_COOKIE_HEADER = 8192  # bytes of a Cookie header looked at
 
 
-def fingerprint(token: str) -> str:
-    """What a session remembers of its token (never the token)."""
-    return hashlib.sha256(b"cmdare-ui-token-v2\0" + token.encode()).hexdigest()
+def _who(token: Any) -> tuple[str, str]:
+    """What a session remembers of its token: its name and SHA-256 (never the token);
+    ``token``: an analytics.tokens.Token, or a token's text."""
+    from cmdare.analytics.tokens import Tokens
+
+    if isinstance(token, str):
+        (token,) = Tokens.of(token).all()  # type: ignore[union-attr]
+    return token.name, token.sha256
 
 
 def _key(sid: str) -> str:
@@ -55,25 +60,30 @@ class Sessions:
         if not ttl > 0 or max_sessions < 1:
             raise ValueError("a session lasts more than 0 s and the store holds at least one")
         self.ttl, self.max_sessions, self.clock = ttl, max_sessions, clock
-        self._by_key: OrderedDict[str, tuple[str, float]] = OrderedDict()  # key -> (fingerprint, expiry)
+        self._by_key: OrderedDict[str, tuple[tuple[str, str], float]] = OrderedDict()  # key -> (who, expiry)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def open(self, token: str) -> str:
-        """A new session for a browser that gave ``token``: its id, for the cookie."""
+    def open(self, token: Any) -> str:
+        """A new session for a browser that gave ``token`` (a Token, or a token's text): its
+        id, for the cookie."""
+        who = _who(token)
         sid = secrets.token_urlsafe(32)
         now = self.clock()
         with self._lock:
             self._prune(now)
             while len(self._by_key) >= self.max_sessions:
                 self._by_key.popitem(last=False)
-            self._by_key[_key(sid)] = (fingerprint(token), now + self.ttl)
+            self._by_key[_key(sid)] = (who, now + self.ttl)
         return sid
 
-    def check(self, sid: str | None, token: str) -> bool:
-        """Whether ``sid`` is a live session signed in with ``token``."""
+    def check(self, sid: str | None, tokens: Any) -> bool:
+        """Whether ``sid`` is a live session signed in with a token ``tokens`` still holds
+        (an analytics.tokens.Tokens, or one token's text)."""
+        from cmdare.analytics.tokens import Tokens
+
         if not sid:
             return False
         k = _key(sid)
@@ -81,11 +91,12 @@ class Sessions:
             got = self._by_key.get(k)
             if got is None:
                 return False
-            fp, expiry = got
+            (name, sha), expiry = got
             if self.clock() >= expiry:
                 del self._by_key[k]
                 return False
-        return hmac.compare_digest(fp, fingerprint(token))
+        held = Tokens.of(tokens)
+        return held is not None and held.holds(name, sha)
 
     def close(self, sid: str | None) -> bool:
         """Sign-out: the session ends (True when there was one)."""

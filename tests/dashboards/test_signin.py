@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from cmdare.analytics.db import Database
 from cmdare.analytics.http import Guard, Limits, create_app
 from cmdare.collector.db import connect
-from cmdare.dashboards.sessions import COOKIE, MAX_SESSIONS, SESSION_TTL, Sessions, fingerprint, session_id
+from cmdare.analytics.tokens import digest
+from cmdare.dashboards.sessions import COOKIE, MAX_SESSIONS, SESSION_TTL, Sessions, session_id
 
 TOKEN = "s3cret-token"
 
@@ -47,7 +48,7 @@ def test_the_exact_session_id_signs_in() -> None:
     "{COOKIE}={sid}0",  # the id and more
     "{COOKIE}={SID}",
     f"{COOKIE}={TOKEN}",  # the token itself is not a session
-    f"{COOKIE}={fingerprint(TOKEN)}",  # nor what the store keeps of it
+    f"{COOKIE}={digest(TOKEN)}",  # nor what the store keeps of it
     "{COOKIE}={key}",  # nor the store's key of the session
     f"{COOKIE.upper()}={{sid}}",  # another cookie's name
     f"x{COOKIE}={{sid}}",
