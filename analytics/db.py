@@ -232,14 +232,29 @@ def every_seconds(text: str | None) -> float | None:
 
 def read_text_file(path: str | Path, limit: int, what: str, where: str = "",
                    error: type[AnalyticsError] = AnalyticsError) -> str:
-    """A text file of at most ``limit`` bytes (read no further); ``error`` (one line,
-    starting with ``where``, default the path) never quotes the file's content."""
+    """A regular text file of at most ``limit`` bytes (read no further: a FIFO, a device or
+    a socket is refused without waiting on it); ``error`` (one line, starting with
+    ``where``, default the path) never quotes the file's content."""
+    import stat
+
     where = where or str(path)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open does not wait for a writer
+    except OSError as e:
+        raise error(f"{where}: cannot read: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+            raise error(f"{where}: {kind}, not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
             data = f.read(limit + 1)
     except OSError as e:
         raise error(f"{where}: cannot read: {e.strerror}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(data) > limit:
         size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB" if limit >= 1 << 10 else f"{limit} bytes"
         raise error(f"{where}: larger than {size}: not {what}")

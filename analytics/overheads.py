@@ -25,6 +25,7 @@ import hashlib
 import io
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,8 @@ def _value(col: Column, text: str, where: str) -> Any:
         x = float(text)
     except ValueError:
         raise AnalyticsError(f"{where}: {col.name} {one_line(text, 24)!r} is not a number") from None
+    if x != 0 and abs(x) < sys.float_info.min:  # subnormal: no measurement is that small, a typo or an attack
+        raise AnalyticsError(f"{where}: {col.name} {one_line(text, 24)!r} is too small to be a measurement")
     if not math.isfinite(x) or x < col.lo or x > col.hi or (col.positive and x <= col.lo):
         rng = f"{'above' if col.positive else 'at least'} {col.lo:g} and at most {col.hi:g}"
         raise AnalyticsError(f"{where}: {col.name} {one_line(text, 24)!r} is out of range ({rng})")
@@ -141,6 +144,9 @@ def parse(kind: str, text: str, name: str) -> list[dict[str, Any]]:
     except csv.Error as e:
         raise AnalyticsError(f"{name}: line 1: not CSV ({e})") from None
     header = [h.strip().lstrip("\ufeff").lower() for h in header]
+    twice = sorted({h for h in header if h and header.count(h) > 1})
+    if twice:
+        raise AnalyticsError(f"{name}: line 1: column {one_line(twice[0], 40)!r} appears twice in the header")
     missing = [c.name for c in cols if c.required and c.name not in header]
     if missing:
         raise AnalyticsError(f"{name}: missing required column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "

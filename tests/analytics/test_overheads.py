@@ -385,3 +385,25 @@ def test_predict_startup_answers_from_the_starts_fit_overhead_lists(demo_db: Pat
     assert same["prediction"] == pytest.approx(g["mean"]) and "agents' measured VM start-ups" in same["from"]
     far = predict("--region", "asia-south1", "--purchase", "spot", "--gpu-type", "h100")
     assert far["extrapolated"] is True and "never measured" in far["extrapolation"][0]
+
+
+def test_a_fifo_a_duplicate_header_and_a_subnormal_value_are_one_line(tmp_path: Path) -> None:
+    import os
+
+    from cmdare.analytics import overheads
+    from cmdare.analytics.db import AnalyticsError
+
+    fifo = tmp_path / "ckpt.csv"
+    os.mkfifo(fifo)  # nothing ever writes it: the import must not wait
+    with pytest.raises(AnalyticsError, match=r"ckpt.csv: a FIFO, not a regular file$"):
+        overheads.read("checkpoints", [fifo])
+    dup = tmp_path / "dup.csv"
+    dup.write_text("model,size_mb,save_s,size_mb\nresnet,10,1,20\n")
+    with pytest.raises(AnalyticsError, match=r"dup.csv: line 1: column 'size_mb' appears twice in the header$"):
+        overheads.read("checkpoints", [dup])
+    tiny = tmp_path / "tiny.csv"
+    tiny.write_text("model,size_mb,save_s\nresnet,10,1\nresnet,1e-320,1\n")
+    with pytest.raises(AnalyticsError, match=r"tiny.csv: line 3: size_mb '1e-320' is too small to be a measurement$"):
+        overheads.read("checkpoints", [tiny])
+    tiny.write_text("model,size_mb,save_s\nresnet,2.3e-308,1\n")  # the smallest normal double and up: a number
+    assert overheads.read("checkpoints", [tiny]).rows[0]["size_mb"] == 2.3e-308
