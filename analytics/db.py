@@ -180,14 +180,15 @@ def in_time_range(t: dt.datetime) -> bool:
 
 
 def _ago(flag: str, text: str, seconds: float, now: dt.datetime | None) -> dt.datetime:
+    """``seconds`` before ``now``; a duration reaching before 1970 (``--since 100000d``:
+    everything) is 1970-01-01."""
     now = now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    if not in_time_range(now):
+        raise AnalyticsError(f"{flag}: this machine's clock ({now:%Y-%m-%d}) is not {TIME_RANGE}")
     try:
-        t = now - dt.timedelta(seconds=seconds)
+        return max(EARLIEST, now - dt.timedelta(seconds=seconds))
     except OverflowError:
-        t = dt.datetime.min
-    if not in_time_range(t):
-        raise AnalyticsError(f"{flag}: {text[:40]!r} ago is not {TIME_RANGE}")
-    return t
+        return EARLIEST
 
 
 def since_cutoff(since: str | None, now: dt.datetime | None = None) -> dt.datetime | None:

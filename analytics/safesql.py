@@ -16,6 +16,15 @@ the database and nothing else.
   ``CREATE``, several statements, nothing) is refused with one line naming what it was.
 - A row limit (``max_rows``: the first rows are kept and the result says it was cut) and a
   time limit (the query is interrupted; one line says so).
+- A size limit checked inside DuckDB, before a value reaches Python: a row whose text,
+  binary and nested values hold more than ``max_bytes`` stops the query in one line
+  (``SELECT string_agg(repeat('x', 100000000), '') FROM range(20)`` is refused; it grew
+  the collector past 6 GB). Rows under it are summed as they are fetched and the result is
+  cut at ``max_bytes`` (``cut_by: bytes``).
+- A memory limit: while the query runs and its rows are fetched, the process's resident
+  memory is sampled every 20 ms, and a query that grows it by more than ``MEMORY`` (1 GiB)
+  is interrupted (one line). DuckDB cannot be read by a second process while the collector
+  writes it, so queries run in the collector's process; this is their bound there.
 """
 
 from __future__ import annotations
@@ -43,6 +52,10 @@ MAX_ROWS = 10_000
 TIMEOUT = 30.0
 MAX_BYTES = 64 << 20  # a result's size (strings by their length, other values 8 bytes)
 MAX_QUERY = 100_000  # characters of SQL text
+MEMORY = 1 << 30  # bytes a query may grow the process by while it runs and is fetched
+_FIXED = ("BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+          "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "DECIMAL", "DATE", "TIME", "TIMESTAMP", "INTERVAL", "UUID")
+_TOO_BIG = "cmdare: a row of the result is over the byte limit"
 # query nodes a read may hold (DuckDB's parse tree, json_serialize_sql)
 READ_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
 
@@ -133,13 +146,66 @@ def interrupt_after(con: duckdb.DuckDBPyConnection, timeout: float) -> Iterator[
         timer.cancel()
 
 
+@contextlib.contextmanager
+def memory_guard(con: duckdb.DuckDBPyConnection, budget: int = MEMORY) -> Iterator[threading.Event]:
+    """Interrupt what ``con`` runs once the process's resident memory has grown by more than
+    ``budget`` bytes since it started (sampled every 20 ms); the event yielded is set when
+    it did."""
+    import psutil
+
+    proc = psutil.Process()
+    start = proc.memory_info().rss
+    fired, done = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.02):
+            if proc.memory_info().rss - start > budget:
+                fired.set()
+                con.interrupt()
+                return
+
+    t = threading.Thread(target=watch, name="cmdare-sql-memory", daemon=True)
+    t.start()
+    try:
+        yield fired
+    finally:
+        done.set()
+        t.join()
+
+
+def sized(con: duckdb.DuckDBPyConnection, query: str, max_bytes: int) -> str:
+    """``query`` stopped inside DuckDB at a row over ``max_bytes`` (its text, binary and
+    nested values), before the row is handed to Python; the query as it is when its column
+    names repeat (it cannot be wrapped) or all of its columns are fixed-size."""
+    desc = con.execute(f"DESCRIBE {query}").fetchall()
+    names = [d[0] for d in desc]
+    if len(set(names)) != len(names):
+        return query
+    parts = []
+    for name, typ, *_ in desc:
+        c = '__q."' + name.replace('"', '""') + '"'
+        t = str(typ).upper()
+        if t.startswith(_FIXED):
+            continue
+        if t == "VARCHAR":
+            parts.append(f"coalesce(strlen({c}), 0)")
+        elif t == "BLOB":
+            parts.append(f"coalesce(octet_length({c}), 0)")
+        else:  # nested, JSON, enums, bit strings: their text
+            parts.append(f"coalesce(strlen(CAST({c} AS VARCHAR)), 0)")
+    if not parts:
+        return query
+    return (f"SELECT * FROM ({query}) AS __q WHERE CASE WHEN {' + '.join(parts)} > {int(max_bytes)} "
+            f"THEN error('{_TOO_BIG}') ELSE true END")
+
+
 def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, timeout: float = TIMEOUT,
-        max_bytes: int = MAX_BYTES) -> SqlResult:
+        max_bytes: int = MAX_BYTES, memory: int = MEMORY) -> SqlResult:
     """Run one checked SELECT on a connection that cannot write, within the limits."""
     check(con, query)
-    with interrupt_after(con, timeout) as fired:
+    with interrupt_after(con, timeout) as fired, memory_guard(con, memory) as grown:
         try:
-            cur = con.execute(query)
+            cur = con.execute(sized(con, query, max_bytes))
             cols = [d[0] for d in cur.description or []]
             rows: list[tuple[Any, ...]] = []
             size = 0
@@ -153,8 +219,14 @@ def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, ti
                         return SqlResult(cols, rows, True, "bytes")
                     rows.append(r)
         except duckdb.Error as e:
+            if grown.is_set():
+                raise SqlRefused(f"query stopped: it needed more than {memory >> 20:,} MiB of memory "
+                                 "(narrow it with WHERE, LIMIT or fewer columns)") from None
             if fired.is_set():
                 raise SqlRefused(f"query stopped after {timeout:g} s (the time limit; narrow it with WHERE or LIMIT)") from None
+            if _TOO_BIG in str(e):
+                raise SqlRefused(f"a row of the result is over {max_bytes:,} bytes (the size limit): select less "
+                                 "of it (left(), substr(), fewer columns)") from None
             if isinstance(e, duckdb.PermissionException):
                 raise SqlRefused(
                     "the query may read the database only: file, network and extension access are off "

@@ -217,3 +217,46 @@ def test_a_serialiser_error_is_refused_with_its_message_cut_at_200_characters() 
                                  "SELECT 1") is None
     assert safesql._writing_node(_Serialised(json.dumps({"statements": [{"node": {"type": "DELETE_QUERY_NODE"}}]})),
                                  "SELECT 1") == "DELETE"
+
+
+def test_a_giant_value_is_stopped_inside_duckdb_before_python_holds_it() -> None:
+    import psutil
+
+    from cmdare.analytics import safesql
+
+    con = duckdb.connect(config=safesql.CONFIG)
+    rss = psutil.Process().memory_info().rss
+    with pytest.raises(safesql.SqlRefused) as e:
+        safesql.run(con, "SELECT string_agg(repeat('x', 10000000), '') AS s FROM range(20)", max_bytes=1 << 20)
+    assert str(e.value) == ("a row of the result is over 1,048,576 bytes (the size limit): select less of it "
+                            "(left(), substr(), fewer columns)")
+    assert psutil.Process().memory_info().rss - rss < 600 << 20
+    # a row at the limit passes; nested and binary values count too
+    ok = safesql.run(con, "SELECT repeat('y', 1000) AS s, 1 AS n", max_bytes=1008)  # a number: 8 bytes
+    assert ok.rows == [("y" * 1000, 1)]
+    for q in ("SELECT [repeat('z', 600), repeat('z', 600)] AS l", "SELECT repeat('z', 1200)::BLOB AS b",
+              "SELECT {'a': repeat('z', 1200)} AS s"):
+        with pytest.raises(safesql.SqlRefused, match="over 1,000 bytes"):
+            safesql.run(con, q, max_bytes=1000)
+
+
+def test_the_size_guard_keeps_the_querys_order_and_its_repeated_names() -> None:
+    from cmdare.analytics import safesql
+
+    con = duckdb.connect(config=safesql.CONFIG)
+    r = safesql.run(con, "SELECT i, 'v' || i AS s FROM range(5000) t(i) ORDER BY i DESC")
+    assert [x[0] for x in r.rows] == list(range(4999, -1, -1))
+    r = safesql.run(con, "SELECT 'a' AS x, 'b' AS x")  # repeated names: not wrapped, still answered
+    assert r.columns == ["x", "x"] and r.rows == [("a", "b")]
+    assert safesql.sized(con, "SELECT 1 AS n, 2.5 AS d", 10) == "SELECT 1 AS n, 2.5 AS d"  # fixed-size only
+
+
+def test_a_query_that_grows_the_process_past_its_memory_budget_is_stopped() -> None:
+    from cmdare.analytics import safesql
+
+    con = duckdb.connect(config=safesql.CONFIG)
+    with pytest.raises(safesql.SqlRefused) as e:
+        safesql.run(con, "SELECT list(repeat('m', 1000)) AS l FROM range(2000000)", memory=64 << 20,
+                    max_bytes=1 << 40)
+    assert str(e.value) == ("query stopped: it needed more than 64 MiB of memory (narrow it with WHERE, LIMIT "
+                            "or fewer columns)")

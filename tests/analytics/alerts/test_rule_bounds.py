@@ -20,7 +20,7 @@ def _refused(text: str, match: str = "") -> str:
     t0 = time.monotonic()
     with pytest.raises(alerting.RuleError) as e:
         alerting.load_texts([("r.yml", text)])
-    assert time.monotonic() - t0 < 2, "a bounded check, not a walk of the expansion"
+    assert time.monotonic() - t0 < 5, "a bounded check, not a walk of the expansion (a walk takes minutes)"
     msg = str(e.value)
     assert "\n" not in msg and len(msg) < 400, msg[:500]
     assert match in msg, msg
