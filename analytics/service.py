@@ -318,7 +318,9 @@ class Service:
 
 
 def _memory_limit() -> str:
-    """DuckDB's memory limit for the collector: $CMDARE_MEMORY_LIMIT, else half the machine."""
+    """DuckDB's memory limit for the collector: $CMDARE_MEMORY_LIMIT, else half the machine
+    up to 4 GiB (ingest needs far less; a query past it spills or stops with one line, so
+    one query cannot take the machine: the API's SQL also has a per-query budget)."""
     v = os.environ.get("CMDARE_MEMORY_LIMIT", "").strip()
     if v:
         if not v.replace(".", "", 1).rstrip("KMGTiBkmgtb ").isdigit():
@@ -328,7 +330,7 @@ def _memory_limit() -> str:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return "4GB"
-    return f"{max(1, total // 2 // (1 << 20))}MB"
+    return f"{max(1, min(total // 2, 4 << 30) // (1 << 20))}MB"
 
 
 def _raise_nofile() -> int:
