@@ -195,8 +195,21 @@ def sized(con: duckdb.DuckDBPyConnection, query: str, max_bytes: int) -> str:
             parts.append(f"coalesce(strlen(CAST({c} AS VARCHAR)), 0)")
     if not parts:
         return query
-    return (f"SELECT * FROM ({query}) AS __q WHERE CASE WHEN {' + '.join(parts)} > {int(max_bytes)} "
+    return (f"SELECT * FROM (\n{_body(query)}\n) AS __q WHERE CASE WHEN {' + '.join(parts)} > {int(max_bytes)} "
             f"THEN error('{_TOO_BIG}') ELSE true END")
+
+
+def _body(query: str) -> str:
+    """One statement's text without the semicolon that ends it (and the comments after
+    it), so that it can stand inside parentheses; a line comment at its end is ended by
+    the caller's newline."""
+    toks = duckdb.tokenize(query)
+    last = len(toks)
+    while last and toks[last - 1][1] == duckdb.token_type.comment:
+        last -= 1
+    if last and toks[last - 1][1] == duckdb.token_type.operator and query[toks[last - 1][0]:].lstrip().startswith(";"):
+        return query[:toks[last - 1][0]]
+    return query
 
 
 def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, timeout: float = TIMEOUT,

@@ -260,3 +260,15 @@ def test_a_query_that_grows_the_process_past_its_memory_budget_is_stopped() -> N
                     max_bytes=1 << 40)
     assert str(e.value) == ("query stopped: it needed more than 64 MiB of memory (narrow it with WHERE, LIMIT "
                             "or fewer columns)")
+
+
+@pytest.mark.parametrize(("query", "rows"), [
+    ("SELECT 'a' AS s;", [("a",)]), ("SELECT 'a' AS s -- a comment", [("a",)]),
+    ("SELECT 'a' AS s /* c */ ;  ", [("a",)]), ("SELECT ';' AS s; -- c", [(";",)]),
+    ("SELECT 'a;' AS s", [("a;",)]), ("SELECT 1 AS n, 'x' AS s -- c;", [(1, "x")]),
+])
+def test_the_size_guard_takes_any_ending_a_statement_may_have(query: str, rows: list) -> None:
+    from cmdare.analytics import safesql
+
+    con = duckdb.connect(config=safesql.CONFIG)
+    assert safesql.run(con, query).rows == rows
