@@ -101,21 +101,10 @@ def parse(text: str, where: str) -> list[Token]:
 
 
 def read(path: str | Path) -> list[Token]:
-    p = Path(path)
-    if not p.is_file():  # before opening: a FIFO would block
-        raise TokenError(f"{p}: not a regular file" if p.exists() else f"{p}: no such file")
-    try:
-        with p.open("rb") as f:
-            data = f.read(MAX_FILE + 1)
-    except OSError as e:
-        raise TokenError(f"{p}: cannot read: {e.strerror}") from None
-    if len(data) > MAX_FILE:
-        raise TokenError(f"{p}: over {MAX_FILE >> 10} KiB")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise TokenError(f"{p}: not UTF-8 text") from None
-    return parse(text, str(p))
+    """A token file's tokens (a regular file of at most 64 KiB: a FIFO is refused unread)."""
+    from .db import read_text_file
+
+    return parse(read_text_file(path, MAX_FILE, "a token file", str(path), error=TokenError), str(path))
 
 
 class Tokens:

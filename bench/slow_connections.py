@@ -18,13 +18,11 @@ import resource
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def attacker(port: int, n: int, stop: threading.Event, counts: dict[str, int]) -> None:
@@ -90,22 +88,10 @@ def main() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, a.slow + 1024)), hard))
 
-    from cmdare.analytics.service import HttpConfig, Service
-    from cmdare.collector.db import connect
+    from common import served
 
-    if a.db:
-        db = Path(a.db)
-    else:
-        from tests.analytics.test_golden_output import build  # the golden demo fleet
-
-        db = Path(tempfile.mkdtemp()) / "fleet.duckdb"
-        build(db)
-    con = connect(db)
-    svc = Service(con, db, HttpConfig("127.0.0.1", 0))
-    url = svc.start()
-    svc.ready = True
-    port = int(url.rsplit(":", 1)[1])
-    try:
+    with served(a.db) as (svc, url):
+        port = int(url.rsplit(":", 1)[1])
         summary("no attack", *ordinary(port, a.requests))
         stop, counts = threading.Event(), {"opened": 0, "refused": 0}
         th = threading.Thread(target=attacker, args=(port, a.slow, stop, counts), daemon=True)
@@ -116,9 +102,6 @@ def main() -> int:
         th.join(15)
         print(f"attacker: {counts['opened']} connections opened, {counts['refused']} refused at connect; "
               f"open now: {len(svc.server.server_state.connections)}", flush=True)
-    finally:
-        svc.stop()
-        con.close()
     return 0
 
 

@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ATTACKS = [
     "SELECT string_agg(repeat('x', 100000000), '') FROM range(20)",
@@ -38,23 +36,10 @@ def main() -> int:
     ap.add_argument("--db", help="a cmdare database (default: the golden demo fleet, made once)")
     a = ap.parse_args()
     import psutil
+    from common import served
 
-    from cmdare.analytics.service import HttpConfig, Service
-    from cmdare.collector.db import connect
-
-    if a.db:
-        db = Path(a.db)
-    else:
-        from tests.analytics.test_golden_output import build
-
-        db = Path(tempfile.mkdtemp()) / "fleet.duckdb"
-        build(db)
-    con = connect(db)
-    svc = Service(con, db, HttpConfig("127.0.0.1", 0))
-    url = svc.start()
-    svc.ready = True
     proc = psutil.Process()
-    try:
+    with served(a.db) as (_, url):
         for q in ATTACKS:
             start = proc.memory_info().rss
             peak, done = [start], threading.Event()
@@ -80,9 +65,6 @@ def main() -> int:
             said = doc.get("error") or f"{len(doc.get('rows', []))} row(s)"
             print(f"{q[:60]:62} {status}  {took:6.2f} s  +{(peak[0] - start) >> 20:5d} MiB peak  {said[:90]}",
                   flush=True)
-    finally:
-        svc.stop()
-        con.close()
     return 0
 
 
