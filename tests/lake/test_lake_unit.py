@@ -361,3 +361,16 @@ def test_a_snapshot_expiry_lost_to_another_commit_is_said_and_counts_nothing(
     assert rep.expired_snapshots == 0 and rep.orphans_deleted == 0 and count(lake) == (30, 30)
     rep = maintain(lake, retain_raw=None, compact_files=None, expire_after=0, retain_rollups=None)
     assert rep.expired_snapshots >= 2 and rep.skipped == []
+
+
+def test_compacting_a_day_rewrites_that_day_only(lake: Lake) -> None:
+    from cmdare.collector.lake import day_partitions
+
+    for j in range(3):  # day 0: three files, over the limit of 2
+        lake.append("gpu_samples", samples(j * 10, 10, day=0), {"t/0": ([j], [j + 1])}, "a")
+    for j in range(2):  # day 1: two, at the limit: left as they are
+        lake.append("gpu_samples", samples(500 + j * 10, 10, day=1), {"t/0": ([3 + j], [4 + j])}, "a")
+    rep = maintain(lake, retain_raw=None, compact_files=2, expire_after=None, retain_rollups=None)
+    assert rep.compacted == {"gpu_samples": (3, 1)}
+    parts = {str(d): len(f) for d, f in day_partitions(lake.table("gpu_samples")).items()}
+    assert parts == {"2026-09-01": 1, "2026-09-02": 2} and count(lake) == (50, 50)
