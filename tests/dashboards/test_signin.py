@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from cmdare.analytics.db import Database
 from cmdare.analytics.http import Guard, Limits, create_app
-from cmdare.collector.db import connect
 from cmdare.analytics.tokens import digest
+from cmdare.collector.db import connect
 from cmdare.dashboards.sessions import COOKIE, MAX_SESSIONS, SESSION_TTL, Sessions, session_id
 
 TOKEN = "s3cret-token"
