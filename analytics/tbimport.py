@@ -81,17 +81,46 @@ def find_files(paths: Sequence[str | Path]) -> list[tuple[Path, str, str]]:
     return out
 
 
+def drop_stored(con: duckdb.DuckDBPyConnection, job: str, lines: list[bytes]) -> tuple[list[bytes], int]:
+    """``lines`` less the events ``job`` already has stored under the same id, from any node:
+    import ids are derived from the points, so a point the agent's ``tensorboard`` source
+    streamed (its node's) is the same event as the one an import of its file makes (the
+    ``import`` node's). The writer's identity is (node, id): this is the one place where an
+    id alone identifies an event, and only within the importing job. (kept, dropped)."""
+    import json
+
+    from cmdare.wire.registry import TABLES
+
+    by_type: dict[str, list[str]] = defaultdict(list)
+    parsed = []
+    for line in lines:
+        ev = json.loads(line)
+        parsed.append(ev)
+        by_type[ev.get("type", "")].append(str(ev.get("id", "")))
+    have: set[tuple[str, str]] = set()
+    for t, ids in by_type.items():
+        table = TABLES.get(t)
+        if table is None:
+            continue
+        have |= {(t, i) for (i,) in con.execute(
+            f"SELECT DISTINCT id FROM {table} WHERE job = ? AND id IN (SELECT unnest(?::VARCHAR[]))",
+            [job, ids]).fetchall()}
+    kept = [line for line, ev in zip(lines, parsed, strict=True) if (ev.get("type"), str(ev.get("id"))) not in have]
+    return kept, len(lines) - len(kept)
+
+
 def import_tensorboard(
     con: duckdb.DuckDBPyConnection, paths: Sequence[str | Path], job: str, **options: Any
 ) -> ImportResult:
     """Read, check and store; raises AnalyticsError (one line) with nothing written."""
     lines, res = prepare_tensorboard(paths, job, **options)  # the options: prepare_tensorboard's
+    lines, stored = drop_stored(con, job, lines)
     w = Writer(con).write([(f"import:{job}", b"".join(lines))])
     if w.dead:  # validated above, so this is a bug; the rows went to dead_letters, not lost
         raise AnalyticsError(f"{w.dead} imported events were rejected by the writer; see dead_letters")
     res.steps = w.rows.get("steps", 0)
     res.scalars = w.rows.get("scalars", 0)
-    res.duplicates = w.duplicates
+    res.duplicates = w.duplicates + stored
     return res
 
 

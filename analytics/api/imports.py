@@ -31,7 +31,11 @@ def import_events(db: Database, job: str, lines: list[bytes]) -> dict[str, Any]:
     with db.write() as con:
         if not lines:  # only open it (the CLI checks the database before reading files)
             return {"steps": 0, "scalars": 0, "duplicates": 0}
+        from ..tbimport import drop_stored
+
+        lines, stored = drop_stored(con, job, lines)
         w = Writer(con).write([(f"import:{job}", b"".join(x if x.endswith(b"\n") else x + b"\n" for x in lines))])
     if w.dead:
         raise AnalyticsError(f"{w.dead} imported events were rejected by the writer; see dead_letters")
-    return {"steps": w.rows.get("steps", 0), "scalars": w.rows.get("scalars", 0), "duplicates": w.duplicates}
+    return {"steps": w.rows.get("steps", 0), "scalars": w.rows.get("scalars", 0),
+            "duplicates": w.duplicates + stored}

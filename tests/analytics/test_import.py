@@ -173,3 +173,24 @@ def test_bad_paths_get_one_line_errors(tmp_path: Path, args: list[str], message:
         str(tmp_path / "x.duckdb"),
     )
     assert code == 1 and out.strip().endswith(message) and len(out.strip().splitlines()) == 1
+
+
+def test_an_import_skips_the_points_its_job_already_has_from_any_node(tmp_path: Path) -> None:
+    """Import ids are derived from the points: the agent's tensorboard source (its node) and
+    an import of the same file (the ``import`` node) make the same events. Identity is
+    (node, id) in the writer; within the importing job an import's id alone finds them."""
+    from cmdare.analytics.tbimport import drop_stored
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import EventFactory
+
+    con = connect(str(tmp_path / "d.duckdb"))
+    agent, importer = EventFactory("tb-1", "worker", "j"), EventFactory("import", "worker", "j")
+    other = EventFactory("tb-2", "worker", "k")
+    step = {"run": "r", "rank": 0, "steps": 10, "interval_seconds": 1.0}
+    Writer(con).write([("a", agent.line("train_steps", step, 100.0, id="tb-p1")
+                        + other.line("train_steps", step, 100.0, id="tb-p2"))])
+    lines = [importer.line("train_steps", step, 100.0, id=i) for i in ("tb-p1", "tb-p2", "tb-p3")]
+    kept, dropped = drop_stored(con, "j", lines)
+    assert dropped == 1 and [json.loads(x)["id"] for x in kept] == ["tb-p2", "tb-p3"]  # p2 is job k's
+    con.close()
