@@ -92,6 +92,7 @@ def test_the_remote_client_reaches_odd_names(db: Path) -> None:
     assert calls[0] == "/api/v1/jobs/a%2Fb/steps"
 
 
+@pytest.mark.slow  # the whole report over nine jobs (6 s): the full run
 def test_the_report_holds_every_odd_name_under_the_route_the_page_asks_for(db: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     r = CliRunner().invoke(cli, ["report", "--html", str(out), "--db", str(db)])

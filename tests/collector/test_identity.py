@@ -34,7 +34,8 @@ def counts(con) -> tuple[int, int, int]:
                  for t in ("gpu_samples", "host_samples", "steps"))
 
 
-@pytest.mark.parametrize("form", ["json", "rows", "blocks"])
+@pytest.mark.parametrize("form", [pytest.param("json", marks=pytest.mark.slow),
+                                  pytest.param("rows", marks=pytest.mark.slow), "blocks"])  # the fast tier: one form
 @pytest.mark.parametrize("same_ts", [False, True])
 def test_thirty_fleets_with_one_id_scheme_lose_nothing(tmp_path: Path, form: str, same_ts: bool) -> None:
     con = connect(tmp_path / "f.duckdb")
@@ -71,6 +72,7 @@ def test_a_sender_reusing_another_nodes_ids_drops_nothing_of_either(tmp_path: Pa
     con.close()
 
 
+@pytest.mark.slow  # two lakes' worth of appends (3 s): the full run
 def test_a_lake_keeps_both_senders_events(tmp_path: Path) -> None:
     from cmdare.collector.lake import Lake, load_database
     from tests.lake.test_lake_unit import count

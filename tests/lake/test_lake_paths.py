@@ -23,6 +23,7 @@ NAME = st.text(alphabet=st.sampled_from(list(" %#?&=;'\"[]*!$@+,~é模") + list(
                max_size=16).filter(lambda s: s.strip() not in ("", ".", "..") and not s.startswith("-"))
 
 
+@pytest.mark.slow  # a lake made per example (6 s): the full run
 @settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=NAME, relative=st.booleans())
 def test_any_directory_name_stores_and_reads_back_the_same(tmp_path: Path, name: str, relative: bool) -> None:
