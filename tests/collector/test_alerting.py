@@ -155,6 +155,7 @@ def test_sigterm_during_a_slow_round_stops_cleanly(tmp_path: Path) -> None:
     assert "Traceback" not in text and " -> " in text, text[-2000:]
 
 
+@pytest.mark.slow  # a collector process waits out a slow round (9 s)
 def test_a_failed_start_during_a_round_exits_with_one_line_not_an_abort(tmp_path: Path) -> None:
     import socket
 

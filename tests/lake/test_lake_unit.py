@@ -299,6 +299,7 @@ def test_a_collector_committing_during_compaction_costs_that_day_only_until_the_
     assert again.skipped == [] and again.compacted == {"gpu_samples": (4, 1)} and count(lake) == (65, 65)
 
 
+@pytest.mark.slow  # maintenance runs over a lake (3 s; scripts/mutation runs it for lakemaint)
 def test_a_retention_commit_lost_to_a_collector_is_said_and_done_by_the_next_run(
         lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A collector appends while retention deletes old days (between its read and its
@@ -326,6 +327,7 @@ def test_a_retention_commit_lost_to_a_collector_is_said_and_done_by_the_next_run
     assert again.skipped == [] and again.deleted_partitions == {"gpu_samples": 2} and count(lake) == (15, 15)
 
 
+@pytest.mark.slow  # maintenance runs over a lake (3 s; scripts/mutation runs it for lakemaint)
 def test_a_day_not_rolled_up_at_the_cut_itself_holds_nothing_back(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
     """Retention deletes the days before the cut's day; a pending day that is the cut's own
     day keeps nothing back and is not reported as kept."""
@@ -343,6 +345,7 @@ def test_a_day_not_rolled_up_at_the_cut_itself_holds_nothing_back(lake: Lake, mo
     assert rep.kept_unrolled == {"gpu_samples": 1} and rep.deleted_partitions == {} and count(lake) == (20, 20)
 
 
+@pytest.mark.slow  # maintenance runs over a lake (3 s; scripts/mutation runs it for lakemaint)
 def test_a_snapshot_expiry_lost_to_another_commit_is_said_and_counts_nothing(
         lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
     from pyiceberg.exceptions import CommitFailedException
