@@ -131,9 +131,6 @@ class Tokens:
     def load(cls, path: str | Path) -> Tokens:
         return cls(read(path), path)
 
-    def __bool__(self) -> bool:
-        return True
-
     def all(self) -> tuple[Token, ...]:
         self._reload()
         return self._tokens
