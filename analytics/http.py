@@ -85,7 +85,8 @@ class ImportBody(BaseModel):
 
 class OverheadBody(BaseModel):
     records: list[dict[str, str | int | float | None]] = Field(
-        max_length=1_000_000, description="checkpoint or start-up records: the CSV format's columns as keys")
+        max_length=100_000, description="checkpoint or start-up records: the CSV format's columns as keys, and "
+        "optionally source, line, file and repeat (a large file is sent in parts of at most 100,000)")
 
 
 class TableOut(BaseModel):

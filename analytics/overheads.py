@@ -10,32 +10,32 @@ Two formats, the columns of CM-DARE's overhead measurements (docs/training.md ha
   ``on-demand``; ``preemptible`` is read as spot), ``gpu_type`` and the three phases the cloud
   reports, ``provisioning_s``, ``staging_s``, ``booting_s`` (seconds; start-up = their sum).
 
-Other columns are ignored. Every file is read and checked in full before anything is
-written (a missing column: one line naming it; a bad value: one line with the file, the
-line number and the column, never more than a short excerpt); then all files are stored
-in one transaction, so an import is all or nothing. A record's id is a hash of its values
-and of how many identical rows came before it in its file, so importing a file again
-stores nothing twice (and two identical saves in one file stay two).
+Other columns are ignored. Files are read a line at a time (``csvstream``) and checked as
+read (a missing column: one line naming it; a bad value: one line with the file, the line
+number and the column, never more than a short excerpt); the records go to the database in
+batches inside one transaction, so an import is all or nothing and its memory is a batch's.
+A record's id is a hash of its values and of how many identical rows came before it in its
+file, so importing a file again stores nothing twice (and two identical saves in one file
+stay two).
 """
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .db import AnalyticsError, Database, read_text_file
+from . import csvstream
+from .db import AnalyticsError, Database
 from .output import one_line
 
-MAX_FILE = 64 << 20  # bytes a file
+MAX_FILE = 1 << 30  # bytes a file (read a line at a time: the row limit comes first)
 MAX_ROWS = 1_000_000  # rows one import
+BATCH = 20_000  # records stored, or sent to a collector, at a time
 MAX_FIELD = 256  # characters a text value
 MAX_SECONDS = 86400.0  # a save or a start-up phase longer than a day is not one
 MAX_MB = 1e8  # 100 TB checkpoint
@@ -124,56 +124,44 @@ def _value(col: Column, text: str, where: str) -> Any:
     return x
 
 
-def _id(kind: str, rec: dict[str, Any], seen: dict[str, int]) -> str:
-    """The record's id: its values and how many identical ones came before it in its file."""
-    key = "\x1f".join(repr(rec[c.name]) for c in FORMATS[kind])
-    # any numbering of repeats that is the same on every import gives the same records
-    n = seen.get(key, 0)
-    seen[key] = n + 1
-    return hashlib.sha256(f"{kind}\x1e{key}\x1e{n}".encode()).hexdigest()[:32]
+def _key(kind: str, rec: dict[str, Any]) -> str:
+    return "\x1f".join(repr(rec[c.name]) for c in FORMATS[kind])
+
+
+def _rows(kind: str, rows: Iterator[tuple[int, list[str]]], name: str) -> Iterator[dict[str, Any]]:
+    """The checked records of one file's rows (``name`` says where in errors), each with
+    its id (values and repeat number in the file), source file name and line."""
+    cols = FORMATS[kind]
+    required = [c.name for c in cols if c.required]
+    try:
+        _, first = next(rows)
+    except StopIteration:
+        raise AnalyticsError(f"{name}: empty: expected a header line with {', '.join(required)}") from None
+    at = csvstream.header(first, name, required, kind)
+    width = len(first)
+    source = one_line(Path(name).name, 120)
+    repeats = csvstream.Repeats()
+    n = 0
+    for line, row in rows:
+        n += 1
+        if n > MAX_ROWS:
+            raise AnalyticsError(f"{name}: more than {MAX_ROWS} rows: split the file")
+        where = f"{name}: line {line}"
+        if len(row) < width:
+            raise AnalyticsError(f"{where}: {len(row)} fields, the header has {width}")
+        rec = {c.name: (_value(c, row[at[c.name]], where) if c.name in at else None) for c in cols}
+        rec["repeat"] = repeats.number(_key(kind, rec))
+        rec["id"] = csvstream.record_id(kind, _key(kind, rec), rec["repeat"])
+        rec["source"] = source
+        rec["line"] = line
+        yield rec
+    if not n:
+        raise AnalyticsError(f"{name}: no records after the header")
 
 
 def parse(kind: str, text: str, name: str) -> list[dict[str, Any]]:
     """The records of one CSV file's text (``name`` says where in errors)."""
-    cols = FORMATS[kind]
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise AnalyticsError(f"{name}: empty: expected a header line with {', '.join(c.name for c in cols if c.required)}") from None
-    except csv.Error as e:
-        raise AnalyticsError(f"{name}: line 1: not CSV ({e})") from None
-    header = [h.strip().lstrip("\ufeff").lower() for h in header]
-    twice = sorted({h for h in header if h and header.count(h) > 1})
-    if twice:
-        raise AnalyticsError(f"{name}: line 1: column {one_line(twice[0], 40)!r} appears twice in the header")
-    missing = [c.name for c in cols if c.required and c.name not in header]
-    if missing:
-        raise AnalyticsError(f"{name}: missing required column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                             f"(a {kind} file has {', '.join(c.name for c in cols if c.required)})")
-    at = {c.name: header.index(c.name) for c in cols if c.name in header}
-    seen: dict[str, int] = {}
-    out = []
-    try:
-        for row in reader:
-            line = reader.line_num
-            if not any(x.strip() for x in row):
-                continue
-            if len(out) >= MAX_ROWS:
-                raise AnalyticsError(f"{name}: more than {MAX_ROWS} rows: split the file")
-            where = f"{name}: line {line}"
-            if len(row) < len(header):
-                raise AnalyticsError(f"{where}: {len(row)} fields, the header has {len(header)}")
-            rec = {c.name: (_value(c, row[at[c.name]], where) if c.name in at else None) for c in cols}
-            rec["id"] = _id(kind, rec, seen)
-            rec["source"] = one_line(Path(name).name, 120)
-            rec["line"] = line
-            out.append(rec)
-    except csv.Error as e:
-        raise AnalyticsError(f"{name}: line {reader.line_num}: not CSV ({one_line(str(e), 60)})") from None
-    if not out:
-        raise AnalyticsError(f"{name}: no records after the header")
-    return out
+    return list(_rows(kind, csvstream.reader(iter(text.splitlines(keepends=True)), name), name))
 
 
 def find(paths: Sequence[str | Path]) -> list[Path]:
@@ -186,29 +174,48 @@ def find(paths: Sequence[str | Path]) -> list[Path]:
             if not found:
                 raise AnalyticsError(f"{p}: no .csv files in it")
             files += found
-        elif p.exists():
+        elif p.exists() or p.is_symlink():
             files.append(p)
         else:
             raise AnalyticsError(f"{p}: no such file or directory")
     return files
 
 
-def read(kind: str, paths: Sequence[str | Path], progress: Callable[[Path], None] | None = None) -> Records:
-    """Every record of ``paths`` (files, or directories whose ``*.csv`` are taken), checked."""
+def stream(kind: str, files: Sequence[Path], batch: int | None = None,
+           progress: Callable[[Path, int], None] | None = None) -> Iterator[list[dict[str, Any]]]:
+    """The checked records of ``files`` in batches of at most ``batch``, read one line at a
+    time (memory bounded by the batch, not the files); the first bad line raises.
+    ``progress(file, bytes)`` after each batch and file: the bytes read of that file."""
     if kind not in FORMATS:
-        raise AnalyticsError(f"import: unknown kind {kind!r} (known: {', '.join(FORMATS)})")
+        raise AnalyticsError(f"import: unknown kind {one_line(kind, 40)!r} (known: {', '.join(FORMATS)})")
+    batch = batch or BATCH
+    out: list[dict[str, Any]] = []
+    total = 0
+    for i, path in enumerate(files):
+        with csvstream.open_regular(path, MAX_FILE, f"a {kind} CSV file") as f:
+            lines = csvstream.Lines(f, str(path), MAX_FILE)
+            for rec in _rows(kind, csvstream.reader(lines, str(path)), str(path)):
+                total += 1
+                if total > MAX_ROWS:
+                    raise AnalyticsError(f"import: more than {MAX_ROWS} rows in all: import fewer files at once")
+                rec["file"] = i
+                out.append(rec)
+                if len(out) >= batch:
+                    if progress:
+                        progress(path, lines.done)
+                    yield out
+                    out = []
+            if progress:
+                progress(path, lines.done)
+    if out:
+        yield out
+
+
+def read(kind: str, paths: Sequence[str | Path]) -> Records:
+    """Every record of ``paths`` (files, or directories whose ``*.csv`` are taken), checked,
+    in one list (small imports and tests; the CLI streams)."""
     files = find(paths)
-    rows: list[dict[str, Any]] = []
-    for i, f in enumerate(files):
-        if progress:
-            progress(f)
-        got = parse(kind, read_text_file(f, MAX_FILE, f"a {kind} CSV file"), str(f))
-        for r in got:
-            r["file"] = i
-        rows += got
-        if len(rows) > MAX_ROWS:
-            raise AnalyticsError(f"import: more than {MAX_ROWS} rows in all: import fewer files at once")
-    return Records(kind, rows, len(files))
+    return Records(kind, [r for b in stream(kind, files) for r in b], len(files))
 
 
 def check(kind: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,18 +226,24 @@ def check(kind: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if len(rows) > MAX_ROWS:
         raise AnalyticsError(f"import: more than {MAX_ROWS} records")
     cols = FORMATS[kind]
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow([c.name for c in cols])
-    for r in rows:
-        if not isinstance(r, dict):
-            raise AnalyticsError("import: each record must be an object")
-        w.writerow(["" if r.get(c.name) is None else str(r.get(c.name)) for c in cols])
-    out = parse(kind, buf.getvalue(), "import")
-    per_file: dict[Any, dict[str, int]] = {}
+
+    def lines() -> Iterator[tuple[int, list[str]]]:  # as a file's: a header, then line 2 on
+        yield 1, [c.name for c in cols]
+        for i, r in enumerate(rows):
+            if not isinstance(r, dict):
+                raise AnalyticsError("import: each record must be an object")
+            yield i + 2, ["" if r.get(c.name) is None else str(r.get(c.name)) for c in cols]
+
+    out = list(_rows(kind, lines(), "import"))
+    per_file: dict[Any, csvstream.Repeats] = {}
     for rec, r in zip(out, rows, strict=True):  # ids per file; the file's name and line as the client read them
         f = r.get("file") if isinstance(r.get("file"), int) else 0
-        rec["id"] = _id(kind, rec, per_file.setdefault(f, {}))
+        key = _key(kind, rec)
+        n = r.get("repeat")  # a client sending a large file in parts numbers repeats across them
+        if not (isinstance(n, int) and not isinstance(n, bool) and 0 <= n < MAX_ROWS):
+            n = per_file.setdefault(f, csvstream.Repeats()).number(key)
+        rec["repeat"] = n
+        rec["id"] = csvstream.record_id(kind, key, n)
         src, line = r.get("source"), r.get("line")
         rec["source"] = one_line(str(src), 120) if src else "api"
         rec["line"] = line if isinstance(line, int) and 0 < line < 1 << 31 else None
@@ -239,24 +252,37 @@ def check(kind: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def store(db: Database, kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Store checked records in one transaction (writes); (stored, duplicates)."""
+    return store_batches(db, kind, [rows] if rows else [])
+
+
+def store_batches(db: Database, kind: str, batches: Iterable[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Store batches of checked records (``stream``'s, read while stored) in one
+    transaction: a bad line anywhere stores nothing; a record already stored, or twice in
+    these batches, is counted a duplicate."""
+    import pyarrow as pa
+
+    from .queries import needs_schema
+
     table = TABLES[kind]
     cols = [c.name for c in FORMATS[kind]] + ["id", "source", "line"]
+    n = 0
     with db.write() as con:
-        from .queries import needs_schema
-
         needs_schema(con, 14, f"analyze import {kind}")
-        if not rows:
-            return {"kind": kind, "records": 0, "stored": 0, "duplicates": 0}
         before = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
-        import pyarrow as pa
-
-        t = pa.table({c: [r.get(c) for r in rows] for c in cols})
-        con.register("incoming", t)
+        con.execute("BEGIN TRANSACTION")
         try:
-            con.execute(f"""INSERT INTO {table} ({", ".join(cols)}, imported_at)
-                            SELECT DISTINCT ON (id) {", ".join(cols)}, now()::TIMESTAMP FROM incoming
-                            WHERE id NOT IN (SELECT id FROM {table})""")
-        finally:
-            con.unregister("incoming")
-        after = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
-    return {"kind": kind, "records": len(rows), "stored": after - before, "duplicates": len(rows) - (after - before)}
+            for rows in batches:
+                n += len(rows)
+                con.register("incoming", pa.table({c: [r.get(c) for r in rows] for c in cols}))
+                try:
+                    con.execute(f"""INSERT INTO {table} ({", ".join(cols)}, imported_at)
+                                    SELECT DISTINCT ON (i.id) {", ".join("i." + c for c in cols)}, now()::TIMESTAMP
+                                    FROM incoming i ANTI JOIN {table} t ON t.id = i.id""")
+                finally:
+                    con.unregister("incoming")
+            after = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+    return {"kind": kind, "records": n, "stored": after - before, "duplicates": n - (after - before)}

@@ -12,6 +12,7 @@ nothing twice.
 from __future__ import annotations
 
 import hashlib
+import io
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,11 @@ from cmdare.wire.tbevents import (
     read_event_file,
 )
 
+from . import csvstream
 from .db import AnalyticsError
+
+MAX_FILE = 512 << 20  # bytes of one event file or CSV export (read whole)
+MAX_POINTS = 5_000_000  # scalar points one import holds
 
 
 @dataclass
@@ -150,11 +155,15 @@ def prepare_tensorboard(
         if progress:
             progress(path)
         try:
-            pts = (
-                read_event_file(path)
-                if kind == "event"
-                else read_csv(path, csv_tag_ or csv_tag(path, steps_tag))
-            )
+            with csvstream.open_regular(path, MAX_FILE, "a TensorBoard event file or CSV export") as fh:
+                if kind == "event":
+                    data = fh.read(MAX_FILE + 1)
+                    if len(data) > MAX_FILE:
+                        raise AnalyticsError(f"{path}: larger than {MAX_FILE >> 20} MiB (it grew while read)")
+                    pts = read_event_file(path, data)
+                else:
+                    text = io.TextIOWrapper(fh, encoding="utf-8-sig", newline="")
+                    pts = read_csv(path, csv_tag_ or csv_tag(path, steps_tag), text)
         except TensorBoardError as e:
             raise AnalyticsError(str(e)) from None
         except OSError as e:
@@ -162,6 +171,8 @@ def prepare_tensorboard(
         source = path.name  # ids depend on the file's name, not where it sits now
         per_run[run or file_run] += [(p, source) for p in pts]
         res.points += len(pts)
+        if res.points > MAX_POINTS:  # each point is held (a run's steps are ordered whole)
+            raise AnalyticsError(f"import: more than {MAX_POINTS:,} scalar points: import fewer files at once")
     if not res.points:
         raise AnalyticsError(f"no scalar points in {len(files)} file(s): nothing to import")
 

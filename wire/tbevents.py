@@ -208,11 +208,12 @@ def read_event_file(path: Path, data: bytes | None = None) -> list[Point]:
     return out
 
 
-def read_csv(path: Path, tag: str) -> list[Point]:
-    """A TensorBoard UI CSV export (``Wall time,Step,Value``); every row must parse."""
+def read_csv(path: Path, tag: str, f: Any = None) -> list[Point]:
+    """A TensorBoard UI CSV export (``Wall time,Step,Value``); every row must parse. ``f``:
+    the file, opened as text (``newline=""``), where the caller opened it."""
     out: list[Point] = []
     try:
-        f = path.open(newline="", encoding="utf-8-sig")
+        f = f if f is not None else path.open(newline="", encoding="utf-8-sig")
     except OSError as e:
         raise TensorBoardError(f"{path}: cannot read: {e.strerror or e}") from None
     with f:

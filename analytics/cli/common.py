@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ..client import backend
+from ..client import Local, backend
 from ..db import AnalyticsError, default_db, since_cutoff
 
 db_option = click.option(
@@ -59,6 +59,22 @@ def call(db: str, fn: Callable[..., Any], **kw: Any) -> Any:
         return backend(db, server).call(fn.__name__, **kw)
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
+
+
+def database_or_remote(db: str) -> Any:
+    """What a command that streams its work writes to: the database (a file, or the lake
+    with --lake) as a library ``Database``, or the collector serving it (``Remote``)."""
+    ctx = click.get_current_context(silent=True)
+    obj = (ctx.find_root().obj or {}) if ctx is not None else {}
+    try:
+        if obj.get("lake"):
+            from ..lakedb import LakeDatabase
+
+            return LakeDatabase(obj["lake"], obj.get("catalog"))
+        b = backend(db, obj.get("server"))
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    return b.db if isinstance(b, Local) else b
 
 
 def where(db: str) -> str:

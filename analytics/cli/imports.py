@@ -13,9 +13,10 @@ from cmdare.wire.events import ROLES
 from cmdare.wire.tbevents import EXAMPLES_TAG, STEPS_TAG
 
 from .. import api
+from ..client import Remote
 from ..db import AnalyticsError
 from ..overheads import FORMATS
-from .common import call, cli, db_option, json_option
+from .common import call, cli, database_or_remote, db_option, json_option
 
 
 @cli.group(name="import")
@@ -101,32 +102,86 @@ def tensorboard(paths: tuple[str, ...], job: str, db: str, as_json_: bool, **o: 
         )
 
 
+class Progress:
+    """Where a long import stands: a bar over the files' bytes on a terminal (several files,
+    or one over 4 MiB); in a log, one line a file and one every ``every`` seconds within a
+    large one."""
+
+    every = 10.0  # seconds between lines in a log
+
+    def __init__(self, label: str, files: list[Path]) -> None:
+        import time
+
+        self.label, self.files, self.clock = label, files, time.monotonic
+        self.sizes = {p: max(p.stat().st_size, 1) if p.is_file() else 1 for p in files}
+        self.total = sum(self.sizes.values())
+        self.shown = {p: 0 for p in files}
+        self.bar: Any = None
+        self.last = self.clock()
+
+    def __enter__(self) -> Progress:
+        if sys.stderr.isatty() and (len(self.files) > 1 or self.total > 4 << 20):
+            self.bar = click.progressbar(length=self.total, label=self.label, file=sys.stderr,
+                                         item_show_func=lambda p: p and Path(p).name).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def __call__(self, path: Path, done: int) -> None:
+        done = min(done, self.sizes[path])
+        step, self.shown[path] = done - self.shown[path], done
+        if self.bar is not None:
+            self.bar.update(step, str(path))
+            return
+        finished = done >= self.sizes[path]
+        if (finished and len(self.files) > 1) or (not finished and self.clock() - self.last >= self.every):
+            self.last = self.clock()
+            i = self.files.index(path) + 1
+            pct = f"{100 * done / self.sizes[path]:.0f} %" if not finished else "read"
+            click.echo(f"{self.label}: {path.name} ({i}/{len(self.files)}) {pct}".replace(" read", ""), err=True)
+
+
 def _overheads(kind: str, paths: tuple[str, ...], db: str, as_json_: bool) -> None:
+    """Local or lake: read and stored in one transaction, a batch at a time. Through a
+    collector: checked whole here first (nothing sent if a line is bad), then sent in
+    batches; a batch the collector has is a duplicate if sent again."""
     from .. import overheads
 
-    call(db, api.import_overheads, kind=kind, records=[])  # the database first
+    target = database_or_remote(db)
     try:
-        files = overheads.find(paths)
-        if len(files) > 1 and sys.stderr.isatty():
-            with click.progressbar(length=len(files), label=f"reading {kind}", file=sys.stderr,
-                                   show_pos=True, item_show_func=lambda p: p and Path(p).name) as bar:
-                recs = overheads.read(kind, files, progress=lambda p: bar.update(1, str(p)))
-        elif len(files) > 1:  # a log, not a terminal: one line a file
-            done = iter(range(1, len(files) + 1))
-            recs = overheads.read(kind, files, progress=lambda p: click.echo(
-                f"reading {kind}: {p.name} ({next(done)}/{len(files)})", err=True))
+        if isinstance(target, Remote):
+            target.call("import_overheads", kind=kind, records=[])  # reachable, and allowed to write
+            files = overheads.find(paths)
+            with Progress(f"checking {kind}", files) as p:
+                for _ in overheads.stream(kind, files, progress=p):
+                    pass
+            out = {"kind": kind, "records": 0, "stored": 0, "duplicates": 0}
+            with Progress(f"sending {kind}", files) as p:
+                for batch in overheads.stream(kind, files, progress=p):
+                    got = target.call("import_overheads", kind=kind, records=[_sent(r) for r in batch])
+                    for k in ("records", "stored", "duplicates"):
+                        out[k] += got[k]
         else:
-            recs = overheads.read(kind, files)
+            files = overheads.find(paths)
+            with Progress(f"reading {kind}", files) as p:
+                out = overheads.store_batches(target, kind, overheads.stream(kind, files, progress=p))
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
-    out = call(db, api.import_overheads, kind=kind, records=recs.rows)
-    out["files"] = recs.files
+    out["files"] = len(files)
     if as_json_:
         click.echo(json.dumps(out))
     else:
-        click.echo(f"imported {out['stored']} {kind[:-1]} record(s) from {recs.files} file(s)"
+        click.echo(f"imported {out['stored']} {kind[:-1]} record(s) from {len(files)} file(s)"
                    + (f"; {out['duplicates']} already stored" if out["duplicates"] else "")
                    + " (analyze fit overhead fits them)")
+
+
+def _sent(r: dict[str, Any]) -> dict[str, Any]:
+    """A record as the API takes it: its values, file, line and repeat number (the
+    collector computes its id again)."""
+    return {k: v for k, v in r.items() if k != "id" and v is not None}
 
 
 _FORMAT_HELP = {

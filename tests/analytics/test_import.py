@@ -158,11 +158,24 @@ def test_a_malformed_file_stops_the_import_with_file_and_line_and_nothing_is_sto
             "notes.txt: not a TensorBoard event file (events.out.tfevents.*) or CSV export (*.csv)",
         ),
         (["{tmp}/empty"], "empty: no TensorBoard event files (events.out.tfevents.*) or CSV exports"),
+        # a FIFO nothing writes (the import must not wait on it), a device
+        (["{tmp}/events.out.tfevents.fifo"], "events.out.tfevents.fifo: a FIFO, not a regular file"),
+        (["{tmp}/zero.csv"], "zero.csv: a device or socket, not a regular file"),
+        (["{tmp}/big.csv"], "big.csv: larger than 1 KiB: not a TensorBoard event file or CSV export"),
     ],
 )
-def test_bad_paths_get_one_line_errors(tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_paths_get_one_line_errors(tmp_path: Path, args: list[str], message: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from cmdare.analytics import tbimport
+
     (tmp_path / "notes.txt").write_text("hi")
     (tmp_path / "empty").mkdir()
+    os.mkfifo(tmp_path / "events.out.tfevents.fifo")
+    (tmp_path / "zero.csv").symlink_to("/dev/zero")
+    (tmp_path / "big.csv").write_text("Wall time,Step,Value\n" + "1790000000,1,2\n" * 100)
+    monkeypatch.setattr(tbimport, "MAX_FILE", 1024)
     code, out = run(
         "import",
         "tensorboard",
@@ -173,6 +186,15 @@ def test_bad_paths_get_one_line_errors(tmp_path: Path, args: list[str], message:
         str(tmp_path / "x.duckdb"),
     )
     assert code == 1 and out.strip().endswith(message) and len(out.strip().splitlines()) == 1
+
+
+def test_the_points_one_import_holds_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cmdare.analytics import tbimport
+
+    monkeypatch.setattr(tbimport, "MAX_POINTS", 50)
+    root = logdir(tmp_path / "logs", {"a": 2.0})  # 40 points of each of two tags: 80
+    code, out = run("import", "tensorboard", str(root), "--job", "j", "--db", str(tmp_path / "x.duckdb"))
+    assert code == 1 and out.strip().endswith("import: more than 50 scalar points: import fewer files at once"), out
 
 
 def test_an_import_skips_the_points_its_job_already_has_from_any_node(tmp_path: Path) -> None:

@@ -349,9 +349,14 @@ def test_records_over_the_api_keep_their_file_and_line_within_reason(tmp_path: P
 
 def test_a_header_that_is_not_csv_is_one_line(tmp_path: Path) -> None:
     f = tmp_path / "x.csv"
-    f.write_text("size_mb,save_s," + "x" * 200_000 + "\n10,3\n")  # a field past the csv module's limit
+    f.write_text("size_mb,save_s," + "x" * 200_000 + "\n10,3\n")  # one physical line past the limit
     code, out = run("import", "checkpoints", str(f), "--db", str(tmp_path / "o.duckdb"))
-    assert code == 1 and "x.csv: line 1: not CSV (field larger than field limit" in out, out[:300]
+    assert code == 1 and "x.csv: line 1: longer than 65,536 bytes" in out, out[:300]
+    assert len(out) < 300
+    # short lines, but a quoted field across them past the csv module's limit
+    f.write_text('size_mb,save_s,"' + ("x" * 1000 + "\n") * 200 + '"\n10,3\n')
+    code, out = run("import", "checkpoints", str(f), "--db", str(tmp_path / "o.duckdb"))
+    assert code == 1 and "x.csv: line 1" in out and "not CSV (field larger than field limit" in out, out[:300]
     assert len(out) < 300
     g = tmp_path / ("n" * 126 + ".csv")  # a long file name is kept to 120 characters
     g.write_text("size_mb,save_s\n10,3\n")
