@@ -139,9 +139,12 @@ class Location:
                 raise LakeError(f"--catalog: a postgresql:// or sqlite:/// URL, not {redact(catalog)[:40]!r}")
         parsed = urllib.parse.urlsplit(text)
         if parsed.scheme in ("", "file"):
-            d = Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve()
-            if d.exists() and not d.is_dir():
-                raise LakeError(f"--lake {str(d)[:80]}: not a directory")
+            try:
+                d = Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve()
+                if d.exists() and not d.is_dir():
+                    raise LakeError(f"--lake {str(d)[:80]}: not a directory")
+            except (OSError, RuntimeError) as e:  # a name over the system's limit, a symlink loop
+                raise LakeError(f"--lake {text[:80]}: {getattr(e, 'strerror', None) or 'not a usable path'}") from None
             # the warehouse as a plain path: pyiceberg writes a file URI's %-escapes literally (a lake in
             # "sp ace" had its files under "sp%20ace"); DuckDB reads the same plain paths
             return cls(str(d), catalog or sqlite_url(d / "catalog.db"), d)

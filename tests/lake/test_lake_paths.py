@@ -92,3 +92,37 @@ def test_a_lake_with_a_space_written_by_the_collector_is_read_by_analyze(tmp_pat
     r = CliRunner().invoke(analyze, ["--lake", lake, "sql", "SELECT count(*) AS n FROM steps", "--json"])
     assert r.exit_code == 0, r.output
     assert '"n": ' in r.output and '"n": 0' not in r.output
+
+
+def test_location_lengths_at_the_limit_and_a_file_in_the_way(tmp_path: Path) -> None:
+    """A location or catalog of 1,024 characters is taken, 1,025 is not; a file where the
+    lake's directory would be is one line quoting at most 80 characters of its path."""
+    deep = tmp_path.joinpath(*["d" * 100] * ((1024 - len(str(tmp_path))) // 101 - 1))
+    deep = deep / ("e" * (1024 - len(str(deep)) - 1))  # 101 to 202 characters
+    assert len(str(deep)) == 1024, len(str(deep))
+    assert Location.parse(str(deep)).local == deep
+    with pytest.raises(LakeError, match="give a directory"):
+        Location.parse(str(deep) + "x")
+    cat = "sqlite:///" + "c" * 1014
+    assert Location.parse(str(tmp_path), cat).catalog == cat
+    with pytest.raises(LakeError, match=r"^--catalog: a postgresql:// or sqlite:/// URL"):
+        Location.parse(str(tmp_path), cat + "c")
+    f = tmp_path / ("f" * 100)
+    f.write_text("x")
+    with pytest.raises(LakeError) as e:
+        Location.parse(str(f))
+    assert str(e.value) == f"--lake {str(f)[:80]}: not a directory"
+    with pytest.raises(LakeError, match=r"^--lake .{80}: File name too long$"):  # a name over 255 bytes
+        Location.parse(str(tmp_path / ("n" * 300)))
+
+
+def test_a_lake_file_that_cannot_be_read_is_its_errors_first_line() -> None:
+    from cmdare.collector.lake import lake_io
+
+    e = OSError("No such file: /lake/data/" + "p" * 300 + "\nsecond line: more detail")
+    msg = lake_io(e)
+    assert msg.startswith("cannot read the lake's files (No such file: /lake/data/pp")
+    assert "second line" not in msg and msg.count("p" * 100) == 1
+    quoted = msg[len("cannot read the lake's files ("):msg.index("); Iceberg")]
+    assert quoted == ("No such file: /lake/data/" + "p" * 300)[:160]
+    assert lake_io(OSError()).startswith("cannot read the lake's files (OSError); ")

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -377,3 +378,79 @@ def test_compacting_a_day_rewrites_that_day_only(lake: Lake) -> None:
     assert rep.compacted == {"gpu_samples": (3, 1)}
     parts = {str(d): len(f) for d, f in day_partitions(lake.table("gpu_samples")).items()}
     assert parts == {"2026-09-01": 1, "2026-09-02": 2} and count(lake) == (50, 50)
+
+
+def test_rounds_of_two_days_and_before_1970_land_in_their_days(lake: Lake) -> None:
+    """Exactly two days in a round (each day's rows filtered) and times before 1970 (the day
+    floored, not truncated towards zero)."""
+    import pyarrow as pa_
+
+    lake.append("gpu_samples", pa_.concat_tables([samples(0, 4, day=0), samples(10, 3, day=1)]), {"t/0": ([0], [1])},
+                "a")
+    assert count(lake) == (7, 7)
+    before = (dt.datetime(1969, 12, 31) - DAY0).days
+    lake.append("gpu_samples", samples(20, 2, day=before), {"t/0": ([1], [2])}, "a")
+    assert {Path(f).parent.name for f in lake.files("gpu_samples")} == {
+        "ts_day=2026-09-01", "ts_day=2026-09-02", "ts_day=1969-12-31"}
+    assert count(lake) == (9, 9)
+
+
+def test_unseen_rows_are_looked_for_in_their_time_range_and_said(lake: Lake, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    lake.append("gpu_samples", samples(0, 10), {"t/0": ([0], [1])}, "a")
+    filters: list[Any] = []
+    real = Lake.files
+    monkeypatch.setattr(Lake, "files", lambda self, name, row_filter=None, tbl=None: (
+        filters.append(row_filter), real(self, name, row_filter, tbl))[1])
+    with caplog.at_level(logging.INFO, logger="cmdare.collector"):
+        assert lake.append("gpu_samples", samples(20, 5), {"t/0": ([1], [2])}, "a") == 5
+        assert not [r for r in caplog.records if "were stored already" in r.getMessage()]
+        assert lake.append("gpu_samples", samples(5, 10), {"t/0": ([2], [3])}, "a") == 5
+    said = [r.getMessage() for r in caplog.records if "were stored already" in r.getMessage()]
+    assert said == ["gpu_samples: 5 of 10 rows were stored already"]
+    assert filters and all(f is not None and "ts" in repr(f) for f in filters if f is not None)
+    assert any(f is not None for f in filters)
+
+
+def test_to_lake_marks_its_source_and_says_each_table(tmp_path: Path) -> None:
+    from cmdare.collector.db import connect
+    from cmdare.collector.lake import load_database
+    from cmdare.collector.writer import Writer
+
+    db = tmp_path / ("f" * 230 + ".duckdb")
+    ev = [{"v": 1, "id": f"hb-{i}", "ts": 1.79e9 + i, "node": "n0", "role": "worker", "job": "j",
+           "labels": {}, "type": "heartbeat", "data": {"seq": i + 1}} for i in range(5)]
+    con = connect(db)
+    Writer(con, max_skew=None).write([("x", encode_many(ev))])
+    lk = Lake(str(tmp_path / "lake"))
+    lk.ensure()
+    said: list[str] = []
+    out, _ = load_database(lk, con, str(db), progress=said.append)
+    con.close()
+    assert out["heartbeats"] == 5 and "heartbeats: 5 rows" in said
+    source = f"db:{db.name}"[:200]
+    assert len(source) == 200 and lk.positions() == {source: [1]}
+    from cmdare.collector.lake import MARKER
+
+    marks = lk.table(MARKER).scan().to_arrow().to_pylist()
+    assert {(m["source"], tuple(m["start"]), tuple(m["end"])) for m in marks} == {(source, (0,), (1,))}
+
+
+def test_settling_gives_up_after_its_tries_unless_another_did_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cmdare.collector import lake as lake_mod
+
+    monkeypatch.setattr(lake_mod.time, "sleep", lambda s: None)
+    calls: list[int] = []
+
+    def fail() -> None:
+        calls.append(1)
+        raise RuntimeError("taken")
+
+    with pytest.raises(RuntimeError, match="taken"):
+        lake_mod._settle(fail, lambda: False, tries=3)
+    assert len(calls) == 3
+    calls.clear()
+    lake_mod._settle(fail, lambda: len(calls) == 2, tries=5)  # another process made it meanwhile
+    assert len(calls) == 2
