@@ -167,3 +167,12 @@ def test_repeat_numbers_a_client_sends_choose_no_id(tmp_path: Path) -> None:
     assert [g["repeat"] for g in got] == [0, 1, 2, 3, 4]
     local = overheads.parse("checkpoints", "size_mb,save_s\n10,3\n10,3\n", "x.csv")
     assert [r["id"] for r in local] == [r["id"] for r in overheads.check("checkpoints", [rec, {**rec, "repeat": 1}])]
+
+
+def test_an_empty_record_over_the_api_is_a_bad_line_not_a_crash(tmp_path: Path) -> None:
+    db = Database(tmp_path / "o.duckdb")
+    with pytest.raises(AnalyticsError, match=r"^import: line 3: size_mb is empty \(it is required\)$"):
+        api.import_overheads(db, "checkpoints", [{"size_mb": 1, "save_s": 2}, {}])
+    with pytest.raises(AnalyticsError, match=r"^import: each record must be an object$"):
+        overheads.check("checkpoints", [{"size_mb": 1, "save_s": 2}, ["not", "a", "dict"]])  # type: ignore[list-item]
+    assert api.import_overheads(db, "checkpoints", [{"size_mb": 1, "save_s": 2}])["stored"] == 1
