@@ -122,25 +122,35 @@ class Database:
         """A connection that cannot write (``config``: settings for a file opened here; a
         served database has them instance-wide)."""
         if self._live is None:
+            _unscoped("read a database file")
             con = open_ro(self.path, config)
             try:
                 yield con
             finally:
                 con.close()
             return
+        from . import scoping
+
         cur = self._cursor()
+        scope = scoping.current()  # a label-filtered token's request: its views only
+        attached = None
         try:
+            if scope is not None:
+                attached = scoping.attach(cur, scope)
             cur.execute("BEGIN TRANSACTION READ ONLY")
             yield cur
         finally:
             with contextlib.suppress(duckdb.Error):
                 cur.execute("ROLLBACK")
+            if attached is not None:
+                scoping.detach(cur, attached)
             cur.close()
 
     @contextlib.contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection that writes: the file opened for writing, or a cursor of the served
         connection under the write lock."""
+        _unscoped("write")
         if self._live is None:
             con = open_rw(self.path)
             try:
@@ -159,6 +169,15 @@ class Database:
         if self._live is not None:
             with contextlib.suppress(duckdb.Error):
                 self._live.close()
+
+
+def _unscoped(what: str) -> None:
+    """Refuse what a label-filtered token's request may not do (fail closed)."""
+    from . import scoping
+
+    scope = scoping.current()
+    if scope is not None:
+        raise AnalyticsError(f"token {scope.token} sees only {scope}: it cannot {what}")
 
 
 def _q(s: str) -> str:

@@ -27,6 +27,7 @@ from . import api, codec
 from .db import AnalyticsError, Database
 from .resources import RESOURCES, Resource, Since, Stamp, Until
 from .routing import RawNames, named
+from .scoping import Scope, active
 from .throttle import Throttle
 from .tokens import Tokens, needs_admin
 
@@ -103,6 +104,7 @@ class SqlOut(TableOut):
 
 # -- middleware -------------------------------------------------------------------------------
 
+FLEET_PATHS = frozenset({"/metrics"})  # answered from the whole fleet, not reads a scope filters
 OPEN_PATHS = frozenset({"/healthz", "/ui/login", "/ui/logout"})  # answered without a token (logout ends
 # only the session its own cookie names)
 
@@ -127,6 +129,7 @@ class Guard:
         headers = dict(scope.get("headers") or [])
         path = scope["path"]
         send = _no_store(send)
+        limited: Scope | None = None
         if self.token and path not in OPEN_PATHS and not path.startswith("/ui/static/"):
             from cmdare.dashboards.pages import login_redirect
             from cmdare.dashboards.sessions import session_id
@@ -142,6 +145,7 @@ class Guard:
             scheme, _, got = presented.decode("latin-1").partition(" ")
             bearer = self.token.match(got.strip()) if scheme.lower() == "bearer" else None
             sid = session_id(headers)
+            who = bearer
             if bearer:
                 self.throttle.succeeded(address)
                 if bearer.scope != "admin" and needs_admin(scope["method"], path):
@@ -150,7 +154,7 @@ class Guard:
                                        403)(scope, receive, send)
                     return
             # the pages' session cookie reads (GET, HEAD) and never writes
-            elif not (scope["method"] in ("GET", "HEAD") and self.sessions.check(sid, self.token)):
+            elif not (scope["method"] in ("GET", "HEAD") and (who := self.sessions.token(sid, self.token))):
                 if presented:
                     self.throttle.failed(address, "bearer")
                 elif sid:
@@ -161,6 +165,12 @@ class Guard:
                     return
                 await JSONResponse({"error": "unauthorized"}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
+            if who is not None and who.labels:
+                if path in FLEET_PATHS:
+                    await JSONResponse({"error": f"token {who.name} sees only its labels' nodes and jobs: "
+                                                 f"{path} is the whole fleet's"}, 403)(scope, receive, send)
+                    return
+                limited = Scope(who.name, who.labels)
         self.counter()
         ctype = headers.get(b"content-type", b"")
         if scope["method"] == "POST" and (not ctype or ctype.startswith(b"application/x-www-form-urlencoded")):
@@ -187,7 +197,8 @@ class Guard:
             return msg
 
         try:
-            await self.app(scope, bounded, send)
+            with active(limited):  # every read of this request sees the token's labels only
+                await self.app(scope, bounded, send)
         except _BodyTooLarge:
             await _too_large(limit)(scope, receive, send)
 

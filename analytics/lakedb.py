@@ -57,6 +57,9 @@ class LakeDatabase(Database):
         """The lake as of this object's first read (planned once: a report's many reads
         share it), served as a collector's connection is (a read-only transaction, always
         rolled back); with ``config`` (user SQL's guards), a connection of its own."""
+        from .db import _unscoped
+
+        _unscoped("read a lake (label filters apply to a collector's database)")
         if config:
             con = self._open(config)
             try:

@@ -96,15 +96,24 @@ def check(con: duckdb.DuckDBPyConnection, query: str) -> None:
         if name in ("", "WITH"):
             name = stmt.type.name
         raise SqlRefused(f"only SELECT queries may run here (read-only, database only), not {name}")
-    inner = _writing_node(con, query)
+    inner, around = _writing_node(con, query)
     if inner:
         raise SqlRefused(f"only SELECT queries may run here (read-only, database only), not {inner} inside a SELECT")
+    if around:
+        from .scoping import current
+
+        raise SqlRefused(f"token {getattr(current(), 'token', '?')} sees its labels' nodes and jobs only: "
+                         f"not {around}")
 
 
-def _writing_node(con: duckdb.DuckDBPyConnection, query: str) -> str | None:
+def _writing_node(con: duckdb.DuckDBPyConnection, query: str) -> tuple[str | None, str | None]:
     """The first query node of the parse tree that is not a read (``DELETE`` for a
-    ``DELETE_QUERY_NODE`` in a WITH), or None; a tree DuckDB cannot serialise is refused."""
+    ``DELETE_QUERY_NODE`` in a WITH), or None; under a label-filtered token's scope, what
+    would read around its views (analytics/scoping.py), or None. A tree DuckDB cannot
+    serialise is refused."""
     import json
+
+    from . import scoping
 
     try:
         (text,) = con.execute("SELECT json_serialize_sql($q::VARCHAR)", {"q": query}).fetchone() or ("",)
@@ -121,11 +130,11 @@ def _writing_node(con: duckdb.DuckDBPyConnection, query: str) -> str | None:
         if isinstance(x, dict):
             t = x.get("type")
             if isinstance(t, str) and t.endswith("_NODE") and t not in READ_NODES:
-                return t.partition("_")[0]
+                return t.partition("_")[0], None
             stack.extend(x.values())
         elif isinstance(x, list):
             stack.extend(x)
-    return None
+    return None, (scoping.refused(tree) if scoping.current() is not None else None)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,11 @@ it), or a token file of named, scoped tokens stored as their SHA-256 only::
     name = "dashboards"
     scope = "read"             # every GET, user SQL, rule checks
 
+    [[token]]
+    name = "vision"
+    scope = "read"
+    labels = { team = "vision" }  # sees only nodes with these labels, and their jobs
+
 A token file is read again when it changes (looked at once a second at most): a token
 added works at once, a token removed or given a new secret stops at once, and the page
 sessions signed in with it end. A file that cannot be read or parsed keeps the tokens
@@ -42,6 +47,9 @@ MAX_FILE = 64 << 10  # bytes of a token file
 MAX_TOKENS = 1000
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 _HEX = re.compile(r"^[0-9a-f]{64}$")
+MAX_LABELS = 8
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9_./-]{1,63}$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9_.:/@ -]{1,128}$")
 
 
 class TokenError(ValueError):
@@ -58,6 +66,7 @@ class Token:
     name: str
     scope: str
     sha256: str
+    labels: tuple[tuple[str, str], ...] = ()  # a label filter: what its reads see (analytics/scoping.py)
 
 
 def parse(text: str, where: str) -> list[Token]:
@@ -80,9 +89,9 @@ def parse(text: str, where: str) -> list[Token]:
     out: list[Token] = []
     for i, t in enumerate(rows):
         at = f"{where}: token[{i}]"
-        if not isinstance(t, dict) or set(t) != {"name", "scope", "sha256"}:
-            raise TokenError(f"{at}: expected exactly name, scope and sha256 (the token's SHA-256, "
-                             "never the token: cmdare-collector token-hash)")
+        if not isinstance(t, dict) or not {"name", "scope", "sha256"} <= set(t) <= {"name", "scope", "sha256", "labels"}:
+            raise TokenError(f"{at}: expected name, scope and sha256 (the token's SHA-256, "
+                             "never the token: cmdare-collector token-hash), and optionally labels")
         name, scope, sha = t["name"], t["scope"], t["sha256"]
         if not isinstance(name, str) or not _NAME.match(name):
             raise TokenError(f"{at}: name: 1 to 64 of A-Z a-z 0-9 _ . @ -")
@@ -90,7 +99,7 @@ def parse(text: str, where: str) -> list[Token]:
             raise TokenError(f"{at} ({name}): scope: one of {', '.join(SCOPES)}")
         if not isinstance(sha, str) or not _HEX.match(sha.lower()):
             raise TokenError(f"{at} ({name}): sha256: 64 hex digits (cmdare-collector token-hash)")
-        out.append(Token(name, scope, sha.lower()))
+        out.append(Token(name, scope, sha.lower(), _labels(t.get("labels"), f"{at} ({name})", scope)))
     for what, key in (("name", lambda x: x.name), ("secret", lambda x: x.sha256)):
         seen: set[str] = set()
         for tok in out:
@@ -98,6 +107,22 @@ def parse(text: str, where: str) -> list[Token]:
                 raise TokenError(f"{where}: two tokens with one {what} ({tok.name})")
             seen.add(key(tok))
     return out
+
+
+def _labels(v: object, at: str, scope: str) -> tuple[tuple[str, str], ...]:
+    """A token's label filter: ``{team = "vision"}`` (every label must match), read tokens only."""
+    if v is None:
+        return ()
+    if not isinstance(v, dict) or not 1 <= len(v) <= MAX_LABELS:
+        raise TokenError(f"{at}: labels: a table of 1 to {MAX_LABELS} names and values, like {{ team = \"vision\" }}")
+    if scope != "read":
+        raise TokenError(f"{at}: labels: a label filter is for read tokens (an admin token sees and writes all)")
+    for k, x in v.items():
+        if not _LABEL_KEY.match(k):
+            raise TokenError(f"{at}: labels: name {k[:40]!r}: 1 to 63 of A-Z a-z 0-9 _ . / -")
+        if not isinstance(x, str) or not _LABEL_VALUE.match(x):
+            raise TokenError(f"{at}: labels: {k}: a value of 1 to 128 of A-Z a-z 0-9 _ . : / @ - and spaces")
+    return tuple(sorted(v.items()))
 
 
 def read(path: str | Path) -> list[Token]:
@@ -146,7 +171,15 @@ class Tokens:
 
     def holds(self, name: str, sha256: str) -> bool:
         """Whether the token of that name still has that secret (a session's check)."""
-        return any(t.name == name and hmac.compare_digest(t.sha256, sha256) for t in self.all())
+        return self.held(name, sha256) is not None
+
+    def held(self, name: str, sha256: str) -> Token | None:
+        """The token of that name if it still has that secret (a session's token)."""
+        found = None
+        for t in self.all():
+            if t.name == name and hmac.compare_digest(t.sha256, sha256):
+                found = t
+        return found
 
     def _stat(self) -> tuple[float, int, int] | None:
         if self.path is None:

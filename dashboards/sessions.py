@@ -82,21 +82,26 @@ class Sessions:
     def check(self, sid: str | None, tokens: Any) -> bool:
         """Whether ``sid`` is a live session signed in with a token ``tokens`` still holds
         (an analytics.tokens.Tokens, or one token's text)."""
+        return self.token(sid, tokens) is not None
+
+    def token(self, sid: str | None, tokens: Any) -> Any:
+        """The token (analytics.tokens.Token) of live session ``sid``, if ``tokens`` still
+        holds it; else None."""
         from cmdare.analytics.tokens import Tokens
 
         if not sid:
-            return False
+            return None
         k = _key(sid)
         with self._lock:
             got = self._by_key.get(k)
             if got is None:
-                return False
+                return None
             (name, sha), expiry = got
             if self.clock() >= expiry:
                 del self._by_key[k]
-                return False
+                return None
         held = Tokens.of(tokens)
-        return held is not None and held.holds(name, sha)
+        return held.held(name, sha) if held is not None else None
 
     def close(self, sid: str | None) -> bool:
         """Sign-out: the session ends (True when there was one)."""

@@ -214,9 +214,9 @@ def test_a_serialiser_error_is_refused_with_its_message_cut_at_200_characters() 
         safesql._writing_node(_Serialised(tree), "SELECT 1")
     assert str(e.value) == "query does not parse: " + ("Not implemented: " + "x" * 500)[:200]
     assert safesql._writing_node(_Serialised(json.dumps({"statements": [{"node": {"type": "SELECT_NODE"}}]})),
-                                 "SELECT 1") is None
+                                 "SELECT 1") == (None, None)
     assert safesql._writing_node(_Serialised(json.dumps({"statements": [{"node": {"type": "DELETE_QUERY_NODE"}}]})),
-                                 "SELECT 1") == "DELETE"
+                                 "SELECT 1") == ("DELETE", None)
 
 
 def test_a_giant_value_is_stopped_inside_duckdb_before_python_holds_it() -> None:

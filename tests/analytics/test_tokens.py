@@ -41,7 +41,7 @@ def test_token_hash_prints_a_table_that_matches_only_its_token() -> None:
 @pytest.mark.parametrize(("text", "error"), [
     ("", "the file is empty"),
     ("a\nb\n", "one token on one line"),
-    ("[[token]]\nname = 'x'\n", "expected exactly name, scope and sha256"),
+    ("[[token]]\nname = 'x'\n", "expected name, scope and sha256"),
     ("[[token]]\nname = 'x'\nscope = 'root'\nsha256 = '" + "a" * 64 + "'\n", "scope: one of read, admin"),
     ("[[token]]\nname = 'x'\nscope = 'read'\nsha256 = 'hunter2'\n", "sha256: 64 hex digits"),
     ("[[token]]\nname = 'a b'\nscope = 'read'\nsha256 = '" + "a" * 64 + "'\n", "name: 1 to 64"),

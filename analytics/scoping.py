@@ -1,0 +1,156 @@
+"""Reads through a label-filtered token: a request signed in with a token that has
+``labels = { team = "vision" }`` sees the nodes whose labels all match, the jobs seen on
+those nodes, and nothing else, in every API call, page and user SQL query.
+
+How: each read of such a request (``Database.read`` of a served database) attaches a fresh
+in-memory catalog holding one view per table and view of the served database, of the same
+name, filtered, and makes it the cursor's default (``USE``); the library's queries and the
+user's SQL name tables unqualified and so read the views. What each view keeps:
+
+- a table with a ``node`` column: the rows of visible nodes (and, where it has a ``job``
+  column too, rows with no node of a visible job: a job-wide finding);
+- with a ``job`` column only: the rows of visible jobs;
+- ``alerts``: those whose labels name a visible node or job;
+- reference tables that hold no team's telemetry (``OPEN``): all of it;
+- anything else (fleet-wide fits built from every team's jobs, delivery bookkeeping,
+  dead letters): nothing.
+
+The table macros (``instance_lives``, ``runs``) are made again in the attached catalog, so
+they read the views.
+
+The visible nodes and jobs are fixed when the read starts (two small tables in the
+attached catalog). User SQL under a scope may not name a catalog or a schema other than
+``main``, ``information_schema`` and ``pg_catalog``, nor call a table function outside
+``TABLE_FUNCTIONS`` (``query_table``, ``duckdb_views()`` ...): each is a way around the
+views (analytics/safesql.py refuses them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import duckdb
+
+from cmdare.collector.views import VIEWS
+from cmdare.collector.views import sql as view_sql
+
+OPEN = frozenset({"schema_migrations", "rollup_horizon", "alert_rules", "checkpoint_records", "startup_records"})
+TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "json_each", "json_tree"})
+SCHEMAS = frozenset({"", "main", "information_schema", "pg_catalog"})
+PREFIX = "cmdare_scope_"
+
+
+@dataclass(frozen=True)
+class Scope:
+    token: str  # the token's name, for messages
+    labels: tuple[tuple[str, str], ...]
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.labels)
+
+
+_CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("cmdare_scope", default=None)
+
+
+def current() -> Scope | None:
+    """The scope of the request being served (None: unfiltered)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def active(scope: Scope | None) -> Iterator[None]:
+    """Reads made inside see ``scope`` only (None: everything)."""
+    t = _CURRENT.set(scope)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(t)
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _ident(s: str) -> str:
+    return '"' + s.replace('"', '""') + '"'
+
+
+def attach(cur: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str, str]:
+    """Attach ``scope``'s views of the cursor's current catalog and make them its default:
+    (the attached catalog's name, the served catalog's, both quoted) for ``detach``."""
+    (served,) = cur.execute("SELECT current_database()").fetchone() or ("",)
+    src, name = _ident(served), PREFIX + secrets.token_hex(8)
+    cur.execute(f"ATTACH ':memory:' AS {name}")
+    try:
+        match = " AND ".join(f"json_extract_string(labels, {_lit('$.' + _ident(k))}) = {_lit(v)}"
+                             for k, v in scope.labels) or "false"
+        cur.execute(f"CREATE TABLE {name}.main.cmdare_visible_nodes AS "
+                    f"SELECT node FROM {src}.main.nodes WHERE {match}")
+        nodes = f"(SELECT node FROM {name}.main.cmdare_visible_nodes)"
+        cur.execute(f"CREATE TABLE {name}.main.cmdare_visible_jobs AS SELECT DISTINCT job FROM ("
+                    f"SELECT job FROM {src}.main.jobs WHERE node IN {nodes} UNION ALL "
+                    f"SELECT job FROM {src}.main.nodes WHERE node IN {nodes}) WHERE job IS NOT NULL")
+        jobs = f"(SELECT job FROM {name}.main.cmdare_visible_jobs)"
+        rels = cur.execute("SELECT table_name, list(column_name) FROM information_schema.columns "
+                           "WHERE table_catalog = ? AND table_schema = 'main' GROUP BY table_name",
+                           [served]).fetchall()
+        for table, cols in rels:
+            if "node" in cols:
+                keep = f"node IN {nodes}" + (f" OR (node IS NULL AND job IN {jobs})" if "job" in cols else "")
+            elif "job" in cols:
+                keep = f"job IN {jobs}"
+            elif table == "alerts":
+                keep = (f"json_extract_string(labels, '$.node') IN {nodes} "
+                        f"OR json_extract_string(labels, '$.job') IN {jobs}")
+            elif table in OPEN:
+                keep = "true"
+            else:
+                keep = "false"
+            cur.execute(f"CREATE VIEW {name}.main.{_ident(table)} AS "
+                        f"SELECT * FROM {src}.main.{_ident(table)} WHERE {keep}")
+        cur.execute(f"USE {name}")
+        macros = {m for (m,) in cur.execute(
+            "SELECT function_name FROM duckdb_functions() WHERE database_name = ? AND NOT internal "
+            "AND function_type IN ('macro', 'table_macro')", [served]).fetchall()}
+        for m in VIEWS:  # the table macros again, here: their tables are the views above
+            if m in macros:
+                cur.execute(view_sql(m))
+    except BaseException:
+        detach(cur, (name, src))
+        raise
+    return name, src
+
+
+def detach(cur: duckdb.DuckDBPyConnection, names: tuple[str, str]) -> None:
+    name, src = names
+    with contextlib.suppress(duckdb.Error):
+        cur.execute(f"USE {src}")
+    with contextlib.suppress(duckdb.Error):
+        cur.execute(f"DETACH {name}")
+
+
+def refused(tree: object) -> str | None:
+    """What in a user query's parse tree (json_serialize_sql) would read around a scope's
+    views, in words, or None."""
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            t = x.get("type")
+            if t == "BASE_TABLE":
+                if x.get("catalog_name") or (x.get("schema_name") or "") not in SCHEMAS:
+                    path = ".".join(p for p in (x.get("catalog_name"), x.get("schema_name"), x.get("table_name")) if p)
+                    return f"the table {str(path)[:80]!r} (name tables without a database or schema)"
+            elif t == "TABLE_FUNCTION":
+                f = x.get("function") or {}
+                fn = str(f.get("function_name", "")).lower() if isinstance(f, dict) else ""
+                if fn not in TABLE_FUNCTIONS or (isinstance(f, dict) and (f.get("catalog") or f.get("schema"))):
+                    return f"the table function {fn[:60]!r}"
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return None
