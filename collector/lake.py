@@ -507,13 +507,9 @@ def _positions(snapshot: Any) -> dict[str, list[int]]:
     return {str(k): [int(x) for x in v] for k, v in out.items() if isinstance(v, list)}
 
 
-def _lt(a: list[int] | None, b: list[int] | None) -> bool:
-    """a < b, positions compared in order; a missing position is before all."""
-    if b is None:
-        return False
-    if a is None:
-        return True
-    return list(a) < list(b)
+def _lt(a: list[int], b: list[int] | None) -> bool:
+    """a < b, positions compared in order; a missing position ``b`` is before all."""
+    return b is not None and list(a) < list(b)
 
 
 def day_partitions(t: Any) -> dict[dt.date, list[Any]]:

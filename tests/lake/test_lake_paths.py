@@ -107,6 +107,9 @@ def test_location_lengths_at_the_limit_and_a_file_in_the_way(tmp_path: Path) -> 
     assert Location.parse(str(tmp_path), cat).catalog == cat
     with pytest.raises(LakeError, match=r"^--catalog: a postgresql:// or sqlite:/// URL"):
         Location.parse(str(tmp_path), cat + "c")
+    with pytest.raises(LakeError) as e:
+        Location.parse(str(tmp_path), "mysql://" + "h" * 100)
+    assert str(e.value) == "--catalog: a postgresql:// or sqlite:/// URL, not " + repr(("mysql://" + "h" * 100)[:40])
     f = tmp_path / ("f" * 100)
     f.write_text("x")
     with pytest.raises(LakeError) as e:

@@ -393,6 +393,11 @@ def test_rounds_of_two_days_and_before_1970_land_in_their_days(lake: Lake) -> No
     assert {Path(f).parent.name for f in lake.files("gpu_samples")} == {
         "ts_day=2026-09-01", "ts_day=2026-09-02", "ts_day=1969-12-31"}
     assert count(lake) == (9, 9)
+    # one microsecond before 1970 is the last day before it
+    t = samples(30, 1).set_column(1, "ts", pa.array([dt.datetime(1969, 12, 31, 23, 59, 59, 999999)],
+                                                    pa.timestamp("us")))
+    lake.append("gpu_samples", t, {"t/0": ([2], [3])}, "a")
+    assert [f for f in lake.files("gpu_samples") if "1970-01-01" in f] == []
 
 
 def test_unseen_rows_are_looked_for_in_their_time_range_and_said(lake: Lake, monkeypatch: pytest.MonkeyPatch,
@@ -432,10 +437,34 @@ def test_to_lake_marks_its_source_and_says_each_table(tmp_path: Path) -> None:
     assert out["heartbeats"] == 5 and "heartbeats: 5 rows" in said
     source = f"db:{db.name}"[:200]
     assert len(source) == 200 and lk.positions() == {source: [1]}
+    assert {len(m) for m in (r["writer"] for r in lk.table("lake_commits").scan().to_arrow().to_pylist())} == {200}
     from cmdare.collector.lake import MARKER
 
     marks = lk.table(MARKER).scan().to_arrow().to_pylist()
     assert {(m["source"], tuple(m["start"]), tuple(m["end"])) for m in marks} == {(source, (0,), (1,))}
+
+
+def test_ensure_partitions_a_table_a_collector_left_unpartitioned(lake: Lake) -> None:
+    from cmdare.collector.lake import NAMESPACE
+
+    lake.catalog.drop_table(f"{NAMESPACE}.gpu_samples")
+    lake.catalog.create_table(f"{NAMESPACE}.gpu_samples", schema=schema("gpu_samples"))  # died before partitioning
+    assert lake.partition_missing("gpu_samples", "ts")
+    lake.ensure()
+    assert not lake.partition_missing("gpu_samples", "ts")
+    assert lake.append("gpu_samples", samples(0, 3), {"t/0": ([0], [1])}, "a") == 3
+
+
+def test_a_catalog_without_cmdares_namespace_is_not_a_lake(tmp_path: Path) -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from cmdare.collector.lake import sqlite_url
+
+    d = tmp_path / "other"
+    d.mkdir()
+    SqlCatalog("x", uri=sqlite_url(d / "catalog.db"), warehouse=str(d), init_catalog_tables="true")
+    with pytest.raises(LakeError, match=r": not a cmdare lake \(no namespace 'cmdare' in its catalog\)$"):
+        Lake(str(d), create=False)
 
 
 def test_settling_gives_up_after_its_tries_unless_another_did_it(monkeypatch: pytest.MonkeyPatch) -> None:
