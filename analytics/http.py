@@ -434,7 +434,7 @@ def _model_routes(app: FastAPI, db: Database) -> None:
 
     # imports
     @app.post("/api/v1/imports/{kind}", tags=["imports"])
-    def import_overheads(body: OverheadBody, kind: Literal["checkpoints", "startups"] = Path()) -> Any:
+    def import_overheads(body: OverheadBody, kind: Literal["checkpoints", "startups", "lives"] = Path()) -> Any:
         return api.import_overheads(db, kind, body.records)
 
     @app.post("/api/v1/imports", tags=["imports"])

@@ -21,7 +21,9 @@ stay two).
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -44,7 +46,7 @@ MAX_MB = 1e8  # 100 TB checkpoint
 @dataclass(frozen=True)
 class Column:
     name: str
-    kind: str  # "text" | "float" | "int" | "purchase" | "region"
+    kind: str  # "text" | "float" | "int" | "purchase" | "region" | "accelerator" | "zone" | "time" | "ended_by"
     required: bool
     lo: float = 0.0
     hi: float = math.inf
@@ -73,8 +75,22 @@ FORMATS: dict[str, tuple[Column, ...]] = {
         Column("staging_s", "float", True, hi=MAX_SECONDS, help="resources allocated, image attached, s"),
         Column("booting_s", "float", True, hi=MAX_SECONDS, help="guest boot to ready, s"),
     ),
+    "lives": (  # analytics/lives.py
+        Column("vm", "text", False, help="the VM's name or id (a VM exported again: its final state counts)"),
+        Column("accelerator", "accelerator", True, help="accelerator, e.g. k80, v100, a100"),
+        Column("region", "region", False, help="cloud region, e.g. us-east1 (else read from zone)"),
+        Column("zone", "zone", False, help="cloud zone, e.g. us-east1-b"),
+        Column("instance_type", "text", False, help="machine type, e.g. n1-standard-8"),
+        Column("purchase", "purchase", False, help="spot (default; preemptible is spot) or on-demand"),
+        Column("lifetime_s", "float", False, hi=400 * 86400.0, positive=True,
+               help="seconds from start to end (else created and ended)"),
+        Column("created", "time", False, help="ISO 8601 time the VM started"),
+        Column("ended", "time", False, help="ISO 8601 time it ended (empty for a running VM)"),
+        Column("ended_by", "ended_by", True, help="preempted, max_lifetime, deleted or running"),
+    ),
 }
-TABLES = {"checkpoints": "checkpoint_records", "startups": "startup_records"}
+TABLES = {"checkpoints": "checkpoint_records", "startups": "startup_records", "lives": "spot_lives"}
+EXTRA = {"lives": ("lifetime_seconds",)}  # derived columns a kind stores beside its own
 _REGION = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 PURCHASES = {"spot": "spot", "preemptible": "spot", "on-demand": "on-demand", "ondemand": "on-demand",
              "on_demand": "on-demand"}
@@ -103,6 +119,14 @@ def _value(col: Column, text: str, where: str) -> Any:
         if not _REGION.match(text.lower()):
             raise AnalyticsError(f"{where}: region {one_line(text, 24)!r} is not a region name (like us-east1)")
         return text.lower()
+    if col.kind in ("accelerator", "ended_by", "zone"):
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", text):
+            raise AnalyticsError(f"{where}: {col.name} {one_line(text, 24)!r} is not a name (letters, digits, . _ -)")
+        return text.lower()
+    if col.kind == "time":
+        from .lives import time_value
+
+        return time_value(text, col.name, where)
     if col.kind == "purchase":
         p = PURCHASES.get(text.lower())
         if p is None:
@@ -128,7 +152,8 @@ def _key(kind: str, rec: dict[str, Any]) -> str:
     return "\x1f".join(repr(rec[c.name]) for c in FORMATS[kind])
 
 
-def _rows(kind: str, rows: Iterator[tuple[int, list[str]]], name: str) -> Iterator[dict[str, Any]]:
+def _rows(kind: str, rows: Iterator[tuple[int, list[str]]], name: str,
+          as_of: Any = None) -> Iterator[dict[str, Any]]:
     """The checked records of one file's rows (``name`` says where in errors), each with
     its id (values and repeat number in the file), source file name and line."""
     cols = FORMATS[kind]
@@ -150,8 +175,15 @@ def _rows(kind: str, rows: Iterator[tuple[int, list[str]]], name: str) -> Iterat
         if len(row) < width:
             raise AnalyticsError(f"{where}: {len(row)} fields, the header has {width}")
         rec = {c.name: (_value(c, row[at[c.name]], where) if c.name in at else None) for c in cols}
-        rec["repeat"] = repeats.number(_key(kind, rec))
-        rec["id"] = csvstream.record_id(kind, _key(kind, rec), rec["repeat"])
+        if kind == "lives":
+            from .lives import finish
+
+            finish(rec, where, as_of(line) if callable(as_of) else as_of)
+            if rec["ended"] is None and rec["ended_by"] == "running" and rec["lifetime_s"] is None:
+                rec["as_of"] = as_of(line) if callable(as_of) else as_of  # sent along through a collector
+        key = _key(kind, rec)  # its columns' values (a region read from the zone included), not derived ones
+        rec["repeat"] = repeats.number(key)
+        rec["id"] = csvstream.record_id(kind, key, rec["repeat"])
         rec["source"] = source
         rec["line"] = line
         yield rec
@@ -194,7 +226,8 @@ def stream(kind: str, files: Sequence[Path], batch: int | None = None,
     for i, path in enumerate(files):
         with csvstream.open_regular(path, MAX_FILE, f"a {kind} CSV file") as f:
             lines = csvstream.Lines(f, str(path), MAX_FILE)
-            for rec in _rows(kind, csvstream.reader(lines, str(path)), str(path)):
+            mtime = dt.datetime.fromtimestamp(os.fstat(f.fileno()).st_mtime, dt.timezone.utc).replace(tzinfo=None)
+            for rec in _rows(kind, csvstream.reader(lines, str(path)), str(path), mtime):
                 total += 1
                 if total > MAX_ROWS:
                     raise AnalyticsError(f"import: more than {MAX_ROWS} rows in all: import fewer files at once")
@@ -234,7 +267,15 @@ def check(kind: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 raise AnalyticsError("import: each record must be an object")
             yield i + 2, ["" if r.get(c.name) is None else str(r.get(c.name)) for c in cols]
 
-    out = list(_rows(kind, lines(), "import"))
+    def as_of(line: int) -> Any:  # a running VM's censoring time, as the client read its file's
+        from .lives import time_value
+
+        v = rows[line - 2].get("as_of")
+        if not v:
+            return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)  # sent now: alive now
+        return time_value(str(v), "as_of", f"import: line {line}")
+
+    out = list(_rows(kind, lines(), "import", as_of))
     per_file: dict[Any, csvstream.Repeats] = {}
     for rec, r in zip(out, rows, strict=True):  # ids per file; the file's name and line as the client read them
         f = r.get("file") if isinstance(r.get("file"), int) else 0
@@ -264,10 +305,10 @@ def store_batches(db: Database, kind: str, batches: Iterable[list[dict[str, Any]
     from .queries import needs_schema
 
     table = TABLES[kind]
-    cols = [c.name for c in FORMATS[kind]] + ["id", "source", "line"]
+    cols = [c.name for c in FORMATS[kind]] + list(EXTRA.get(kind, ())) + ["id", "source", "line"]
     n = 0
     with db.write() as con:
-        needs_schema(con, 14, f"analyze import {kind}")
+        needs_schema(con, 21 if kind == "lives" else 14, f"analyze import {kind}")
         before = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
         con.execute("BEGIN TRANSACTION")
         try:

@@ -38,7 +38,8 @@ import duckdb
 from cmdare.collector.views import VIEWS
 from cmdare.collector.views import sql as view_sql
 
-OPEN = frozenset({"schema_migrations", "rollup_horizon", "alert_rules", "checkpoint_records", "startup_records"})
+OPEN = frozenset({"schema_migrations", "rollup_horizon", "alert_rules", "checkpoint_records", "startup_records",
+                  "spot_lives"})
 TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "json_each", "json_tree"})
 SCHEMAS = frozenset({"", "main", "information_schema", "pg_catalog"})
 PREFIX = "cmdare_scope_"

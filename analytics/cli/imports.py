@@ -28,6 +28,7 @@ def import_() -> None:
       analyze import tensorboard runs/ --job resnet50-a --gpu-type v100 --workers 4
       analyze import checkpoints checkpoints.csv
       analyze import startups startups/
+      analyze import lives lives.csv
     """
 
 
@@ -173,9 +174,10 @@ def _overheads(kind: str, paths: tuple[str, ...], db: str, as_json_: bool) -> No
     if as_json_:
         click.echo(json.dumps(out))
     else:
-        click.echo(f"imported {out['stored']} {kind[:-1]} record(s) from {len(files)} file(s)"
+        what = "spot VM li" if kind == "lives" else kind[:-1] + " record"
+        click.echo(f"imported {out['stored']} {what}{'ves' if kind == 'lives' else '(s)'} from {len(files)} file(s)"
                    + (f"; {out['duplicates']} already stored" if out["duplicates"] else "")
-                   + " (analyze fit overhead fits them)")
+                   + f" (analyze fit {'lifetime' if kind == 'lives' else 'overhead'} fits them)")
 
 
 def _sent(r: dict[str, Any]) -> dict[str, Any]:
@@ -238,5 +240,34 @@ def startups(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
     _overheads("startups", paths, db, as_json_)
 
 
+@import_.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@db_option
+@json_option
+def lives(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
+    """Import spot VM lives from CSV files (or directories of them): one VM life a row,
+    with lifetime_s, or created and ended as a cloud's instance log gives them.
+
+    Columns (others ignored; a header line names them):
+
+    \b
+    {fmt}
+
+    ended_by: preempted is a revocation; max_lifetime (the provider's cap), deleted and
+    running (ended may be empty: alive at the file's modification time) are lives that did
+    not end in one. Checked a line at a time, stored in one transaction; importing again
+    stores nothing twice; a VM exported again in a later state counts in its final state.
+    Then `analyze fit lifetime` fits them with the lives the agents recorded, and
+    `analyze predict revocation` and `analyze recommend region` use them.
+
+    \b
+    Examples:
+      analyze import lives lives.csv
+      analyze import lives gce-instances/ --json
+    """
+    _overheads("lives", paths, db, as_json_)
+
+
 checkpoints.help = (checkpoints.help or "").replace("{fmt}", _FORMAT_HELP["checkpoints"])
+lives.help = (lives.help or "").replace("{fmt}", _FORMAT_HELP["lives"])
 startups.help = (startups.help or "").replace("{fmt}", _FORMAT_HELP["startups"])

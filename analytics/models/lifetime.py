@@ -34,36 +34,32 @@ def fit_lifetime(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Fit:
     import statsmodels.api as sm
 
     needs_schema(con, 4, "analyze fit lifetime")
-    rows = con.execute(
+    recorded = con.execute(
         """SELECT node, region, accelerator, lifetime_seconds / 3600.0, end_reason = 'revoked', boot_time, last_seen
            FROM instance_lives(lost_after := ?) WHERE spot AND lifetime_seconds > 0""",
         [lost_after],
     ).fetchall()
+    imported = _imported(con)
+    rows = [(*r, "recorded") for r in recorded] + [(*r, "imported") for r in imported]
     events = sum(1 for r in rows if r[4])
     if len(rows) < 10 or events < 3:
         raise AnalyticsError(
             f"the lifetime fit needs at least 10 spot VM lives with 3 revocations; the database has "
-            f"{len(rows)} lives with {events} revocations (spot lives come from the agent's cloud source)"
+            f"{len(rows)} lives with {events} revocations (spot lives come from the agent's cloud source, "
+            "or from records: analyze import lives FILE.csv)"
         )
     cat = catalog.load()
     groups: dict[str, dict[str, list]] = {}
-    for _node, region, acc, hours, ev, _, _ in rows:
+    for _node, region, acc, hours, ev, _, _, src in rows:
         k = "/".join(_group_key(region, acc, cat))
-        g = groups.setdefault(k, {"t": [], "e": []})
+        g = groups.setdefault(k, {"t": [], "e": [], "src": []})
         g["t"].append(hours)
         g["e"].append(1 if ev else 0)
-    curves = {}
-    for k, g in sorted(groups.items()):
-        sf = sm.SurvfuncRight(np.array(g["t"]), np.array(g["e"]))
-        curves[k] = {
-            "n": len(g["t"]),
-            "events": int(sum(g["e"])),
-            "times": [float(x) for x in sf.surv_times],
-            "surv": [float(x) for x in sf.surv_prob],
-            "se": [float(x) for x in sf.surv_prob_se],
-            "median_hours": None if not np.isfinite(sf.quantile(0.5)) else float(sf.quantile(0.5)),
-        }
-    model: dict[str, Any] = {"curves": curves, "coefficients": {}}
+        g["src"].append(src)
+    # each region its own curve: blending a thin region's with its accelerator's was measured
+    # worse (docs/models.md, "Spot VM lives")
+    curves = {k: _curve(g) for k, g in sorted(groups.items())}
+    model: dict[str, Any] = {"curves": curves, "coefficients": {}, "sources": _sources([r[7] for r in rows])}
     notes = []
     if len(groups) >= 2:
         import pandas as pd
@@ -98,6 +94,8 @@ def fit_lifetime(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Fit:
         "mape": None,
         "r2": None,
         "lives": len(rows),
+        "imported_lives": len(imported),
+        "recorded_lives": len(recorded),
         "revoked": events,
         "censored": len(rows) - events,
         **_heldout_brier(rows, cat),
@@ -109,11 +107,55 @@ def fit_lifetime(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Fit:
         len(rows),
         len(groups),
         cv,
-        min(r[5] for r in rows),
-        max(r[6] for r in rows),
+        min((r[5] for r in rows if r[5] is not None), default=None),
+        max((r[6] for r in rows if r[6] is not None), default=None),
         ["region", "accelerator"],
         notes=notes,
     )
+
+
+def _imported(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    """Imported spot lives (analyze import lives), each VM once; none on an older schema."""
+    from .. import lives
+
+    try:
+        return lives.latest(con)
+    except AnalyticsError:  # a database from before the lives import: only recorded lives
+        return []
+
+
+def _sources(src: list[str]) -> dict[str, Any]:
+    """Which lives a curve or fit stands on, in words and counts."""
+    n_imp, n_rec = src.count("imported"), src.count("recorded")
+    used = "both" if n_imp and n_rec else "imported" if n_imp else "recorded"
+    return {"lives_used": used, "imported": n_imp, "recorded": n_rec}
+
+
+def _curve(g: dict[str, list]) -> dict[str, Any]:
+    import statsmodels.api as sm
+
+    sf = sm.SurvfuncRight(np.array(g["t"]), np.array(g["e"]))
+    return {
+        "n": len(g["t"]),
+        "events": int(sum(g["e"])),
+        "times": [float(x) for x in sf.surv_times],
+        "surv": [float(x) for x in sf.surv_prob],
+        "se": [float(x) for x in sf.surv_prob_se],
+        "median_hours": None if not np.isfinite(sf.quantile(0.5)) else float(sf.quantile(0.5)),
+        # how long a fair share of the lives were followed (3, or a tenth, still observed): the
+        # curve holds from its last revocation to here (lives censored later, as at a 24 h cap)
+        "followed_hours": float(sorted(g["t"], reverse=True)[min(len(g["t"]), max(3, math.ceil(len(g["t"]) / 10))) - 1]),
+        **_sources(g["src"]),
+    }
+
+
+def _step(c: dict[str, Any], t: float) -> tuple[float, float]:
+    """(S(t), its standard error) of a stored curve (1, 0 before its first time)."""
+    s, se = 1.0, 0.0
+    for x, v, e in zip(c["times"], c["surv"], c["se"], strict=False):
+        if x <= t:
+            s, se = v, e
+    return s, se
 
 
 def _km_at(times: np.ndarray, status: np.ndarray, h: float) -> float:
@@ -171,20 +213,11 @@ def _heldout_brier(rows: list[tuple], cat: dict[str, catalog.Accelerator], folds
     }
 
 
-def predict_revocation(fit: dict[str, Any], region: str, gpu: str, hours: float) -> dict[str, Any]:
-    cat = catalog.load()
-    key = "/".join(_group_key(region, gpu, cat))
-    curves = fit["model"]["curves"]
-    if key not in curves:
-        raise AnalyticsError(
-            f"no lifetime curve for region {region!r} and accelerator {gpu!r} in fit {fit['fit_id']} "
-            f"(it has: {', '.join(sorted(curves))})"
-        )
-    c = curves[key]
-    s, se = 1.0, 0.0
-    for t, sv, e in zip(c["times"], c["surv"], c["se"], strict=False):
-        if t <= hours:
-            s, se = sv, e
+def revocation_probability(c: dict[str, Any], hours: float) -> tuple[float, float, float]:
+    """P(revoked within ``hours``) = 1 - S(hours) of a stored curve, with its 95 % interval
+    (log(-log) from Greenwood's standard error; before any revocation, an upper bound from
+    the lives at risk)."""
+    s, se = _step(c, hours)
     from scipy import stats
 
     z = float(stats.norm.ppf(1 - ALPHA / 2))
@@ -196,11 +229,28 @@ def predict_revocation(fit: dict[str, Any], region: str, gpu: str, hours: float)
         s_lo, s_hi = ALPHA ** (1.0 / max(1, c["n"])), 1.0
     else:
         s_lo, s_hi = 0.0, 0.0
+    return 1 - s, 1 - s_hi, 1 - s_lo
+
+
+def predict_revocation(fit: dict[str, Any], region: str, gpu: str, hours: float) -> dict[str, Any]:
+    cat = catalog.load()
+    key = "/".join(_group_key(region, gpu, cat))
+    curves = fit["model"]["curves"]
+    if key not in curves:
+        raise AnalyticsError(
+            f"no lifetime curve for region {region!r} and accelerator {gpu!r} in fit {fit['fit_id']} "
+            f"(it has: {', '.join(sorted(curves))})"
+        )
+    c = curves[key]
+    p, lo, hi = revocation_probability(c, hours)
     return {
-        "probability": 1 - s,
-        "lower": 1 - s_hi,
-        "upper": 1 - s_lo,
+        "probability": p,
+        "lower": lo,
+        "upper": hi,
         "group": key,
         "lives": c["n"],
         "revocations": c["events"],
+        "lives_used": c.get("lives_used", "recorded"),
+        "imported_lives": c.get("imported", 0),
+        "recorded_lives": c.get("recorded", c["n"]),
     }

@@ -13,6 +13,7 @@ from cmdare.wire.plugin import Option, Requirement
 
 from .. import catalog, evidence
 from ..db import AnalyticsError
+from ..models.lifetime import revocation_probability
 from ..units import RECOMMENDERS, Recommendation, Recommender, Scope
 
 
@@ -31,6 +32,9 @@ def revocation_rate(curve: dict[str, Any]) -> tuple[float, float, float] | None:
     if not pts:
         return None
     t, s_, e = pts[-1]
+    # S holds from the last revocation on while lives are still followed (3, or a tenth, of
+    # them: e.g. at a 24 h cap): the hazard is spread over that time too
+    t = max(t, curve.get("followed_hours") or t)
     h = -math.log(s_)
     if h <= 0:  # nothing revoked yet: the rule of three over the lives at risk
         return 0.0, 0.0, 3.0 / (curve["n"] * t)
@@ -47,8 +51,9 @@ class Region(Recommender):
     name = "region"
     OPTIONS = {
         "gpu_type": Option("str", "", "the accelerator (catalogue name or alias, e.g. v100)"),
-        "min_lives": Option("int", 10, "VM lives a region needs before it is ranked", lo=1),
-        "hours": Option("float", 0.0, "plan length in hours: adds the expected revocations over it", lo=0),
+        "min_lives": Option("int", 5, "VM lives a region needs before it is ranked", lo=1),
+        "hours": Option("float", 0.0, "plan length in hours: ranks by P(revoked within it) (Kaplan-Meier) and "
+                        "adds the expected revocations; 0: by revocations per hour", lo=0),
         "prices": Option("list", [], "spot $/hour per region, REGION=PRICE (default: the price catalogue's, per accelerator)"),
         "zones": Option("bool", True, "also rank the zones of the best region (Kaplan-Meier on the lives stored now)"),
     }
@@ -74,7 +79,9 @@ class Region(Recommender):
                 continue
             rate = revocation_rate(curve)
             row = {"region": region, "lives": curve["n"], "revoked": curve["events"], "rate": rate,
-                   "startup": starts.get(region), "price": prices.get(region)}
+                   "startup": starts.get(region), "price": prices.get(region),
+                   "p": revocation_probability(curve, o["hours"]) if o["hours"] > 0 else None,
+                   "used": curve.get("lives_used", "recorded")}
             (ranked if curve["n"] >= o["min_lives"] and rate is not None else thin).append(row)
         if not ranked and not thin:
             have = sorted({k.partition("/")[2] for k in life["model"]["curves"]})
@@ -82,7 +89,8 @@ class Region(Recommender):
         if not ranked:
             counts = ", ".join(f"{r['region']}: {r['lives']}" for r in thin)
             raise AnalyticsError(f"region: too few {acc} lives to rank regions ({counts}; --min-lives {o['min_lives']})")
-        ranked.sort(key=lambda r: (r["rate"][0], r["startup"]["mean"] if r["startup"] else float("inf"), r["price"] or 0))
+        ranked.sort(key=lambda r: (r["p"][0] if r["p"] else r["rate"][0],
+                                   r["startup"]["mean"] if r["startup"] else float("inf"), r["price"] or 0))
         best = ranked[0]
         fits = [life["fit_id"]] + ([over["fit_id"]] if over and any(r["startup"] for r in ranked) else [])
         rate, lo, hi = best["rate"]
@@ -98,6 +106,9 @@ class Region(Recommender):
         if o["hours"] > 0:
             predicted["expected_revocations"] = round(rate * o["hours"], 3)
             interval["expected_revocations"] = (round(lo * o["hours"], 3), round(hi * o["hours"], 3))
+            p, p_lo, p_hi = best["p"]
+            predicted["revocation_probability"] = round(p, 4)
+            interval["revocation_probability"] = (round(p_lo, 4), round(p_hi, 4))
         cost: dict[str, Any] = {"dollars_per_hour": best["price"]} if best["price"] is not None else {}
         if cost and as_of:
             cost["per"] = "accelerator-hour, the cheapest spot VM type of the price catalogue"
@@ -106,14 +117,23 @@ class Region(Recommender):
                                        "lifetime_fit_held_out_brier_skill": (life.get("cv") or {}).get("brier_skill")}
         if best["startup"]:
             assumptions["startup_covers"] = assumptions_startup
+        used = {r["used"] for r in ranked}
+        assumptions["lives_used"] = used.pop() if len(used) == 1 else "both"
+        assumptions["imported_lives"] = sum(life["model"]["curves"][f"{r['region']}/{acc}"].get("imported", 0)
+                                            for r in ranked)
+        assumptions["recorded_lives"] = sum(r["lives"] for r in ranked) - assumptions["imported_lives"]
         for i, r in enumerate(ranked, 1):
             assumptions[f"rank_{i}"] = r["region"]
             assumptions[f"rank_{i}_revocations_per_hour"] = round(r["rate"][0], 5)
+            if r["p"]:
+                assumptions[f"rank_{i}_revocation_probability"] = round(r["p"][0], 4)
         if thin:
             assumptions["too_few_lives"] = ", ".join(f"{r['region']} ({r['lives']})" for r in thin)
-        overlap = len(ranked) > 1 and ranked[1]["rate"][1] <= hi
+        overlap = len(ranked) > 1 and (ranked[1]["p"][1] <= best["p"][2] if best["p"] else ranked[1]["rate"][1] <= hi)
         why = "; ".join(
-            f"{r['region']}: {r['rate'][0]:.3g}/h ({r['rate'][1]:.3g}..{r['rate'][2]:.3g}) from {r['lives']} lives"
+            (f"{r['region']}: P(revoked within {o['hours']:g} h) {r['p'][0]:.0%} ({r['p'][1]:.0%}..{r['p'][2]:.0%}), "
+             if r["p"] else f"{r['region']}: ")
+            + f"{r['rate'][0]:.3g}/h ({r['rate'][1]:.3g}..{r['rate'][2]:.3g}) from {r['lives']} lives"
             + (f", start-up {r['startup']['mean']:.0f} s" if r["startup"] else "")
             + (f", ${r['price']:g}/h" if r["price"] is not None else "")
             for r in ranked
@@ -124,26 +144,36 @@ class Region(Recommender):
             why += f"; not ranked, too few lives: {assumptions['too_few_lives']}"
         action: dict[str, Any] = {"region": best["region"]}
         if o["zones"]:
-            zones, zthin = self._zones(con, acc, best["region"], o["min_lives"])
-            for i, (z, n, r) in enumerate(zones, 1):
-                assumptions[f"zone_rank_{i}"] = z
-                assumptions[f"zone_rank_{i}_revocations_per_hour"] = round(r[0], 5)
-                assumptions[f"zone_rank_{i}_interval"] = f"{r[1]:.3g}..{r[2]:.3g} from {n} lives"
-            if zthin:
-                assumptions["zones_too_few_lives"] = ", ".join(f"{z} ({n})" for z, n in zthin)
-            if len(zones) >= 1 and (len(zones) > 1 or not zthin):
-                action["zone"] = zones[0][0]
-                predicted["zone_revocations_per_hour"] = round(zones[0][2][0], 5)
-                interval["zone_revocations_per_hour"] = (round(zones[0][2][1], 5), round(zones[0][2][2], 5))
-                why += f"; in {best['region']}: " + ", ".join(f"{z} {r[0]:.3g}/h ({r[1]:.3g}..{r[2]:.3g})" for z, _, r in zones)
-                if len(zones) > 1 and zones[1][2][1] <= zones[0][2][2]:
-                    why += f" (the intervals of {zones[0][0]} and {zones[1][0]} overlap)"
-            elif zthin:
-                why += f"; zones of {best['region']} have too few lives to rank ({assumptions['zones_too_few_lives']})"
+            why += self._zone_ranking(con, acc, best["region"], o["min_lives"], action, predicted, interval,
+                                      assumptions)
         return [
             Recommendation(self.name, action=action, predicted=predicted, interval=interval,
                            cost=cost, fit_ids=tuple(fits), assumptions=assumptions, why=why)
         ]
+
+    def _zone_ranking(self, con: duckdb.DuckDBPyConnection, acc: str, region: str, min_lives: int,
+                      action: dict[str, Any], predicted: dict[str, Any], interval: dict[str, Any],
+                      assumptions: dict[str, Any]) -> str:
+        """The zones of the best region ranked (into ``action``, ``predicted``, ``interval``
+        and ``assumptions``); what to add to ``why``."""
+        why = ""
+        zones, zthin = self._zones(con, acc, region, min_lives)
+        for i, (z, n, r) in enumerate(zones, 1):
+            assumptions[f"zone_rank_{i}"] = z
+            assumptions[f"zone_rank_{i}_revocations_per_hour"] = round(r[0], 5)
+            assumptions[f"zone_rank_{i}_interval"] = f"{r[1]:.3g}..{r[2]:.3g} from {n} lives"
+        if zthin:
+            assumptions["zones_too_few_lives"] = ", ".join(f"{z} ({n})" for z, n in zthin)
+        if len(zones) >= 1 and (len(zones) > 1 or not zthin):
+            action["zone"] = zones[0][0]
+            predicted["zone_revocations_per_hour"] = round(zones[0][2][0], 5)
+            interval["zone_revocations_per_hour"] = (round(zones[0][2][1], 5), round(zones[0][2][2], 5))
+            why += f"; in {region}: " + ", ".join(f"{z} {r[0]:.3g}/h ({r[1]:.3g}..{r[2]:.3g})" for z, _, r in zones)
+            if len(zones) > 1 and zones[1][2][1] <= zones[0][2][2]:
+                why += f" (the intervals of {zones[0][0]} and {zones[1][0]} overlap)"
+        elif zthin:
+            why += f"; zones of {region} have too few lives to rank ({assumptions['zones_too_few_lives']})"
+        return why
 
     def _prices(self, items: list[str]) -> dict[str, float]:
         out = {}

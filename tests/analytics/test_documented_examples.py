@@ -114,6 +114,13 @@ def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert res.exit_code == 0, res.output
     (d / "startups").mkdir()
     shutil.copy(DATA / "overheads" / "startup.csv", d / "startups" / "2026-11.csv")
+    shutil.copy(DATA / "lifetimes" / "lives.csv", d / "lives.csv")  # CM-DARE's spot lives
+    (d / "gce-instances").mkdir()
+    (d / "gce-instances" / "2026-11.csv").write_text(
+        "vm,zone,instance_type,accelerator,created,ended,ended_by\n"
+        "a-1,us-east1-b,n1-standard-8,v100,2026-11-01T00:00:00Z,2026-11-01T05:30:00Z,preempted\n"
+        "a-2,us-east1-c,n1-standard-8,v100,2026-11-01T00:00:00Z,2026-11-02T00:00:00Z,max_lifetime\n"
+        "a-3,us-east1-b,n1-standard-8,v100,2026-11-01T00:00:00Z,,running\n")
     for kind in ("speed", "cluster", "lifetime", "overhead"):
         res = CliRunner().invoke(cli, ["fit", kind, "--db", str(db)])
         assert res.exit_code == 0, (kind, res.output)
