@@ -317,6 +317,7 @@ class _Risk:
         self.fit_ids: list[str] = []
         self.notes: list[str] = []
         self.counted = np.zeros(M, dtype=bool)
+        self.lives: dict[int, tuple[int, int]] = {}  # instance type -> (imported, recorded) lives of its curve
         self.brier_skill: float | None = None
         life = evidence.latest_fit(con, "lifetime") if con is not None else None
         over = evidence.latest_fit(con, "overhead") if con is not None else None
@@ -346,6 +347,7 @@ class _Risk:
                 continue
             self.rate[:, m] = r
             self.counted[m] = True
+            self.lives[m] = (curve.get("imported", 0), curve.get("recorded", curve["n"]))
             restart, src = self._restart(over, t.region, acc, prof.restart_seconds, prof.param_mb)
             used_over |= src == "fit"
             self.delay[m] = restart + lost
@@ -570,6 +572,10 @@ class Provision(Recommender):
             assumptions[f"note_{i}"] = note
         if risk.counted[row > 0].any() and purchase == "spot":
             assumptions["lifetime_fit_held_out_brier_skill"] = risk.brier_skill
+            used = [risk.lives[m] for m in np.flatnonzero(row > 0) if m in risk.lives]
+            imp, rec = sum(u[0] for u in used), sum(u[1] for u in used)
+            assumptions["lives_used"] = "both" if imp and rec else "imported" if imp else "recorded"
+            assumptions["imported_lives"], assumptions["recorded_lives"] = imp, rec
             assumptions["expected_revocations"] = round(float((counts @ risk.rate[0])[0]) * exp_h, 3)
         binding = self._binding(prof, row, deadline, s)
         why = (f"{self._plan(prof, row)} ({purchase}) reaches "

@@ -199,3 +199,16 @@ def test_recorded_and_imported_lives_fit_together_and_say_so(tmp_path: Path) -> 
     code, out, _ = run("predict", "revocation", "--region", "us-west1", "--gpu-type", "p100", "--hours", "3",
                        "--db", str(db), "--json")
     assert json.loads(out)["lives_used"] == "imported"
+
+
+def test_provisioning_counts_revocations_from_imported_lives(fitted: Path, tmp_path: Path) -> None:
+    from tests.analytics.recommend.test_provision import GCE
+
+    prof = tmp_path / "p.toml"
+    prof.write_text(GCE)
+    code, out, err = run("recommend", "provision", "--profile", str(prof), "--loss", "0.8", "--deadline", "45m",
+                         "--db", str(fitted), "--json")
+    assert code == 0, err
+    a = json.loads(out)["assumptions"]
+    assert a["lives_used"] == "imported" and a["imported_lives"] >= 15 and a["recorded_lives"] == 0
+    assert a["expected_revocations"] > 0

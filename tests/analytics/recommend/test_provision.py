@@ -241,6 +241,8 @@ def test_revocations_from_the_lifetime_fit_lengthen_plans_and_give_p_meet(tmp_pa
     # expected revocations: 3 VMs x the fitted hazard over the plan, within the truth's range
     lam = 3 * f.truth.hazard_per_hour[("us-central1", "v100")]
     assert out["assumptions"]["expected_revocations"] == pytest.approx(lam * p["hours"], rel=0.5)
+    assert out["assumptions"]["lives_used"] == "recorded" and out["assumptions"]["imported_lives"] == 0
+    assert out["assumptions"]["recorded_lives"] >= 10  # the lives of the plan's region and accelerator
     assert p["hours"] > p["hours_without_revocations"]
     assert 0.9 <= p["p_meet_deadline"] < 1 and out["interval"]["p_meet_deadline"][0] <= p["p_meet_deadline"]
     lo, hi = out["interval"]["hours"]
