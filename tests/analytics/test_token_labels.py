@@ -208,3 +208,27 @@ def test_reads_a_scope_cannot_filter_are_refused(tmp_path: Path) -> None:
             pass
     with Database(db).read() as con:  # outside the scope: everything
         assert con.execute("SELECT count(*) FROM nodes").fetchall() == [(4,)]
+
+
+def test_concurrent_filtered_and_unfiltered_reads_each_see_their_own(url: str) -> None:
+    """Many requests at once, three tokens: each answer is its token's, and no scope's
+    catalog outlives its read (a client that hangs up cannot leave one attached)."""
+    import threading
+
+    want = {"admin-secret": 4, "vision-secret": 2, "nobody-secret": 0}
+    wrong: list[object] = []
+
+    def worker(secret: str) -> None:
+        for _ in range(8):
+            code, body = sql(url, secret, "SELECT count(*) FROM nodes")
+            if code != 200 or rows(body) != [(want[secret],)]:
+                wrong.append((secret, code, body))
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in list(want) * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+    code, body = sql(url, "admin-secret", "SELECT count(*) FROM duckdb_databases() WHERE database_name LIKE 'cmdare_scope_%'")
+    assert code == 200 and rows(body) == [(0,)]
