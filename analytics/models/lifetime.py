@@ -131,6 +131,14 @@ def _sources(src: list[str]) -> dict[str, Any]:
     return {"lives_used": used, "imported": n_imp, "recorded": n_rec}
 
 
+def lives_summary(curves: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which lives the answer from these curves stands on (recommenders' assumptions)."""
+    imp = sum(c.get("imported", 0) for c in curves)
+    rec = sum(c.get("recorded", c["n"]) for c in curves)
+    return {"lives_used": "both" if imp and rec else "imported" if imp else "recorded",
+            "imported_lives": imp, "recorded_lives": rec}
+
+
 def _curve(g: dict[str, list]) -> dict[str, Any]:
     import statsmodels.api as sm
 

@@ -16,11 +16,10 @@ g_i GPUs and local batch b_i = batch_per_gpu * g_i:
 - iterations to the loss target from f_loss = (g2 b_w + g3) sqrt((R + g4) n) / (j + g1) + g5,
   or ``[job] iterations``; time T = j T_exp; cost = T * sum of prices.
 
-R, the heterogeneity coefficient: the paper names it without a formula, and spotDNN's own
-predictor does not apply it (R = 1). By default cmdare computes spotDNN's model as spotDNN
-does (``[loss] heterogeneity = "none"``: R = 1). ``heterogeneity = "share"`` opts in to
-cmdare's extension R = n * sum_i w_i^2 over the speed shares w_i = v_i / v (1 for any
-homogeneous cluster, growing to n when one instance does all the work); the answer names it.
+R, the heterogeneity coefficient: unspecified by the paper, 1 in spotDNN's predictor and by
+default here (``[loss] heterogeneity = "none"``); ``"share"`` opts in to cmdare's R = n *
+sum_i w_i^2 over the speed shares w_i = v_i / v (1 for a homogeneous cluster, n when one
+instance does all the work); the answer names it.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from cmdare.wire.units import ConfigError, parse_duration
 
 from .. import catalog, evidence, prices
 from ..db import AnalyticsError, read_text_file
+from ..models.lifetime import lives_summary
 from ..units import RECOMMENDERS, Recommendation, Recommender, Scope
 from .region import revocation_rate
 
@@ -150,10 +150,8 @@ MAX_PROFILE = 1 << 20
 
 
 def load_profile(path: str | Path, text: str | None = None) -> Profile:
-    """The provisioning profile (TOML, docs/recommendations.md#provision), read from
-    ``path`` or given as ``text`` (``path`` then only names it: what the API is sent); a
-    one-line error naming the file, table and key for anything missing, unknown or out of
-    range."""
+    """The provisioning profile (TOML, docs/recommendations.md#provision) of ``path``, or
+    ``text`` sent to the API (named by ``path``); one line naming file, table and key if bad."""
     p = Path(path)
     try:
         if text is None:
@@ -317,7 +315,7 @@ class _Risk:
         self.fit_ids: list[str] = []
         self.notes: list[str] = []
         self.counted = np.zeros(M, dtype=bool)
-        self.lives: dict[int, tuple[int, int]] = {}  # instance type -> (imported, recorded) lives of its curve
+        self.lives: dict[int, dict[str, Any]] = {}  # instance type -> its lifetime curve
         self.brier_skill: float | None = None
         life = evidence.latest_fit(con, "lifetime") if con is not None else None
         over = evidence.latest_fit(con, "overhead") if con is not None else None
@@ -347,7 +345,7 @@ class _Risk:
                 continue
             self.rate[:, m] = r
             self.counted[m] = True
-            self.lives[m] = (curve.get("imported", 0), curve.get("recorded", curve["n"]))
+            self.lives[m] = curve
             restart, src = self._restart(over, t.region, acc, prof.restart_seconds, prof.param_mb)
             used_over |= src == "fit"
             self.delay[m] = restart + lost
@@ -572,10 +570,7 @@ class Provision(Recommender):
             assumptions[f"note_{i}"] = note
         if risk.counted[row > 0].any() and purchase == "spot":
             assumptions["lifetime_fit_held_out_brier_skill"] = risk.brier_skill
-            used = [risk.lives[m] for m in np.flatnonzero(row > 0) if m in risk.lives]
-            imp, rec = sum(u[0] for u in used), sum(u[1] for u in used)
-            assumptions["lives_used"] = "both" if imp and rec else "imported" if imp else "recorded"
-            assumptions["imported_lives"], assumptions["recorded_lives"] = imp, rec
+            assumptions.update(lives_summary([risk.lives[m] for m in np.flatnonzero(row > 0) if m in risk.lives]))
             assumptions["expected_revocations"] = round(float((counts @ risk.rate[0])[0]) * exp_h, 3)
         binding = self._binding(prof, row, deadline, s)
         why = (f"{self._plan(prof, row)} ({purchase}) reaches "

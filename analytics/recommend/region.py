@@ -13,7 +13,7 @@ from cmdare.wire.plugin import Option, Requirement
 
 from .. import catalog, evidence
 from ..db import AnalyticsError
-from ..models.lifetime import revocation_probability
+from ..models.lifetime import lives_summary, revocation_probability
 from ..units import RECOMMENDERS, Recommendation, Recommender, Scope
 
 
@@ -80,8 +80,7 @@ class Region(Recommender):
             rate = revocation_rate(curve)
             row = {"region": region, "lives": curve["n"], "revoked": curve["events"], "rate": rate,
                    "startup": starts.get(region), "price": prices.get(region),
-                   "p": revocation_probability(curve, o["hours"]) if o["hours"] > 0 else None,
-                   "used": curve.get("lives_used", "recorded")}
+                   "p": revocation_probability(curve, o["hours"]) if o["hours"] > 0 else None}
             (ranked if curve["n"] >= o["min_lives"] and rate is not None else thin).append(row)
         if not ranked and not thin:
             have = sorted({k.partition("/")[2] for k in life["model"]["curves"]})
@@ -117,11 +116,7 @@ class Region(Recommender):
                                        "lifetime_fit_held_out_brier_skill": (life.get("cv") or {}).get("brier_skill")}
         if best["startup"]:
             assumptions["startup_covers"] = assumptions_startup
-        used = {r["used"] for r in ranked}
-        assumptions["lives_used"] = used.pop() if len(used) == 1 else "both"
-        assumptions["imported_lives"] = sum(life["model"]["curves"][f"{r['region']}/{acc}"].get("imported", 0)
-                                            for r in ranked)
-        assumptions["recorded_lives"] = sum(r["lives"] for r in ranked) - assumptions["imported_lives"]
+        assumptions.update(lives_summary([life["model"]["curves"][f"{r['region']}/{acc}"] for r in ranked]))
         for i, r in enumerate(ranked, 1):
             assumptions[f"rank_{i}"] = r["region"]
             assumptions[f"rank_{i}_revocations_per_hour"] = round(r["rate"][0], 5)
