@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import duckdb
 
@@ -79,6 +79,7 @@ class Database:
         self.path = str(path)
         self._live: duckdb.DuckDBPyConnection | None = None
         self._catalog = ""  # the served connection's database name (a cursor starts elsewhere)
+        self._scopes: Any = None  # a served database's label-filtered views (scoping.Made)
         self._lock = threading.Lock()  # cursors are made one at a time
         self._write_lock = threading.Lock()
         # up to when the database holds everything sent (a serving collector's ingest
@@ -92,6 +93,9 @@ class Database:
         d = cls(path)
         d._catalog = _q(con.execute("SELECT current_database()").fetchall()[0][0])
         d._live = con.cursor()
+        from .scoping import Made
+
+        d._scopes = Made()  # label-filtered tokens' views of it (analytics/scoping.py)
         return d
 
     @property
@@ -136,14 +140,14 @@ class Database:
         attached = None
         try:
             if scope is not None:
-                attached = scoping.attach(cur, scope)
+                attached = scoping.attach(cur, scope, self._scopes)
             cur.execute("BEGIN TRANSACTION READ ONLY")
             yield cur
         finally:
             with contextlib.suppress(duckdb.Error):
                 cur.execute("ROLLBACK")
             if attached is not None:
-                scoping.detach(cur, attached)
+                scoping.detach(cur, attached, self._scopes)
             cur.close()
 
     @contextlib.contextmanager

@@ -18,8 +18,9 @@ user's SQL name tables unqualified and so read the views. What each view keeps:
 The table macros (``instance_lives``, ``runs``) are made again in the attached catalog, so
 they read the views.
 
-The visible nodes and jobs are fixed when the read starts (two small tables in the
-attached catalog). User SQL under a scope may not name a catalog or a schema other than
+The visible nodes and jobs are fixed when the views are made (two small tables in the
+attached catalog); the views of one label set are shared by its reads for ``FRESH``
+seconds, then made again, the old catalog dropped by its last reader. User SQL under a scope may not name a catalog or a schema other than
 ``main``, ``information_schema`` and ``pg_catalog``, nor call a table function outside
 ``TABLE_FUNCTIONS`` (``query_table``, ``duckdb_views()`` ...): each is a way around the
 views (analytics/safesql.py refuses them).
@@ -30,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import secrets
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -80,10 +83,8 @@ def _ident(s: str) -> str:
     return '"' + s.replace('"', '""') + '"'
 
 
-def attach(cur: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str, str]:
-    """Attach ``scope``'s views of the cursor's current catalog and make them its default:
-    (the attached catalog's name, the served catalog's, both quoted) for ``detach``."""
-    (served,) = cur.execute("SELECT current_database()").fetchone() or ("",)
+def _build(cur: duckdb.DuckDBPyConnection, served: str, scope: Scope) -> str:
+    """Attach a catalog of ``scope``'s views of catalog ``served``: its name."""
     src, name = _ident(served), PREFIX + secrets.token_hex(8)
     cur.execute(f"ATTACH ':memory:' AS {name}")
     try:
@@ -113,25 +114,91 @@ def attach(cur: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str, str]:
                 keep = "false"
             cur.execute(f"CREATE VIEW {name}.main.{_ident(table)} AS "
                         f"SELECT * FROM {src}.main.{_ident(table)} WHERE {keep}")
-        cur.execute(f"USE {name}")
+        cur.execute(f"USE {name}")  # the table macros are made in the current catalog
         macros = {m for (m,) in cur.execute(
             "SELECT function_name FROM duckdb_functions() WHERE database_name = ? AND NOT internal "
             "AND function_type IN ('macro', 'table_macro')", [served]).fetchall()}
         for m in VIEWS:  # the table macros again, here: their tables are the views above
             if m in macros:
                 cur.execute(view_sql(m))
+        cur.execute(f"USE {src}")
     except BaseException:
-        detach(cur, (name, src))
+        _drop(cur, name, src)
         raise
-    return name, src
+    return name
 
 
-def detach(cur: duckdb.DuckDBPyConnection, names: tuple[str, str]) -> None:
-    name, src = names
+def _drop(cur: duckdb.DuckDBPyConnection, name: str, src: str) -> None:
     with contextlib.suppress(duckdb.Error):
         cur.execute(f"USE {src}")
     with contextlib.suppress(duckdb.Error):
         cur.execute(f"DETACH {name}")
+
+
+@dataclass
+class _Views:
+    """One scope's attached catalog, shared by the reads of its label set for ``FRESH``
+    seconds (the visible nodes and jobs are fixed when it is made); dropped once replaced
+    and no read uses it."""
+
+    name: str
+    src: str
+    made: float
+    users: int = 0
+    retired: bool = False
+
+
+FRESH = 5.0  # seconds a scope's views are reused (a node new to the labels is seen within it)
+
+
+class Made:
+    """The scopes' views made on one database (a served Database keeps one)."""
+
+    def __init__(self) -> None:
+        self.views: dict[tuple[tuple[str, str], ...], _Views] = {}
+        self.lock = threading.Lock()
+
+
+def attach(cur: duckdb.DuckDBPyConnection, scope: Scope, made: Made) -> _Views:
+    """Make ``scope``'s views of the cursor's current catalog its default (made, or the
+    ones ``made`` less than FRESH seconds ago); ``detach`` when the read is done."""
+    (served,) = cur.execute("SELECT current_database()").fetchone() or ("",)
+    key = scope.labels
+    now = time.monotonic()
+    _made, _lock = made.views, made.lock
+    with _lock:
+        v = _made.get(key)
+        if v is not None and now - v.made < FRESH:
+            v.users += 1
+        else:
+            v = None
+    if v is None:
+        v = _Views(_build(cur, served, scope), _ident(served), now, users=1)
+        with _lock:
+            old, _made[key] = _made.get(key), v
+            gone = old is not None and not old.retired and old.users == 0
+            if old is not None:
+                old.retired = True
+        if gone:
+            _drop(cur, old.name, old.src)  # type: ignore[union-attr]
+    try:
+        cur.execute(f"USE {v.name}")
+    except BaseException:
+        detach(cur, v, made)
+        raise
+    return v
+
+
+def detach(cur: duckdb.DuckDBPyConnection, v: _Views, made: Made) -> None:
+    """The read is done: back to the served catalog; a replaced scope's last reader drops it."""
+    with contextlib.suppress(duckdb.Error):
+        cur.execute(f"USE {v.src}")
+    with made.lock:
+        v.users -= 1
+        gone = v.retired and v.users == 0
+    if gone:
+        _drop(cur, v.name, v.src)
+
 
 
 def refused(tree: object) -> str | None:
