@@ -269,3 +269,21 @@ def test_concurrent_filtered_and_unfiltered_reads_each_see_their_own(url: str) -
     assert wrong == []
     code, body = sql(url, "admin-secret", "SELECT count(*) FROM duckdb_databases() WHERE database_name LIKE 'cmdare_scope_%'")
     assert code == 200 and rows(body)[0][0] <= 2  # at most the views of each label set in use (vision, nobody)
+
+
+def test_every_get_route_answers_a_filtered_token_without_a_server_error(url: str) -> None:
+    """No route reads around the scope by failing: each GET of the OpenAPI document, path
+    parameters filled with the team's own names, answers 2xx or a one-line 4xx."""
+    code, spec = get(url, "/openapi.json", "admin-secret")
+    assert code == 200
+    seen = 0
+    for path, ops in sorted(spec["paths"].items()):  # type: ignore[index, union-attr]
+        if "get" not in ops:
+            continue
+        p = path.replace("{job}", "vis-a").replace("{node}", "v1").replace("{kind}", "gpu-idle")
+        code, body = get(url, p.split("{")[0], "vision-secret")
+        assert code < 500, (p, code, body)
+        if code >= 400:
+            assert isinstance(body, dict) and "\n" not in body.get("error", ""), (p, body)
+        seen += 1
+    assert seen >= 20
