@@ -20,7 +20,7 @@ from tests.analytics.conftest import DATA
 from tests.conftest import serving
 
 LIVES = DATA / "lifetimes" / "lives.csv"
-HOURS = (1, 3, 6, 12, 23)
+HOURS = (1, 3, 6, 12, 23, 24)  # the issue's, and the 24 h cap itself (max_lifetime: not revoked)
 
 
 def run(*args: str, server: str | None = None) -> tuple[int, str, str]:
@@ -105,7 +105,7 @@ def test_cloud_log_lives_censor_what_did_not_end_in_a_revocation(tmp_path: Path)
     assert got["p-0"] == 3600 and got["m-1"] == 24 * 3600 and got["d-0"] == 20 * 3600 and got["r-0"] == 24 * 3600
     code, out, err = run("fit", "lifetime", "--db", str(db), "--json")
     assert code == 0, err
-    for h in (0.5, 1, 12, 23.9):
+    for h in (0.5, 1, 12, 23.9, 24, 30):  # past the cap too: a capped life is no revocation
         code, out, err = run("predict", "revocation", "--region", "us-east1", "--gpu-type", "t4", "--hours", str(h),
                              "--db", str(db), "--json")
         assert json.loads(out)["prediction"] == (0.0 if h < 1 else 0.5), (h, out)
