@@ -197,8 +197,6 @@ class Lake:
                 _settle(lambda: self.catalog.create_namespace_if_not_exists(NAMESPACE),
                         lambda: (NAMESPACE,) in self.catalog.list_namespaces())
             self.catalog.list_tables(NAMESPACE)  # reachable, and a cmdare lake
-        except LakeError:
-            raise
         except Exception as e:
             from pyiceberg.exceptions import NoSuchNamespaceError
 
