@@ -34,6 +34,10 @@ def test_the_last_instant_of_a_day_and_the_epoch_land_in_their_own_days(lake: La
     days = day_partitions(lake.table("gpu_samples"))
     assert sorted(days) == [dt.date(1970, 1, 1), dt.date(2026, 9, 1)]
     assert day_partitions(lake.table("heartbeats")) == {}  # no snapshot yet
+    nodes = pa.table({f.name: pa.nulls(1, f.type) for f in schema("nodes")}).set_column(
+        0, "node", pa.array(["n1"]))
+    lake.append("nodes", nodes.cast(schema("nodes")), {"t/0": ([0], [1])}, "a")
+    assert day_partitions(lake.table("nodes")) == {}  # files, but no day partition
 
 
 def test_ensure_makes_every_missing_table_and_leaves_nodes_unpartitioned(lake: Lake) -> None:
@@ -98,6 +102,19 @@ def test_a_missing_table_and_a_bad_catalog_are_one_line(tmp_path: Path, lake: La
     msg = str(e.value)
     assert msg.startswith(f"lake catalog {bad[:120]}: ") and bad[:121] not in msg and "\n" not in msg
     assert len(msg.split(": ", 1)[1]) <= 200
+
+
+def test_a_catalog_error_quotes_its_first_line_cut_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyiceberg.catalog.sql as sql
+
+    def broken(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("e" * 300 + "\nsecond line")
+
+    monkeypatch.setattr(sql, "SqlCatalog", broken)
+    monkeypatch.setattr(lake_mod.time, "sleep", lambda s: None)
+    with pytest.raises(LakeError) as e:
+        Lake(str(tmp_path / "x"))
+    assert str(e.value).endswith(": " + "e" * 200) and "second" not in str(e.value)
 
 
 def test_a_directory_that_cannot_be_made_says_why(tmp_path: Path) -> None:
