@@ -95,7 +95,7 @@ def test_memory_is_the_batchs_not_the_files(tmp_path: Path) -> None:
     f = tmp_path / "big.csv"
     with f.open("w") as out:
         out.write(HEAD)
-        for i in range(60_000):
+        for i in range(30_000):
             out.write(f"model-{i % 7},{i % 5000 + 1}.25,{i % 300 + 1}.5\n")
     tracemalloc.start()
     try:
@@ -105,8 +105,8 @@ def test_memory_is_the_batchs_not_the_files(tmp_path: Path) -> None:
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert n == 60_000
-    # holding the file's records costs ~1.5 KB each (90 MB here); a batch and the repeat
+    assert n == 30_000
+    # holding the file's records costs ~1.5 KB each (45 MB here); a batch and the repeat
     # numbering's digests (~100 B a distinct row) stay far below
     assert peak < 12 << 20, peak
 
