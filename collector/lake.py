@@ -212,21 +212,16 @@ class Lake:
     # -- tables ------------------------------------------------------------------------------
     def ensure(self, names: tuple[str, ...] = (*APPENDED, *DERIVED, MARKER)) -> None:
         """Create the tables that do not exist (partitioned by day of their time column)."""
-        from pyiceberg.exceptions import TableAlreadyExistsError
-
         existing = self.names()
         for name in names:
             col = "committed_at" if name == MARKER else time_column(name)
-            if name not in existing:
-                try:
-                    _settle(lambda name=name: self.catalog.create_table(
-                        f"{NAMESPACE}.{name}", schema=schema(name),
-                        properties={"commit.retry.num-retries": "0", "write.parquet.compression-codec": "zstd",
-                                    # appends merge small manifests: planning stays cheap after many commits
-                                    "commit.manifest-merge.enabled": "true"}),
-                        lambda name=name: self.exists(name))
-                except TableAlreadyExistsError:
-                    pass  # another collector made it first
+            if name not in existing:  # another collector making it first: _settle finds it there
+                _settle(lambda name=name: self.catalog.create_table(
+                    f"{NAMESPACE}.{name}", schema=schema(name),
+                    properties={"commit.retry.num-retries": "0", "write.parquet.compression-codec": "zstd",
+                                # appends merge small manifests: planning stays cheap after many commits
+                                "commit.manifest-merge.enabled": "true"}),
+                    lambda name=name: self.exists(name))
             else:
                 self._evolve(name)
                 if not self.partition_missing(name, col):

@@ -104,6 +104,52 @@ def test_a_missing_table_and_a_bad_catalog_are_one_line(tmp_path: Path, lake: La
     assert len(msg.split(": ", 1)[1]) <= 200
 
 
+def test_positions_a_commit_summary_cannot_parse_are_none() -> None:
+    from types import SimpleNamespace
+
+    from cmdare.collector.lake import POSITIONS, _positions
+
+    assert _positions(SimpleNamespace(summary={POSITIONS: "{not json"})) == {}
+    assert _positions(SimpleNamespace(summary={POSITIONS: '{"t/0": [3, 4], "bad": 7}'})) == {"t/0": [3, 4]}
+    assert _positions(None) == {} and _positions(SimpleNamespace(summary=None)) == {}
+
+
+def test_a_directory_without_a_catalog_is_not_a_lake_unless_one_is_named(tmp_path: Path) -> None:
+    from cmdare.collector.lake import sqlite_url
+
+    d = tmp_path / "plain"
+    d.mkdir()
+    with pytest.raises(LakeError, match=rf"^{d}: not a lake \(no catalog.db; write one with cmdare-collector --lake\)$"):
+        Lake(str(d), create=False)
+    other = Lake(str(tmp_path / "made"))  # a lake whose catalog lives elsewhere is named with --catalog
+    other.ensure()
+    assert Lake(str(d), sqlite_url(tmp_path / "made" / "catalog.db"), create=False).exists("gpu_samples")
+
+
+def test_lake_mode_without_pyiceberg_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyiceberg.catalog.sql", None)  # an import of it fails
+    with pytest.raises(LakeError, match=r"^lake mode needs pyiceberg: pip install 'cmdare\[lake\]'$"):
+        Lake(str(tmp_path / "x"))
+
+
+def test_settling_asks_again_when_asking_whether_done_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lake_mod.time, "sleep", lambda s: None)
+    tries: list[int] = []
+
+    def act() -> None:
+        tries.append(1)
+        if len(tries) < 3:
+            raise RuntimeError("busy")
+
+    def done() -> bool:
+        raise OSError("the catalog did not answer")
+
+    lake_mod._settle(act, done, tries=5)
+    assert len(tries) == 3
+
+
 def test_a_catalog_error_quotes_its_first_line_cut_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pyiceberg.catalog.sql as sql
 
@@ -167,7 +213,7 @@ def test_to_lake_skips_a_table_the_file_lacks_and_copies_the_rest(tmp_path: Path
            "labels": {}, "type": "heartbeat", "data": {"seq": i + 1}} for i in range(3)]
     con = connect(db)
     Writer(con, max_skew=None).write([("x", encode_many(ev))])
-    con.execute("DROP TABLE host_samples")  # an early table of the list, absent from an old file
+    con.execute("DROP TABLE clock_skew")  # a table before heartbeats in the list, absent from an old file
     lk = Lake(str(tmp_path / "lake"))
     lk.ensure()
     out, _ = load_database(lk, con, str(db))

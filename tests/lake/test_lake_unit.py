@@ -411,6 +411,8 @@ def test_unseen_rows_are_looked_for_in_their_time_range_and_said(lake: Lake, mon
         filters.append(row_filter), real(self, name, row_filter, tbl))[1])
     with caplog.at_level(logging.INFO, logger="cmdare.collector"):
         assert lake.append("gpu_samples", samples(20, 5), {"t/0": ([1], [2])}, "a") == 5
+        # the same times and ids from another node: files in range, nothing stored already
+        assert lake.append("gpu_samples", samples(0, 5, node="n2"), {"t/0": ([1], [2])}, "a") == 5
         assert not [r for r in caplog.records if "were stored already" in r.getMessage()]
         assert lake.append("gpu_samples", samples(5, 10), {"t/0": ([2], [3])}, "a") == 5
     said = [r.getMessage() for r in caplog.records if "were stored already" in r.getMessage()]
