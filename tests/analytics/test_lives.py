@@ -212,3 +212,22 @@ def test_provisioning_counts_revocations_from_imported_lives(fitted: Path, tmp_p
     a = json.loads(out)["assumptions"]
     assert a["lives_used"] == "imported" and a["imported_lives"] >= 15 and a["recorded_lives"] == 0
     assert a["expected_revocations"] > 0
+
+
+def test_lives_over_the_api_check_what_a_client_sends(tmp_path: Path) -> None:
+    from cmdare.analytics import api
+    from cmdare.analytics.db import AnalyticsError, Database
+
+    db = Database(tmp_path / "a.duckdb")
+    run_ = {"vm": "r", "accelerator": "v100", "zone": "us-east1-b", "created": "2026-11-01T00:00:00Z",
+            "ended_by": "running"}
+    for as_of, words in (("soon", "import: line 2: as_of 'soon' is not an ISO 8601 time"),
+                         ("2026-10-01T00:00:00Z", "import: line 2: ended is not after created"),
+                         ("9999-01-01T00:00:00", "import: line 2: as_of '9999-01-01T00:00:00' is out of range")):
+        with pytest.raises(AnalyticsError) as e:
+            api.import_overheads(db, "lives", [{**run_, "as_of": as_of}])
+        assert str(e.value).startswith(words), str(e.value)
+    got = api.import_overheads(db, "lives", [{**run_, "as_of": "2026-11-01T06:00:00Z"}])
+    assert got["stored"] == 1
+    with duckdb.connect(str(tmp_path / "a.duckdb"), read_only=True) as c:
+        assert c.execute("SELECT lifetime_seconds, region FROM spot_lives").fetchall() == [(6 * 3600.0, "us-east1")]

@@ -287,3 +287,16 @@ def test_every_get_route_answers_a_filtered_token_without_a_server_error(url: st
             assert isinstance(body, dict) and "\n" not in body.get("error", ""), (p, body)
         seen += 1
     assert seen >= 20
+
+
+def test_rule_checks_under_a_filter_read_the_views_too(url: str) -> None:
+    """A rule's SQL sent to be checked is bound and run under the token's scope: naming the
+    served catalog is refused, an unqualified table is the team's view."""
+    def check(expr: str) -> tuple[int, object]:
+        rule = f"groups:\n- name: g\n  rules:\n  - alert: A\n    expr: {expr}\n"
+        return get(url, "/api/v1/alerts/check", "vision-secret", {"files": [{"name": "x.yml", "text": rule}]})
+
+    code, body = check('SELECT node, 1 AS value FROM "f".main.nodes')
+    assert code == 400 and "token vision sees" in body["error"], body  # type: ignore[index]
+    code, body = check("SELECT node, 1 AS value FROM nodes")
+    assert code == 200, body
