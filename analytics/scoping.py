@@ -22,8 +22,9 @@ The visible nodes and jobs are fixed when the views are made (two small tables i
 attached catalog); the views of one label set are shared by its reads for ``FRESH``
 seconds, then made again, the old catalog dropped by its last reader. User SQL under a scope may not name a catalog or a schema other than
 ``main``, ``information_schema`` and ``pg_catalog``, nor call a table function outside
-``TABLE_FUNCTIONS`` (``query_table``, ``duckdb_views()`` ...): each is a way around the
-views (analytics/safesql.py refuses them).
+``TABLE_FUNCTIONS`` or name one's catalog or schema (``query_table``, ``duckdb_views()``,
+``"db".main.instance_lives()`` ...): each is a way around the views (analytics/safesql.py
+refuses them).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from cmdare.collector.views import sql as view_sql
 
 OPEN = frozenset({"schema_migrations", "rollup_horizon", "alert_rules", "checkpoint_records", "startup_records",
                   "spot_lives"})
-TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "json_each", "json_tree"})
+# table functions that read no table, and cmdare's table macros (made again in the scope's catalog)
+TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "json_each", "json_tree", "instance_lives", "runs"})
 SCHEMAS = frozenset({"", "main", "information_schema", "pg_catalog"})
 PREFIX = "cmdare_scope_"
 
@@ -144,7 +146,7 @@ class _Views:
     name: str
     src: str
     made: float
-    users: int = 0
+    users: int
     retired: bool = False
 
 

@@ -180,3 +180,29 @@ def test_an_empty_record_over_the_api_is_a_bad_line_not_a_crash(tmp_path: Path) 
     with pytest.raises(AnalyticsError, match=r"^import: each record must be an object$"):
         overheads.check("checkpoints", [{"size_mb": 1, "save_s": 2}, ["not", "a", "dict"]])  # type: ignore[list-item]
     assert api.import_overheads(db, "checkpoints", [{"size_mb": 1, "save_s": 2}])["stored"] == 1
+
+
+def test_sizes_lines_and_a_bom_at_their_limits(tmp_path: Path) -> None:
+    """A line of exactly MAX_LINE bytes and a file of exactly its limit are taken; sizes in
+    messages are whole units where they are; a byte-order mark is dropped on line 1 only; a
+    long duplicate column is quoted short."""
+    assert [csvstream._size(n) for n in (1 << 30, 3 << 30, (1 << 30) + (1 << 20), 1 << 20, 5 << 20, 1 << 10,
+                                         2048, 1023)] == [
+        "1 GiB", "3 GiB", "1025 MiB", "1 MiB", "5 MiB", "1 KiB", "2 KiB", "1023 bytes"]
+    f = tmp_path / "edge.csv"
+    head = "size_mb,save_s,model\n"
+    row = "10,3," + "m" * (csvstream.MAX_LINE - len("10,3,") - 1) + "\n"  # exactly MAX_LINE bytes
+    f.write_text(head + row)
+    with csvstream.open_regular(f, 1 << 20, "x") as fh:
+        got = list(csvstream.Lines(fh, "edge.csv", f.stat().st_size))  # exactly at the limit
+    assert len(got) == 2 and len(got[1].encode()) == csvstream.MAX_LINE
+    g = tmp_path / "bom.csv"
+    g.write_bytes(b"size_mb,save_s\n\xef\xbb\xbf10,3\n")  # a BOM that is not the file's first bytes
+    with pytest.raises(AnalyticsError) as e:
+        overheads.read("checkpoints", [g])
+    assert str(e.value).endswith("bom.csv: line 2: size_mb " + repr("\ufeff10") + " is not a number")
+    h = tmp_path / "dup.csv"
+    h.write_text("size_mb,save_s," + "c" * 50 + "," + "c" * 50 + "\n10,3,a,b\n")
+    with pytest.raises(AnalyticsError) as e:
+        overheads.read("checkpoints", [h])
+    assert str(e.value).endswith("line 1: column " + repr("c" * 37 + "...") + " appears twice in the header")

@@ -150,6 +150,10 @@ def test_api_routes_and_pages_see_the_same(url: str) -> None:
     ("SELECT * FROM duckdb_views()", "the table function 'duckdb_views'"),
     ("SELECT (SELECT count(*) FROM f.main.nodes) AS n", "the table 'f.main.nodes'"),
     ("WITH x AS (SELECT * FROM f.main.nodes) SELECT * FROM x", "the table 'f.main.nodes'"),
+    ('SELECT * FROM "f".main.instance_lives()', "the table function 'instance_lives'"),  # the served catalog's macro
+    ("SELECT * FROM main.range(3)", "the table function 'range'"),  # a function named with its schema
+    ("SELECT * FROM " + "q" * 70 + "()", "the table function '" + "q" * 60 + "'"),
+    ('SELECT * FROM "' + "c" * 90 + '".main.t', "the table '" + ("c" * 90 + ".main.t")[:80] + "' (name tables"),
 ])
 def test_reading_around_the_filter_is_refused_in_one_line(url: str, query: str, words: str) -> None:
     code, body = sql(url, "vision-secret", query)
@@ -161,6 +165,10 @@ def test_reading_around_the_filter_is_refused_in_one_line(url: str, query: str, 
 def test_a_filtered_token_runs_the_allowed_table_functions_and_cannot_write(url: str) -> None:
     code, body = sql(url, "vision-secret", "SELECT count(*) FROM range(3), (SELECT node FROM main.nodes)")
     assert code == 200 and rows(body) == [(6,)]
+    code, body = sql(url, "vision-secret", "SELECT DISTINCT node FROM runs() ORDER BY node")
+    assert code == 200 and rows(body) == [("v1",), ("v2",)]  # cmdare's macro, over the team's views
+    code, body = sql(url, "admin-secret", "SELECT count(*) FROM runs() WHERE node = 'n1'")
+    assert rows(body) == [(1,)]  # the other team's run, to an unfiltered token
     code, body = get(url, "/api/v1/findings/run", "vision-secret", {"store": False})
     assert code == 403
 
@@ -221,6 +229,18 @@ def test_a_scopes_views_are_shared_for_a_while_then_made_again(tmp_path: Path,
             assert visible() == 3 and scopes() == 2  # made again; the old one still read
             assert held.execute("SELECT count(*) FROM nodes").fetchall()[0][0] == 2
         assert scopes() == 1  # its last reader dropped it
+        clock[0] += scoping.FRESH  # exactly stale: made again, and the old one, unread, dropped at once
+        assert visible() == 3 and scopes() == 1
+        assert scoping.FRESH == 5.0  # docs/service.md: "shared by its reads for 5 s"
+
+        def broken(name: str) -> str:
+            raise RuntimeError("a macro that does not bind")
+
+        monkeypatch.setattr(scoping, "view_sql", broken)
+        clock[0] += scoping.FRESH
+        with pytest.raises(RuntimeError), scoping.active(scope), served.read():
+            pass
+        assert scopes() == 1  # the half-made catalog was dropped (the one before it stays until replaced)
     finally:
         con.close()
 
