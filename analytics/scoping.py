@@ -185,7 +185,7 @@ def attach(cur: duckdb.DuckDBPyConnection, scope: Scope, made: Made) -> _Views:
             _drop(cur, old.name, old.src)  # type: ignore[union-attr]
     try:
         cur.execute(f"USE {v.name}")
-    except BaseException:
+    except BaseException:  # the read's count given back
         detach(cur, v, made)
         raise
     return v

@@ -222,15 +222,16 @@ def test_a_scopes_views_are_shared_for_a_while_then_made_again(tmp_path: Path,
 
         assert visible() == 2 and scopes() == 1
         con.execute("UPDATE nodes SET labels = '{\"team\": \"vision\"}' WHERE node = 'n1'")
-        clock[0] += scoping.FRESH - 0.1
+        clock[0] += scoping.FRESH - 0.25  # binary fractions: the clock's sums are exact
         assert visible() == 2 and scopes() == 1  # the same views
         with scoping.active(scope), served.read() as held:  # a read in flight on the old views
-            clock[0] += 0.2
+            clock[0] += 0.5
             assert visible() == 3 and scopes() == 2  # made again; the old one still read
             assert held.execute("SELECT count(*) FROM nodes").fetchall()[0][0] == 2
         assert scopes() == 1  # its last reader dropped it
+        con.execute("UPDATE nodes SET labels = '{\"team\": \"vision\"}' WHERE node = 'n2'")
         clock[0] += scoping.FRESH  # exactly stale: made again, and the old one, unread, dropped at once
-        assert visible() == 3 and scopes() == 1
+        assert visible() == 4 and scopes() == 1
         assert scoping.FRESH == 5.0  # docs/service.md: "shared by its reads for 5 s"
 
         def broken(name: str) -> str:
