@@ -186,15 +186,25 @@ def test_sizes_lines_and_a_bom_at_their_limits(tmp_path: Path) -> None:
     """A line of exactly MAX_LINE bytes and a file of exactly its limit are taken; sizes in
     messages are whole units where they are; a byte-order mark is dropped on line 1 only; a
     long duplicate column is quoted short."""
-    assert [csvstream._size(n) for n in (1 << 30, 3 << 30, (1 << 30) + (1 << 20), 1 << 20, 5 << 20, 1 << 10,
-                                         2048, 1023)] == [
-        "1 GiB", "3 GiB", "1025 MiB", "1 MiB", "5 MiB", "1 KiB", "2 KiB", "1023 bytes"]
+    assert [csvstream._size(n) for n in (1 << 30, 3 << 30, (1 << 30) + (1 << 20), 3 << 29, 1 << 20, 5 << 20,
+                                         512 << 10, 1 << 10, 2048, 1023, 0)] == [
+        "1 GiB", "3 GiB", "1025 MiB", "1536 MiB", "1 MiB", "5 MiB", "512 KiB", "1 KiB", "2 KiB", "1023 bytes",
+        "0 bytes"]
+    with pytest.raises(AnalyticsError, match=r"missing.csv: cannot read: No such file or directory$"):
+        csvstream.open_regular(tmp_path / "missing.csv", 10, "x")
+    two = tmp_path / "two.csv"
+    two.write_text("model\nx\n")
+    with pytest.raises(AnalyticsError, match=r"missing required columns size_mb, save_s \(a checkpoints file"):
+        overheads.read("checkpoints", [two])
+    two.write_text("save_s,model,size_mb,model,save_s\n1,a,2,b,3\n")  # two twice: the first by name is said
+    with pytest.raises(AnalyticsError, match=r"line 1: column 'model' appears twice in the header$"):
+        overheads.read("checkpoints", [two])
     f = tmp_path / "edge.csv"
     head = "size_mb,save_s,model\n"
     row = "10,3," + "m" * (csvstream.MAX_LINE - len("10,3,") - 1) + "\n"  # exactly MAX_LINE bytes
     f.write_text(head + row)
-    with csvstream.open_regular(f, 1 << 20, "x") as fh:
-        got = list(csvstream.Lines(fh, "edge.csv", f.stat().st_size))  # exactly at the limit
+    with csvstream.open_regular(f, f.stat().st_size, "x") as fh:  # exactly at the limit, both checks
+        got = list(csvstream.Lines(fh, "edge.csv", f.stat().st_size))
     assert len(got) == 2 and len(got[1].encode()) == csvstream.MAX_LINE
     g = tmp_path / "bom.csv"
     g.write_bytes(b"size_mb,save_s\n\xef\xbb\xbf10,3\n")  # a BOM that is not the file's first bytes
