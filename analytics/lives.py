@@ -76,7 +76,7 @@ def finish(rec: dict[str, Any], where: str, as_of: dt.datetime | None) -> None:
                 raise AnalyticsError(f"{where}: ended is empty (only a running VM may leave it)")
             if as_of is None:
                 raise AnalyticsError(f"{where}: ended is empty and the file's time is unknown")
-            end = as_of
+            end = rec["as_of"] = as_of  # sent along through a collector
         secs = (end - rec["created"]).total_seconds()
         if secs <= 0:
             raise AnalyticsError(f"{where}: ended is not after created")

@@ -91,6 +91,16 @@ FORMATS: dict[str, tuple[Column, ...]] = {
 }
 TABLES = {"checkpoints": "checkpoint_records", "startups": "startup_records", "lives": "spot_lives"}
 EXTRA = {"lives": ("lifetime_seconds",)}  # derived columns a kind stores beside its own
+SCHEMA = {"checkpoints": 14, "startups": 14, "lives": 21}  # the migration that made each kind's table
+
+
+def _finish_life(rec: dict[str, Any], where: str, as_of: Any) -> None:
+    from .lives import finish
+
+    finish(rec, where, as_of)
+
+
+FINISH = {"lives": _finish_life}  # per kind: derive values from a checked row (one line if it cannot)
 _REGION = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 PURCHASES = {"spot": "spot", "preemptible": "spot", "on-demand": "on-demand", "ondemand": "on-demand",
              "on_demand": "on-demand"}
@@ -175,12 +185,8 @@ def _rows(kind: str, rows: Iterator[tuple[int, list[str]]], name: str,
         if len(row) < width:
             raise AnalyticsError(f"{where}: {len(row)} fields, the header has {width}")
         rec = {c.name: (_value(c, row[at[c.name]], where) if c.name in at else None) for c in cols}
-        if kind == "lives":
-            from .lives import finish
-
-            finish(rec, where, as_of(line) if callable(as_of) else as_of)
-            if rec["ended"] is None and rec["ended_by"] == "running" and rec["lifetime_s"] is None:
-                rec["as_of"] = as_of(line) if callable(as_of) else as_of  # sent along through a collector
+        if kind in FINISH:  # a kind's derived values (lives: lifetime_seconds, the region from the zone)
+            FINISH[kind](rec, where, as_of(line) if callable(as_of) else as_of)
         key = _key(kind, rec)  # its columns' values (a region read from the zone included), not derived ones
         rec["repeat"] = repeats.number(key)
         rec["id"] = csvstream.record_id(kind, key, rec["repeat"])
@@ -308,7 +314,7 @@ def store_batches(db: Database, kind: str, batches: Iterable[list[dict[str, Any]
     cols = [c.name for c in FORMATS[kind]] + list(EXTRA.get(kind, ())) + ["id", "source", "line"]
     n = 0
     with db.write() as con:
-        needs_schema(con, 21 if kind == "lives" else 14, f"analyze import {kind}")
+        needs_schema(con, SCHEMA[kind], f"analyze import {kind}")
         before = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
         con.execute("BEGIN TRANSACTION")
         try:

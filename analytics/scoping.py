@@ -130,9 +130,13 @@ def _build(cur: duckdb.DuckDBPyConnection, served: str, scope: Scope) -> str:
     return name
 
 
-def _drop(cur: duckdb.DuckDBPyConnection, name: str, src: str) -> None:
+def _use(cur: duckdb.DuckDBPyConnection, catalog: str) -> None:
     with contextlib.suppress(duckdb.Error):
-        cur.execute(f"USE {src}")
+        cur.execute(f"USE {catalog}")
+
+
+def _drop(cur: duckdb.DuckDBPyConnection, name: str, src: str) -> None:
+    _use(cur, src)
     with contextlib.suppress(duckdb.Error):
         cur.execute(f"DETACH {name}")
 
@@ -193,8 +197,7 @@ def attach(cur: duckdb.DuckDBPyConnection, scope: Scope, made: Made) -> _Views:
 
 def detach(cur: duckdb.DuckDBPyConnection, v: _Views, made: Made) -> None:
     """The read is done: back to the served catalog; a replaced scope's last reader drops it."""
-    with contextlib.suppress(duckdb.Error):
-        cur.execute(f"USE {v.src}")
+    _use(cur, v.src)
     with made.lock:
         v.users -= 1
         gone = v.retired and v.users == 0
