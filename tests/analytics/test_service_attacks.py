@@ -292,6 +292,7 @@ class _Slowloris:
         self.port, self.n, self.source = port, n, source
         self.stop = threading.Event()
         self.opened = 0
+        self.ready = threading.Event()  # all n opened once: the attack is in full swing
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _open(self) -> socket.socket | None:
@@ -305,6 +306,7 @@ class _Slowloris:
 
     def _run(self) -> None:
         socks = [s for s in (self._open() for _ in range(self.n)) if s]
+        self.ready.set()
         while not self.stop.is_set():
             for i, s in enumerate(socks):
                 try:
@@ -326,7 +328,10 @@ def test_slow_header_connections_cannot_lock_out_whole_requests(served) -> None:
     attack = _Slowloris(port, 120)
     attack.thread.start()
     try:
-        time.sleep(1.0)
+        # On a loaded machine opening 120 connections can outlast the requests below; they
+        # are meant to meet the attack in full swing, so wait for it (then settle a moment).
+        assert attack.ready.wait(60), "the attack never opened its connections"
+        time.sleep(0.5)
         codes = []
         for i in range(30):
             src = "127.0.0.2" if i % 2 else "127.0.0.1"
@@ -340,6 +345,9 @@ def test_slow_header_connections_cannot_lock_out_whole_requests(served) -> None:
             except OSError as e:
                 codes.append((repr(e).encode()[:12], time.monotonic() - t))
         assert len(svc.server.server_state.connections) <= 41
+        until = time.monotonic() + 15  # the attacker notices a close on its next header
+        while attack.opened <= 120 and time.monotonic() < until:
+            time.sleep(0.1)
     finally:
         attack.stop.set()
         attack.thread.join(10)
