@@ -13,7 +13,10 @@ once (bench/findings.py):
   fleet-wide run's time: bench/findings.py), from the samples at the scope's edges;
 - ``host_buckets``: per node and bucket: mean CPU utilisation (from the ``host_5m`` rollup
   likewise);
-- ``job_gpus`` / ``job_hosts``: those buckets joined to the job spans they fall in.
+- ``gpu_summary``: those buckets joined to the job spans they fall in and summed per job,
+  node and GPU in the same pass (what the GPU detectors aggregate);
+- ``job_gpus`` / ``job_hosts``: buckets joined to the job spans they fall in (GPUs: of a
+  few flagged nodes).
 
 Temporary tables work on read-only connections too, and go with the connection.
 """
@@ -144,24 +147,65 @@ def rolled(con: duckdb.DuckDBPyConnection) -> bool:
     return has_column(con, "gpu_rollup_5m", "thr_mask") and has_view(con, "gpu_5m")
 
 
-def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
-    """Temp table of per-GPU 5-minute buckets (see the module doc): the buckets wholly inside
-    the scope's time range from the rollup (``gpu_5m``, exact however far behind the
-    rollup is), the partial ones at its edges from the samples."""
+def _bucket_rows(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str, dict[str, Any]]:
+    """The SQL of the per-GPU 5-minute bucket rows in the scope's time range (see the module
+    doc: whole buckets from the rollup, exact however far behind it is, the partial ones at
+    the edges from the samples) and its named parameters."""
     thr = throttled_sql("throttle_mask")
     tpu = has_rows(con, "tpu_samples")
     if not rolled(con):
-        where, params = _time_where(scope)
+        where, params = named_where(Scope(None, scope.since, scope.until))
         sql = _RAW_GPU.format(thr=thr, where=where)
         if tpu:
-            sql, params = f"{sql} UNION ALL {_RAW_TPU.format(where=where)}", params + params
-        return _temp(con, scope, "gpu_buckets", sql, params)
+            sql += " UNION ALL " + _RAW_TPU.format(where=where)
+        return sql, params
     whole, edge, params = split(Scope(None, scope.since, scope.until))
-    raw = _RAW_GPU.format(thr=thr, where=edge)
-    sql = f"{_ROLLED_GPU.format(whole=whole)} UNION ALL {raw}"
+    sql = f"{_ROLLED_GPU.format(whole=whole)} UNION ALL {_RAW_GPU.format(thr=thr, where=edge)}"
     if tpu:  # (no TPU rollup: a TPU fleet's samples are few) every bucket from the samples
         sql += " UNION ALL " + _RAW_TPU.format(where="($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u)")
-    return _temp(con, scope, "gpu_buckets", sql, params)
+    return sql, params
+
+
+def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
+    """Temp table of per-GPU 5-minute buckets (see the module doc)."""
+    return _temp(con, scope, "gpu_buckets", *_bucket_rows(con, scope))
+
+
+IDLE_UTIL = 0.05  # gpu_idle's defaults, at which gpu_summary counts idle time in the same pass
+MIN_MEM = 1 << 30
+
+
+def gpu_summary(con: duckdb.DuckDBPyConnection, scope: Scope, idle_util: float = IDLE_UTIL,
+                min_mem: int = MIN_MEM) -> str:
+    """Temp table, one row per job, node, GPU and kind (``job`` NULL: the GPU's buckets
+    outside every job's span), from one pass over the bucket rows joined to the job spans:
+    ``samples``, ``idle`` (samples in buckets of mean utilisation below ``idle_util``),
+    ``util_n`` (utilisation x samples), ``mem`` (mean of the buckets' memory), first and
+    last bucket ``b0``/``b1``, ``max_n`` (a full bucket's samples), throttle counts
+    ``thr_n``/``mask_n``/``thr_mask`` and the first and last throttled bucket, and, for
+    buckets idle with at least ``min_mem`` bytes in use, ``alloc_n``, ``alloc_mem_sum``,
+    ``alloc_rows``, ``alloc_b0``/``alloc_b1``. What the GPU detectors and ``node_hardware``
+    aggregate, so a fleet's buckets are read and joined once (bench/findings.py)."""
+    rows, params = _bucket_rows(con, scope)
+    if has_rows(con, "steps"):
+        s = spans(con, scope)
+        src = f"""SELECT s.job, s.rank AS job_rank, g.* FROM ({rows}) g LEFT JOIN {s} s ON g.node = s.node
+                  AND g.b + INTERVAL {BUCKET_SECONDS} SECOND > s.t0 AND g.b <= s.t1"""
+    else:
+        src = f"SELECT NULL::VARCHAR AS job, NULL::BIGINT AS job_rank, g.* FROM ({rows}) g"
+    idle = f"util < {float(idle_util)}"
+    alloc = f"{idle} AND mem >= {int(min_mem)}"
+    sql = f"""SELECT job, any_value(job_rank) AS job_rank, node, "index", kind, sum(n) AS samples,
+                     sum(n) FILTER ({idle}) AS idle, sum(util * n) AS util_n, avg(mem) AS mem,
+                     min(b) AS b0, max(b) AS b1, max(n) AS max_n,
+                     sum(thr_n) AS thr_n, sum(mask_n) AS mask_n, bit_or(thr_mask) AS thr_mask,
+                     min(b) FILTER (thr_n > 0) AS thr_b0, max(b) FILTER (thr_n > 0) AS thr_b1,
+                     sum(n) FILTER ({alloc}) AS alloc_n, sum(mem) FILTER ({alloc}) AS alloc_mem_sum,
+                     count(mem) FILTER ({alloc}) AS alloc_rows,
+                     min(b) FILTER ({alloc}) AS alloc_b0, max(b) FILTER ({alloc}) AS alloc_b1
+              FROM ({src}) GROUP BY job, node, "index", kind"""
+    return _temp(con, scope, f"gpu_summary_{float(idle_util)!r}_{int(min_mem)}".replace(".", "_").replace("-", "m"),
+                 sql, params)
 
 
 def host_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
@@ -212,9 +256,20 @@ def _join(con: duckdb.DuckDBPyConnection, scope: Scope, key: str, buckets: str) 
     )
 
 
-def job_gpus(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
-    """Temp table: each GPU bucket taken during a job's span on its node, with the job."""
-    return _join(con, scope, "job_gpus", gpu_buckets(con, scope))
+def job_gpus(con: duckdb.DuckDBPyConnection, scope: Scope, nodes: list[str]) -> str:
+    """Temp table: each GPU bucket of ``nodes`` taken during a job's span on its node, with
+    the job (per-bucket detail for a few flagged nodes; ``gpu_summary`` for the fleet)."""
+    rows, params = _bucket_rows(con, scope)
+    s = spans(con, scope)
+    return _temp(
+        con,
+        scope,
+        f"job_gpus_{abs(hash(tuple(sorted(nodes))))}",
+        f"""SELECT s.job, s.rank AS job_rank, g.* FROM ({rows}) g JOIN {s} s ON g.node = s.node
+            AND g.b + INTERVAL {BUCKET_SECONDS} SECOND > s.t0 AND g.b <= s.t1
+            WHERE g.node IN (SELECT unnest($nodes::VARCHAR[]))""",
+        {**params, "nodes": sorted(nodes)},
+    )
 
 
 def job_hosts(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
@@ -243,10 +298,10 @@ def node_hardware(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[tuple[st
         return scope.cache[key]
     out: dict[tuple[str, str], list[Any]] = {}
     if has_rows(con, "gpu_samples"):
-        g = job_gpus(con, scope)
+        g = gpu_summary(con, scope)
         for job, node, util, thr in con.execute(
-            f"""SELECT job, node, sum(util * n) / nullif(sum(n), 0), sum(thr_n) / nullif(sum(mask_n), 0)
-                FROM {g} GROUP BY job, node"""
+            f"""SELECT job, node, sum(util_n) / nullif(sum(samples), 0), sum(thr_n) / nullif(sum(mask_n), 0)
+                FROM {g} WHERE job IS NOT NULL GROUP BY job, node"""
         ).fetchall():
             out[(job, node)] = [util, thr, None, 0]
     if has_rows(con, "host_samples"):
@@ -339,10 +394,24 @@ GPM_OPTIONS = {
 def profiled_gpus(con: duckdb.DuckDBPyConnection, scope: Scope, min_samples: int) -> dict[str, list[GpuActivity]]:
     """job -> its GPUs that report GPM activity in ``min_samples`` samples or more."""
     out: dict[str, list[GpuActivity]] = {}
+    if not _any_gpm(con, scope):  # most fleets: no profiling at all, so no join to read
+        return out
     for g in job_activity(con, scope):
         if g.gr is not None and g.samples >= min_samples:
             out.setdefault(g.job, []).append(g)
     return out
+
+
+def _any_gpm(con: duckdb.DuckDBPyConnection, scope: Scope) -> bool:
+    """Whether any 5-minute bucket ``job_activity`` could read has GPM activity."""
+    if "any_gpm" not in scope.cache:
+        if not has_view(con, "gpu_5m") or not has_column(con, "gpu_5m", "gr_sum"):
+            scope.cache["any_gpm"] = False
+        else:
+            where, params = Scope(None, scope.since, scope.until).where(ts="g.last_ts")
+            scope.cache["any_gpm"] = bool(con.execute(
+                f"SELECT EXISTS (SELECT 1 FROM gpu_5m g WHERE g.gr_n > 0 AND {where})", params).fetchone()[0])
+    return bool(scope.cache["any_gpm"])
 
 
 def job_activity(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[GpuActivity]:

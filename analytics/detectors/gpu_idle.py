@@ -25,25 +25,23 @@ class GpuIdle(Detector):
     name = "gpu_idle"
     ACTION = 'release the idle GPUs (fewer per node, or a smaller instance type) or give the job work for them'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
-        "idle_util": Option("float", 0.05, "mean utilisation over 5 minutes below which a GPU is idle", lo=0, hi=1),
+        "idle_util": Option("float", evidence.IDLE_UTIL, "mean utilisation over 5 minutes below which a GPU is idle", lo=0, hi=1),
         "min_idle": Option("duration", 600.0, "idle time a GPU needs before it is reported"),
         "min_share": Option("float", 0.5, "share of the job's time its GPU must be idle", lo=0, hi=1),
-        "min_mem": Option("size", 1 << 30, "memory in use that counts as allocated (GPUs outside any job)"),
+        "min_mem": Option("size", evidence.MIN_MEM, "memory in use that counts as allocated (GPUs outside any job)"),
     }
     REQUIRES = (Requirement("table", "gpu_samples|tpu_samples"),)
 
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
         o = self.options
         out: list[Finding] = []
-        idle = f"util < {float(o['idle_util'])}"
+        g = evidence.gpu_summary(con, scope, float(o["idle_util"]), int(o["min_mem"]))
         if evidence.has_rows(con, "steps"):
-            g = evidence.job_gpus(con, scope)
             per_gpu = con.execute(
-                f"""SELECT job, node, "index", sum(n) AS samples, sum(n) FILTER ({idle}) AS idle,
-                           sum(util * n) / nullif(sum(n), 0), avg(mem), min(b), max(b),
-                           {BUCKET_SECONDS} / max(n) AS every,  -- a full bucket's samples: the sampling interval
+                f"""SELECT job, node, "index", samples, idle, util_n / nullif(samples, 0), mem, b0, b1,
+                           {BUCKET_SECONDS} / max_n AS every,  -- a full bucket's samples: the sampling interval
                            kind
-                    FROM {g} GROUP BY job, node, kind, "index" ORDER BY job, node, kind, "index" """
+                    FROM {g} WHERE job IS NOT NULL ORDER BY job, node, kind, "index" """
             ).fetchall()
             jobs: dict[str, list[tuple]] = {}
             for r in per_gpu:
@@ -87,25 +85,22 @@ class GpuIdle(Detector):
                             window_end=max(r[8] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
                         )
                     )
-        out += self._allocated_no_work(con, scope, idle)
+        out += self._allocated_no_work(con, scope, g)
         return out
 
-    def _allocated_no_work(self, con: duckdb.DuckDBPyConnection, scope: Scope, idle: str) -> list[Finding]:
-        """GPUs outside every job's span with memory held and no work (a leftover process)."""
+    def _allocated_no_work(self, con: duckdb.DuckDBPyConnection, scope: Scope, g: str) -> list[Finding]:
+        """GPUs outside every job's span with memory held and no work (a leftover process):
+        the summary's buckets outside every span (``job`` NULL) that were idle with
+        ``min_mem`` in use; the sampling interval from all the GPU's buckets."""
         o = self.options
-        b = evidence.gpu_buckets(con, scope)
-        anti = ""
-        if evidence.has_rows(con, "steps"):
-            g = evidence.job_gpus(con, scope)
-            anti = f'AND NOT EXISTS (SELECT 1 FROM {g} j WHERE j.node = g.node AND j."index" = g."index" AND j.b = g.b)'
         rows = con.execute(
             f"""WITH every AS (
-                    SELECT node, "index", {BUCKET_SECONDS} / max(n) AS every
-                    FROM {b} GROUP BY node, "index")
-                SELECT node, "index", sum(n) * any_value(every) AS seconds, avg(mem), min(b), max(b)
-                FROM {b} g JOIN every USING (node, "index")
-                WHERE {idle} AND mem >= {int(o['min_mem'])} {anti}
-                GROUP BY node, "index" HAVING sum(n) * any_value(every) >= {float(o['min_idle'])}
+                    SELECT node, "index", {BUCKET_SECONDS} / max(max_n) AS every FROM {g} GROUP BY node, "index")
+                SELECT node, "index", sum(alloc_n) * any_value(every) AS seconds,
+                       sum(alloc_mem_sum) / sum(alloc_rows), min(alloc_b0), max(alloc_b1)
+                FROM {g} JOIN every USING (node, "index")
+                WHERE job IS NULL AND alloc_rows > 0
+                GROUP BY node, "index" HAVING sum(alloc_n) * any_value(every) >= {float(o['min_idle'])}
                 ORDER BY node, "index" """
         ).fetchall()
         by_node: dict[str, list[tuple]] = {}

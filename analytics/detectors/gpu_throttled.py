@@ -37,11 +37,11 @@ class GpuThrottled(Detector):
 
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
         o = self.options
-        g = evidence.job_gpus(con, scope)
+        g = evidence.gpu_summary(con, scope)
         rows = con.execute(
             f"""SELECT job, node, "index", sum(thr_n) / sum(mask_n) AS share, sum(mask_n),
-                       bit_or(thr_mask), min(b) FILTER (thr_n > 0), max(b) FILTER (thr_n > 0)
-                FROM {g} GROUP BY job, node, "index"
+                       bit_or(thr_mask), min(thr_b0), max(thr_b1)
+                FROM {g} WHERE job IS NOT NULL GROUP BY job, node, "index"
                 HAVING sum(mask_n) >= {int(o['min_samples'])} AND sum(thr_n) > 0
                    AND sum(thr_n) / sum(mask_n) >= {float(o['min_share'])}
                 ORDER BY job, node, "index" """
@@ -53,7 +53,8 @@ class GpuThrottled(Detector):
         for r in rows:
             by_node.setdefault((r[0], r[1]), []).append(r)
         out = []
-        slowdowns = self._slowdowns(con, scope, g, list(by_node))
+        slowdowns = self._slowdowns(con, scope, evidence.job_gpus(con, scope, sorted({n for _, n in by_node})),
+                                    list(by_node))
         for (job, node), rs in by_node.items():
             slow, slow_from = slowdowns.get((job, node), (None, None))
             share = sum(r[3] * r[4] for r in rs) / sum(r[4] for r in rs)

@@ -28,8 +28,9 @@ class InputBound(Detector):
         gpu: dict[str, float] = {}
         cpu: dict[str, float] = {}
         if evidence.has_rows(con, "gpu_samples"):
-            g = evidence.job_gpus(con, scope)
-            gpu = dict(con.execute(f"SELECT job, sum(util * n) / nullif(sum(n), 0) FROM {g} GROUP BY job").fetchall())
+            g = evidence.gpu_summary(con, scope)
+            gpu = dict(con.execute(f"SELECT job, sum(util_n) / nullif(sum(samples), 0) FROM {g} "
+                                   "WHERE job IS NOT NULL GROUP BY job").fetchall())
         if evidence.has_rows(con, "host_samples"):
             h = evidence.job_hosts(con, scope)
             cpu = dict(con.execute(f"SELECT job, sum(cpu * n) / nullif(sum(n), 0) FROM {h} GROUP BY job").fetchall())

@@ -27,23 +27,24 @@ MIN_KEPT = 3
 
 
 # Computed in DuckDB (a fleet's step intervals need not fit in memory): per job, run and
-# rank, number the intervals in time order, keep those after the ramp and before the tail,
-# then per job and rank the median over the kept intervals of all its runs.
+# rank, the first intervals' times, the last one's and the stepping time; keep the intervals
+# after the ramp and before the tail; then per job and rank the median over the kept
+# intervals of all its runs. Aggregates and a hash join, not a window (ordering every
+# interval cost twice as much: bench/findings.py); intervals sharing a time stamp at the
+# ramp's or the tail's edge are left out together.
 STEADY_SQL = f"""
 WITH s AS (
     SELECT job, run, rank, ts, steps,
            coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps) AS span
     FROM steps WHERE ($job IS NULL OR job = $job) AND ($jobs IS NULL OR list_contains($jobs, job))),
-w AS (
-    SELECT job, rank, ts, steps / span AS rate, epoch(ts) - span AS begins,
-           row_number() OVER p AS i, count(*) OVER p AS n,
-           min(epoch(ts) - span) OVER p AS t_start, max(epoch(ts)) OVER p AS t_end
-    FROM s WHERE span > 0 AND steps > 0
-    WINDOW p AS (PARTITION BY job, run, rank ORDER BY ts
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING))
-SELECT job, coalesce(rank, 0) AS rank, median(rate) AS rate, count(*) AS kept
-FROM w
-WHERE i > {MIN_RAMP_INTERVALS} AND i < n AND begins >= t_start + {RAMP_SHARE} * (t_end - t_start)
+k AS (SELECT * FROM s WHERE span > 0 AND steps > 0),
+g AS (SELECT job, run, rank, min(ts, {MIN_RAMP_INTERVALS}) AS firsts, max(ts) AS last,
+             min(epoch(ts) - span) AS t_start, max(epoch(ts)) AS t_end
+      FROM k GROUP BY job, run, rank)
+SELECT k.job, coalesce(k.rank, 0) AS rank, median(k.steps / k.span) AS rate, count(*) AS kept
+FROM k JOIN g ON k.job IS NOT DISTINCT FROM g.job AND k.run IS NOT DISTINCT FROM g.run AND k.rank IS NOT DISTINCT FROM g.rank
+WHERE k.ts > g.firsts[{MIN_RAMP_INTERVALS}] AND k.ts < g.last
+  AND epoch(k.ts) - k.span >= g.t_start + {RAMP_SHARE} * (g.t_end - g.t_start)
 GROUP BY ALL HAVING count(*) >= {MIN_KEPT}
 """
 

@@ -108,3 +108,48 @@ def test_a_rank_restarted_on_another_node_inside_a_window_is_judged_from_its_raw
     con.close()
     assert got == want
     assert [f["rank"] for f in want if f["kind"] == "straggler"] == [3]
+
+
+@pytest.mark.parametrize("job,since,until", [*SCOPES, ("one", None, None), ("one", 95.0, 3 * 3600 + 1234.0)])
+@pytest.mark.parametrize("idle_util,min_mem", [(0.05, 1 << 30), (0.5, 1)])
+def test_the_gpu_summary_equals_summing_the_joined_buckets(db: Path, job, since, until, idle_util, min_mem) -> None:
+    """``gpu_summary`` (one pass: buckets joined to the spans and summed per job, node and
+    GPU) holds what the detectors used to sum from every joined bucket: the same numbers
+    per job and GPU, and for buckets outside every span (``job`` NULL) the same allocated
+    time the anti-join found."""
+    from cmdare.analytics import evidence
+
+    con = connect(db, read_only=True)
+    if job == "one":  # one job's scope: every other job's GPUs are outside its spans
+        (job,) = con.execute("SELECT min(job) FROM steps WHERE job LIKE 'sim-%'").fetchone()
+    scope = Scope(job, None if since is None else at(T0 + since), None if until is None else at(T0 + until))
+    g = evidence.gpu_summary(con, scope, idle_util, min_mem)
+    b = evidence.gpu_buckets(con, scope)
+    s = evidence.spans(con, scope)
+    nodes = [n for (n,) in con.execute(f"SELECT DISTINCT node FROM {b}").fetchall()]
+    j = evidence.job_gpus(con, scope, nodes)
+    got = con.execute(
+        f"""SELECT job, node, "index", kind, samples, idle, round(util_n, 6), round(mem, 3), b0, b1, max_n,
+                   thr_n, mask_n, thr_mask, thr_b0, thr_b1
+            FROM {g} WHERE job IS NOT NULL ORDER BY ALL""").fetchall()
+    want = con.execute(
+        f"""SELECT job, node, "index", kind, sum(n), sum(n) FILTER (util < {idle_util}), round(sum(util * n), 6),
+                   round(avg(mem), 3), min(b), max(b), max(n), sum(thr_n), sum(mask_n), bit_or(thr_mask),
+                   min(b) FILTER (thr_n > 0), max(b) FILTER (thr_n > 0)
+            FROM {j} GROUP BY job, node, "index", kind ORDER BY ALL""").fetchall()
+    assert got == want
+    assert want or since is not None  # GPUs in jobs are compared
+    got = con.execute(
+        f"""SELECT node, "index", sum(alloc_n), round(sum(alloc_mem_sum) / sum(alloc_rows), 3), min(alloc_b0),
+                   max(alloc_b1)
+            FROM {g} WHERE job IS NULL AND alloc_rows > 0 GROUP BY ALL ORDER BY ALL""").fetchall()
+    want = con.execute(
+        f"""SELECT node, "index", sum(n), round(avg(mem), 3), min(b), max(b) FROM {b} g
+            WHERE util < {idle_util} AND mem >= {min_mem}
+              AND NOT EXISTS (SELECT 1 FROM {s} s WHERE s.node = g.node AND g.b + INTERVAL 300 SECOND > s.t0
+                              AND g.b <= s.t1)
+            GROUP BY ALL ORDER BY ALL""").fetchall()
+    assert got == want
+    if job is not None and since is None and min_mem == 1:
+        assert len(want) > 10  # other jobs' GPUs: the allocated side is compared
+    con.close()

@@ -22,6 +22,18 @@ def test_idle_gpus_of_a_running_job_and_memory_held_with_no_work(fleet) -> None:
     held = f["sim-held-2"][0]
     assert held.evidence["in_job"] is False and held.evidence["mem_used_bytes"] > 10 * 2**30
     assert held.subject == "0,1" and "hold 12.0 GiB" in held.summary
+    # the held time is what the idle buckets outside every span add up to, at the GPUs'
+    # sampling interval (read apart from the summary the detector uses)
+    from cmdare.analytics import evidence
+
+    scope = Scope()
+    b, s = evidence.gpu_buckets(con, scope), evidence.spans(con, scope)
+    (secs,) = con.execute(
+        f"""SELECT sum(n * 300 / (SELECT max(n) FROM {b} x WHERE x.node = g.node AND x."index" = g."index"))
+            FROM {b} g WHERE node = 'sim-held-2-n0' AND util < 0.05 AND mem >= 2^30
+              AND NOT EXISTS (SELECT 1 FROM {s} s WHERE s.node = g.node AND g.b + INTERVAL 300 SECOND > s.t0
+                              AND g.b <= s.t1)""").fetchone()
+    assert secs > 0 and held.evidence["gpu_hours_wasted"] == round(secs / 3600, 3)
 
 
 def test_every_gpu_idle_is_a_stalled_job_and_options_apply(fleet) -> None:
