@@ -22,7 +22,7 @@ from cmdare.wire.units import ConfigError
 
 from .db import AnalyticsError
 from .detectors import DETECTORS
-from .units import Finding, Scope, check_requirements, run_unit
+from .units import Finding, Scope, check_requirements, remembered, run_unit
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 EPOCH = dt.datetime(1970, 1, 1)  # a coverage that starts with the data
@@ -121,14 +121,15 @@ def run(
             raise AnalyticsError(str(e)) from None
     check_options(options)
     out = Outcome()
-    for name in names:
-        try:
-            check_requirements(DETECTORS, name, con)
-        except AnalyticsError as e:
-            out.skipped.append(str(e))
-            continue
-        out.findings += run_unit(DETECTORS, name, con, scope, options.get(name, {}))
-        out.ran.append(name)
+    with remembered():  # each table's has-rows check once for all the detectors
+        for name in names:
+            try:
+                check_requirements(DETECTORS, name, con)
+            except AnalyticsError as e:
+                out.skipped.append(str(e))
+                continue
+            out.findings += run_unit(DETECTORS, name, con, scope, options.get(name, {}))
+            out.ran.append(name)
     for key in list(scope.cache):  # the shared temp tables go with the run
         name = scope.cache.pop(key)
         if isinstance(name, str) and name.startswith("_cmdare_"):
