@@ -55,7 +55,7 @@ def _time_where(scope: Scope, ts: str = "ts") -> tuple[str, list[Any]]:
 
 
 def split(scope: Scope) -> tuple[str, str, dict[str, Any]]:
-    """The scope as (condition on a rollup's ``bucket``: the whole 5-minute buckets inside it,
+    """The scope as (condition on a rollup's rows: the whole 5-minute buckets inside it,
     condition on raw rows' ``ts``: the rows of the partial buckets at its edges, their named
     parameters, the job's included): every row in scope is read once, from one side."""
     step = dt.timedelta(seconds=BUCKET_SECONDS)
@@ -68,7 +68,12 @@ def split(scope: Scope) -> tuple[str, str, dict[str, Any]]:
     if hi is not None:
         edge.append("ts >= $hi")
     job = "($job IS NULL OR job = $job)"
-    return (f"($lo IS NULL OR bucket >= $lo) AND ($hi IS NULL OR bucket < $hi) AND {job}",
+    # the whole buckets by their first sample's time, not by ``bucket``: the same rows (lo and
+    # hi are bucket starts, and first_ts lies in its bucket), but a filter on ``bucket`` is
+    # pushed through the exact views' GROUP BY into their raw side and evaluated on every
+    # raw sample before the pending-range join (3.7 s against 0.005 s for a 15-minute scope
+    # of 1,000 nodes: bench/detect_rounds.py)
+    return (f"($lo IS NULL OR first_ts >= $lo) AND ($hi IS NULL OR first_ts < $hi) AND {job}",
             f"($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u) AND ({' OR '.join(edge)}) AND {job}",
             {"lo": lo, "hi": hi, "s": s, "u": u, "job": scope.job})
 
