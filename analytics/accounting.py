@@ -66,12 +66,20 @@ class JobAccount:
         return s / 3600.0 * self.usd_per_gpu_hour
 
 
+# the 5-minute buckets from t0 - 5 min to t1 (``bucket >= t0 - 5 min AND bucket <= t1``),
+# selected by their first sample's time, which lies in its bucket: a filter on ``bucket``
+# would be pushed into the exact view's raw side and run on every raw sample (evidence.split)
+BUCKETS_NEAR = """first_ts >= time_bucket(INTERVAL 300 SECOND, $t0::TIMESTAMP - INTERVAL 300000001 MICROSECOND)
+                                  + INTERVAL 300 SECOND
+                  AND first_ts < time_bucket(INTERVAL 300 SECOND, $t1::TIMESTAMP) + INTERVAL 300 SECOND"""
+
+
 def _gpus(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime) -> dict[str, tuple[int, str]]:
     """job -> (accelerators it held in [t0, t1], from where that count comes)."""
     out: dict[str, tuple[int, str]] = {}
     for j, n in con.execute(  # the 5-minute rollup (exact: pending samples are read raw), not every sample
-            """SELECT job, count(DISTINCT (node, "index")) FROM gpu_5m WHERE job IN (SELECT unnest(?::VARCHAR[]))
-                 AND bucket >= ?::TIMESTAMP - INTERVAL 5 MINUTE AND bucket <= ? GROUP BY job""", [jobs, t0, t1]).fetchall():
+            f"""SELECT job, count(DISTINCT (node, "index")) FROM gpu_5m WHERE job IN (SELECT unnest($jobs::VARCHAR[]))
+                  AND {BUCKETS_NEAR} GROUP BY job""", {"jobs": jobs, "t0": t0, "t1": t1}).fetchall():
         if n:
             out[j] = (int(n), "GPU samples")
     rest = [j for j in jobs if j not in out]
