@@ -99,13 +99,17 @@ def _gpus(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: 
 def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tuple]]:
     """job -> its stepping nodes: (node, region, instance type, spot, accelerator, its count, labels)."""
     out: dict[str, list[tuple]] = {}
+    # the nodes each rank declared and those whose agent is labelled with the job (small
+    # tables); a job with neither: the nodes it stepped on (a scan of the steps, so only for them)
+    declared = {j for (j,) in con.execute(
+        """SELECT DISTINCT job FROM jobs WHERE job IN (SELECT unnest($1::VARCHAR[]))
+           UNION SELECT DISTINCT job FROM nodes WHERE job IN (SELECT unnest($1::VARCHAR[]))""", [jobs]).fetchall()}
+    bare = [j for j in jobs if j not in declared]
     for r in con.execute(
         """WITH dj AS (SELECT job, node FROM jobs WHERE job IN (SELECT unnest($1::VARCHAR[]))
                       UNION SELECT job, node FROM nodes WHERE job IN (SELECT unnest($1::VARCHAR[]))),
-           -- the nodes each rank declared and those whose agent is labelled with the job (small
-           -- tables); a job with neither: the nodes it stepped on
            jn AS (SELECT * FROM dj UNION ALL SELECT DISTINCT job, node FROM steps
-                  WHERE job IN (SELECT unnest($1::VARCHAR[])) AND job NOT IN (SELECT job FROM dj)),
+                  WHERE job IN (SELECT unnest($2::VARCHAR[]))),
            n AS (SELECT DISTINCT node FROM jn),
            i AS (SELECT node, arg_max(region, ts) AS region, arg_max(instance_type, ts) AS itype,
                         arg_max(spot, ts) AS spot, arg_max(accelerator, ts) AS acc,
@@ -119,7 +123,7 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tu
                   coalesce(nd.labels::VARCHAR, '{}')
            FROM jn LEFT JOIN i USING (node) LEFT JOIN g USING (node) LEFT JOIN nodes nd USING (node)
            ORDER BY jn.job, jn.node""",
-        [jobs]).fetchall():
+        [jobs, bare]).fetchall():
         out.setdefault(r[0], []).append(r[1:])
     return out
 

@@ -124,8 +124,14 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
     # window edge) is its own split (input wait, then productive): summed directly. Only the
     # others go through the sweep, which is exact because the direct ones share no instant
     # with anything.
+    # each run's lowest rank: from the steps rollup where there is one (the same ranks, every
+    # interval counted, read from a fiftieth of the rows; raw rows retention deleted still
+    # count there, as their run's rank did)
+    from .evidence import has_view
+
+    ranks = "steps_5m" if has_view(con, "steps_5m") else "steps"
     rows = con.execute(
-        f"""WITH ref AS (SELECT job, run, min(rank) AS rank FROM steps WHERE {cond} GROUP BY job, run),
+        f"""WITH ref AS (SELECT job, run, min(rank) AS rank FROM {ranks} WHERE {cond} GROUP BY job, run),
             st AS MATERIALIZED (
                 SELECT s.job, s.run, epoch(s.ts) AS t,
                        greatest(0, coalesce(coalesce(s.steps / nullif(s.steps_per_second, 0),

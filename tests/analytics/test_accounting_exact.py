@@ -189,3 +189,20 @@ def test_a_job_without_gpus_or_a_world_size_counts_its_stepping_nodes(tmp_path: 
     with duckdb.connect(str(p), read_only=True) as c:
         t0, t1 = (dt.datetime.fromtimestamp(x, dt.timezone.utc).replace(tzinfo=None) for x in (T0, T0 + 3600))
         assert accounting._gpus(c, ["s"], t0, t1) == {"s": (2, "stepping nodes")}
+
+
+def test_a_jobs_nodes_are_its_declared_ones_else_those_it_stepped_on(tmp_path: Path) -> None:
+    """``_nodes``: a job that declared its ranks (or whose agents carry its label) is on
+    those nodes only; a job with neither is on the nodes it stepped on (read from the steps
+    for those jobs alone)."""
+    con = connect(tmp_path / "n.duckdb")
+    con.execute("""INSERT INTO steps (id, ts, node, job, run, rank, interval_seconds, steps)
+                   VALUES ('a', '2026-01-01 00:00:10', 'n1', 'declared', 'r', 0, 10, 5),
+                          ('b', '2026-01-01 00:00:10', 'n9', 'declared', 'r', 1, 10, 5),
+                          ('c', '2026-01-01 00:00:10', 'n2', 'bare', 'r', 0, 10, 5),
+                          ('d', '2026-01-01 00:00:10', 'n3', 'bare', 'r', 1, 10, 5)""")
+    con.execute("""INSERT INTO jobs (id, ts, node, job, run, rank, world_size)
+                   VALUES ('j', '2026-01-01', 'n1', 'declared', 'r', 0, 2)""")
+    got = accounting._nodes(con, ["declared", "bare"])
+    assert {j: [n[0] for n in ns] for j, ns in got.items()} == {"declared": ["n1"], "bare": ["n2", "n3"]}
+    con.close()
