@@ -411,10 +411,11 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     no detector run covered (``finding_coverage``: an offline database), the detectors run
     now, unless ``detect`` is off."""
     from . import prices
+    from .goodhours import fleet
     from .goodput import epoch
 
-    # every job's goodput over the range in one sweep: the jobs are those with time in it
-    whole = goodput_many(con, None, epoch(since), epoch(until))
+    # every job's goodput over the range: the jobs are those with time in it
+    whole = fleet(con, epoch(since), epoch(until))  # the kept hours where they hold, the rest raw
     jobs = sorted(j for j, g in whole.items() if g.wall > 0)
     notes: list[str] = []
     if not jobs:

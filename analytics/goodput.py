@@ -107,31 +107,18 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
     category at each instant, and each instant-to-next assigned to the open category of
     highest precedence (none: idle). Work lost to revocations is judged per run in Python
     for the few jobs a notice hit."""
-    cond = "job IN (SELECT unnest($jobs::VARCHAR[]))" if jobs is not None else "job IS NOT NULL"
-    params: dict[str, Any] = {"jobs": jobs} if jobs is not None else {}
-    # revocations: the jobs stepping on a notice's node around it (a superset, cheap: by time),
-    # then per run in Python which notices hit, the lost work and the time to resume
-    cand = con.execute(
-        f"""SELECT DISTINCT s.job FROM revocations v JOIN steps s ON s.node = v.node
-            WHERE v.revokes AND s.ts BETWEEN v.ts - INTERVAL {int(NOTICE_WINDOW)} SECOND AND v.ts + INTERVAL 1 DAY
-              AND s.{cond}""", params).fetchall()
-    rev = {j: r for (j,) in cand if (r := _revocations(con, j))}
-    prio = sorted(PRIORITY, key=PRIORITY.get)  # type: ignore[arg-type]
-    sums = ", ".join(f"sum(d) FILTER (WHERE cat = '{c}') OVER w AS \"{c}\"" for c in prio)
-    case = " ".join(f"WHEN coalesce(\"{c}\", 0) > 0 THEN '{c}'" for c in prio)
-    # One query: the reference rank's intervals once (materialised), each job's span cut to
-    # the window, and the split. A step interval that overlaps nothing (no other piece, no
-    # window edge) is its own split (input wait, then productive): summed directly. Only the
-    # others go through the sweep, which is exact because the direct ones share no instant
-    # with anything.
-    # each run's lowest rank: from the steps rollup where there is one (the same ranks, every
-    # interval counted, read from a fiftieth of the rows; raw rows retention deleted still
-    # count there, as their run's rank did)
-    from .evidence import has_view
+    got = sweep(con, jobs, [(None, 0, since, until)])
+    return {job: g for (job, _k), g in got.items()}
 
-    ranks = "steps_5m" if has_view(con, "steps_5m") else "steps"
-    rows = con.execute(
-        f"""WITH ref AS (SELECT job, run, min(rank) AS rank FROM {ranks} WHERE {cond} GROUP BY job, run),
+
+Window = tuple[str | None, int, float | None, float | None]  # (job or None: every job, key, lo, hi)
+
+
+def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str) -> str:
+    """The sweep's one statement (see ``sweep``): ``cond`` picks the jobs, ``ranks`` the table
+    each run's lowest rank is read from, ``only`` restricts the ordered pieces, ``sums`` and
+    ``case`` count the open pieces of each category and name the winning one."""
+    return f"""WITH ref AS (SELECT job, run, min(rank) AS rank FROM {ranks} WHERE {cond} GROUP BY job, run),
             st AS MATERIALIZED (
                 SELECT s.job, s.run, epoch(s.ts) AS t,
                        greatest(0, coalesce(coalesce(s.steps / nullif(s.steps_per_second, 0),
@@ -147,9 +134,13 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
             span2 AS (SELECT span.*, greatest(span.last, coalesce((SELECT max(c.t) FROM c WHERE c.job = span.job
                                                                     AND c.t >= span.first), span.last)) AS b
                       FROM span),
-            win AS (SELECT job, lo, greatest(lo, hi) AS hi FROM (
-                        SELECT job, CASE WHEN $since IS NULL THEN a ELSE greatest(a, $since) END AS lo,
-                               CASE WHEN $until IS NULL THEN b ELSE least(b, $until) END AS hi FROM span2)),
+            wins AS (SELECT unnest($wj::VARCHAR[]) AS job, unnest($wk::INTEGER[]) AS k, unnest($wlo::DOUBLE[]) AS lo,
+                            unnest($whi::DOUBLE[]) AS hi),
+            win AS (SELECT job, k, lo, greatest(lo, hi) AS hi FROM (
+                        SELECT span2.job, wins.k, CASE WHEN wins.lo IS NULL THEN a ELSE greatest(a, wins.lo) END AS lo,
+                               CASE WHEN wins.hi IS NULL THEN b ELSE least(b, wins.hi) END AS hi
+                        FROM span2 JOIN wins ON wins.job = span2.job
+                             OR (wins.job IS NULL AND span2.job NOT IN (SELECT job FROM wins WHERE job IS NOT NULL)))),
             other AS (
                 SELECT d.job, d.declared AS a, r.first AS b, 'startup' AS cat FROM d JOIN r USING (job, run)
                 UNION ALL SELECT job, epoch(ts) - coalesce(seconds, 0), epoch(ts),
@@ -161,34 +152,75 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
             flag AS (SELECT *, max(b) OVER (PARTITION BY job ORDER BY a, b ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                                  AS prev_b,
                                lead(a) OVER (PARTITION BY job ORDER BY a, b) AS next_a
-                     FROM allp),
-            marked AS (SELECT f.*, win.lo, win.hi,
+                     FROM allp {only}),
+            marked AS (SELECT f.*, win.k, win.lo, win.hi,
                               f.cat IS NULL AND coalesce(f.prev_b <= f.a, true) AND coalesce(f.next_a >= f.b, true)
                               AND f.a >= win.lo AND f.b <= win.hi AS clean
                        FROM flag f JOIN win USING (job) WHERE f.b > win.lo AND f.a < win.hi),
-            direct AS (SELECT job, sum(span * w) AS iw, sum(span * (1 - w)) AS pr FROM marked WHERE clean GROUP BY job),
-            pieces AS (SELECT job, a, a + span * w AS b, 'input_wait' AS cat, lo, hi FROM marked WHERE NOT clean AND cat IS NULL
-                       UNION ALL SELECT job, a + span * w, b, 'productive', lo, hi FROM marked WHERE NOT clean AND cat IS NULL
-                       UNION ALL SELECT job, a, b, cat, lo, hi FROM marked WHERE cat IS NOT NULL),
-            clipped AS (SELECT job, greatest(a, lo) AS a, least(b, hi) AS b, cat FROM pieces WHERE least(b, hi) > greatest(a, lo)),
-            pts AS (SELECT job, a AS t, cat, 1 AS d FROM clipped UNION ALL SELECT job, b, cat, -1 FROM clipped),
-            run AS (SELECT job, t, lead(t) OVER (PARTITION BY job ORDER BY t, d) AS t2, {sums}
-                    FROM pts WINDOW w AS (PARTITION BY job ORDER BY t, d ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
-            SELECT job, CASE {case} ELSE 'idle' END AS cat, sum(t2 - t), NULL FROM run WHERE t2 > t GROUP BY ALL
-            UNION ALL SELECT job, 'input_wait', iw, NULL FROM direct
-            UNION ALL SELECT job, 'productive', pr, NULL FROM direct
-            UNION ALL SELECT job, '', lo, hi FROM win""",
-        params | {"since": since, "until": until,
+            direct AS (SELECT job, k, sum(span * w) AS iw, sum(span * (1 - w)) AS pr FROM marked WHERE clean
+                       GROUP BY job, k),
+            pieces AS (SELECT job, k, a, a + span * w AS b, 'input_wait' AS cat, lo, hi FROM marked
+                       WHERE NOT clean AND cat IS NULL
+                       UNION ALL SELECT job, k, a + span * w, b, 'productive', lo, hi FROM marked WHERE NOT clean AND cat IS NULL
+                       UNION ALL SELECT job, k, a, b, cat, lo, hi FROM marked WHERE cat IS NOT NULL),
+            clipped AS (SELECT job, k, greatest(a, lo) AS a, least(b, hi) AS b, cat FROM pieces
+                        WHERE least(b, hi) > greatest(a, lo)),
+            pts AS (SELECT job, k, a AS t, cat, 1 AS d FROM clipped UNION ALL SELECT job, k, b, cat, -1 FROM clipped),
+            run AS (SELECT job, k, t, lead(t) OVER (PARTITION BY job, k ORDER BY t, d) AS t2, {sums}
+                    FROM pts WINDOW w AS (PARTITION BY job, k ORDER BY t, d ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+            SELECT job, k, CASE {case} ELSE 'idle' END AS cat, sum(t2 - t), NULL FROM run WHERE t2 > t GROUP BY ALL
+            UNION ALL SELECT job, k, 'input_wait', iw, NULL FROM direct
+            UNION ALL SELECT job, k, 'productive', pr, NULL FROM direct
+            UNION ALL SELECT job, k, '', lo, hi FROM win"""
+
+
+def sweep(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, windows: list[Window],
+          restrict: bool = False) -> dict[tuple[str, int], Goodput]:
+    """The goodput of each of ``jobs`` (None: every job with steps) over each of ``windows``
+    ((job, key, lo, hi) in epoch seconds, None: unbounded; job None: every job no other
+    window names), keyed by (job, key): the pieces are the whole run's (see ``goodput``),
+    cut at each window's edges, and a window is cut to the job's span. With ``restrict``, only the pieces that
+    overlap some window are ordered (exact: a piece inside a window overlaps only pieces
+    that overlap the window too) -- for windows covering a small part of the jobs' time."""
+    cond = "job IN (SELECT unnest($jobs::VARCHAR[]))" if jobs is not None else "job IS NOT NULL"
+    params: dict[str, Any] = {"jobs": jobs} if jobs is not None else {}
+    # revocations: the jobs stepping on a notice's node around it (a superset, cheap: by time),
+    # then per run in Python which notices hit, the lost work and the time to resume
+    cand = con.execute(
+        f"""SELECT DISTINCT s.job FROM revocations v JOIN steps s ON s.node = v.node
+            WHERE v.revokes AND s.ts BETWEEN v.ts - INTERVAL {int(NOTICE_WINDOW)} SECOND AND v.ts + INTERVAL 1 DAY
+              AND s.{cond}""", params).fetchall()
+    rev = {j: r for (j,) in cand if (r := _revocations(con, j))}
+    prio = sorted(PRIORITY, key=PRIORITY.get)  # type: ignore[arg-type]
+    sums = ", ".join(f"sum(d) FILTER (WHERE cat = '{c}') OVER w AS \"{c}\"" for c in prio)
+    case = " ".join(f"WHEN coalesce(\"{c}\", 0) > 0 THEN '{c}'" for c in prio)
+    # each run's lowest rank: from the steps rollup where there is one (the same ranks, every
+    # interval counted, read from a fiftieth of the rows; raw rows retention deleted still
+    # count there, as their run's rank did)
+    from .evidence import has_view
+
+    ranks = "steps_5m" if has_view(con, "steps_5m") else "steps"
+    only = ("SEMI JOIN win ON win.job = allp.job AND allp.b > win.lo AND allp.a < win.hi"  # (EXISTS: a hash of every piece)
+            if restrict else "")
+    # One query: the reference rank's intervals once (materialised), each job's span cut to
+    # each window, and the split. A step interval that overlaps nothing (no other piece, no
+    # window edge) is its own split (input wait, then productive): summed directly. Only the
+    # others go through the sweep, which is exact because the direct ones share no instant
+    # with anything.
+    rows = con.execute(
+        _sweep_sql(cond, ranks, only, sums, case),
+        params | {"wj": [w[0] for w in windows], "wk": [w[1] for w in windows],
+                  "wlo": [w[2] for w in windows], "whi": [w[3] for w in windows],
                   "rj": [j for j, ps in rev.items() for _ in ps],
                   "ra": [a for ps in rev.values() for a, _b in ps],
                   "rb": [b for ps in rev.values() for _a, b in ps]}).fetchall()
-    out: dict[str, Goodput] = {}
-    for job, cat, v, hi in rows:
+    out: dict[tuple[str, int], Goodput] = {}
+    for job, k, cat, v, hi in rows:
         if cat == "":
-            out[job] = Goodput(job, float(v), float(hi), dict.fromkeys(CATEGORIES, 0.0))
-    for job, cat, v, _hi in rows:
+            out[(job, k)] = Goodput(job, float(v), float(hi), dict.fromkeys(CATEGORIES, 0.0))
+    for job, k, cat, v, _hi in rows:
         if cat not in ("", "idle"):  # the sweep's idle covers only its own pieces: idle is what the rest leaves
-            out[job].seconds[cat] += float(v)
+            out[(job, k)].seconds[cat] += float(v)
     for g in out.values():
         g.seconds["idle"] = max(0.0, g.wall - sum(v for k, v in g.seconds.items() if k != "idle"))
     return out

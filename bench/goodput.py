@@ -132,6 +132,14 @@ def main() -> None:
             print(f"generated {a.nodes} nodes x {a.days} d: {rows / 1e6:.1f} M step intervals "
                   f"({a.step_interval} s), {a.nodes * 8 * a.days * 288 / 1e6:.1f} M GPU rollup rows in "
                   f"{time.perf_counter() - t:.0f} s ({db.stat().st_size / 2**30:.2f} GiB)")
+        from cmdare.analytics import goodhours
+        from cmdare.collector.db import connect
+
+        con = connect(db)  # goodput by the hour, as the collector keeps it with the rollups
+        t = time.perf_counter()
+        n = goodhours.refresh(con)
+        con.close()
+        print(f"goodput hours kept: {n:,} written in {time.perf_counter() - t:.1f} s (a collector writes one an hour a job)")
         cases = [("team", True), ("fleet", True), ("job", True), ("team", False)]
         for by, kept in cases:
             covered(db, kept)

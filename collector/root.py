@@ -116,11 +116,17 @@ def run(cfg: CollectorConfig, say: Say) -> None:
 
 
 def _ingest(cfg: CollectorConfig, con: Any, say: Say) -> Any:
+    from cmdare.analytics import goodhours
+
     if cfg.command == "kafka":
-        return KafkaIngest(con, cfg.url, cfg.group, cfg.batch_bytes, cfg.max_wait, progress=progress(say),
-                           progress_every=cfg.progress_every, max_skew=cfg.max_clock_skew, retention=cfg.retention)
-    return _SpoolRun(SpoolIngest(con, Path(cfg.target), progress=progress(say), max_skew=cfg.max_clock_skew,
-                                 retention=cfg.retention))
+        ing = KafkaIngest(con, cfg.url, cfg.group, cfg.batch_bytes, cfg.max_wait, progress=progress(say),
+                          progress_every=cfg.progress_every, max_skew=cfg.max_clock_skew, retention=cfg.retention)
+        ing.writer.derive = goodhours.refresh  # goodput by the hour, kept with the rollups
+        return ing
+    spool = SpoolIngest(con, Path(cfg.target), progress=progress(say), max_skew=cfg.max_clock_skew,
+                        retention=cfg.retention)
+    spool.writer.derive = goodhours.refresh
+    return _SpoolRun(spool)
 
 
 class _SpoolRun:

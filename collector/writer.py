@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ __all__ = ["RAW_CAP", "Batch", "WriteResult", "Writer"]
 RAW_CAP = dead_letters.RAW_CAP
 log = logging.getLogger("cmdare.collector")
 ROLLUP_EVERY = 60.0  # seconds between rollup runs while ingesting
+GOODPUT_EVERY = 600.0  # seconds between refreshes of goodput by the hour (an hour completes once an hour)
 RETAIN_EVERY = 3600.0  # seconds between retention runs while ingesting
 
 
@@ -101,6 +103,11 @@ class Writer:
         # batches (None: only by rollup()); reads are exact whatever their lag
         self.rollup_every = rollup_every
         self._rolled_at = time.monotonic()
+        self._goodput_at = -GOODPUT_EVERY  # the first rollup run refreshes them too
+        # a table derived from the rollups, kept with them every GOODPUT_EVERY seconds: the
+        # collector's root sets goodput by the hour (cmdare.analytics.goodhours.refresh); the
+        # writer itself knows no analytics
+        self.derive: Callable[[duckdb.DuckDBPyConnection], int] | None = None
         self._window: tuple[dt.datetime, dt.datetime] | None = None
         self._now: dt.datetime | None = None
         # DuckDB appends from all threads at once (a plain Arrow insert runs 2x faster);
@@ -174,11 +181,27 @@ class Writer:
     def rollup(self) -> int:
         """Bring the rollups up to date now (a failure is logged and retried at the next
         run: the samples are stored, and reads stay exact meanwhile); rollup rows written."""
-        self._rolled_at = time.monotonic()
+        self._rolled_at = now = time.monotonic()
         try:
-            return sum(rollup.run(self.con).values())
+            n = sum(rollup.run(self.con).values())
         except duckdb.Error as e:
             log.warning("rollup: %s (retried at the next run)", str(e).splitlines()[0][:200])
+            return 0
+        if self.derive is not None and now - self._goodput_at >= GOODPUT_EVERY:
+            self.keep_derived()
+        return n
+
+    def keep_derived(self) -> int:
+        """The derived table (``derive``: goodput by the hour) brought up to date from what the
+        rollups hold (a failure is logged and retried at the next run: its reads stay exact
+        without it); rows written."""
+        self._goodput_at = time.monotonic()
+        if self.derive is None:
+            return 0
+        try:
+            return self.derive(self.con)
+        except duckdb.Error as e:
+            log.warning("goodput hours: %s (retried at the next run)", str(e).splitlines()[0][:200])
             return 0
 
     # -- 2. check and type -------------------------------------------------------------------

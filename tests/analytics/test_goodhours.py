@@ -1,0 +1,164 @@
+"""Goodput by the hour (cmdare.analytics.goodhours): the fleet's goodput read from the kept
+hours and the raw sweep over the rest equals the raw sweep over everything, for ranges on
+and off hour boundaries; a late record, checkpoint or declaration in a kept hour sends that
+hour back to the raw sweep until the next refresh; a revoked job is never kept."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from cmdare.analytics import goodhours
+from cmdare.analytics.goodput import CATEGORIES, goodput_many
+from cmdare.collector import rollup
+from cmdare.collector.db import connect
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_goodput", ROOT / "bench" / "goodput.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bench/goodput.py's fleet, small: 16 nodes (2 jobs of 8; job-0 revoked on day 2) for
+    three days at a 60 s interval, its rollups built; goodput hours kept."""
+    path = tmp_path_factory.mktemp("gh") / "f.duckdb"
+    _bench().generate(path, 16, 3, 60)
+    con = connect(path)
+    assert goodhours.refresh(con) > 0
+    con.close()
+    return path
+
+
+def same(con: duckdb.DuckDBPyConnection, since: float | None, until: float | None) -> dict:
+    got, want = goodhours.fleet(con, since, until), goodput_many(con, None, since, until)
+    want = {j: g for j, g in want.items() if g.wall > 0}
+    assert set(got) == set(want)
+    for j, w in want.items():
+        g = got[j]
+        assert (g.start, g.end) == pytest.approx((w.start, w.end), abs=1e-6), j
+        assert g.seconds == pytest.approx(w.seconds, rel=1e-9, abs=1e-6), j
+    return got
+
+
+def edges(con: duckdb.DuckDBPyConnection) -> tuple[float, float]:
+    lo, hi = con.execute("SELECT epoch(min(ts)), epoch(max(ts)) FROM steps").fetchone()
+    return float(lo), float(hi)
+
+
+def test_kept_hours_and_the_raw_rest_equal_the_raw_sweep(fleet: Path) -> None:
+    con = duckdb.connect(str(fleet), read_only=True)
+    kept = dict(con.execute("SELECT job, count(*) FROM goodput_hours GROUP BY job").fetchall())
+    assert kept.get("job-1", 0) > 60 and "job-0" not in kept  # the revoked job is read raw, always
+    lo, hi = edges(con)
+    h = 3600.0
+    for since, until in [(None, None), (lo, hi), (lo + 1234.5, hi - 777.25), (lo + 10 * h - lo % h, lo + 40 * h - lo % h),
+                         (lo + 5 * h + 17, lo + 5 * h + 1800), (hi - 2 * h, None), (None, lo + 26 * h + 60)]:
+        same(con, since, until)
+    con.close()
+
+
+def test_a_late_record_checkpoint_or_declaration_is_read_raw_until_the_next_refresh(fleet: Path, tmp_path: Path) -> None:
+    path = tmp_path / "late.duckdb"
+    path.write_bytes(fleet.read_bytes())
+    con = connect(path)
+    lo, _hi = edges(con)
+    at = dt.datetime.fromtimestamp(lo + 20 * 3600 + 1234, dt.timezone.utc).replace(tzinfo=None)
+    before = goodhours.fleet(con, None, None)["job-1"].seconds
+    # a checkpoint save of 10 minutes, late, in a kept hour of job-1
+    con.execute("""INSERT INTO checkpoints (id, ts, node, job, run, rank, action, seconds, bytes, step, ok)
+                   VALUES ('late-c', $t, 'node-8', 'job-1', 'run-1', 0, 'save', 600.0, 1, 5, true)""", {"t": at})
+    got = same(con, None, None)["job-1"].seconds
+    assert got["checkpoint_save"] == pytest.approx(before["checkpoint_save"] + 600.0)
+    # one that started in the hour before its own: that hour changed too
+    h = (lo // 3600 + 12) * 3600
+    con.execute("""INSERT INTO checkpoints (id, ts, node, job, run, rank, action, seconds, bytes, step, ok)
+                   VALUES ('late-c2', $t, 'node-8', 'job-1', 'run-1', 0, 'save', 900.0, 1, 6, true)""",
+                {"t": dt.datetime.fromtimestamp(h + 300, dt.timezone.utc).replace(tzinfo=None)})
+    same(con, None, None)
+    same(con, h - 3600, h)
+    # a step record of rank 0, late, in another kept hour (rolled up as the collector would)
+    at2 = at + dt.timedelta(hours=7)
+    con.execute("""INSERT INTO steps (id, ts, node, job, run, rank, interval_seconds, steps, first_step, last_step,
+                       examples, step_mean_seconds, wait_mean_seconds, steps_per_second, examples_per_second)
+                   VALUES ('late-s', $t, 'node-8', 'job-1', 'run-1', 0, 60, 300, 1, 300, 19200, 0.2, 0.19, 5.0, 320)""",
+                {"t": at2})
+    con.execute("INSERT INTO rollup_dirty (node, lo, hi, src) VALUES ('node-8', $t, $t, 'steps')", {"t": at2})
+    rollup.run(con)
+    same(con, None, None)
+    same(con, lo + 3600 * 19.5, lo + 3600 * 30)
+    # a declaration of a new run, late: every hour of the job is read raw
+    con.execute("""INSERT INTO jobs (id, ts, node, job, run, rank, world_size, role, model, accelerator)
+                   VALUES ('late-j', $t, 'node-8', 'job-1', 'run-1', 0, 64, 'worker', 'resnet50', 'a100-40gb')""",
+                {"t": at - dt.timedelta(days=2)})
+    same(con, None, None)
+    assert goodhours.refresh(con) > 0  # the changed hours computed again
+    same(con, None, None)
+    same(con, lo + 3600 * 19.5, lo + 3600 * 30)
+    con.close()
+
+
+def test_without_kept_hours_the_fleet_is_the_raw_sweep(tmp_path: Path) -> None:
+    path = tmp_path / "raw.duckdb"
+    _bench().generate(path, 8, 1, 120)
+    con = connect(path)
+    assert con.execute("SELECT count(*) FROM goodput_hours").fetchone()[0] == 0
+    lo, hi = edges(con)
+    same(con, lo + 100, hi)
+    assert set(CATEGORIES) == set(goodhours.fleet(con, None, None)["job-0"].seconds)
+    con.close()
+
+
+def test_the_collectors_writer_keeps_the_hours_with_its_rollups(tmp_path: Path) -> None:
+    from cmdare.collector.writer import GOODPUT_EVERY, Writer
+
+    path = tmp_path / "w.duckdb"
+    _bench().generate(path, 8, 1, 120)
+    con = connect(path)
+    w = Writer(con, max_skew=None, rollup_every=None)
+    w.rollup()
+    assert con.execute("SELECT count(*) FROM goodput_hours").fetchone()[0] == 0  # no derived table set
+    w.derive = goodhours.refresh  # as the collector's root sets it
+    w._goodput_at -= GOODPUT_EVERY
+    w.rollup()
+    n = con.execute("SELECT count(*) FROM goodput_hours").fetchone()[0]
+    assert n > 10
+    con.execute("DELETE FROM goodput_hours")
+    w.rollup()  # not again before GOODPUT_EVERY
+    assert con.execute("SELECT count(*) FROM goodput_hours").fetchone()[0] == 0
+    w._goodput_at -= GOODPUT_EVERY
+    w.rollup()
+    assert con.execute("SELECT count(*) FROM goodput_hours").fetchone()[0] == n
+    con.close()
+
+
+def test_a_collector_load_keeps_the_hours_it_stored(tmp_path: Path) -> None:
+    """``cmdare-collector spool``: the collector's root gives its writer goodput by the hour,
+    so a load of two and a half hours of steps leaves its whole hours kept."""
+    from click.testing import CliRunner
+
+    from cmdare.collector.cli import cli as collector
+    from cmdare.wire.spool import seg_name
+    from tests.collector.test_rollups_wide import steps
+
+    d = tmp_path / "spool"
+    d.mkdir()
+    t = 1.75e9 - 1.75e9 % 3600 + 600
+    (d / seg_name(1)).write_bytes(steps("n1", 0, t, 900) + steps("n2", 1, t, 900))
+    db = tmp_path / "c.duckdb"
+    r = CliRunner().invoke(collector, ["spool", str(d), "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    con = duckdb.connect(str(db), read_only=True)
+    hours = con.execute("SELECT job, count(*) FROM goodput_hours GROUP BY job").fetchall()
+    assert hours == [("job-1", 1)]  # 10:10 to 12:40: one whole hour inside the span (11:00-12:00)
+    same(con, None, None)
+    con.close()
