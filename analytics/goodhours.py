@@ -86,37 +86,47 @@ def _stamp(t: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).replace(tzinfo=None)
 
 
-def _stretched(con: duckdb.DuckDBPyConnection, jobs: list[str], hours: list[tuple[str, dt.datetime]]) -> set[str]:
-    """The jobs with a step interval in those hours whose step time exceeds its reporting
-    interval by more than a second (the fingerprint's reach assumes none does)."""
+def _stretched(con: duckdb.DuckDBPyConnection, hours: list[tuple[str, dt.datetime]]) -> set[str]:
+    """The jobs with a step interval in those hours (or the next) whose step time exceeds
+    its reporting interval by more than a second (the fingerprint's reach assumes none
+    does). Only those hours' records are read: the hours a refresh computes are few."""
     if not hours:
         return set()
-    lo, hi = min(h for _, h in hours), max(h for _, h in hours) + dt.timedelta(hours=2)
+    spans: list[list[dt.datetime]] = []  # the hours and the next, merged into stretches
+    for h in sorted({h for _, h in hours}):
+        if spans and h <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], h + dt.timedelta(hours=2))
+        else:
+            spans.append([h, h + dt.timedelta(hours=2)])
+    near = " OR ".join(f"(ts >= $a{i} AND ts < $b{i})" for i in range(len(spans)))
     return {j for (j,) in con.execute(
-        """SELECT DISTINCT job FROM steps WHERE job IN (SELECT unnest($jobs::VARCHAR[])) AND ts >= $lo AND ts < $hi
-             AND coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps) > coalesce(interval_seconds, 0) + 1""",
-        {"jobs": jobs, "lo": lo, "hi": hi}).fetchall()}
+        f"""SELECT DISTINCT job FROM steps WHERE job IN (SELECT unnest($jobs::VARCHAR[])) AND ({near})
+              AND coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps) > coalesce(interval_seconds, 0) + 1""",
+        {"jobs": sorted({j for j, _ in hours}), **{f"a{i}": a for i, (a, _) in enumerate(spans)},
+         **{f"b{i}": b for i, (_, b) in enumerate(spans)}}).fetchall()}
 
 
 def refresh(con: duckdb.DuckDBPyConnection) -> int:
-    """Bring ``goodput_hours`` up to date: every whole hour of a job that can be kept, whose
-    stored fingerprint differs from its fingerprint now, computed again by the raw sweep
-    (only its pieces ordered); rows whose data changed and cannot be computed now are
-    dropped. One transaction; returns the hours written."""
+    """Bring ``goodput_hours`` up to date: every hour with data of a job that can be kept,
+    whose stored fingerprint differs from its fingerprint now, computed again by the raw
+    sweep (only its pieces ordered) and marked whole or not (readers use whole ones only);
+    rows whose data changed and cannot be computed now are dropped. One transaction;
+    returns the whole hours written."""
     if not kept(con):
         return 0
     now = fingerprints(con)
     stored = dict(((j, h), fp) for j, h, fp in con.execute("SELECT job, hour, fp FROM goodput_hours").fetchall())
     todo = sorted((j, h) for (j, h), (fp, ok) in now.items() if ok and stored.get((j, h)) != fp)
-    stretched = _stretched(con, sorted({j for j, _ in todo}), todo)
+    stretched = _stretched(con, todo)
     todo = [(j, h) for j, h in todo if j not in stretched]
     windows: list[Window] = [(j, i, _epoch(h), _epoch(h) + HOUR) for i, (j, h) in enumerate(todo)]
     got = sweep(con, sorted({j for j, _ in todo}), windows, restrict=True) if windows else {}
     rows = []
     for i, (j, h) in enumerate(todo):
         g = got.get((j, i))
-        if g is not None and g.start == _epoch(h) and g.end == _epoch(h) + HOUR:  # a whole hour inside the span
-            rows.append([j, h, now[(j, h)][0], *(g.seconds[c] for c in KEPT)])
+        if g is not None:  # kept whole or not (a job's first and last hours): not computed again while unchanged
+            whole = g.start == _epoch(h) and g.end == _epoch(h) + HOUR
+            rows.append([j, h, now[(j, h)][0], whole, *(g.seconds[c] for c in KEPT)])
     gone = [(j, h) for (j, h), fp in stored.items() if now.get((j, h), ("", False)) != (fp, True) or j in stretched]
     con.execute("BEGIN")
     try:
@@ -125,21 +135,26 @@ def refresh(con: duckdb.DuckDBPyConnection) -> int:
                            (SELECT (unnest($j::VARCHAR[]), unnest($h::TIMESTAMP[])))""",
                         {"j": [j for j, _ in gone], "h": [h for _, h in gone]})
         if rows:
-            con.execute(f"""INSERT OR REPLACE INTO goodput_hours (job, hour, fp, {", ".join(KEPT)})
+            con.execute(f"""INSERT OR REPLACE INTO goodput_hours (job, hour, fp, whole, {", ".join(KEPT)})
                             SELECT * FROM (SELECT unnest($c0::VARCHAR[]), unnest($c1::TIMESTAMP[]), unnest($c2::VARCHAR[]),
-                                                  {", ".join(f"unnest($c{3 + i}::DOUBLE[])" for i in range(len(KEPT)))})""",
-                        {f"c{i}": [r[i] for r in rows] for i in range(3 + len(KEPT))})
+                                                  unnest($c3::BOOLEAN[]),
+                                                  {", ".join(f"unnest($c{4 + i}::DOUBLE[])" for i in range(len(KEPT)))})""",
+                        {f"c{i}": [r[i] for r in rows] for i in range(4 + len(KEPT))})
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
         raise
-    return len(rows)
+    return sum(1 for r in rows if r[3])
 
 
-def fleet(con: duckdb.DuckDBPyConnection, since: float | None, until: float | None) -> dict[str, Goodput]:
+def fleet(con: duckdb.DuckDBPyConnection, since: float | None, until: float | None,
+          stats: dict[str, int] | None = None) -> dict[str, Goodput]:
     """Every job's goodput over [since, until) (epoch seconds; None: unbounded): the stored
     hours whose fingerprint holds, the raw sweep over the rest (see the module doc); the
-    same as ``goodput_many`` over the range."""
+    same as ``goodput_many`` over the range. ``stats`` gets ``kept`` (hours read from the
+    table) and ``raw`` (stretches swept raw)."""
+    stats = stats if stats is not None else {}
+    stats.update(kept=0, raw=1)
     if not kept(con) or not con.execute("SELECT count(*) FROM (SELECT 1 FROM goodput_hours LIMIT 1)").fetchone()[0]:
         return goodput_many(con, None, since, until)
     lo = _stamp(since) if since is not None else None
@@ -148,7 +163,7 @@ def fleet(con: duckdb.DuckDBPyConnection, since: float | None, until: float | No
     valid: dict[str, list[tuple[float, dict[str, float]]]] = {}
     for j, h, fp, *vals in con.execute(
             f"""SELECT job, hour, fp, {", ".join(KEPT)} FROM goodput_hours
-                WHERE ($lo IS NULL OR hour >= $lo) AND ($hi IS NULL OR hour + INTERVAL 1 HOUR <= $hi)
+                WHERE whole AND ($lo IS NULL OR hour >= $lo) AND ($hi IS NULL OR hour + INTERVAL 1 HOUR <= $hi)
                 ORDER BY job, hour""", {"lo": lo, "hi": hi}).fetchall():
         if now.get((j, h)) == (fp, True):
             valid.setdefault(j, []).append((_epoch(h), dict(zip(KEPT, vals, strict=True))))
@@ -160,6 +175,7 @@ def fleet(con: duckdb.DuckDBPyConnection, since: float | None, until: float | No
                 windows.append((j, len(windows), edge, t))
             edge = t + HOUR
         windows.append((j, len(windows), edge, until))
+    stats.update(kept=sum(len(h) for h in valid.values()), raw=len(windows))
     got = sweep(con, None, windows, restrict=True)
     out: dict[str, Goodput] = {}
     for (j, _k), g in got.items():

@@ -55,10 +55,19 @@ def edges(con: duckdb.DuckDBPyConnection) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def whole_hours(con: duckdb.DuckDBPyConnection, job: str) -> int:
+    """The whole hours inside the job's span (what refresh keeps for a job it can keep)."""
+    g = goodput_many(con, [job])[job]
+    return int(g.end // 3600 - -(-g.start // 3600))
+
+
 def test_kept_hours_and_the_raw_rest_equal_the_raw_sweep(fleet: Path) -> None:
     con = duckdb.connect(str(fleet), read_only=True)
-    kept = dict(con.execute("SELECT job, count(*) FROM goodput_hours GROUP BY job").fetchall())
-    assert kept.get("job-1", 0) > 60 and "job-0" not in kept  # the revoked job is read raw, always
+    kept = dict(con.execute("SELECT job, count(*) FROM goodput_hours WHERE whole GROUP BY job").fetchall())
+    assert kept == {"job-1": whole_hours(con, "job-1")} and kept["job-1"] > 60  # job-0, revoked: read raw, always
+    stats: dict[str, int] = {}
+    goodhours.fleet(con, None, None, stats)
+    assert stats == {"kept": kept["job-1"], "raw": 3}  # job-0 whole; job-1's two edges
     lo, hi = edges(con)
     h = 3600.0
     for since, until in [(None, None), (lo, hi), (lo + 1234.5, hi - 777.25), (lo + 10 * h - lo % h, lo + 40 * h - lo % h),
@@ -74,11 +83,15 @@ def test_a_late_record_checkpoint_or_declaration_is_read_raw_until_the_next_refr
     lo, _hi = edges(con)
     at = dt.datetime.fromtimestamp(lo + 20 * 3600 + 1234, dt.timezone.utc).replace(tzinfo=None)
     before = goodhours.fleet(con, None, None)["job-1"].seconds
+    n = whole_hours(con, "job-1")
     # a checkpoint save of 10 minutes, late, in a kept hour of job-1
     con.execute("""INSERT INTO checkpoints (id, ts, node, job, run, rank, action, seconds, bytes, step, ok)
                    VALUES ('late-c', $t, 'node-8', 'job-1', 'run-1', 0, 'save', 600.0, 1, 5, true)""", {"t": at})
     got = same(con, None, None)["job-1"].seconds
     assert got["checkpoint_save"] == pytest.approx(before["checkpoint_save"] + 600.0)
+    stats: dict[str, int] = {}
+    goodhours.fleet(con, None, None, stats)
+    assert stats["kept"] == n - 2  # its hour, and the hour before (a record of an hour may start in the one before)
     # one that started in the hour before its own: that hour changed too
     h = (lo // 3600 + 12) * 3600
     con.execute("""INSERT INTO checkpoints (id, ts, node, job, run, rank, action, seconds, bytes, step, ok)
@@ -101,7 +114,12 @@ def test_a_late_record_checkpoint_or_declaration_is_read_raw_until_the_next_refr
                    VALUES ('late-j', $t, 'node-8', 'job-1', 'run-1', 0, 64, 'worker', 'resnet50', 'a100-40gb')""",
                 {"t": at - dt.timedelta(days=2)})
     same(con, None, None)
-    assert goodhours.refresh(con) > 0  # the changed hours computed again
+    # every hour of the job computed again (its declarations changed), and the first hour with
+    # steps is now whole: the job's span starts at the earlier declaration
+    assert goodhours.refresh(con) == n + 1
+    goodhours.fleet(con, None, None, stats)
+    assert stats["kept"] == n + 1
+    assert goodhours.refresh(con) == 0  # nothing changed since
     same(con, None, None)
     same(con, lo + 3600 * 19.5, lo + 3600 * 30)
     con.close()
@@ -114,6 +132,9 @@ def test_without_kept_hours_the_fleet_is_the_raw_sweep(tmp_path: Path) -> None:
     assert con.execute("SELECT count(*) FROM goodput_hours").fetchone()[0] == 0
     lo, hi = edges(con)
     same(con, lo + 100, hi)
+    stats: dict[str, int] = {}
+    goodhours.fleet(con, None, None, stats)
+    assert stats == {"kept": 0, "raw": 1}
     assert set(CATEGORIES) == set(goodhours.fleet(con, None, None)["job-0"].seconds)
     con.close()
 
@@ -158,7 +179,34 @@ def test_a_collector_load_keeps_the_hours_it_stored(tmp_path: Path) -> None:
     r = CliRunner().invoke(collector, ["spool", str(d), "--db", str(db)])
     assert r.exit_code == 0, r.output
     con = duckdb.connect(str(db), read_only=True)
-    hours = con.execute("SELECT job, count(*) FROM goodput_hours GROUP BY job").fetchall()
+    hours = con.execute("SELECT job, count(*) FROM goodput_hours WHERE whole GROUP BY job").fetchall()
     assert hours == [("job-1", 1)]  # 10:10 to 12:40: one whole hour inside the span (11:00-12:00)
     same(con, None, None)
     con.close()
+
+
+def test_a_job_that_cannot_be_kept_has_its_hours_dropped(fleet: Path, tmp_path: Path) -> None:
+    """A notice that may have hit job-1, or a step that took longer than its reporting
+    interval: refresh drops the job's hours (and keeps none), the fleet reads it raw."""
+    for case in ("notice", "stretched"):
+        path = tmp_path / f"{case}.duckdb"
+        path.write_bytes(fleet.read_bytes())
+        con = connect(path)
+        lo, _hi = edges(con)
+        at = dt.datetime.fromtimestamp(lo + 30 * 3600 + 5, dt.timezone.utc).replace(tzinfo=None)
+        if case == "notice":
+            con.execute("""INSERT INTO revocations (id, ts, node, job, cloud, kind, revokes)
+                           VALUES ('late-v', $t, 'node-8', 'job-1', 'gce', 'preemption', true)""", {"t": at})
+        else:  # 300 steps at 5 a second: 60 s of stepping reported in a 30 s interval
+            con.execute("""INSERT INTO steps (id, ts, node, job, run, rank, interval_seconds, steps, step_mean_seconds,
+                               steps_per_second) VALUES ('long', $t, 'node-9', 'job-1', 'run-1', 1, 30, 300, 0.2, 5.0)""",
+                        {"t": at})
+            con.execute("INSERT INTO rollup_dirty (node, lo, hi, src) VALUES ('node-9', $t, $t, 'steps')", {"t": at})
+            rollup.run(con)
+        assert goodhours.refresh(con) == 0
+        assert con.execute("SELECT count(*) FROM goodput_hours WHERE job = 'job-1'").fetchone()[0] == 0, case
+        stats: dict[str, int] = {}
+        same(con, None, None)
+        goodhours.fleet(con, None, None, stats)
+        assert stats["kept"] == 0, case
+        con.close()
