@@ -33,11 +33,12 @@ sys.path.insert(0, str(ROOT))
 REVOKE_AT = 2 * 86400 + 900  # seconds after the start: a notice, then the run's end
 
 
-def generate(path: Path, nodes: int, days: int, every: int) -> None:
+def generate(path: Path, nodes: int, days: int, every: int, end: dt.datetime | None = None) -> None:
+    """The fleet, ending at ``end`` (naive UTC; default now)."""
     from cmdare.collector.db import connect
 
     con = connect(path)
-    end = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0)
+    end = end or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0)
     t0 = end - dt.timedelta(days=days)
     n_steps = days * 86400 // every
     p = {"t0": t0}
