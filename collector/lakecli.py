@@ -22,8 +22,13 @@ from .lake import Lake, LakeError, lake_io
               help="rewrite a day partition held in more files than this as one file per partition")
 @click.option("--expire-snapshots", default="1d", show_default=True,
               help="drop snapshots older than this (time travel back that far), then their unreferenced files; off: keep")
+@click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
+              help="spark: compaction, rollups and snapshot expiry run on Apache Spark (pyspark; under spark-submit "
+                   "its session, else a local one with scripts/sparkjars' jars)")
+@click.option("--spark-master", envvar="CMDARE_SPARK_MASTER", metavar="URL",
+              help="the Spark master for --engine spark outside spark-submit [default: local[*]]")
 def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: str, compact_files: int,
-             expire_snapshots: str) -> None:
+             expire_snapshots: str, engine: str, spark_master: str | None) -> None:
     """Lake maintenance: compaction of small files, the 1- and 5-minute rollups of every
     day that changed, retention of raw samples (a day once rolled up) and of rollups,
     snapshot expiry.  Safe while collectors write (a step that loses to a collector's commit is
@@ -33,6 +38,7 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: st
     \b
     Example:
       cmdare-collector maintain --lake /srv/cmdare-lake --retain-raw 7d
+      cmdare-collector maintain --lake /srv/cmdare-lake --engine spark --spark-master spark://head:7077
     """
     from .lakemaint import maintain as run
 
@@ -41,8 +47,16 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: st
     try:
         rr, ex = dur("--retain-raw", retain_raw), dur("--expire-snapshots", expire_snapshots)
         ru = dur("--retain-rollups", retain_rollups)
+        if spark_master is not None and engine != "spark":
+            raise ConfigError("--spark-master: only with --engine spark")
         lk = Lake(lake, catalog, create=False)
-        rep = run(lk, rr, compact_files, ex, retain_rollups=ru)
+        if engine == "spark":
+            from . import lakespark
+
+            rep = lakespark.maintain(lk, lakespark.session(lk, spark_master), rr, compact_files, ex,
+                                     retain_rollups=ru)
+        else:
+            rep = run(lk, rr, compact_files, ex, retain_rollups=ru)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     except LakeError as e:

@@ -63,9 +63,10 @@ def _props(t: Any) -> dict[str, str]:
 
 def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: int | None = 8,
              expire_after: float | None = 86400, now: dt.datetime | None = None,
-             retain_rollups: float | None = 400 * 86400) -> Report:
+             retain_rollups: float | None = 400 * 86400, rollups: bool = True) -> Report:
     """Compaction, then the rollups of every day that changed, then retention (a raw day
-    only once its rollups hold it), then snapshot expiry."""
+    only once its rollups hold it), then snapshot expiry; ``None`` for a step's setting (or
+    ``rollups`` False) leaves it out (collector/lakespark.py runs those steps on Spark)."""
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
@@ -96,7 +97,8 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
                 after += len(day_partitions(t).get(day, []))
             if before:
                 rep.compacted[name] = (before, after)
-    rep.rolled = lakerollup.build(lake, rep.skipped)
+    if rollups:
+        rep.rolled = lakerollup.build(lake, rep.skipped)
     for name in tables:
         if retain_raw is None or name not in RAW_TABLES:
             continue

@@ -1,0 +1,165 @@
+"""``cmdare-collector maintain --engine spark`` (collector/lakespark.py) on Spark local[2],
+a lake whose catalog is a real PostgreSQL: Spark writes the rollup rows DuckDB's build
+writes, compacts what DuckDB's compaction does, and ``analyze --lake`` reads the same
+before and after; the tables' source positions survive Spark's commits; a second run has
+nothing to do; snapshot expiry keeps the current snapshot and what it reads; bad settings
+(an SQLite catalog among them) fail in one line."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics.lakedb import LakeDatabase
+from cmdare.collector import lakerollup, lakespark, rollup
+from cmdare.collector.cli import cli as collector
+from cmdare.collector.lake import APPENDED, Lake, day_partitions
+from cmdare.collector.lakeingest import LakeSpoolIngest
+from tests.collector.test_rollups_wide import cols
+from tests.conftest import Postgres
+from tests.lake.test_lake_equivalence import recording
+from tests.lake.test_lake_spark import spark_session
+
+pytestmark = pytest.mark.slow
+
+
+def _load(d: Path, catalog: str) -> Lake:
+    """The recording into a lake in small rounds: many files per day, as collectors leave them."""
+    spool = d / "spool"
+    recording(spool)
+    lk = Lake(str(d / "lake"), catalog)
+    lk.ensure()
+    ing = LakeSpoolIngest(lk, spool, max_skew=None, batch_bytes=128 << 10, commit_every=0.05)
+    ing.load_available()
+    ing.stager.close()
+    return lk
+
+
+def _database(pg: Postgres, name: str) -> str:
+    """A database of its own on the suite's PostgreSQL server: a lake's catalog."""
+    pg._run(str(pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "cmdare", name)
+    return pg.url.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory, postgres: Postgres) -> Lake:
+    return _load(tmp_path_factory.mktemp("by-spark"), _database(postgres, f"spark_{uuid.uuid4().hex[:8]}"))
+
+
+@pytest.fixture(scope="module")
+def spark(lake: Lake) -> Iterator[object]:
+    s = spark_session(Path(lake.location.local))  # the JVM, jars and extensions (its catalog unused)
+    yield s
+    s.stop()
+
+
+def _db(lk: Lake) -> LakeDatabase:
+    return LakeDatabase(str(lk.location.local), lk.location.catalog)
+
+
+def _raw(lk: Lake) -> dict[str, list[tuple]]:
+    """Each rollup as DuckDB's build makes it (collector/rollup.py's SQL over the raw rows)."""
+    with _db(lk).read() as con:
+        return {r.table: cols(con, r, f"({r.from_raw()} GROUP BY ALL)") for r in rollup.ROLLUPS}
+
+
+def _rolled(lk: Lake) -> dict[str, list[tuple]]:
+    with _db(lk).read() as con:
+        return {r.table: cols(con, r, r.table) for r in rollup.ROLLUPS}
+
+
+def _views(lk: Lake) -> dict[str, list[tuple]]:
+    with _db(lk).read() as con:
+        return {r.table: cols(con, r, r.view) for r in rollup.ROLLUPS} | {
+            t: con.execute(f"SELECT count(*), count(DISTINCT id) FROM {t}").fetchall() for t in
+            ("gpu_samples", "host_samples", "steps", "heartbeats")}
+
+
+def test_spark_maintenance_writes_what_duckdbs_does(lake: Lake, spark) -> None:
+    positions = {t: lake.positions(t) for t in APPENDED if lake.exists(t)}
+    files = {t: {d: len(fs) for d, fs in day_partitions(lake.table(t)).items()} for t in ("gpu_samples", "steps")}
+    assert max(files["gpu_samples"].values()) > 4  # something to compact
+    want, before = _raw(lake), _views(lake)
+    assert all(want.values())
+    rep = lakespark.maintain(lake, lakespark.session(lake), retain_raw=None, compact_files=4, expire_after=None)
+    assert rep.skipped == []
+    assert set(rep.rolled) == {r.table for r in rollup.ROLLUPS} and min(rep.rolled.values()) >= 1
+    assert rep.compacted["gpu_samples"][1] < rep.compacted["gpu_samples"][0]
+    for t, per_day in files.items():  # a day over 4 files is one file now; the others as they were
+        after = {d: len(fs) for d, fs in day_partitions(lake.table(t)).items()}
+        assert after == {d: 1 if n > 4 else n for d, n in per_day.items()}, t
+    # the rollup rows DuckDB's build writes (floats to 9 digits: sums in another order), every
+    # day held; what analyze --lake reads is unchanged, now from the files Spark wrote
+    assert _rolled(lake) == want
+    for src in rollup.SOURCES:
+        assert lakerollup.pending_days(lake, src)[1] == set(), src
+    assert _views(lake) == before
+    with _db(lake).read() as con:
+        assert "read_parquet" in con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'gpu_rollup_5m'"
+                                             ).fetchall()[0][0]
+    # Spark's commits carried every table's source positions forward
+    assert {t: lake.positions(t) for t in positions} == positions and any(positions.values())
+    # nothing left to do
+    again = lakespark.maintain(lake, lakespark.session(lake), retain_raw=None, compact_files=4, expire_after=None)
+    assert again.rolled == {} and again.compacted == {}
+
+
+def test_spark_snapshot_expiry_keeps_the_current_snapshot(lake: Lake, spark) -> None:
+    lk = lake
+    before = _views(lk)
+    n = len(list(lk.table("gpu_samples").snapshots()))
+    assert n > 2
+    cur = lk.table("gpu_samples").current_snapshot().snapshot_id
+    rep = lakespark.maintain(lk, lakespark.session(lk), retain_raw=None, compact_files=None, expire_after=0)
+    snaps = list(lk.table("gpu_samples").snapshots())
+    assert [s.snapshot_id for s in snaps] == [cur]
+    assert rep.expired_snapshots >= n - 1
+    assert _views(lk) == before
+
+
+def test_the_cli_runs_spark_and_refuses_bad_settings(lake: Lake, spark, tmp_path: Path) -> None:
+    lk = lake
+    where = str(lk.location.local)
+    r = CliRunner().invoke(collector, ["maintain", "--lake", where, "--catalog", lk.location.catalog,
+                                       "--engine", "spark", "--retain-raw", "off", "--expire-snapshots", "off"])
+    assert r.exit_code == 0, r.output
+    assert "snapshots expired: 0" in r.output
+    for bad, says in [(["--engine", "hadoop"], "'hadoop' is not one of"),
+                      (["--spark-master", "local[2]"], "only with --engine spark")]:
+        r = CliRunner().invoke(collector, ["maintain", "--lake", where, "--catalog", lk.location.catalog, *bad])
+        assert r.exit_code == 2 and says in r.output and len(r.output.strip().splitlines()) <= 4, r.output
+    # a lake that is not there: one line, nothing made
+    r = CliRunner().invoke(collector, ["maintain", "--lake", str(tmp_path / "none"), "--engine", "spark"])
+    assert r.exit_code == 1 and "no such lake" in r.output and not (tmp_path / "none" / "catalog.db").exists()
+    # a one-host lake (SQLite catalog): refused in one line, before Spark opens the file
+    one = tmp_path / "one"
+    Lake(str(one)).ensure()
+    r = CliRunner().invoke(collector, ["maintain", "--lake", str(one), "--engine", "spark"])
+    assert r.exit_code == 1 and "catalog must be PostgreSQL" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_without_the_runtime_jars_it_says_what_to_run(lake: Lake, monkeypatch, tmp_path: Path) -> None:
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(lakespark, "JARS", tmp_path / "no-jars")
+    with pytest.raises(Exception, match="run scripts/sparkjars"):
+        lakespark.session(lake)
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_failed_spark_job_is_one_line(lake: Lake, spark, monkeypatch) -> None:
+    from cmdare.collector.lake import LakeError
+
+    s = lakespark.session(lake)
+    monkeypatch.setattr(lakespark, "build", lambda lk, sp, skipped: sp.sql("SELECT * FROM cmdare.cmdare.no_such").collect())
+    with pytest.raises(LakeError) as e:
+        lakespark.maintain(lake, s, retain_raw=None, compact_files=None, expire_after=None)
+    msg = str(e.value)
+    assert msg.startswith("Spark: ") and "\n" not in msg and "no_such" in msg and len(msg) < 260, msg
