@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from typing import Any
 
 import duckdb
 
@@ -114,20 +115,39 @@ def refresh(con: duckdb.DuckDBPyConnection) -> int:
     returns the whole hours written."""
     if not kept(con):
         return 0
+    todo, gone = plan(con)
+    return store(con, compute(con, todo), gone)
+
+
+Todo = list[tuple[str, dt.datetime, str]]  # (job, hour, fingerprint now)
+
+
+def plan(con: duckdb.DuckDBPyConnection) -> tuple[Todo, list[tuple[str, dt.datetime]]]:
+    """(the hours to compute, with their fingerprints; the stored hours to drop)."""
     now = fingerprints(con)
     stored = dict(((j, h), fp) for j, h, fp in con.execute("SELECT job, hour, fp FROM goodput_hours").fetchall())
     todo = sorted((j, h) for (j, h), (fp, ok) in now.items() if ok and stored.get((j, h)) != fp)
     stretched = _stretched(con, todo)
-    todo = [(j, h) for j, h in todo if j not in stretched]
-    windows: list[Window] = [(j, i, _epoch(h), _epoch(h) + HOUR) for i, (j, h) in enumerate(todo)]
-    got = sweep(con, sorted({j for j, _ in todo}), windows, restrict=True) if windows else {}
+    gone = [(j, h) for (j, h), fp in stored.items() if now.get((j, h), ("", False)) != (fp, True) or j in stretched]
+    return [(j, h, now[(j, h)][0]) for j, h in todo if j not in stretched], gone
+
+
+def compute(con: duckdb.DuckDBPyConnection, todo: Todo) -> list[list]:
+    """The goodput_hours rows of ``todo`` (one sweep; any slice of a plan's hours computes
+    alone: Spark's tasks each take a slice, collector/lakespark.py)."""
+    windows: list[Window] = [(j, i, _epoch(h), _epoch(h) + HOUR) for i, (j, h, _) in enumerate(todo)]
+    got = sweep(con, sorted({j for j, _, _ in todo}), windows, restrict=True) if windows else {}
     rows = []
-    for i, (j, h) in enumerate(todo):
+    for i, (j, h, fp) in enumerate(todo):
         g = got.get((j, i))
         if g is not None:  # kept whole or not (a job's first and last hours): not computed again while unchanged
             whole = g.start == _epoch(h) and g.end == _epoch(h) + HOUR
-            rows.append([j, h, now[(j, h)][0], whole, *(g.seconds[c] for c in KEPT)])
-    gone = [(j, h) for (j, h), fp in stored.items() if now.get((j, h), ("", False)) != (fp, True) or j in stretched]
+            rows.append([j, h, fp, whole, *(g.seconds[c] for c in KEPT)])
+    return rows
+
+
+def store(con: duckdb.DuckDBPyConnection, rows: list[list], gone: list[tuple[str, dt.datetime]]) -> int:
+    """Drop ``gone``, write ``rows`` (one transaction); the whole hours written."""
     con.execute("BEGIN")
     try:
         if gone:
@@ -145,6 +165,29 @@ def refresh(con: duckdb.DuckDBPyConnection) -> int:
         con.execute("ROLLBACK")
         raise
     return sum(1 for r in rows if r[3])
+
+
+def refresh_lake(uri: str, catalog: str | None, compute_rows: Any = None) -> int:
+    """``refresh`` on a lake (``cmdare-collector maintain``): planned and stored through
+    a LakeDatabase, whose write replaces the lake's ``goodput_hours`` when it changed;
+    ``compute_rows(uri, catalog, todo)`` computes the rows elsewhere (Spark's executors)."""
+    from .lakedb import LakeDatabase
+
+    db = LakeDatabase(uri, catalog)
+    with db.write() as con:
+        if not kept(con):
+            return 0
+        todo, gone = plan(con)
+        rows = compute(con, todo) if compute_rows is None else compute_rows(uri, catalog, todo)
+        return store(con, rows, gone)
+
+
+def compute_lake(uri: str, catalog: str | None, todo: Todo) -> list[list]:
+    """``compute`` on a lake read of its own (one Spark task's slice)."""
+    from .lakedb import LakeDatabase
+
+    with LakeDatabase(uri, catalog).read() as con:
+        return compute(con, todo)
 
 
 def fleet(con: duckdb.DuckDBPyConnection, since: float | None, until: float | None,

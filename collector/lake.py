@@ -65,7 +65,7 @@ EVENT_TABLES = tuple(sorted({*TABLES.values(), "unknown_events", "clock_skew", "
 APPENDED = (*EVENT_TABLES, "nodes")
 # written by analyze, replaced whole (small)
 DERIVED = ("findings", "finding_coverage", "model_fits", "alerts", "alert_rules", "checkpoint_records",
-           "startup_records", "spot_lives")
+           "startup_records", "spot_lives", "goodput_hours")
 # single-file bookkeeping with no lake counterpart
 LOCAL_ONLY = ("ingest_positions", "rollup_dirty", "rollup_horizon", *rollup.TABLES, "schema_migrations")
 # how one stored row is recognised when a round overlaps what a table holds (nodes rows

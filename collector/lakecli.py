@@ -30,8 +30,8 @@ from .lake import Lake, LakeError, lake_io
 def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: str, compact_files: int,
              expire_snapshots: str, engine: str, spark_master: str | None) -> None:
     """Lake maintenance: compaction of small files, the 1- and 5-minute rollups of every
-    day that changed, retention of raw samples (a day once rolled up) and of rollups,
-    snapshot expiry.  Safe while collectors write (a step that loses to a collector's commit is
+    day that changed, goodput by the hour, retention of raw samples (a day once rolled up)
+    and of rollups, snapshot expiry.  Safe while collectors write (a step that loses to a collector's commit is
     left for the next run); run it hourly or daily (a systemd timer, cron), or use the
     Spark procedures on big lakes (docs/scale.md).
 
@@ -50,13 +50,15 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: st
         if spark_master is not None and engine != "spark":
             raise ConfigError("--spark-master: only with --engine spark")
         lk = Lake(lake, catalog, create=False)
+        from .root import lake_goodput
+
         if engine == "spark":
             from . import lakespark
 
-            rep = lakespark.maintain(lk, lakespark.session(lk, spark_master), rr, compact_files, ex,
-                                     retain_rollups=ru)
+            spark = lakespark.session(lk, spark_master)
+            rep = lakespark.maintain(lk, spark, rr, compact_files, ex, retain_rollups=ru, derive=lake_goodput(spark))
         else:
-            rep = run(lk, rr, compact_files, ex, retain_rollups=ru)
+            rep = run(lk, rr, compact_files, ex, retain_rollups=ru, derive=lake_goodput())
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     except LakeError as e:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ class Report:
     rolled: dict[str, int] = field(default_factory=dict)  # rollup table -> days (re)built
     kept_unrolled: dict[str, int] = field(default_factory=dict)  # table -> old days kept: not rolled up
     rollup_days_deleted: dict[str, int] = field(default_factory=dict)  # rollup table -> days dropped
+    goodput_hours: int | None = None  # whole hours of goodput (re)computed; None: not kept here
 
     def lines(self) -> list[str]:
         out = [f"rollups: {t}: {n} day(s) built" for t, n in self.rolled.items()]
@@ -49,6 +51,8 @@ class Report:
                 for t, n in self.kept_unrolled.items()]
         out += [f"retention: {t}: {n} day(s) of rollups deleted" for t, n in self.rollup_days_deleted.items()]
         out += [f"compaction: {t}: {a} files -> {b}" for t, (a, b) in self.compacted.items()]
+        if self.goodput_hours is not None:
+            out.append(f"goodput hours: {self.goodput_hours} whole hour(s) computed")
         out.append(f"snapshots expired: {self.expired_snapshots}; unreferenced data files deleted: "
                    f"{self.orphans_deleted}")
         out += [f"skipped (a collector committed meanwhile; the next run does it): {s}" for s in self.skipped]
@@ -63,10 +67,13 @@ def _props(t: Any) -> dict[str, str]:
 
 def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: int | None = 8,
              expire_after: float | None = 86400, now: dt.datetime | None = None,
-             retain_rollups: float | None = 400 * 86400, rollups: bool = True) -> Report:
-    """Compaction, then the rollups of every day that changed, then retention (a raw day
-    only once its rollups hold it), then snapshot expiry; ``None`` for a step's setting (or
-    ``rollups`` False) leaves it out (collector/lakespark.py runs those steps on Spark)."""
+             retain_rollups: float | None = 400 * 86400, rollups: bool = True,
+             derive: Callable[[Lake], int] | None = None) -> Report:
+    """Compaction, then the rollups of every day that changed, then ``derive`` (goodput by
+    the hour: the collector's root passes analytics/goodhours.refresh_lake), then retention
+    (a raw day only once its rollups hold it), then snapshot expiry; ``None`` for a step's
+    setting (or ``rollups`` False) leaves it out (collector/lakespark.py runs those steps
+    on Spark)."""
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
@@ -99,6 +106,8 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
                 rep.compacted[name] = (before, after)
     if rollups:
         rep.rolled = lakerollup.build(lake, rep.skipped)
+    if derive is not None:
+        rep.goodput_hours = derive(lake)
     for name in tables:
         if retain_raw is None or name not in RAW_TABLES:
             continue

@@ -17,9 +17,10 @@ Retention stays a metadata-only delete of whole days (collector/lakemaint.py's, 
 pyiceberg): it reads no data.  Each rollup's aggregates are collector/rollup.py's, turned
 into Spark SQL here (``spark_sql``), so a rollup is defined once.
 
-The session: the one ``spark-submit`` made (its master, jars and configuration), else a
-local one (``--spark-master``, default ``local[*]``) with the jars ``scripts/sparkjars``
-fetched; either way, a catalog named ``cmdare`` pointing at the lake's catalog.
+The session: under ``spark-submit``, one on its master with its jars and configuration;
+else a local one (``--spark-master``, default ``local[*]``) with the jars
+``scripts/sparkjars`` fetched; either way a session of its own whose catalog ``cmdare``
+is the lake's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import json
 import logging
 import os
 import re
+import sys
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,14 +104,16 @@ def session(lake: Lake, master: str | None = None) -> Any:
     conf |= {f"spark.sql.catalog.{CATALOG}.jdbc.{k}": v for k, v in props.items()}
     active = SparkSession.getActiveSession()
     if active is None:
-        jars = sorted(str(p) for p in JARS.glob("*.jar")) if JARS.is_dir() else []
-        if not jars:
-            raise LakeError(f"--engine spark: no Iceberg Spark runtime in {JARS} (run scripts/sparkjars, "
-                            "or spark-submit with --jars)")
-        active = (SparkSession.builder.master(master or "local[*]").appName("cmdare-maintain")
-                  .config("spark.jars", ",".join(jars)).config("spark.ui.enabled", "false")
-                  .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-                  .getOrCreate())
+        b = SparkSession.builder.appName("cmdare-maintain").config(
+            "spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit: a local Spark of our own
+            jars = sorted(str(p) for p in JARS.glob("*.jar")) if JARS.is_dir() else []
+            if not jars:
+                raise LakeError(f"--engine spark: no Iceberg Spark runtime in {JARS} (run scripts/sparkjars, "
+                                "or spark-submit with --jars)")
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the tasks import cmdare: this Python
+            b = b.master(master or "local[*]").config("spark.jars", ",".join(jars)).config("spark.ui.enabled", "false")
+        active = b.getOrCreate()
     # a session of its own (its catalogs are its own: the Spark catalog must be named as the
     # lake's catalog rows are, "cmdare", whichever lake the application read before)
     s = active.newSession()
@@ -127,22 +132,38 @@ def _name(table: str) -> str:
 # -- the work ------------------------------------------------------------------------------------
 def maintain(lake: Lake, spark: Any, retain_raw: float | None = 7 * 86400, compact_files: int | None = 8,
              expire_after: float | None = 86400, now: dt.datetime | None = None,
-             retain_rollups: float | None = 400 * 86400) -> Report:
-    """collector/lakemaint.maintain with compaction, rollups and snapshot expiry on Spark;
-    a failed Spark job is a LakeError of one line (its first, credentials redacted)."""
+             retain_rollups: float | None = 400 * 86400, derive: Callable[[Lake], int] | None = None) -> Report:
+    """collector/lakemaint.maintain with compaction, rollups and snapshot expiry on Spark
+    (``derive``: as there; ``distributed`` spreads its work over the executors); a failed
+    Spark job is a LakeError of one line (its first, credentials redacted)."""
     try:
-        return _maintain(lake, spark, retain_raw, compact_files, expire_after, now, retain_rollups)
+        return _maintain(lake, spark, retain_raw, compact_files, expire_after, now, retain_rollups, derive)
     except LakeError:
         raise
     except Exception as e:
         if type(e).__module__.split(".")[0] not in ("pyspark", "py4j"):
             raise
-        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        raise LakeError(f"Spark: {redact(first)[:240]}") from None
+        raise LakeError(f"Spark: {redact(_one_line(e))[:240]}") from None
+
+
+_PY_ERROR = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b: \S")
+
+
+def _one_line(e: BaseException) -> str:
+    """A Spark failure's line that says what failed: its first, or, where that only names
+    the JVM call, the last exception a task raised (a Python worker's traceback)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    first = lines[0] if lines else type(e).__name__
+    if first.startswith("An error occurred while calling"):
+        told = [ln for ln in lines if _PY_ERROR.match(ln) and not ln.startswith(("py4j", "java.", "org.apache"))]
+        if told:
+            return told[-1]
+    return first
 
 
 def _maintain(lake: Lake, spark: Any, retain_raw: float | None, compact_files: int | None,
-              expire_after: float | None, now: dt.datetime | None, retain_rollups: float | None) -> Report:
+              expire_after: float | None, now: dt.datetime | None, retain_rollups: float | None,
+              derive: Callable[[Lake], int] | None) -> Report:
     from . import lakemaint
     from .lake import APPENDED, MARKER
 
@@ -153,8 +174,8 @@ def _maintain(lake: Lake, spark: Any, retain_raw: float | None, compact_files: i
             _compact(lake, spark, name, compact_files, rep)
     rep.rolled = build(lake, spark, rep.skipped)
     # retention (metadata only) as the DuckDB engine does it; then expiry here
-    sub = lakemaint.maintain(lake, retain_raw, None, None, now, retain_rollups, rollups=False)
-    rep.deleted_partitions, rep.kept_unrolled = sub.deleted_partitions, sub.kept_unrolled
+    sub = lakemaint.maintain(lake, retain_raw, None, None, now, retain_rollups, rollups=False, derive=derive)
+    rep.deleted_partitions, rep.kept_unrolled, rep.goodput_hours = sub.deleted_partitions, sub.kept_unrolled, sub.goodput_hours
     rep.rollup_days_deleted, rep.skipped = sub.rollup_days_deleted, rep.skipped + sub.skipped
     if expire_after is not None:
         wall = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
@@ -290,3 +311,27 @@ def _expire(lake: Lake, spark: Any, name: str, older: dt.datetime, rep: Report) 
         rows = spark.sql(f"""CALL {CATALOG}.system.remove_orphan_files(table => '{_name(name)}',
                                older_than => TIMESTAMP '{cut.isoformat(sep=' ', timespec='seconds')}')""").collect()
         rep.orphans_deleted += len(rows)
+
+
+def distributed(spark: Any, compute: Callable[[str, str | None, list], list[list]],
+                per_task: int = 64) -> Callable[[str, str | None, list], list[list]]:
+    """A ``compute_rows`` for analytics/goodhours.refresh_lake that runs on the executors:
+    the planned hours grouped by job (a job's hours in one task: its sweep reads its data
+    once), ``per_task`` hours or so a task, each task reading the lake on its own; the rows
+    come back to the driver, which stores them.  The executors need cmdare installed (the
+    same version as the driver)."""
+
+    def run(uri: str, catalog: str | None, todo: list) -> list[list]:
+        if not todo:
+            return []
+        groups: list[list] = []
+        for job in sorted({t[0] for t in todo}):
+            hours = [t for t in todo if t[0] == job]
+            if groups and len(groups[-1]) + len(hours) <= per_task:
+                groups[-1].extend(hours)
+            else:
+                groups.append(hours)
+        rdd = spark.sparkContext.parallelize(groups, len(groups))
+        return rdd.flatMap(lambda part: compute(uri, catalog, part)).collect()
+
+    return run

@@ -278,3 +278,20 @@ def _run_lake(cfg: CollectorConfig, say: Say) -> None:
         say(f"cmdare-collector: done: {t.line()}; {ing.stager.stored} rows in {ing.stager.rounds} lake commits")
     else:
         say(f"cmdare-collector: {cfg.target} -> lake {lk.name}: {ing.totals.line()}")
+
+
+def lake_goodput(spark: Any = None) -> Callable[[Any], int]:
+    """``maintain``'s derived step for a lake: goodput by the hour, computed by the
+    analytics library (here, or on Spark's executors when ``spark`` is given)."""
+    from cmdare.analytics import goodhours
+
+    def run(lake: Any) -> int:
+        uri = str(lake.location.local) if lake.location.local is not None else lake.location.warehouse
+        rows = None
+        if spark is not None:
+            from .lakespark import distributed
+
+            rows = distributed(spark, goodhours.compute_lake)
+        return goodhours.refresh_lake(uri, lake.location.catalog, rows)
+
+    return run

@@ -5,6 +5,7 @@ fleet-wide aggregate, and each commit's source positions in the snapshots' summa
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,7 @@ def spark_session(lake: Path) -> object:
         pytest.skip(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "scripts/sparkjars failed")
     from pyspark.sql import SparkSession
 
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python tasks import cmdare: this venv's Python
     return (SparkSession.builder.master("local[2]").appName("cmdare-lake-test")
             .config("spark.jars", r.stdout.strip())
             .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")

@@ -7,6 +7,7 @@ nothing to do; snapshot expiry keeps the current snapshot and what it reads; bad
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ def _load(d: Path, catalog: str) -> Lake:
     recording(spool)
     lk = Lake(str(d / "lake"), catalog)
     lk.ensure()
-    ing = LakeSpoolIngest(lk, spool, max_skew=None, batch_bytes=128 << 10, commit_every=0.05)
+    ing = LakeSpoolIngest(lk, spool, max_skew=None, batch_bytes=256 << 10, commit_every=0.05)
     ing.load_available()
     ing.stager.close()
     return lk
@@ -83,7 +84,7 @@ def _views(lk: Lake) -> dict[str, list[tuple]]:
 def test_spark_maintenance_writes_what_duckdbs_does(lake: Lake, spark) -> None:
     positions = {t: lake.positions(t) for t in APPENDED if lake.exists(t)}
     files = {t: {d: len(fs) for d, fs in day_partitions(lake.table(t)).items()} for t in ("gpu_samples", "steps")}
-    assert max(files["gpu_samples"].values()) > 4  # something to compact
+    assert max(files["gpu_samples"].values()) > 8  # something to compact
     want, before = _raw(lake), _views(lake)
     assert all(want.values())
     rep = lakespark.maintain(lake, lakespark.session(lake), retain_raw=None, compact_files=4, expire_after=None)
@@ -110,16 +111,24 @@ def test_spark_maintenance_writes_what_duckdbs_does(lake: Lake, spark) -> None:
 
 
 def test_spark_snapshot_expiry_keeps_the_current_snapshot(lake: Lake, spark) -> None:
+    """The expiry step (maintain runs it per table) on the tables the reads below use."""
+    from cmdare.collector.lakemaint import Report
+
     lk = lake
     before = _views(lk)
-    n = len(list(lk.table("gpu_samples").snapshots()))
-    assert n > 2
-    cur = lk.table("gpu_samples").current_snapshot().snapshot_id
-    rep = lakespark.maintain(lk, lakespark.session(lk), retain_raw=None, compact_files=None, expire_after=0)
-    snaps = list(lk.table("gpu_samples").snapshots())
-    assert [s.snapshot_id for s in snaps] == [cur]
-    assert rep.expired_snapshots >= n - 1
+    s = lakespark.session(lk)
+    rep = Report()
+    for name in ("gpu_samples", "steps", "host_samples"):
+        n = len(list(lk.table(name).snapshots()))
+        assert n > 1, name
+        cur = lk.table(name).current_snapshot().snapshot_id
+        lakespark._expire(lk, s, name, dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), rep)
+        assert [x.snapshot_id for x in lk.table(name).snapshots()] == [cur], name
+        assert rep.expired_snapshots >= n - 1
     assert _views(lk) == before
+    n = rep.expired_snapshots
+    lakespark._expire(lk, s, "gpu_samples", dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), rep)
+    assert rep.expired_snapshots == n  # nothing left to expire: no Spark job
 
 
 def test_the_cli_runs_spark_and_refuses_bad_settings(lake: Lake, spark, tmp_path: Path) -> None:
@@ -163,3 +172,54 @@ def test_a_failed_spark_job_is_one_line(lake: Lake, spark, monkeypatch) -> None:
         lakespark.maintain(lake, s, retain_raw=None, compact_files=None, expire_after=None)
     msg = str(e.value)
     assert msg.startswith("Spark: ") and "\n" not in msg and "no_such" in msg and len(msg) < 260, msg
+
+
+def test_spark_submit_runs_maintain_through_collector_submit(lake: Lake) -> None:
+    """As on a cluster: ``spark-submit`` (here --master local[2]) runs collector/submit.py,
+    which is cmdare-collector's commands under spark-submit's session and jars."""
+    import os
+    import subprocess
+    import sys
+
+    from cmdare.collector import submit
+
+    venv = Path(sys.executable).parent
+    jars = ",".join(str(p) for p in sorted(lakespark.JARS.glob("*.jar")))
+    env = {**os.environ, "PATH": f"{venv}:{os.environ.get('PATH', '')}", "PYSPARK_PYTHON": sys.executable}
+    r = subprocess.run([str(venv / "spark-submit"), "--master", "local[2]", "--jars", jars, submit.__file__,
+                        "maintain", "--engine", "spark", "--lake", str(lake.location.local), "--catalog",
+                        lake.location.catalog, "--retain-raw", "off", "--expire-snapshots", "off"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "snapshots expired: 0; unreferenced data files deleted: 0" in r.stdout, r.stdout
+
+
+def test_spark_executors_compute_the_lakes_goodput_hours(spark, postgres: Postgres, tmp_path: Path) -> None:
+    """maintain --engine spark: the goodput hours are computed by Spark's tasks (a job's
+    hours to one task), stored by the driver; the rows equal the DuckDB computation's."""
+    from cmdare.analytics import goodhours
+    from cmdare.collector.db import connect
+    from cmdare.collector.lake import load_database
+    from cmdare.collector.root import lake_goodput
+    from tests.analytics.test_goodhours import _bench
+
+    db = tmp_path / "f.duckdb"
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, minute=0, second=0, microsecond=0)
+    _bench().generate(db, 24, 1, 300, end=now - dt.timedelta(hours=1) + dt.timedelta(seconds=1234))
+    lk = Lake(str(tmp_path / "lake"), _database(postgres, f"gp_{uuid.uuid4().hex[:8]}"))
+    lk.ensure()
+    con = connect(db, read_only=True)
+    load_database(lk, con, str(db))
+    con.close()
+    s = lakespark.session(lk)
+    rep = lakespark.maintain(lk, s, retain_raw=None, compact_files=None, expire_after=None, derive=lake_goodput(s))
+    assert rep.goodput_hours and rep.goodput_hours >= 60  # three jobs, 22-23 whole hours each
+    with _db(lk).read() as c:
+        kept = c.execute(f"SELECT job, hour, fp, whole, {', '.join(goodhours.KEPT)} FROM goodput_hours "
+                         "ORDER BY job, hour").fetchall()
+        assert goodhours.plan(c)[0] == []  # every hour held as its data now is
+        want = goodhours.compute(c, [(j, h, fp) for j, h, fp, *_ in kept])
+    assert len({j for j, *_ in kept}) == 3 and len(kept) == len(want)  # (one day: no job revoked yet)
+    for got, w in zip(kept, sorted(want, key=lambda r: (r[0], r[1])), strict=True):
+        assert got[:4] == tuple(w[:4])
+        assert got[4:] == pytest.approx(tuple(w[4:]), rel=1e-9, abs=1e-6)
