@@ -134,8 +134,46 @@ def run(
         name = scope.cache.pop(key)
         if isinstance(name, str) and name.startswith("_cmdare_"):
             con.execute(f"DROP TABLE IF EXISTS {name}")
-    out.findings.sort(key=lambda f: (SEVERITY_RANK[f.severity], -f.confidence, f.kind, f.job or "", f.node or "", f.rank or 0))
+    out.findings.sort(key=_order)
     return out
+
+
+def _order(f: Finding) -> tuple:
+    return (SEVERITY_RANK[f.severity], -f.confidence, f.kind, f.job or "", f.node or "", f.rank or 0)
+
+
+def merge(parts: list[Outcome]) -> Outcome:
+    """One Outcome of runs over one scope by disjoint detector sets (Spark's tasks, one
+    detector each): as one run of them all reports it."""
+    out = Outcome()
+    for p in parts:
+        out.findings += p.findings
+        out.skipped += p.skipped
+        out.ran += p.ran
+    out.findings.sort(key=_order)
+    return out
+
+
+def keep_lake(uri: str, catalog: str | None, since: dt.datetime, run_kinds: Any = None) -> int:
+    """Every detector over every job from ``since``, stored into the lake's findings
+    (``cmdare-collector maintain --findings``: in lake mode no collector keeps them
+    current); ``run_kinds(uri, catalog, since, kinds)`` runs them elsewhere (Spark's
+    tasks) and returns one Outcome.  The findings stored."""
+    from .lakedb import LakeDatabase
+
+    scope = Scope(None, since, None)
+    with LakeDatabase(uri, catalog).write() as con:
+        out = run(con, scope) if run_kinds is None else run_kinds(uri, catalog, since, list(DETECTORS))
+        return store(con, out, scope)
+
+
+def run_lake(uri: str, catalog: str | None, since: dt.datetime, kinds: list[str]) -> Outcome:
+    """``run`` of ``kinds`` over every job from ``since`` on a lake read of its own (one
+    Spark task)."""
+    from .lakedb import LakeDatabase
+
+    with LakeDatabase(uri, catalog).read() as con:
+        return run(con, Scope(None, since, None), kinds)
 
 
 def record_coverage(con: duckdb.DuckDBPyConnection, kinds: list[str], job: str | None, since: dt.datetime | None,

@@ -22,16 +22,19 @@ from .lake import Lake, LakeError, lake_io
               help="rewrite a day partition held in more files than this as one file per partition")
 @click.option("--expire-snapshots", default="1d", show_default=True,
               help="drop snapshots older than this (time travel back that far), then their unreferenced files; off: keep")
+@click.option("--findings", "findings_window", default="off", show_default=True, metavar="DURATION|off",
+              help="run every detector over every job of the last DURATION (e.g. 1d) and store the findings "
+                   "(in lake mode no collector keeps them current); on Spark, a task per detector")
 @click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
               help="spark: compaction, rollups and snapshot expiry run on Apache Spark (pyspark; under spark-submit "
                    "its session, else a local one with scripts/sparkjars' jars)")
 @click.option("--spark-master", envvar="CMDARE_SPARK_MASTER", metavar="URL",
               help="the Spark master for --engine spark outside spark-submit [default: local[*]]")
 def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: str, compact_files: int,
-             expire_snapshots: str, engine: str, spark_master: str | None) -> None:
+             expire_snapshots: str, findings_window: str, engine: str, spark_master: str | None) -> None:
     """Lake maintenance: compaction of small files, the 1- and 5-minute rollups of every
-    day that changed, goodput by the hour, retention of raw samples (a day once rolled up)
-    and of rollups, snapshot expiry.  Safe while collectors write (a step that loses to a collector's commit is
+    day that changed, goodput by the hour, the fleet's findings (--findings), retention of
+    raw samples (a day once rolled up) and of rollups, snapshot expiry.  Safe while collectors write (a step that loses to a collector's commit is
     left for the next run); run it hourly or daily (a systemd timer, cron), or use the
     Spark procedures on big lakes (docs/scale.md).
 
@@ -47,18 +50,21 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: st
     try:
         rr, ex = dur("--retain-raw", retain_raw), dur("--expire-snapshots", expire_snapshots)
         ru = dur("--retain-rollups", retain_rollups)
+        fw = dur("--findings", findings_window, 60)
         if spark_master is not None and engine != "spark":
             raise ConfigError("--spark-master: only with --engine spark")
         lk = Lake(lake, catalog, create=False)
-        from .root import lake_goodput
+        from .root import lake_findings, lake_goodput
 
         if engine == "spark":
             from . import lakespark
 
             spark = lakespark.session(lk, spark_master)
-            rep = lakespark.maintain(lk, spark, rr, compact_files, ex, retain_rollups=ru, derive=lake_goodput(spark))
+            rep = lakespark.maintain(lk, spark, rr, compact_files, ex, retain_rollups=ru, derive=lake_goodput(spark),
+                                     findings=lake_findings(fw, spark) if fw is not None else None)
         else:
-            rep = run(lk, rr, compact_files, ex, retain_rollups=ru, derive=lake_goodput())
+            rep = run(lk, rr, compact_files, ex, retain_rollups=ru, derive=lake_goodput(),
+                      findings=lake_findings(fw) if fw is not None else None)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     except LakeError as e:

@@ -43,6 +43,7 @@ class Report:
     kept_unrolled: dict[str, int] = field(default_factory=dict)  # table -> old days kept: not rolled up
     rollup_days_deleted: dict[str, int] = field(default_factory=dict)  # rollup table -> days dropped
     goodput_hours: int | None = None  # whole hours of goodput (re)computed; None: not kept here
+    findings: int | None = None  # findings stored by --findings; None: not run
 
     def lines(self) -> list[str]:
         out = [f"rollups: {t}: {n} day(s) built" for t, n in self.rolled.items()]
@@ -53,6 +54,8 @@ class Report:
         out += [f"compaction: {t}: {a} files -> {b}" for t, (a, b) in self.compacted.items()]
         if self.goodput_hours is not None:
             out.append(f"goodput hours: {self.goodput_hours} whole hour(s) computed")
+        if self.findings is not None:
+            out.append(f"findings: {self.findings} stored")
         out.append(f"snapshots expired: {self.expired_snapshots}; unreferenced data files deleted: "
                    f"{self.orphans_deleted}")
         out += [f"skipped (a collector committed meanwhile; the next run does it): {s}" for s in self.skipped]
@@ -68,9 +71,10 @@ def _props(t: Any) -> dict[str, str]:
 def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: int | None = 8,
              expire_after: float | None = 86400, now: dt.datetime | None = None,
              retain_rollups: float | None = 400 * 86400, rollups: bool = True,
-             derive: Callable[[Lake], int] | None = None) -> Report:
+             derive: Callable[[Lake], int] | None = None, findings: Callable[[Lake], int] | None = None) -> Report:
     """Compaction, then the rollups of every day that changed, then ``derive`` (goodput by
-    the hour: the collector's root passes analytics/goodhours.refresh_lake), then retention
+    the hour: the collector's root passes analytics/goodhours.refresh_lake) and ``findings``
+    (the detectors over a recent window: analytics/findings.keep_lake), then retention
     (a raw day only once its rollups hold it), then snapshot expiry; ``None`` for a step's
     setting (or ``rollups`` False) leaves it out (collector/lakespark.py runs those steps
     on Spark)."""
@@ -108,6 +112,8 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
         rep.rolled = lakerollup.build(lake, rep.skipped)
     if derive is not None:
         rep.goodput_hours = derive(lake)
+    if findings is not None:
+        rep.findings = findings(lake)
     for name in tables:
         if retain_raw is None or name not in RAW_TABLES:
             continue

@@ -132,12 +132,13 @@ def _name(table: str) -> str:
 # -- the work ------------------------------------------------------------------------------------
 def maintain(lake: Lake, spark: Any, retain_raw: float | None = 7 * 86400, compact_files: int | None = 8,
              expire_after: float | None = 86400, now: dt.datetime | None = None,
-             retain_rollups: float | None = 400 * 86400, derive: Callable[[Lake], int] | None = None) -> Report:
+             retain_rollups: float | None = 400 * 86400, derive: Callable[[Lake], int] | None = None,
+             findings: Callable[[Lake], int] | None = None) -> Report:
     """collector/lakemaint.maintain with compaction, rollups and snapshot expiry on Spark
     (``derive``: as there; ``distributed`` spreads its work over the executors); a failed
     Spark job is a LakeError of one line (its first, credentials redacted)."""
     try:
-        return _maintain(lake, spark, retain_raw, compact_files, expire_after, now, retain_rollups, derive)
+        return _maintain(lake, spark, retain_raw, compact_files, expire_after, now, retain_rollups, derive, findings)
     except LakeError:
         raise
     except Exception as e:
@@ -163,7 +164,7 @@ def _one_line(e: BaseException) -> str:
 
 def _maintain(lake: Lake, spark: Any, retain_raw: float | None, compact_files: int | None,
               expire_after: float | None, now: dt.datetime | None, retain_rollups: float | None,
-              derive: Callable[[Lake], int] | None) -> Report:
+              derive: Callable[[Lake], int] | None, findings: Callable[[Lake], int] | None) -> Report:
     from . import lakemaint
     from .lake import APPENDED, MARKER
 
@@ -174,8 +175,10 @@ def _maintain(lake: Lake, spark: Any, retain_raw: float | None, compact_files: i
             _compact(lake, spark, name, compact_files, rep)
     rep.rolled = build(lake, spark, rep.skipped)
     # retention (metadata only) as the DuckDB engine does it; then expiry here
-    sub = lakemaint.maintain(lake, retain_raw, None, None, now, retain_rollups, rollups=False, derive=derive)
-    rep.deleted_partitions, rep.kept_unrolled, rep.goodput_hours = sub.deleted_partitions, sub.kept_unrolled, sub.goodput_hours
+    sub = lakemaint.maintain(lake, retain_raw, None, None, now, retain_rollups, rollups=False, derive=derive,
+                             findings=findings)
+    rep.deleted_partitions, rep.kept_unrolled = sub.deleted_partitions, sub.kept_unrolled
+    rep.goodput_hours, rep.findings = sub.goodput_hours, sub.findings
     rep.rollup_days_deleted, rep.skipped = sub.rollup_days_deleted, rep.skipped + sub.skipped
     if expire_after is not None:
         wall = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
@@ -335,3 +338,17 @@ def distributed(spark: Any, compute: Callable[[str, str | None, list], list[list
         return rdd.flatMap(lambda part: compute(uri, catalog, part)).collect()
 
     return run
+
+
+def by_detector(spark: Any, run: Callable[[str, str | None, Any, list[str]], Any],
+                merge: Callable[[list[Any]], Any]) -> Callable[[str, str | None, Any, list[str]], Any]:
+    """A ``run_kinds`` for analytics/findings.keep_lake that runs on the executors: one
+    task per detector over the whole scope, each reading the lake on its own; the
+    outcomes merged on the driver (the same findings as one run: the detectors are
+    independent units; what they share within a run only saves reads)."""
+
+    def go(uri: str, catalog: str | None, since: Any, kinds: list[str]) -> Any:
+        rdd = spark.sparkContext.parallelize(kinds, len(kinds))
+        return merge(rdd.map(lambda k: run(uri, catalog, since, [k])).collect())
+
+    return go

@@ -295,3 +295,21 @@ def lake_goodput(spark: Any = None) -> Callable[[Any], int]:
         return goodhours.refresh_lake(uri, lake.location.catalog, rows)
 
     return run
+
+
+def lake_findings(since: float, spark: Any = None) -> Callable[[Any], int]:
+    """``maintain --findings``: every detector over every job of the last ``since``
+    seconds, stored into the lake's findings (on Spark: a task per detector)."""
+    from cmdare.analytics import findings
+
+    def run(lake: Any) -> int:
+        uri = str(lake.location.local) if lake.location.local is not None else lake.location.warehouse
+        start = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(seconds=since)
+        kinds = None
+        if spark is not None:
+            from .lakespark import by_detector
+
+            kinds = by_detector(spark, findings.run_lake, findings.merge)
+        return findings.keep_lake(uri, lake.location.catalog, start, kinds)
+
+    return run

@@ -8,6 +8,7 @@ nothing to do; snapshot expiry keeps the current snapshot and what it reads; bad
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -223,3 +224,27 @@ def test_spark_executors_compute_the_lakes_goodput_hours(spark, postgres: Postgr
     for got, w in zip(kept, sorted(want, key=lambda r: (r[0], r[1])), strict=True):
         assert got[:4] == tuple(w[:4])
         assert got[4:] == pytest.approx(tuple(w[4:]), rel=1e-9, abs=1e-6)
+
+
+def test_spark_tasks_find_what_one_duckdb_run_finds(lake: Lake, spark) -> None:
+    """maintain --engine spark --findings: a Spark task per detector over the whole
+    window, merged and stored by the driver: the findings one DuckDB run finds."""
+    from cmdare.analytics import findings
+    from cmdare.analytics.units import Scope
+    from cmdare.collector.root import lake_findings
+
+    since = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(days=400)
+    with _db(lake).read() as con:
+        one = findings.run(con, Scope(None, since, None))
+    s = lakespark.session(lake)
+    rep = lakespark.maintain(lake, s, retain_raw=None, compact_files=None, expire_after=None,
+                             findings=lake_findings(400 * 86400, s))
+    assert rep.findings == len(one.findings) and len({f.kind for f in one.findings}) >= 3
+    with _db(lake).read() as con:
+        rows = con.execute("SELECT kind, job, node, rank, subject, severity, confidence, summary, "
+                           "evidence::VARCHAR FROM findings").fetchall()
+    stored = sorted(((k, j, n, r, sub, sev, round(c, 9), summ, json.loads(ev)) for k, j, n, r, sub, sev, c, summ, ev
+                     in rows), key=repr)
+    want = sorted(((f.kind, f.job, f.node, f.rank, f.subject, f.severity, round(f.confidence, 9), f.summary,
+                    json.loads(json.dumps(f.evidence))) for f in one.findings), key=repr)
+    assert stored == want
