@@ -112,7 +112,8 @@ def session(lake: Lake, master: str | None = None) -> Any:
                 raise LakeError(f"--engine spark: no Iceberg Spark runtime in {JARS} (run scripts/sparkjars, "
                                 "or spark-submit with --jars)")
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the tasks import cmdare: this Python
-            b = b.master(master or "local[*]").config("spark.jars", ",".join(jars)).config("spark.ui.enabled", "false")
+            b = (b.master(master or "local[*]").config("spark.jars", ",".join(jars)).config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false"))
         active = b.getOrCreate()
     # a session of its own (its catalogs are its own: the Spark catalog must be named as the
     # lake's catalog rows are, "cmdare", whichever lake the application read before)
