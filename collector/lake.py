@@ -362,9 +362,12 @@ class Lake:
         self.append(MARKER, marker, ranges, writer)
 
     def replace(self, name: str, rows: pa.Table) -> None:
-        """Replace a table's rows (the tables analyze writes)."""
+        """Replace a table's rows (the tables analyze writes); one a lake made by an older
+        cmdare lacks is made first."""
         import warnings
 
+        if not self.exists(name):
+            self.ensure((name,))
         t = self.table(name)
         with warnings.catch_warnings():  # "Delete operation did not match any records": an empty table
             warnings.simplefilter("ignore", UserWarning)
