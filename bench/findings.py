@@ -132,18 +132,13 @@ def rolled(db: Path) -> None:
               + ", ".join(f"{t} {k:,} rows" for t, k in n.items()), flush=True)
 
 
-def to_lake(db: Path, lake_dir: Path) -> None:
-    """Copy the database file into an Iceberg lake, an hour of each table per commit (as
-    collectors' rounds would, without their de-duplication: the rows are unique), then run
-    ``cmdare-collector maintain``'s rollups."""
+def copy_hourly(db: Path, lk: object) -> None:
+    """Copy the database file's appended tables into lake ``lk``, an hour of each table per
+    commit (as collectors' rounds would, without their de-duplication: the rows are unique)."""
     from cmdare.collector.db import connect
-    from cmdare.collector.lake import APPENDED, Lake, _append, schema, time_column
-    from cmdare.collector.lakemaint import maintain
+    from cmdare.collector.lake import APPENDED, _append, schema, time_column
 
-    lk = Lake(str(lake_dir))
-    lk.ensure()
     con = connect(db, read_only=True)
-    t = time.perf_counter()
     for name in APPENDED:
         col = time_column(name)
         cols = ", ".join(f'"{c}"' for c in schema(name).names)
@@ -154,8 +149,20 @@ def to_lake(db: Path, lake_dir: Path) -> None:
                                           f"AND {col} < TIMESTAMP '{lo}' + INTERVAL {h + 1} HOUR")
             rows = con.sql(f"SELECT {cols} FROM {name} {where}").to_arrow_table().cast(schema(name))
             if rows.num_rows:
-                _append(lk.table(name), rows, {"cmdare.writer": "bench"})
+                _append(lk.table(name), rows, {"cmdare.writer": "bench"})  # type: ignore[attr-defined]
     con.close()
+
+
+def to_lake(db: Path, lake_dir: Path) -> None:
+    """Copy the database file into an Iceberg lake (``copy_hourly``), then run
+    ``cmdare-collector maintain``'s rollups."""
+    from cmdare.collector.lake import Lake
+    from cmdare.collector.lakemaint import maintain
+
+    lk = Lake(str(lake_dir))
+    lk.ensure()
+    t = time.perf_counter()
+    copy_hourly(db, lk)
     print(f"lake: copied in {time.perf_counter() - t:.0f} s", flush=True)
     t = time.perf_counter()
     rep = maintain(lk, retain_raw=None, compact_files=None, expire_after=None)

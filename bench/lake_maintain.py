@@ -32,24 +32,11 @@ def _findings_bench():
 
 
 def copy(db: Path, where: Path, catalog: str) -> object:
-    from cmdare.collector.db import connect
-    from cmdare.collector.lake import APPENDED, Lake, _append, schema, time_column
+    from cmdare.collector.lake import Lake
 
     lk = Lake(str(where), catalog)
     lk.ensure()
-    con = connect(db, read_only=True)
-    for name in APPENDED:
-        col = time_column(name)
-        cols = ", ".join(f'"{c}"' for c in schema(name).names)
-        lo, hi = con.execute(f"SELECT min({col}), max({col}) FROM {name}").fetchall()[0] if col else (None, None)
-        hours = [None] if lo is None else range(int((hi - lo).total_seconds() // 3600) + 1)
-        for h in hours:
-            where_ = "" if h is None else (f"WHERE {col} >= TIMESTAMP '{lo}' + INTERVAL {h} HOUR "
-                                           f"AND {col} < TIMESTAMP '{lo}' + INTERVAL {h + 1} HOUR")
-            rows = con.sql(f"SELECT {cols} FROM {name} {where_}").to_arrow_table().cast(schema(name))
-            if rows.num_rows:
-                _append(lk.table(name), rows, {"cmdare.writer": "bench"})
-    con.close()
+    _findings_bench().copy_hourly(db, lk)
     return lk
 
 

@@ -16,9 +16,7 @@ from cmdare.analytics.cli import cli as analyze
 from cmdare.analytics.lakedb import LakeDatabase
 from cmdare.analytics.units import Scope
 from cmdare.collector.cli import cli as collector
-from cmdare.collector.lake import Lake
-from cmdare.collector.lakeingest import LakeSpoolIngest
-from tests.lake.test_lake_equivalence import recording
+from tests.lake.test_lake_spark_maintain import _load
 
 WINDOW = "400d"  # the recording's fleet ran in 2026-09
 
@@ -28,12 +26,7 @@ def key(f: findings.Finding) -> tuple:
 
 
 def test_maintain_keeps_the_fleets_findings_in_the_lake(tmp_path: Path) -> None:
-    recording(tmp_path / "spool")
-    lk = Lake(str(tmp_path / "lake"))
-    lk.ensure()
-    ing = LakeSpoolIngest(lk, tmp_path / "spool", max_skew=None, batch_bytes=1 << 20, commit_every=0.05)
-    ing.load_available()
-    ing.stager.close()
+    _load(tmp_path, None)
     where = str(tmp_path / "lake")
     since = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(days=400)
     with LakeDatabase(where).read() as con:
