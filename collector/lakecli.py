@@ -53,6 +53,10 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: st
         fw = dur("--findings", findings_window, 60)
         if spark_master is not None and engine != "spark":
             raise ConfigError("--spark-master: only with --engine spark")
+        if spark_master is not None and (not spark_master.strip() or len(spark_master) > 256
+                                         or any(ord(c) < 32 for c in spark_master)):
+            raise ConfigError("--spark-master: a Spark master URL (local[N], spark://host:port, yarn, k8s://...), "
+                              "at most 256 characters, one line")
         lk = Lake(lake, catalog, create=False)
         from .root import lake_findings, lake_goodput
 

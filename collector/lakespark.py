@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from . import lakerollup, rollup
-from .lake import NAMESPACE, POSITIONS, WRITER, Lake, LakeError, day_partitions, redact, time_column
-from .lakemaint import ORPHAN_AGE, Report
+from .lake import NAMESPACE, Lake, LakeError, day_partitions, redact, time_column
+from .lakemaint import ORPHAN_AGE, Report, _props
 
 log = logging.getLogger("cmdare.collector")
 CATALOG = "cmdare"  # the Spark catalog name: the lake's tables are cmdare.cmdare.<table>
@@ -114,7 +114,10 @@ def session(lake: Lake, master: str | None = None) -> Any:
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the tasks import cmdare: this Python
             b = (b.master(master or "local[*]").config("spark.jars", ",".join(jars)).config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false"))
-        active = b.getOrCreate()
+        try:
+            active = b.getOrCreate()
+        except Exception as e:  # a master that cannot be reached, a JVM that does not start
+            raise LakeError(f"Spark: {redact(_one_line(e))[:240]}") from None
     # a session of its own (its catalogs are its own: the Spark catalog must be named as the
     # lake's catalog rows are, "cmdare", whichever lake the application read before)
     s = active.newSession()
@@ -205,7 +208,7 @@ def _compact(lake: Lake, spark: Any, name: str, compact_files: int, rep: Report)
     ex = jvm.org.apache.iceberg.expressions.Expressions
     before = after = 0
     for day in days:
-        props = _carried(lake.table(name))
+        props = _props(lake.table(name))
         lo = dt.datetime.combine(day, dt.time())
         where = getattr(ex, "and")(ex.greaterThanOrEqual(col, lo.isoformat()),
                                    ex.lessThan(col, (lo + dt.timedelta(days=1)).isoformat()))
@@ -237,13 +240,6 @@ def _iceberg_table(spark: Any, name: str) -> Any:
     return cat.loadTable(jvm.org.apache.spark.sql.connector.catalog.Identifier.of(ns, name)).table()
 
 
-def _carried(t: Any) -> dict[str, str]:
-    """The snapshot properties a maintenance commit carries: the table's positions."""
-    snap = t.current_snapshot()
-    pos = snap.summary[POSITIONS] if snap is not None else None
-    return {POSITIONS: pos, WRITER: "maintenance"} if pos else {WRITER: "maintenance"}
-
-
 def build(lake: Lake, spark: Any, skipped: list[str]) -> dict[str, int]:
     """collector/lakerollup.build on Spark: per rollup table, every day not held as its
     source now is, in one Spark job and one commit; rollup table -> days (re)built."""
@@ -270,7 +266,7 @@ def build(lake: Lake, spark: Any, skipped: list[str]) -> dict[str, int]:
             cond = " OR ".join(f"(ts >= TIMESTAMP_NTZ '{d} 00:00:00' AND ts < TIMESTAMP_NTZ '{_next(d)} 00:00:00')"
                                for d in todo)
             df = spark.sql(f"{select(r, view)} WHERE {cond} GROUP BY ALL")
-            target = {f.name: f for f in lake.table(r.table).schema().fields}
+            target = {f.name: f for f in rt.schema().fields}
             df = df.select(*(df[c].cast(_spark_type(target[c])).alias(c) for c in target))
             props = {lakerollup.ROLLED: json.dumps({**state, **todo})}
             try:

@@ -286,13 +286,12 @@ def lake_goodput(spark: Any = None) -> Callable[[Any], int]:
     from cmdare.analytics import goodhours
 
     def run(lake: Any) -> int:
-        uri = str(lake.location.local) if lake.location.local is not None else lake.location.warehouse
         rows = None
         if spark is not None:
             from .lakespark import distributed
 
             rows = distributed(spark, goodhours.compute_lake)
-        return goodhours.refresh_lake(uri, lake.location.catalog, rows)
+        return goodhours.refresh_lake(_uri(lake), lake.location.catalog, rows)
 
     return run
 
@@ -303,13 +302,17 @@ def lake_findings(since: float, spark: Any = None) -> Callable[[Any], int]:
     from cmdare.analytics import findings
 
     def run(lake: Any) -> int:
-        uri = str(lake.location.local) if lake.location.local is not None else lake.location.warehouse
         start = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(seconds=since)
         kinds = None
         if spark is not None:
             from .lakespark import by_detector
 
             kinds = by_detector(spark, findings.run_lake, findings.merge)
-        return findings.keep_lake(uri, lake.location.catalog, start, kinds)
+        return findings.keep_lake(_uri(lake), lake.location.catalog, start, kinds)
 
     return run
+
+
+def _uri(lake: Any) -> str:
+    """The URI a lake was opened with (its directory, or its object-store warehouse)."""
+    return str(lake.location.local) if lake.location.local is not None else lake.location.warehouse

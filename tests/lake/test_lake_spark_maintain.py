@@ -140,6 +140,8 @@ def test_the_cli_runs_spark_and_refuses_bad_settings(lake: Lake, spark, tmp_path
     assert r.exit_code == 0, r.output
     assert "snapshots expired: 0" in r.output
     for bad, says in [(["--engine", "hadoop"], "'hadoop' is not one of"),
+                      (["--engine", "spark", "--spark-master", "x" * 300], "at most 256 characters"),
+                      (["--engine", "spark", "--spark-master", "local[2]\nspark.jars=evil"], "at most 256 characters"),
                       (["--spark-master", "local[2]"], "only with --engine spark")]:
         r = CliRunner().invoke(collector, ["maintain", "--lake", where, "--catalog", lk.location.catalog, *bad])
         assert r.exit_code == 2 and says in r.output and len(r.output.strip().splitlines()) <= 4, r.output
