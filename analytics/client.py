@@ -196,9 +196,11 @@ class Remote:
         d = self.request("GET", f"/api/v1/jobs/{_seg(job)}")
         return {k: api.Table(*codec.table_rows(v)) for k, v in d.items() if k != "job"}
 
-    def _gpu_heatmap(self, since: Any = None, until: Any = None, columns: int = 120, label: str | None = None) -> Any:
+    def _gpu_heatmap(self, since: Any = None, until: Any = None, columns: int = 120, label: str | None = None,
+                     group: str = "auto", job: str | None = None, node: str | None = None) -> Any:
         return self.request("GET", "/api/v1/fleet/heatmap",
-                            _params({"since": since, "until": until, "columns": columns, "label": label}))
+                            _params({"since": since, "until": until, "columns": columns, "label": label,
+                                     "group": group, "job": job, "node": node}))
 
     def _stored_fits(self) -> Any:
         return codec.unplain(self.request("GET", "/api/v1/fits")["fits"])

@@ -128,21 +128,92 @@ def _goodput(con: duckdb.DuckDBPyConnection, jobs: list[str], since: dt.datetime
             "parts": {k: v for k, v in parts.items() if k != "wall"}}
 
 
+GROUPS = ("auto", "gpu", "node", "job")
+AUTO_GPU_ROWS = 10_000  # ``auto``: a row per GPU up to this many GPUs in scope, past it a row per job
+
+
 def heatmap(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None,
-            columns: int = 120, label: tuple[str, str] | None = None) -> dict[str, Any]:
-    """Mean GPU utilisation (%) per GPU and time bucket over [since, until): rows grouped by
-    job, then node, then GPU index; ``columns`` buckets across (at most MAX_COLUMNS). A cell
-    with no sample is None."""
+            columns: int = 120, label: tuple[str, str] | None = None, group: str = "auto",
+            job: str | None = None, node: str | None = None) -> dict[str, Any]:
+    """Mean GPU utilisation (%) per row and time bucket over [since, until); ``columns``
+    buckets across (at most MAX_COLUMNS). A cell with no sample is None.
+
+    ``group``: a row per ``gpu`` (grouped by job, then node, then GPU index), per ``node``
+    (its GPUs' samples together) or per ``job`` (the GPUs whose samples carry the job, at
+    the time of each sample; samples of no job are one row, ``job`` None); ``auto``: per GPU
+    while the scope holds at most AUTO_GPU_ROWS GPUs, else per job: a fleet too large to
+    show GPU by GPU shows job by job, and ``job`` (or ``node``) drills down into one job's
+    (one node's) GPUs."""
     if not 1 <= columns <= MAX_COLUMNS:
         raise AnalyticsError(f"columns: from 1 to {MAX_COLUMNS}, got {columns}")
+    if group not in GROUPS:
+        raise AnalyticsError(f"group: one of {', '.join(GROUPS)}, got {group[:40]!r}")
     rolled = use_rollup(con, since, until)
     table, tcol = ("gpu_5m", "bucket") if rolled else ("gpu_samples", "ts")
-    where, params = queries._where(None, since, until, label)
+    where, params = queries._where(node, since, until, label)
     if rolled:
         where = where.replace("ts >= ?", f"bucket >= time_bucket({ROLLUP_BUCKET}, ?::TIMESTAMP)").replace("ts < ?", "bucket < ?")
-    lo, hi = con.execute(f"SELECT min({tcol}), max({tcol}) FROM {table}{where}", params).fetchone()
+    if job is not None:
+        where, params = (where + " AND" if where else " WHERE") + " job = ?", [*params, job]
+    lo, hi, approx = con.execute(  # the GPUs in scope, roughly (HyperLogLog): enough to choose the rows
+        f'SELECT min({tcol}), max({tcol}), approx_count_distinct(hash(node, "index")) FROM {table}{where}',
+        params).fetchone()
     if lo is None:
-        return {"start": _iso(since), "step_seconds": None, "times": [], "rows": [], "util_pct": [], "rollup": rolled}
+        return {"start": _iso(since), "step_seconds": None, "times": [], "rows": [], "util_pct": [], "rollup": rolled,
+                "group": "gpu" if group == "auto" else group, "gpus": 0}
+    if group == "auto":
+        group = "gpu" if job is not None or node is not None or approx <= AUTO_GPU_ROWS else "job"
+    start, step, n = _buckets(since, until, lo, hi, columns, rolled)
+    util = "100 * sum(util_sum) / nullif(sum(util_samples), 0)" if rolled else "avg(util_gpu_ratio) * 100"
+    key = {"gpu": 'node, "index"', "node": "node", "job": "job"}[group]
+    got = con.execute(
+        f"""SELECT {key}, any_value(uuid), any_value(name), list(b ORDER BY b), list(u ORDER BY b)
+            FROM (SELECT {key}, {"any_value(uuid)" if group == "gpu" else "NULL"} AS uuid, any_value(name) AS name,
+                         CAST(floor(epoch({tcol} - ?::TIMESTAMP) / ?) AS INTEGER) AS b,
+                         CAST(round({util}) AS INTEGER) AS u
+                  FROM {table}{where} GROUP BY {key}, b)
+            GROUP BY {key}""",
+        [start, step, *params]).fetchall()
+    # a node's or a job's GPUs (and a job's nodes): those with samples in the window, counted
+    # once from their distinct (job, node, GPU) rows (a count(DISTINCT) per bucket costs 4x the map)
+    size: dict[Any, tuple[int, int]] = {} if group == "gpu" else {
+        k: (g, m) for k, g, m in con.execute(
+            f"""SELECT {key}, count(*), count(DISTINCT node)
+                FROM (SELECT DISTINCT job, node, "index" FROM {table}{where}) GROUP BY {key}""", params).fetchall()}
+    if len(got) * n > MAX_CELLS:
+        raise AnalyticsError(f"heatmap: {len(got):,} {group}s x {n} buckets is over {MAX_CELLS:,} cells: "
+                             "fewer columns, a narrower window, a --label filter or a coarser group")
+    out_rows, values = [], []
+    job_of = dict(con.execute("SELECT node, job FROM nodes").fetchall()) if group != "job" else {}
+    if group == "gpu":
+        got.sort(key=lambda g: (job if job is not None else job_of.get(g[0]) or "~", g[0], g[1]))
+    elif group == "node":
+        got.sort(key=lambda g: (job_of.get(g[0]) or "~", g[0]))
+    else:
+        got.sort(key=lambda g: (g[0] is None, g[0] or ""))
+    for g in got:
+        bs, us = g[-2], g[-1]
+        line: list[int | None] = [None] * n
+        for b, u in zip(bs, us, strict=True):
+            if 0 <= b < n and u is not None:
+                line[b] = u
+        if group == "gpu":
+            out_rows.append({"job": job if job is not None else job_of.get(g[0]), "node": g[0], "gpu": g[1],
+                             "uuid": g[2], "name": g[3]})
+        elif group == "node":
+            out_rows.append({"job": job_of.get(g[0]), "node": g[0], "gpus": size[g[0]][0], "name": g[2]})
+        else:
+            out_rows.append({"job": g[0], "nodes": size[g[0]][1], "gpus": size[g[0]][0], "name": g[2]})
+        values.append(line)
+    gpus = len(out_rows) if group == "gpu" else sum(r["gpus"] for r in out_rows)
+    return {"start": _iso(start), "step_seconds": step, "rollup": rolled, "group": group, "gpus": gpus,
+            "times": [_iso(start + dt.timedelta(seconds=step * i)) for i in range(n)],
+            "rows": out_rows, "util_pct": values}
+
+
+def _buckets(since: dt.datetime | None, until: dt.datetime | None, lo: dt.datetime, hi: dt.datetime,
+             columns: int, rolled: bool) -> tuple[dt.datetime, float, int]:
+    """The heatmap's first bucket, bucket width (seconds) and bucket count."""
     start = since or lo
     # the right edge: until, else now for a window from a time (a live page), else the last sample
     now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
@@ -153,35 +224,7 @@ def heatmap(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt
         start = start - dt.timedelta(seconds=(start - EPOCH).total_seconds() % 300)
         span = max((end - start).total_seconds(), 1.0)
         step = 300.0 * max(1, math.ceil(span / columns / 300))
-    n = max(1, math.ceil(span / step))
-    if rolled:
-        util = "100 * sum(util_sum) / nullif(sum(util_samples), 0)"
-    else:
-        util = "avg(util_gpu_ratio) * 100"
-    got = con.execute(
-        f"""SELECT node, "index", any_value(uuid), any_value(name), list(b ORDER BY b), list(u ORDER BY b)
-            FROM (SELECT node, "index", any_value(uuid) AS uuid, any_value(name) AS name,
-                         CAST(floor(epoch({tcol} - ?::TIMESTAMP) / ?) AS INTEGER) AS b,
-                         CAST(round({util}) AS INTEGER) AS u
-                  FROM {table}{where} GROUP BY node, "index", b)
-            GROUP BY node, "index" """,
-        [start, step, *params]).fetchall()
-    if len(got) * n > MAX_CELLS:
-        raise AnalyticsError(f"heatmap: {len(got):,} GPUs x {n} buckets is over {MAX_CELLS:,} cells: "
-                             "fewer columns, a narrower window or a --label filter")
-    job_of = dict(con.execute("SELECT node, job FROM nodes").fetchall())
-    got.sort(key=lambda g: (job_of.get(g[0]) or "~", g[0], g[1]))
-    out_rows, values = [], []
-    for node, idx, uuid, name, bs, us in got:
-        line: list[int | None] = [None] * n
-        for b, u in zip(bs, us, strict=True):
-            if 0 <= b < n and u is not None:
-                line[b] = u
-        out_rows.append({"job": job_of.get(node), "node": node, "gpu": idx, "uuid": uuid, "name": name})
-        values.append(line)
-    return {"start": _iso(start), "step_seconds": step, "rollup": rolled,
-            "times": [_iso(start + dt.timedelta(seconds=step * i)) for i in range(n)],
-            "rows": out_rows, "util_pct": values}
+    return start, step, max(1, math.ceil(span / step))
 
 
 def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:

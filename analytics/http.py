@@ -334,9 +334,14 @@ def _custom_routes(app: FastAPI, db: Database, lim: Limits) -> None:
     def heatmap(since: Stamp | None = Query(None, description=Since),
                 until: Stamp | None = Query(None, description=Until),
                 columns: int = Query(120, ge=1, le=1440, description="time buckets across the window"),
-                label: str | None = Query(None, max_length=330)) -> Any:
+                label: str | None = Query(None, max_length=330),
+                group: Literal["auto", "gpu", "node", "job"] = Query(
+                    "auto", description="a row per GPU, node or job; auto: per GPU up to 10,000 GPUs, else per job"),
+                job: str | None = Query(None, max_length=512, description="only this job's GPUs (a drill-down)"),
+                node: str | None = Query(None, max_length=256, description="only this node's GPUs")) -> Any:
         # up to 2,000,000 cells of whole percents: serialised at once (no per-value encoder walk)
-        body = json.dumps(api.gpu_heatmap(db, _naive(since), _naive(until), columns, label), separators=(",", ":"))
+        body = json.dumps(api.gpu_heatmap(db, _naive(since), _naive(until), columns, label, group, job, node),
+                          separators=(",", ":"))
         return Response(body, media_type="application/json")
 
     @app.get("/api/v1/fits", tags=["models"])

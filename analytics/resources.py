@@ -122,7 +122,10 @@ RESOURCES: tuple[Resource, ...] = (
               Param("with_nodes", bool, True, description="count nodes by liveness (false: a client with the node "
                                                           "table)", alias="nodes")),
              answer="plain", report="fleet", report_params=("since",)),
-    Resource("gpu_heatmap", "/api/v1/fleet/heatmap", "fleet", (p_since(True), p_until(True), P_COLUMNS, P_LABEL),
+    Resource("gpu_heatmap", "/api/v1/fleet/heatmap", "fleet",
+             (p_since(True), p_until(True), P_COLUMNS, P_LABEL,
+              Param("group", str, "auto", {"pattern": "^(auto|gpu|node|job)$"}),
+              Param("job", str | None, bounds={"max_length": 512}), Param("node", str | None, bounds={"max_length": 256})),
              answer="custom", report="fleet", report_params=("since", "columns"), custom=True),
     Resource("job_series", "/api/v1/jobs/{job}/series", "jobs", (P_JOB, p_since(True), p_until(True), P_COLUMNS),
              answer="plain", report="job", report_params=("since", "columns")),

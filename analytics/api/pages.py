@@ -26,12 +26,14 @@ def fleet_summary(db: Database, since: dt.datetime | None = None, until: dt.date
 
 
 def gpu_heatmap(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
-                columns: int = 120, label: str | None = None) -> dict[str, Any]:
-    """Mean utilisation per GPU and time bucket (cmdare.analytics.fleet.heatmap)."""
+                columns: int = 120, label: str | None = None, group: str = "auto", job: str | None = None,
+                node: str | None = None) -> dict[str, Any]:
+    """Mean utilisation per GPU, node or job and time bucket; ``job`` / ``node``: that
+    job's (node's) GPUs only (cmdare.analytics.fleet.heatmap)."""
     from .. import fleet
 
     with db.read() as con:
-        return fleet.heatmap(con, since, until, columns, queries.parse_label(label))
+        return fleet.heatmap(con, since, until, columns, queries.parse_label(label), group, job, node)
 
 
 def job_series(db: Database, job: str, since: dt.datetime | None = None, until: dt.datetime | None = None,

@@ -66,6 +66,7 @@
     box.textContent = String(e && e.message ? e.message : e);
   }
   function section(title, ...kids) { return el("section", {}, el("h2", { text: title }), ...kids); }
+  const MAX_TABLE_ROWS = 1000;  // rows a table draws (all of them sort and filter)
   function table(columns, rows, opts) {
     opts = opts || {};
     const wrap = el("div", { class: "tablewrap" });
@@ -88,7 +89,7 @@
           return (x < y ? -1 : 1) * (desc ? -1 : 1);
         });
       }
-      for (const r of rs.slice(0, 5000)) {
+      for (const r of rs.slice(0, MAX_TABLE_ROWS)) {
         const tr = el("tr", opts.highlight && opts.highlight(r) ? { class: "hl" } : {});
         for (const c of columns) {
           const v = r[c];
@@ -101,6 +102,10 @@
         body.append(tr);
       }
       if (!rs.length) body.append(el("tr", {}, el("td", { colspan: String(columns.length), class: "muted", text: opts.empty || "no rows" })));
+      if (rs.length > MAX_TABLE_ROWS) {  // a fleet's 10,000 nodes: the first rows drawn, the rest found by filter or sort
+        body.append(el("tr", { class: "more" }, el("td", { colspan: String(columns.length), class: "muted",
+          text: `${MAX_TABLE_ROWS.toLocaleString("en")} of ${rs.length.toLocaleString("en")} rows shown: ${filter ? "filter or " : ""}sort to find the others` })));
+      }
     }
     for (const c of columns) {
       head.append(el("th", { text: c, title: "sort", onclick: () => { desc = sortKey === c ? !desc : false; sortKey = c; render(); } }));
@@ -177,14 +182,20 @@
 
   PAGES.fleet = async function (out) {
     const label = params.get("label") || "";
+    // a drill-down (a job's or a node's GPUs), from a row of the fleet-wide heatmap
+    const focus = REPORT ? {} : { job: params.get("job") || "", node: params.get("node") || "" };
+    // rows per gpu, node or job (default: per GPU up to 10,000 GPUs, else per job)
+    const group = ["gpu", "node", "job"].includes(params.get("group")) ? params.get("group") : "";
     const q = { since: since() };
     const [sum, heat, nodes, revs] = await Promise.all([
-      get("/api/v1/fleet", { since: q.since, nodes: "false" }), get("/api/v1/fleet/heatmap", { since: q.since, columns: 120, label }),
+      get("/api/v1/fleet", { since: q.since, nodes: "false" }),
+      get("/api/v1/fleet/heatmap", { since: q.since, columns: 120, label, group, job: focus.job, node: focus.node }),
       get("/api/v1/nodes", { label }), get("/api/v1/revocations", q)]);
     main.dataset.dataMs = String(Math.round(performance.now() - started));
-    const nrows = rowsOf(nodes);
+    const allRows = rowsOf(nodes);
+    const nrows = focus.job || focus.node ? allRows.filter((r) => (!focus.job || r.job === focus.job) && (!focus.node || r.node === focus.node)) : allRows;
     const n = sum.nodes || {};
-    if (!sum.nodes) for (const r of nrows) n[r.state || "unknown"] = (n[r.state || "unknown"] || 0) + 1;  // the table loaded anyway
+    if (!sum.nodes) for (const r of allRows) n[r.state || "unknown"] = (n[r.state || "unknown"] || 0) + 1;  // the table loaded anyway
     const g = sum.gpus, gp = sum.goodput;
     const strip = el("div", { class: "strip" },
       stat("nodes alive", n.alive || 0, Object.entries(n).map(([k, v]) => `${k} ${v}`).join(", ")),
@@ -209,7 +220,9 @@
       });
       out.append(f);
     }
-    out.append(section("GPU utilisation" + (label ? ` (nodes with ${label})` : ""), heatmap(heat)));
+    const scope = focus.job ? ` of job ${focus.job}` : focus.node ? ` of node ${focus.node}` : "";
+    const back = scope ? el("a", { class: "back", href: link(drill({ job: null, node: null })), text: "← the whole fleet" }) : null;
+    out.append(section("GPU utilisation" + scope + (label ? ` (nodes with ${label})` : ""), back, heatmap(heat)));
     out.append(section("Revocations", timeline(rowsOf(revs), heat)));
     const cols = nodes.columns.filter((c) => ["node", "role", "job", "zone", "instance_type", "spot", "state", "lives", "last_seen", "gpus", "not_ok"].includes(c));
     out.append(section("Nodes (" + nrows.length + ")", table(cols, nrows, {
@@ -232,8 +245,22 @@
     return out;
   })();
 
+  // the fleet page's URL with a drill-down set (or cleared: null)
+  function drill(set) {
+    const p = new URLSearchParams(location.search);
+    for (const [k, v] of Object.entries(set)) if (v === null) p.delete(k); else p.set(k, v);
+    p.delete("range"); p.delete("group");  // a drill-down shows GPUs; back on the fleet: as the page chooses
+    const s = p.toString();
+    return location.pathname + (s ? "?" + s : "");
+  }
+  function rowLabel(h, r) {
+    if (h.group === "job") return `${r.job === null ? "(no job)" : r.job} · ${r.gpus} GPUs on ${r.nodes} nodes`;
+    if (h.group === "node") return `${r.node} · ${r.gpus} GPUs · ${r.job || "(no job)"}`;
+    return `${r.job || "(no job)"} · ${r.node} · ${r.gpu}`;
+  }
+
   function heatmap(h) {
-    const box = el("div", { class: "heat", "data-rows": String(h.rows.length) });
+    const box = el("div", { class: "heat", "data-rows": String(h.rows.length), "data-group": h.group || "gpu" });
     if (!h.rows.length) { box.textContent = "no GPU samples in the range"; return box; }
     const nx = h.times.length, ny = h.rows.length;
     const cellW = Math.max(3, Math.floor(900 / Math.max(1, nx))), cellH = ny > 1000 ? 1 : ny > 400 ? 2 : 12;
@@ -265,8 +292,8 @@
     h.rows.forEach((r, i) => {
       const y = top + i * cellH;
       c.fillStyle = dark ? "#98a2b3" : "#667085";
-      if (cellH >= 10) c.fillText(`${r.job || "(no job)"} · ${r.node} · ${r.gpu}`.slice(0, 38), 2, y + cellH - 2);
-      if (r.job !== lastJob && i && cellH >= 10) c.fillRect(0, y, W, 1);
+      if (cellH >= 10) c.fillText(rowLabel(h, r).slice(0, 38), 2, y + cellH - 2);
+      if (h.group !== "job" && r.job !== lastJob && i && cellH >= 10) c.fillRect(0, y, W, 1);
       lastJob = r.job;
     });
     if (cellH >= 10 && cellW > 4) {  // gaps between cells, as a grid, where cells are large enough to see
@@ -279,17 +306,31 @@
     c.fillText(h.times[nx - 1], Math.max(left + 200, W - 130), H - 4);
     const tip = el("div", { class: "tip", hidden: "" });
     document.body.append(tip);
+    // a row of a job or a node opens its GPUs (the same page, drilled down; in a report: no server to ask)
+    const drillable = !REPORT && (h.group === "job" || h.group === "node");
     cv.addEventListener("mousemove", (e) => {
       const rc = cv.getBoundingClientRect();
       const i = Math.floor((e.clientY - rc.top - top) / cellH), j = Math.floor((e.clientX - rc.left - left) / cellW);
       if (i < 0 || i >= ny || j < 0 || j >= nx) { tip.hidden = true; return; }
       const r = h.rows[i], u = h.util_pct[i][j];
-      tip.textContent = `${r.node} GPU ${r.gpu} (${r.name || ""})\njob ${r.job || "none"}\n${h.times[j]} +${h.step_seconds}s\nutilisation ${u === null ? "no sample" : u + " %"}`;
+      const who = h.group === "job" || h.group === "node" ? rowLabel(h, r) : `${r.node} GPU ${r.gpu} (${r.name || ""})\njob ${r.job || "none"}`;
+      tip.textContent = `${who}\n${h.times[j]} +${h.step_seconds}s\n${h.group === "job" || h.group === "node" ? "mean " : ""}utilisation ${u === null ? "no sample" : u + " %"}${drillable ? "\nclick: its GPUs" : ""}`;
       tip.hidden = false; tip.style.left = e.clientX + 12 + "px"; tip.style.top = e.clientY + 12 + "px";
     });
     cv.addEventListener("mouseleave", () => { tip.hidden = true; });
+    if (drillable) {
+      cv.style.cursor = "pointer";
+      cv.addEventListener("click", (e) => {
+        const rc = cv.getBoundingClientRect(), i = Math.floor((e.clientY - rc.top - top) / cellH);
+        const r = h.rows[i];
+        if (!r || (h.group === "job" && r.job === null)) return;  // samples of no job: nothing to filter on
+        location.href = link(h.group === "job" ? drill({ job: r.job, node: null }) : drill({ node: r.node, job: null }));
+      });
+    }
     box.append(cv);
-    return el("div", {}, el("div", { class: "legend", text: `${ny} GPUs, one column per ${h.step_seconds} s${h.rollup ? " (5-minute rollups)" : ""}; colour: mean utilisation 0 % (blue) to 100 % (red); rows grouped by job; hover for the figures` }), box);
+    const what = { job: `${ny} jobs (${h.gpus} GPUs: too many to show one by one; click a job for its GPUs)`,
+      node: `${ny} nodes (${h.gpus} GPUs)` }[h.group] || `${ny} GPUs`;
+    return el("div", {}, el("div", { class: "legend", text: `${what}, one column per ${h.step_seconds} s${h.rollup ? " (5-minute rollups)" : ""}; colour: mean utilisation 0 % (blue) to 100 % (red); ${h.group === "job" || h.group === "node" ? "" : "rows grouped by job; "}hover for the figures` }), box);
   }
 
   function timeline(revs, heat) {

@@ -78,3 +78,82 @@ def test_a_window_under_six_hours_reads_the_samples(con) -> None:
     assert fleet.use_rollup(con, now - dt.timedelta(hours=6), None)
     h = fleet.heatmap(con, now - dt.timedelta(hours=1), None, 120)
     assert not h["rollup"] and h["step_seconds"] == 30 and len(h["rows"]) > 10
+
+
+def _expected(con, since, key: str, where: str = "", params: tuple = ()) -> dict:
+    """Per row key and 5-minute bucket, the mean utilisation of the raw samples (whole
+    percents, rounded as the heatmap rounds), computed here independently of fleet.py."""
+    got: dict = {}
+    for k, b, u in con.execute(
+            f"""SELECT {key}, CAST(floor(epoch(ts - ?::TIMESTAMP) / 300) AS INTEGER) AS b,
+                       CAST(round(avg(util_gpu_ratio) * 100) AS INTEGER)
+                FROM gpu_samples WHERE ts >= ? {where} GROUP BY ALL""", [since, since, *params]).fetchall():
+        got.setdefault(k, {})[b] = u
+    return got
+
+
+def _cells(h: dict, key) -> dict:
+    return {key(r): {b: u for b, u in enumerate(line) if u is not None} for r, line in zip(h["rows"], h["util_pct"], strict=True)}
+
+
+@pytest.mark.parametrize("rolled", [True, False])
+def test_a_row_per_job_is_the_mean_of_the_samples_its_gpus_sent_for_it(con, monkeypatch, rolled) -> None:
+    since = _start(con)
+    if not rolled:
+        monkeypatch.setattr(fleet, "use_rollup", lambda *a: False)
+    h = fleet.heatmap(con, since, since + dt.timedelta(hours=10), 120, group="job")
+    assert h["group"] == "job" and h["rollup"] is rolled and h["step_seconds"] == 300
+    assert _cells(h, lambda r: r["job"]) == _expected(con, since, "job")
+    gpus = dict(con.execute('SELECT job, count(DISTINCT (node, "index")) FROM gpu_samples GROUP BY job').fetchall())
+    nodes = dict(con.execute("SELECT job, count(DISTINCT node) FROM gpu_samples GROUP BY job").fetchall())
+    assert {r["job"]: (r["gpus"], r["nodes"]) for r in h["rows"]} == {j: (gpus[j], nodes[j]) for j in gpus}
+    assert [r["job"] for r in h["rows"]] == sorted(gpus, key=lambda j: (j is None, j or ""))  # no job: last
+    assert h["gpus"] == sum(gpus.values())
+
+
+def test_a_row_per_node_is_the_mean_over_its_gpus(con) -> None:
+    since = _start(con)
+    h = fleet.heatmap(con, since, since + dt.timedelta(hours=10), 120, group="node")
+    assert h["group"] == "node" and h["rollup"]
+    assert _cells(h, lambda r: r["node"]) == _expected(con, since, "node")
+    gpus = dict(con.execute('SELECT node, count(DISTINCT "index") FROM gpu_samples GROUP BY node').fetchall())
+    assert {r["node"]: r["gpus"] for r in h["rows"]} == gpus
+
+
+def test_drilling_into_a_job_or_a_node_gives_its_gpus_one_by_one(con) -> None:
+    since = _start(con)
+    until = since + dt.timedelta(hours=10)
+    job = con.execute("SELECT job FROM gpu_samples WHERE job IS NOT NULL GROUP BY job ORDER BY count(*) DESC LIMIT 1").fetchone()[0]
+    h = fleet.heatmap(con, since, until, 120, job=job)
+    assert h["group"] == "gpu" and all(r["job"] == job for r in h["rows"])
+    want = _expected(con, since, '(node, "index")', "AND job = ?", (job,))
+    assert _cells(h, lambda r: (r["node"], r["gpu"])) == want
+    node = h["rows"][0]["node"]
+    n = fleet.heatmap(con, since, until, 120, node=node)
+    assert {r["node"] for r in n["rows"]} == {node} and n["group"] == "gpu"
+    assert len(n["rows"]) == con.execute('SELECT count(DISTINCT "index") FROM gpu_samples WHERE node = ?', [node]).fetchone()[0]
+
+
+def test_auto_shows_gpus_until_the_fleet_is_too_large_then_jobs(con, monkeypatch) -> None:
+    since = _start(con)
+    until = since + dt.timedelta(hours=10)
+    assert fleet.heatmap(con, since, until, 120)["group"] == "gpu"  # the demo fleet: a few dozen GPUs
+    monkeypatch.setattr(fleet, "AUTO_GPU_ROWS", 5)
+    big = fleet.heatmap(con, since, until, 120)
+    assert big["group"] == "job" and big == fleet.heatmap(con, since, until, 120, group="job")
+    job = big["rows"][0]["job"]
+    assert fleet.heatmap(con, since, until, 120, job=job)["group"] == "gpu"  # a drill-down: always GPU by GPU
+
+
+def test_heatmap_hostile_options(con) -> None:
+    with pytest.raises(AnalyticsError, match=r"^group: one of auto, gpu, node, job, got 'x\* FROM'$"):
+        fleet.heatmap(con, None, None, 10, group="x* FROM")
+    for bad in ("' OR 1=1 --", "job\"; DROP TABLE nodes; --", "\x00"):  # a value, never SQL
+        assert fleet.heatmap(con, None, None, 10, job=bad)["rows"] == []
+        assert fleet.heatmap(con, None, None, 10, node=bad)["rows"] == []
+    assert con.execute("SELECT count(*) FROM nodes").fetchone()[0] > 0
+
+
+def _start(con) -> dt.datetime:
+    lo = con.execute("SELECT min(ts) FROM gpu_samples").fetchone()[0]
+    return lo - dt.timedelta(seconds=(lo - fleet.EPOCH).total_seconds() % 300)

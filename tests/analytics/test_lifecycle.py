@@ -206,6 +206,9 @@ def test_each_life_ends_with_the_right_classification(db: Path) -> None:
     rev = next(r for r in lives.values() if r["node"] == "rev-1")
     assert rev["cloud"] == "gce" and rev["region"] == "us-central1" and rev["spot"] is True
     assert rev["notices"] == 1 and rev["lifetime_h"] == round((T0 + 620.6 - BOOT) / 3600, 3)
+    # a life ends at its own last heartbeat (T0 + 91), not at one the next boot sent
+    first, second = sorted((r for r in lives.values() if r["node"] == "reboot-1"), key=lambda r: r["booted"])
+    assert first["lifetime_h"] == round((T0 + 91 - BOOT) / 3600, 3) and second["state"] == "alive"
     nodes = {r["node"]: r for r in run("nodes", "--db", str(db))}
     assert {n: (r["state"], r["lives"]) for n, r in nodes.items() if n != "spare-1"} == {
         "kill-1": ("lost", 1),

@@ -270,7 +270,9 @@ def test_table_filters_through_the_api_are_typed_and_bounded(served) -> None:
                         ("/api/v1/hosts?label=" + "k" * 400, 422), ("/api/v1/hosts?until=tomorrowish", 422),
                         ("/api/v1/nodes?label=a%22%5D%3D1", 400),
                         ("/api/v1/gpu-processes?job=" + "j" * 400, 422), ("/api/v1/tpus?label=" + "k" * 400, 422),
-                        ("/api/v1/gpu-processes?since=yesterdayish", 422)):
+                        ("/api/v1/gpu-processes?since=yesterdayish", 422),
+                        ("/api/v1/fleet/heatmap?group=pod", 422), ("/api/v1/fleet/heatmap?group=" + "g" * 400, 422),
+                        ("/api/v1/fleet/heatmap?job=" + "j" * 600, 422), ("/api/v1/fleet/heatmap?node=" + "n" * 300, 422)):
         code, out = call(url, bad)
         assert code == status, (bad, code, out)
         assert len(json.dumps(out)) < 2000  # one short error, no echo of a long input
@@ -280,6 +282,8 @@ def test_table_filters_through_the_api_are_typed_and_bounded(served) -> None:
     assert counts(url) == before
     code, out = call(url, "/api/v1/gpu-processes?job=x%27%3B%20DELETE%20FROM%20jobs%3B--")
     assert code == 200 and out["rows"] == []  # a job's name is a value, never SQL
+    code, out = call(url, "/api/v1/fleet/heatmap?job=x%27%3B%20DELETE%20FROM%20jobs%3B--&group=job")
+    assert code == 200 and out["rows"] == [] and counts(url) == before
     code, out = call(url, "/api/v1/tpus")
     assert code == 200 and "duty_pct" in out["columns"]
 

@@ -179,6 +179,35 @@ def test_the_fleet_page_filters_by_node_label(page, api: str) -> None:
     assert page.problems == []
 
 
+def test_a_fleet_too_large_for_gpu_rows_shows_jobs_and_a_click_drills_into_one(page, api: str) -> None:
+    # the row per job the page falls back to past 10,000 GPUs, asked for here by the URL
+    p = page.open(api + "/ui?range=all&group=job")
+    heat = json.loads(urllib.request.urlopen(api + "/api/v1/fleet/heatmap?group=job").read())
+    assert p.get_attribute(".heat", "data-group") == "job"
+    assert int(p.get_attribute(".heat", "data-rows")) == len(heat["rows"]) >= 3
+    assert "jobs (" in p.inner_text("section:has(.heat) .legend")
+    i = next(k for k, r in enumerate(heat["rows"]) if r["job"] is not None and r["gpus"] >= 2)
+    job = heat["rows"][i]["job"]
+    box = p.locator(".heat canvas").bounding_box()
+    cell = 12 if len(heat["rows"]) <= 400 else 2  # the page's row height at this many rows
+    p.mouse.move(box["x"] + 300, box["y"] + 4 + cell * i + cell / 2)
+    assert job in p.inner_text(".tip") and "mean utilisation" in p.inner_text(".tip")
+    p.mouse.click(box["x"] + 300, box["y"] + 4 + cell * i + cell / 2)
+    p.wait_for_function("new URLSearchParams(location.search).get('job') !== null")
+    p.wait_for_selector("main[data-ready='1']")
+    assert "group=" not in p.evaluate("location.search") and "range=all" in p.evaluate("location.search")
+    assert p.get_attribute(".heat", "data-group") == "gpu"
+    assert int(p.get_attribute(".heat", "data-rows")) == heat["rows"][i]["gpus"]
+    assert f"of job {job}" in p.inner_text("section:has(.heat) h2")
+    nodes = p.locator("section:has(h2:text-matches('^Nodes')) tbody tr")
+    assert nodes.count() >= 1 and all(job in nodes.nth(k).inner_text() for k in range(nodes.count()))
+    p.click("a.back")  # back to the whole fleet
+    p.wait_for_function("new URLSearchParams(location.search).get('job') === null")
+    p.wait_for_selector("main[data-ready='1']")
+    assert p.get_attribute(".heat", "data-group") == "gpu"  # a small fleet: GPU by GPU again
+    assert page.problems == []
+
+
 def test_findings_and_jobs_pages_link_to_each_job(page, api: str) -> None:
     p = page.open(api + "/ui/findings?range=all")
     kinds = set(p.eval_on_selector_all(".finding", "els => els.map(e => e.dataset.kind)"))

@@ -11,6 +11,10 @@
 -- launched_at (the cloud's launch time, where its metadata gives one) and ready_at (the
 -- agent's first start in the life when the boot started it) measure VM start-up.
 --
+-- An event belongs to the life it falls in: [boot, next boot). A range join on the node, not
+-- an ASOF join: an ASOF join sorts every heartbeat (3.5 s for 14 M rows), the range join
+-- hashes the few lives (0.19 s).
+--
 -- Events listed in clock_skew (stamped far from the collector's clock) are left out: a
 -- clock years off would date a stop before its boot, or stretch a life over years.
 CREATE OR REPLACE MACRO instance_lives(lost_after := 3, asof_ts := NULL) AS TABLE
@@ -30,18 +34,18 @@ lives AS (
     FROM starts),
 hb AS (
     SELECT l.node, l.boot, max(h.ts) AS last_hb
-    FROM heartbeats_ok h ASOF JOIN lives l ON h.node = l.node AND h.ts >= l.booted
+    FROM heartbeats_ok h JOIN lives l ON h.node = l.node AND h.ts >= l.booted AND (l.next_boot IS NULL OR h.ts < l.next_boot)
     GROUP BY ALL),
 lc AS (
     SELECT l.node, l.boot, arg_max(e.event, e.ts) AS last_event, max(e.ts) AS last_lc,
            max(e.ts) FILTER (WHERE e.event IN ('agent_stop', 'shutdown')) AS stopped_at
-    FROM lifecycle_ok e ASOF JOIN lives l ON e.node = l.node AND e.ts >= l.booted
+    FROM lifecycle_ok e JOIN lives l ON e.node = l.node AND e.ts >= l.booted AND (l.next_boot IS NULL OR e.ts < l.next_boot)
     WHERE e.event <> 'boot'
     GROUP BY ALL),
 rv AS (
     SELECT l.node, l.boot, count(*) AS notices, coalesce(bool_or(r.revokes), false) AS revoked,
            min(r.ts) FILTER (WHERE r.revokes) AS revoked_notice_at
-    FROM revocations_ok r ASOF JOIN lives l ON r.node = l.node AND r.ts >= l.booted
+    FROM revocations_ok r JOIN lives l ON r.node = l.node AND r.ts >= l.booted AND (l.next_boot IS NULL OR r.ts < l.next_boot)
     GROUP BY ALL),
 id AS (
     SELECT l.node, l.boot, arg_max(i.cloud, i.ts) AS cloud, arg_max(i.region, i.ts) AS region,
@@ -49,7 +53,7 @@ id AS (
            arg_max(i.instance_type, i.ts) AS instance_type, arg_max(i.spot, i.ts) AS spot,
            arg_max(i.accelerator, i.ts) AS accelerator, arg_max(i.accelerator_count, i.ts) AS accelerator_count,
            arg_max(i.launched_at, i.ts) AS launched_at
-    FROM identity_ok i ASOF JOIN lives l ON i.node = l.node AND i.ts >= l.booted
+    FROM identity_ok i JOIN lives l ON i.node = l.node AND i.ts >= l.booted AND (l.next_boot IS NULL OR i.ts < l.next_boot)
     GROUP BY ALL),
 j AS (
     SELECT l.*, id.cloud, id.region, id.zone, id.instance_id, id.instance_type, id.spot, id.accelerator,
