@@ -241,7 +241,8 @@ def stored_findings(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, t0: 
         f"""SELECT job, kind, evidence::VARCHAR FROM findings
             WHERE kind IN ({", ".join("?" * len(DETECTORS))}) AND job IS NOT NULL
               AND coalesce(window_end, detected_at) >= ? AND coalesce(window_start, first_detected) <= ?
-              {"AND job IN (SELECT unnest(?))" if jobs is not None else ""}""",
+              {"AND job IN (SELECT unnest(?))" if jobs is not None else ""}
+            ORDER BY job, coalesce(window_start, first_detected), kind, evidence::VARCHAR""",  # overlaps: one order
         [*DETECTORS, t0, t1, *([jobs] if jobs is not None else [])]).fetchall()
     out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for job, kind, ev in rows:

@@ -85,6 +85,7 @@ class Database:
         # up to when the database holds everything sent (a serving collector's ingest
         # horizon; None: as of now, a file no collector is filling)
         self.horizon: Callable[[], dt.datetime | None] = lambda: None
+        self._held: duckdb.DuckDBPyConnection | None = None  # a file kept open (``held``)
 
     @classmethod
     def served(cls, con: duckdb.DuckDBPyConnection, path: str | Path) -> Database:
@@ -127,6 +128,14 @@ class Database:
         served database has them instance-wide)."""
         if self._live is None:
             _unscoped("read a database file")
+            if self._held is not None and not config:
+                with self._lock:
+                    cur = self._held.cursor()
+                try:
+                    yield cur
+                finally:
+                    cur.close()
+                return
             con = open_ro(self.path, config)
             try:
                 yield con
@@ -151,10 +160,31 @@ class Database:
             cur.close()
 
     @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A file's many reads on one read-only connection (a report's hundreds of calls:
+        opening the file was half of each): within, ``read()`` gives cursors of it. A write
+        within closes it first (reads then open the file each time again)."""
+        if self._live is not None or self._held is not None:
+            yield
+            return
+        self._held = open_ro(self.path)
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            con, self._held = self._held, None
+        if con is not None:
+            con.close()
+
+    @contextlib.contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection that writes: the file opened for writing, or a cursor of the served
         connection under the write lock."""
         _unscoped("write")
+        self._release()  # a held read-only connection would refuse the writer's open
         if self._live is None:
             con = open_rw(self.path)
             try:

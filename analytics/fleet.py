@@ -96,11 +96,11 @@ def summary(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt
     if _has(con, "findings"):
         for sev, n in con.execute(
                 "SELECT severity, count(*) FROM findings WHERE ($s IS NULL OR window_end >= $s) "
-                "AND ($u IS NULL OR window_start < $u) GROUP BY severity", {"s": since, "u": until}).fetchall():
+                "AND ($u IS NULL OR window_start < $u) GROUP BY severity ORDER BY severity", {"s": since, "u": until}).fetchall():
             findings[sev] = n
     alerts: dict[str, int] = {}
     if _has(con, "alerts"):
-        for st, n in con.execute("SELECT state, count(*) FROM alerts GROUP BY state").fetchall():
+        for st, n in con.execute("SELECT state, count(*) FROM alerts GROUP BY state ORDER BY state").fetchall():
             alerts[st] = n
     return {"since": _iso(since), "until": _iso(until), "nodes": nodes, "gpus": gpus,
             "gpu_thresholds": {"busy_pct": BUSY_PCT, "throttled_pct": THROTTLED_PCT},
@@ -119,7 +119,9 @@ def _goodput(con: duckdb.DuckDBPyConnection, jobs: list[str], since: dt.datetime
     jobs = jobs[:500]  # bounded work: a fleet page must answer (stored findings only: no detector runs)
     lo = since or dt.datetime(1970, 1, 1)
     hi = until or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-    for acc in account_many(con, jobs, epoch(since), epoch(until), stored_findings(con, jobs, lo, hi)).values():
+    accs = account_many(con, jobs, epoch(since), epoch(until), stored_findings(con, jobs, lo, hi))
+    for j in sorted(accs):  # summed in one order: the same figures, to the last bit, on every call
+        acc = accs[j]
         for k, v in (acc.seconds | {"wall": acc.total}).items():
             parts[k] = parts.get(k, 0.0) + v
     wall = parts.get("wall", 0.0)

@@ -75,6 +75,11 @@ class LakeDatabase(Database):
             yield cur
 
     @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Nothing to hold: every read shares the lake's one planned connection already."""
+        yield
+
+    @contextlib.contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
         with self._write_lock:
             con = self._open(None)

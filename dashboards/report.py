@@ -21,6 +21,7 @@ from .pages import PAGES, shell
 
 MAX_JOBS = 50  # job pages in one report (the jobs with findings first, then the most recent)
 COLUMNS = 120  # time buckets across, as the pages ask
+WORKERS = 2  # jobs read at once
 
 Get = Callable[[str, dict[str, Any]], Any]
 
@@ -121,11 +122,25 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
             jobs["rows"], key=lambda r: r[jobs["columns"].index("last_step")] or "", reverse=True)
         names = [r[jobs["columns"].index("job")] for r in listed] if listed else []
         chosen = list(dict.fromkeys([j for j in flagged if j] + names))[:MAX_JOBS]
-    for i, j in enumerate(chosen, 1):
-        progress(f"job {i}/{len(chosen)}: {j}")
+    def one(j: str) -> list[tuple[str, Any]]:
+        out = []
         for r in RESOURCES:  # ... and once per job (report = job)
             if r.report == "job":
-                put(r.route.replace("{job}", js_segment(j)), **{k: values[k] for k in r.report_params})
+                route = r.route.replace("{job}", js_segment(j))
+                try:
+                    out.append((route, get(route, {k: values[k] for k in r.report_params})))
+                except AnalyticsError as e:
+                    out.append((route, {"error": str(e)}))
+        return out
+
+    # the jobs on WORKERS threads (the reads wait on DuckDB, which runs beside Python), their
+    # answers stored in the jobs' order
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(WORKERS, thread_name_prefix="cmdare-report") as pool:
+        for i, (j, answers) in enumerate(zip(chosen, pool.map(one, chosen), strict=True), 1):
+            progress(f"job {i}/{len(chosen)}: {j}")
+            data.update(answers)
     data["$report"] = {"jobs": chosen, "since": s, "made": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
                        "jobs_left_out": max(0, (len(jobs.get("rows", [])) if not job else 1) - len(chosen))}
     return data

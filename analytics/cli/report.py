@@ -44,7 +44,11 @@ def report(html_path: str, job: str | None, since: str | None, db: str) -> None:
         else:
             def get(route, params):
                 return b.request("GET", route, params)
-        data = rep.gather(get, job, cutoff(since), lambda what: click.echo(f"report: {what}", err=True))
+        import contextlib
+
+        # a file's hundreds of reads on one connection (opening it was half of each call)
+        with b.db.held() if isinstance(b, Local) else contextlib.nullcontext():
+            data = rep.gather(get, job, cutoff(since), lambda what: click.echo(f"report: {what}", err=True))
         if job and "error" in data.get("/api/v1/jobs/" + job, {}):
             raise AnalyticsError(data["/api/v1/jobs/" + job]["error"])
         n = rep.write(html_path, rep.render(data))

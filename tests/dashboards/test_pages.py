@@ -4,6 +4,7 @@ failed request, and shows what a person reads there."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
@@ -372,6 +373,42 @@ def test_a_report_for_one_job_and_its_errors(fleet_db: Path, tmp_path: Path) -> 
     assert r.exit_code == 1 and "is a directory" in r.output
     r = CliRunner().invoke(cli, ["report", "--html", str(out), "--db", str(tmp_path / "none.duckdb")])
     assert r.exit_code == 1 and "no such database" in r.output
+
+
+def test_a_report_read_on_two_threads_over_one_held_connection_is_the_sequential_one(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    import datetime as dt
+
+    from cmdare.analytics.db import Database
+    from cmdare.dashboards import report
+
+    # a fleet of two days ago: no node near its liveness edge while the two reports are read
+    f = DemoFleet(seed=1, t0=time.time() - 2 * 86400)
+    f.build()
+    con = connect(tmp_path / "old.duckdb")
+    Writer(con).write([("sim", encode_many(f.events))])
+    con.close()
+    assert CliRunner().invoke(cli, ["bottlenecks", "--db", str(tmp_path / "old.duckdb")]).exit_code == 0
+    db = Database(tmp_path / "old.duckdb")
+    since = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(days=3)
+    got = []
+    for workers, hold in ((1, False), (2, True)):
+        monkeypatch.setattr(report, "WORKERS", workers)
+        with db.held() if hold else contextlib.nullcontext():
+            d = report.gather(report.local_get(db), None, since)
+        d["$report"].pop("made")
+        got.append(d)
+    differ = [k for k in got[0] if json.dumps(got[0][k]) != json.dumps(got[1].get(k))]
+    assert not differ, [(k, json.dumps(got[0][k])[:600], json.dumps(got[1].get(k))[:600]) for k in differ]
+    assert list(got[0]) == list(got[1]) and len(got[0]["$report"]["jobs"]) >= 5  # in the same order
+    # a write within a hold (a read-only connection would refuse it) lets the hold go first
+    with db.held():
+        with db.read() as con:
+            n = con.execute("SELECT count(*) FROM nodes").fetchone()[0]
+        with db.write() as con:
+            con.execute("INSERT INTO nodes (node) VALUES ('written-while-held')")
+        with db.read() as con:
+            assert con.execute("SELECT count(*) FROM nodes").fetchone()[0] == n + 1
 
 
 def test_the_readme_shows_the_pages_as_the_suite_took_them() -> None:
