@@ -190,7 +190,7 @@ def sweep(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, windows: list[
         f"""SELECT DISTINCT s.job FROM revocations v JOIN steps s ON s.node = v.node
             WHERE v.revokes AND s.ts BETWEEN v.ts - INTERVAL {int(NOTICE_WINDOW)} SECOND AND v.ts + INTERVAL 1 DAY
               AND s.{cond}""", params).fetchall()
-    rev = {j: r for (j,) in cand if (r := _revocations(con, j))}
+    rev = _revocations(con, sorted(j for (j,) in cand))
     prio = sorted(PRIORITY, key=PRIORITY.get)  # type: ignore[arg-type]
     sums = ", ".join(f"sum(d) FILTER (WHERE cat = '{c}') OVER w AS \"{c}\"" for c in prio)
     case = " ".join(f"WHEN coalesce(\"{c}\", 0) > 0 THEN '{c}'" for c in prio)
@@ -226,40 +226,60 @@ def sweep(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, windows: list[
     return out
 
 
-def _revocations(con: duckdb.DuckDBPyConnection, job: str) -> list[tuple[float, float]]:
-    """A job's revocation pieces: from each notice that hit one of its runs until steps
-    resumed, and the hit run's steps after its last good save (redone)."""
-    steps = con.execute(
-        f"""WITH {_REF.format(jobs="job = $job")}
-            SELECT run, node, t, n, first_step, last_step, span FROM st ORDER BY t""", {"job": job}).fetchall()
-    ckpts = con.execute(
-        """SELECT action, epoch(ts) AS t, step, coalesce(ok, true) FROM checkpoints WHERE job = ? ORDER BY ts""",
-        [job]).fetchall()
-    nodes = sorted({s[1] for s in steps})
+def _revocations(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tuple[float, float]]]:
+    """Each job's revocation pieces: from each notice that hit one of its runs until steps
+    resumed, and the hit run's steps after its last good save (redone). The jobs together:
+    each run's span on each node is aggregated in DuckDB (a job's reference intervals were
+    read into Python one job at a time: a scan of every step per job), then only the lost
+    intervals of the runs a notice hit are read."""
+    if not jobs:
+        return {}
+    from .evidence import has_view
+
+    ranks = "steps_5m" if has_view(con, "steps_5m") else "steps"  # each run's lowest rank (see ``sweep``)
+    ref = _REF.replace("FROM steps WHERE {jobs}", f"FROM {ranks} WHERE {{jobs}}").format(
+        jobs="job IN (SELECT unnest($jobs::VARCHAR[]))")
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    for job, run, node, lo, hi in con.execute(
+            f"WITH {ref} SELECT job, run, node, min(t - span), max(t) FROM st GROUP BY ALL ORDER BY job, min(t), run, node",
+            {"jobs": jobs}).fetchall():
+        r = runs.setdefault(job, {}).setdefault(run, {"first": lo, "last": hi, "nodes": {}})
+        r["first"], r["last"] = min(r["first"], lo), max(r["last"], hi)
+        r["nodes"][node] = (lo, hi)
+    ckpts: dict[str, list[tuple[Any, ...]]] = {}
+    for job, *c in con.execute(
+            """SELECT job, action, epoch(ts) AS t, step, coalesce(ok, true) FROM checkpoints
+               WHERE job IN (SELECT unnest(?::VARCHAR[])) ORDER BY job, ts""", [jobs]).fetchall():
+        ckpts.setdefault(job, []).append(tuple(c))
+    nodes = sorted({n for rs in runs.values() for r in rs.values() for n in r["nodes"]})
     notices = con.execute(
-        f"""SELECT node, epoch(ts) FROM revocations WHERE revokes AND node IN ({", ".join("?" * len(nodes))})
-            ORDER BY ts""", nodes).fetchall()
-    runs: dict[str, dict[str, Any]] = {}
-    for run, node, t, _n, _first, _last, span in steps:
-        r = runs.setdefault(run, {"first": t - span, "last": t, "nodes": {}})
-        r["first"], r["last"] = min(r["first"], t - span), max(r["last"], t)
-        lo, hi = r["nodes"].get(node, (t - span, t))
-        r["nodes"][node] = (min(lo, t - span), max(hi, t))
-    pieces: list[tuple[float, float]] = []
-    lost_from: dict[str, float] = {}  # run -> steps numbered above this were lost
-    for node, tn in notices:
-        for run, r in runs.items():
-            span = r["nodes"].get(node)
-            if span is None or not span[0] <= tn <= span[1] + NOTICE_WINDOW or span[1] > tn + STOPPED_WITHIN:
-                continue
-            saves = [c for c in ckpts if c[0] == "save" and c[3] and c[1] <= r["last"] and c[2] is not None]
-            lost_from[run] = max((c[2] for c in saves), default=-math.inf)  # no good save: every step, step 0 too
-            after = [x["first"] for x in runs.values() if x["first"] >= r["last"]]
-            resume = min(after) if after else max(x["last"] for x in runs.values())
-            pieces.append((tn, max(tn, resume)))  # resumed before the notice came: no time
-    for run, _node, t, n, first, last, span in steps:
-        if run in lost_from and last is not None and last > lost_from[run]:
-            k = last - max(lost_from[run], (1 if first is None else first) - 1)  # runs numbered from 0 too
+        "SELECT node, epoch(ts) FROM revocations WHERE revokes AND node IN (SELECT unnest(?::VARCHAR[])) ORDER BY ts",
+        [nodes]).fetchall()
+    out: dict[str, list[tuple[float, float]]] = {}
+    lost: list[tuple[str, str, float]] = []  # (job, run, steps numbered above this were lost)
+    for job, rs in runs.items():
+        pieces = out.setdefault(job, [])
+        lost_from: dict[str, float] = {}
+        for node, tn in notices:
+            for run, r in rs.items():
+                span = r["nodes"].get(node)
+                if span is None or not span[0] <= tn <= span[1] + NOTICE_WINDOW or span[1] > tn + STOPPED_WITHIN:
+                    continue
+                saves = [c for c in ckpts.get(job, []) if c[0] == "save" and c[3] and c[1] <= r["last"] and c[2] is not None]
+                lost_from[run] = max((c[2] for c in saves), default=-math.inf)  # no good save: every step, step 0 too
+                after = [x["first"] for x in rs.values() if x["first"] >= r["last"]]
+                resume = min(after) if after else max(x["last"] for x in rs.values())
+                pieces.append((tn, max(tn, resume)))  # resumed before the notice came: no time
+        lost += [(job, run, f) for run, f in lost_from.items()]
+    if lost:
+        for job, _run, t, n, first, last, span, f in con.execute(
+                f"""WITH {ref}, hit AS (SELECT unnest($lj::VARCHAR[]) AS job, unnest($lr::VARCHAR[]) AS run,
+                                               unnest($lf::DOUBLE[]) AS f)
+                    SELECT st.job, st.run, t, n, first_step, last_step, span, hit.f FROM st JOIN hit USING (job, run)
+                    WHERE last_step IS NOT NULL AND last_step > hit.f ORDER BY st.job, t""",
+                {"jobs": jobs, "lj": [x[0] for x in lost], "lr": [x[1] for x in lost],
+                 "lf": [x[2] for x in lost]}).fetchall():
+            k = last - max(f, (1 if first is None else first) - 1)  # runs numbered from 0 too
             frac = min(1.0, k / n) if n else 1.0
-            pieces.append((t - span * frac, t))
-    return pieces
+            out[job].append((t - span * frac, t))
+    return {j: ps for j, ps in out.items() if ps}

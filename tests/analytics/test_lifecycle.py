@@ -371,6 +371,10 @@ def _three_runs(tmp_path: Path, saves: list[dict[str, Any]], notice: float = 295
     """Job j1 as three runs: ra on a-2 (steps 1-1000 in [+20, +120], not hit), rb on b-2
     (declared +150, steps numbered from 0 in [+200, +300]; the notice at +295) and rc on
     c-2, resuming at +300, the instant rb's last interval ended."""
+    return _store(tmp_path / "runs.duckdb", _events_of_three_runs(saves, notice))
+
+
+def _events_of_three_runs(saves: list[dict[str, Any]], notice: float = 295.0) -> list[dict[str, Any]]:
     evs = life("a-2", BOOT, T0 - 200, T0 + 400, stop="SIGTERM")
     evs += life("b-2", BOOT, T0 - 200, T0 + 300, stop="SIGTERM", shutdown=True)
     evs += life("c-2", BOOT, T0 + 250, T0 + 400, stop="SIGTERM")
@@ -380,7 +384,7 @@ def _three_runs(tmp_path: Path, saves: list[dict[str, Any]], notice: float = 295
     evs += [decl("a-2", "ra", T0), *steps("a-2", "ra", T0 + 20, 10, 1)]
     evs += [decl("b-2", "rb", T0 + 150), *steps("b-2", "rb", T0 + 200, 10, 0), *saves]
     evs += [decl("c-2", "rc", T0 + 300), *steps("c-2", "rc", T0 + 300, 5, 0)]
-    return _store(tmp_path / "runs.duckdb", evs)
+    return evs
 
 
 def _goodput(p: Path) -> dict[str, float]:
@@ -436,3 +440,31 @@ def test_a_notice_at_either_edge_of_the_window_still_hits_the_run(tmp_path: Path
     got = _goodput(_three_runs(tmp_path, [], notice=notice))
     assert got["revocation"] == pytest.approx(100.0, abs=1e-6)
     assert got["productive"] == pytest.approx(120.0, abs=1e-6) and got["total"] == pytest.approx(350.0, abs=1e-6)
+
+
+def test_revoked_jobs_judged_together_lose_what_each_loses_alone(tmp_path: Path) -> None:
+    """The fleet's goodput judges every revoked job in one pass: j1 (no save: rb's 100 s
+    redone) and j2, the same runs on other nodes with a save at step 49 (93 s), each hit only
+    by its own node's notice; together as alone."""
+    import copy
+
+    from cmdare.analytics.goodput import goodput, goodput_many
+
+    j1 = _three_runs(tmp_path, [])
+    evs2 = []
+    for e in _events_of_three_runs([ckpt("b-2", "rb", T0 + 300, "save", 2.0, 49)]):
+        e = copy.deepcopy(e)
+        e["id"] += "-j2"
+        e["node"] += "x"
+        if e["job"] == "j1":
+            e["job"] = "j2"
+        evs2.append(e)
+    con = connect(j1)
+    assert Writer(con).write([("j2", encode_many(evs2))]).dead == 0
+    together = goodput_many(con, None)
+    alone = {j: goodput(con, j) for j in ("j1", "j2")}
+    con.close()
+    assert together["j1"].seconds["revocation"] == pytest.approx(100.0, abs=1e-6)
+    assert together["j2"].seconds["revocation"] == pytest.approx(93.0, abs=1e-6)  # [+205, +300] less the 2 s save
+    for j in ("j1", "j2"):
+        assert together[j].seconds == pytest.approx(alone[j].seconds, abs=1e-9), j
