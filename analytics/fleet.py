@@ -166,6 +166,9 @@ def heatmap(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt
     if group == "auto":
         group = "gpu" if job is not None or node is not None or approx <= AUTO_GPU_ROWS else "job"
     start, step, n = _buckets(since, until, lo, hi, columns, rolled)
+    if group == "gpu" and approx * n > MAX_CELLS * 1.1:  # refused before the scan (the estimate errs by a few %)
+        raise AnalyticsError(f"heatmap: about {approx:,} GPUs x {n} buckets is over {MAX_CELLS:,} cells: fewer "
+                             "columns, a narrower window, a --label filter or a coarser group (group=job)")
     util = "100 * sum(util_sum) / nullif(sum(util_samples), 0)" if rolled else "avg(util_gpu_ratio) * 100"
     key = {"gpu": 'node, "index"', "node": "node", "job": "job"}[group]
     got = con.execute(

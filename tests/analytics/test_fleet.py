@@ -145,6 +145,19 @@ def test_auto_shows_gpus_until_the_fleet_is_too_large_then_jobs(con, monkeypatch
     assert fleet.heatmap(con, since, until, 120, job=job)["group"] == "gpu"  # a drill-down: always GPU by GPU
 
 
+def test_a_heatmap_too_large_for_gpu_rows_is_refused_before_its_scan(con, monkeypatch) -> None:
+    """A client asking a fleet's GPUs one by one (group=gpu at 10,000 nodes) is refused on
+    the rough count, not after reading every cell; a row per job still answers."""
+    since = _start(con)
+    until = since + dt.timedelta(hours=10)
+    monkeypatch.setattr(fleet, "MAX_CELLS", 120)
+    # "about": the estimate's refusal (the exact one, after the scan, counts the rows it read)
+    with pytest.raises(AnalyticsError, match=r"^heatmap: about \d+ GPUs x 120 buckets is over 120 cells: .*group=job"):
+        fleet.heatmap(con, since, until, 120, group="gpu")
+    jobs = fleet.heatmap(con, since, until, 1, group="job")
+    assert jobs["group"] == "job" and 0 < len(jobs["rows"]) <= 120
+
+
 def test_heatmap_hostile_options(con) -> None:
     with pytest.raises(AnalyticsError, match=r"^group: one of auto, gpu, node, job, got 'x\* FROM'$"):
         fleet.heatmap(con, None, None, 10, group="x* FROM")
