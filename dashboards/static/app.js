@@ -254,8 +254,9 @@
     return location.pathname + (s ? "?" + s : "");
   }
   function rowLabel(h, r) {
-    if (h.group === "job") return `${r.job === null ? "(no job)" : r.job} · ${r.gpus} GPUs on ${r.nodes} nodes`;
-    if (h.group === "node") return `${r.node} · ${r.gpus} GPUs · ${r.job || "(no job)"}`;
+    const n = (k, one) => `${k} ${one}${k === 1 ? "" : "s"}`;
+    if (h.group === "job") return `${r.job === null ? "(no job)" : r.job} · ${n(r.gpus, "GPU")} on ${n(r.nodes, "node")}`;
+    if (h.group === "node") return `${r.node} · ${n(r.gpus, "GPU")} · ${r.job || "(no job)"}`;
     return `${r.job || "(no job)"} · ${r.node} · ${r.gpu}`;
   }
 
@@ -328,7 +329,7 @@
       });
     }
     box.append(cv);
-    const what = { job: `${ny} jobs (${h.gpus} GPUs: too many to show one by one; click a job for its GPUs)`,
+    const what = { job: `${ny} jobs (${h.gpus} GPUs, a row per job: click a job for its GPUs)`,
       node: `${ny} nodes (${h.gpus} GPUs)` }[h.group] || `${ny} GPUs`;
     return el("div", {}, el("div", { class: "legend", text: `${what}, one column per ${h.step_seconds} s${h.rollup ? " (5-minute rollups)" : ""}; colour: mean utilisation 0 % (blue) to 100 % (red); ${h.group === "job" || h.group === "node" ? "" : "rows grouped by job; "}hover for the figures` }), box);
   }

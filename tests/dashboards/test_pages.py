@@ -187,6 +187,7 @@ def test_a_fleet_too_large_for_gpu_rows_shows_jobs_and_a_click_drills_into_one(p
     assert p.get_attribute(".heat", "data-group") == "job"
     assert int(p.get_attribute(".heat", "data-rows")) == len(heat["rows"]) >= 3
     assert "jobs (" in p.inner_text("section:has(.heat) .legend")
+    page.shot("fleet-jobs")
     i = next(k for k, r in enumerate(heat["rows"]) if r["job"] is not None and r["gpus"] >= 2)
     job = heat["rows"][i]["job"]
     box = p.locator(".heat canvas").bounding_box()
@@ -200,6 +201,7 @@ def test_a_fleet_too_large_for_gpu_rows_shows_jobs_and_a_click_drills_into_one(p
     assert p.get_attribute(".heat", "data-group") == "gpu"
     assert int(p.get_attribute(".heat", "data-rows")) == heat["rows"][i]["gpus"]
     assert f"of job {job}" in p.inner_text("section:has(.heat) h2")
+    page.shot("fleet-drill")
     nodes = p.locator("section:has(h2:text-matches('^Nodes')) tbody tr")
     assert nodes.count() >= 1 and all(job in nodes.nth(k).inner_text() for k in range(nodes.count()))
     p.click("a.back")  # back to the whole fleet
