@@ -44,8 +44,9 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[st
     behind = horizon is not None and horizon < dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     # GPUs seen: from the 5-minute rollups where they are (exact: rolled rows and the raw rows
     # pending; 5x-30x fewer rows than the samples, and kept past the samples' retention)
-    gpus = "gpu_5m" if con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'gpu_5m'").fetchone()[0] \
-        else "gpu_samples"
+    from .evidence import has_view
+
+    gpus = "gpu_5m" if has_view(con, "gpu_5m") else "gpu_samples"
     then = ("""
         past AS (
             SELECT node, arg_max(coalesce(end_reason, state), boot_time) AS state

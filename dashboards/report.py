@@ -101,11 +101,14 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
     s = since.strftime("%Y-%m-%dT%H:%M:%S") if since else None
     data: dict[str, Any] = {}
 
-    def put(route: str, **params: Any) -> Any:
+    def answer(route: str, params: dict[str, Any]) -> Any:
         try:
-            data[route] = get(route, params)
+            return get(route, params)
         except AnalyticsError as e:
-            data[route] = {"error": str(e)}
+            return {"error": str(e)}
+
+    def put(route: str, **params: Any) -> Any:
+        data[route] = answer(route, params)
         return data[route]
 
     values = {"since": s, "columns": COLUMNS}
@@ -123,15 +126,8 @@ def gather(get: Get, job: str | None = None, since: dt.datetime | None = None,
         names = [r[jobs["columns"].index("job")] for r in listed] if listed else []
         chosen = list(dict.fromkeys([j for j in flagged if j] + names))[:MAX_JOBS]
     def one(j: str) -> list[tuple[str, Any]]:
-        out = []
-        for r in RESOURCES:  # ... and once per job (report = job)
-            if r.report == "job":
-                route = r.route.replace("{job}", js_segment(j))
-                try:
-                    out.append((route, get(route, {k: values[k] for k in r.report_params})))
-                except AnalyticsError as e:
-                    out.append((route, {"error": str(e)}))
-        return out
+        routes = [(r.route.replace("{job}", js_segment(j)), r) for r in RESOURCES if r.report == "job"]
+        return [(route, answer(route, {k: values[k] for k in r.report_params})) for route, r in routes]  # ... once per job
 
     # the jobs on WORKERS threads (the reads wait on DuckDB, which runs beside Python), their
     # answers stored in the jobs' order
