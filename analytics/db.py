@@ -205,6 +205,19 @@ class Database:
                 self._live.close()
 
 
+def has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether the database has the rollup view ``name`` (collector/rollup.py; a database
+    from before its migration reads the raw rows)."""
+    return bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal",
+                            [name]).fetchall()[0][0])
+
+
+def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    """Whether ``table`` (or view) has ``column`` (a rollup column a migration added)."""
+    return bool(con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = ? "
+                            "AND column_name = ?", [table, column]).fetchall()[0][0])
+
+
 def _unscoped(what: str) -> None:
     """Refuse what a label-filtered token's request may not do (fail closed)."""
     from . import scoping

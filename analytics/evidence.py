@@ -32,7 +32,7 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .db import AnalyticsError
+from .db import AnalyticsError, has_column, has_view
 from .units import Scope, table_missing
 from .verdicts import throttled_sql
 
@@ -83,19 +83,6 @@ def named_where(scope: Scope) -> tuple[str, dict[str, Any]]:
     statements that read the rollups or the raw rows alike."""
     return ("($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts <= $u) AND ($job IS NULL OR job = $job)",
             {"s": scope.since, "u": scope.until, "job": scope.job})
-
-
-def has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    """Whether the database has the rollup view ``name`` (collector/rollup.py; a database
-    from before its migration reads the raw rows)."""
-    return bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal",
-                            [name]).fetchall()[0][0])
-
-
-def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
-    """Whether ``table`` (or view) has ``column`` (a rollup column a migration added)."""
-    return bool(con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = ? "
-                            "AND column_name = ?", [table, column]).fetchall()[0][0])
 
 
 def spans(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:

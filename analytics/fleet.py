@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 
 from . import processes, queries
-from .db import AnalyticsError
+from .db import AnalyticsError, has_column
 
 BUSY_PCT = 10.0
 THROTTLED_PCT = 10.0
@@ -340,11 +340,6 @@ ACTIVE_SECONDS = 3600  # a finding whose window ended this recently is active; a
 MAX_METRIC_JOBS = 200  # jobs whose goodput one scrape exports (the most recent)
 
 
-def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = ? AND column_name = ?",
-                            [table, column]).fetchone()[0])
-
-
 def conclusions(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) -> dict[str, Any]:
     """What the collector exports to Prometheus besides its own counters: active findings
     per (job, kind, severity), and goodput per running job (productive share of wall time
@@ -357,7 +352,7 @@ def conclusions(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) 
         # hour's telemetry (a finding stored by hand is never resolved: its window ages out)
         findings = [(j or "", k, s, n) for j, k, s, n in con.execute(
             f"SELECT job, kind, severity, count(*) FROM findings WHERE window_end >= ? "
-            f"{'AND resolved_at IS NULL ' if _has_column(con, 'findings', 'resolved_at') else ''}"
+            f"{'AND resolved_at IS NULL ' if has_column(con, 'findings', 'resolved_at') else ''}"
             "GROUP BY ALL ORDER BY ALL", [since]).fetchall()]
     jobs = [j for (j,) in con.execute(
         "SELECT job FROM steps WHERE job IS NOT NULL AND ts >= ? GROUP BY job ORDER BY max(ts) DESC LIMIT ?",

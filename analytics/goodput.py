@@ -33,7 +33,7 @@ from typing import Any
 
 import duckdb
 
-from .db import AnalyticsError
+from .db import AnalyticsError, has_view
 from .queries import needs_schema
 
 CATEGORIES = (
@@ -197,8 +197,6 @@ def sweep(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, windows: list[
     # each run's lowest rank: from the steps rollup where there is one (the same ranks, every
     # interval counted, read from a fiftieth of the rows; raw rows retention deleted still
     # count there, as their run's rank did)
-    from .evidence import has_view
-
     ranks = "steps_5m" if has_view(con, "steps_5m") else "steps"
     only = ("SEMI JOIN win ON win.job = allp.job AND allp.b > win.lo AND allp.a < win.hi"  # (EXISTS: a hash of every piece)
             if restrict else "")
@@ -234,8 +232,6 @@ def _revocations(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, l
     intervals of the runs a notice hit are read."""
     if not jobs:
         return {}
-    from .evidence import has_view
-
     ranks = "steps_5m" if has_view(con, "steps_5m") else "steps"  # each run's lowest rank (see ``sweep``)
     ref = _REF.replace("FROM steps WHERE {jobs}", f"FROM {ranks} WHERE {{jobs}}").format(
         jobs="job IN (SELECT unnest($jobs::VARCHAR[]))")

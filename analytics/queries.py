@@ -8,7 +8,7 @@ from typing import Any
 
 import duckdb
 
-from .db import AnalyticsError
+from .db import AnalyticsError, has_view
 from .verdicts import input_bound_sql, throttled_sql
 
 Result = tuple[list[str], list[tuple[Any, ...]]]
@@ -44,8 +44,6 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[st
     behind = horizon is not None and horizon < dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     # GPUs seen: from the 5-minute rollups where they are (exact: rolled rows and the raw rows
     # pending; 5x-30x fewer rows than the samples, and kept past the samples' retention)
-    from .evidence import has_view
-
     gpus = "gpu_5m" if has_view(con, "gpu_5m") else "gpu_samples"
     then = ("""
         past AS (
