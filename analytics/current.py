@@ -28,7 +28,8 @@ from typing import Any
 import duckdb
 
 from . import findings
-from .db import retry_conflicts
+from .db import has_view, retry_conflicts
+from .evidence import bucket_start, split
 from .findings import record_coverage
 from .units import Finding, Scope
 
@@ -39,6 +40,16 @@ SAVE_TRIES = 5  # a write conflict with the ingest's transaction: again
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def window_start(now: dt.datetime, window: float) -> dt.datetime:
+    """Where a scheduled round's window starts: ``window`` seconds before ``now``, moved back
+    to the 5-minute boundary at or before it. The settled buckets of the window are then
+    read whole from the rollups the collector keeps as data arrive; raw rows are read only
+    for the bucket in progress and for pending ranges (late data): the windows that changed
+    since the last round. Unaligned, every round also re-read the raw samples of a partial
+    bucket at the window's start (bench/detect_rounds.py)."""
+    return bucket_start(now - dt.timedelta(seconds=window))
 
 
 def _key(f: Finding) -> tuple[Any, ...]:
@@ -102,14 +113,12 @@ def uncovered(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, 
     every job), allowing a minute of slack at each end."""
     if not jobs:
         return []
-    from . import evidence
-
     # each job's first and last step record in [t0, t1]: whole 5-minute buckets from the
     # steps rollup (a fleet-week's raw intervals cost a third of a second to scan), the
     # range's edges from the records
     stamps = "SELECT job, ts AS a, ts AS b FROM steps WHERE job IN (SELECT unnest($jobs)) AND {where}"
-    if evidence.has_view(con, "steps_5m"):
-        whole, edge, params = evidence.split(Scope(None, t0, t1))
+    if has_view(con, "steps_5m"):
+        whole, edge, params = split(Scope(None, t0, t1))
         stamps = (f"SELECT job, first_ts AS a, last_ts AS b FROM steps_5m WHERE job IN (SELECT unnest($jobs)) AND {whole} "
                   f"UNION ALL {stamps.format(where=edge)}")
     else:
@@ -149,7 +158,7 @@ class DetectorSchedule:
     def round(self) -> tuple[int, int, int]:
         """One round now (the thread calls it; tests too)."""
         now = self.clock()
-        scope = Scope(None, now - dt.timedelta(seconds=self.window), now)
+        scope = Scope(None, window_start(now, self.window), now)
         t0 = time.perf_counter()
         out = findings.run(self.cur, scope)
         res = retry_conflicts(lambda: track(self.cur, out.ran, out.findings, scope, now), SAVE_TRIES)

@@ -60,8 +60,8 @@ def split(scope: Scope) -> tuple[str, str, dict[str, Any]]:
     parameters, the job's included): every row in scope is read once, from one side."""
     step = dt.timedelta(seconds=BUCKET_SECONDS)
     s, u = scope.since, scope.until
-    lo = None if s is None else (s if _bucket(s) == s else _bucket(s) + step)  # first whole bucket
-    hi = None if u is None else _bucket(u)  # whole buckets end before u's own
+    lo = None if s is None else (s if bucket_start(s) == s else bucket_start(s) + step)  # first whole bucket
+    hi = None if u is None else bucket_start(u)  # whole buckets end before u's own
     edge = ["false"]
     if lo is not None:
         edge.append("ts < $lo")
@@ -126,7 +126,7 @@ _RAW_TPU = f"""SELECT node, device AS "index", make_timestamp(bi * {BUCKET_SECON
                  FROM tpu_samples WHERE {{where}} GROUP BY node, device, bi)"""
 
 
-def _bucket(t: dt.datetime) -> dt.datetime:
+def bucket_start(t: dt.datetime) -> dt.datetime:
     """The start of ``t``'s 5-minute bucket (as DuckDB's time_bucket and the rollup)."""
     us = (t - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
     return dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=us - us % (BUCKET_SECONDS * 1_000_000))

@@ -8,7 +8,8 @@ at 10 s, rollups built); it is copied, so the rounds' stored findings do not tou
 Each round runs every detector over the last ``window`` seconds and stores the findings as
 intervals (``track``), its clock stepping ``every`` seconds through the last hour of the
 data, as a collector's thread would while the data arrived. Prints each round's wall and
-CPU seconds (all threads of this process) and the share of one core the schedule costs
+CPU seconds (all threads of this process), the raw GPU samples it read (its window's
+start moves a 5-minute bucket at a time: the bucket in progress only) and the rollup rows and the share of one core the schedule costs
 (CPU per round / ``every``). Target (issue 54): <= 10 % of one core at steady state. A
 finding is stored by the first round after its detector's condition holds: at most
 ``every`` plus one round's wall time later.
@@ -25,6 +26,19 @@ import time
 from pathlib import Path
 
 from common import ROOT  # noqa: F401  (puts the checkout on sys.path)
+
+
+def _reads(con, now: dt.datetime, window: float) -> tuple[int, int]:
+    """What a round's GPU reads cover (not timed): the raw samples of its window's partial
+    buckets and the rollup rows of its whole ones (the same split every detector uses)."""
+    from cmdare.analytics.current import window_start
+    from cmdare.analytics.evidence import split
+    from cmdare.analytics.units import Scope
+
+    whole, edge, p = split(Scope(None, window_start(now, window), now))
+    (raw,) = con.execute(f"SELECT count(*) FROM gpu_samples WHERE {edge}", p).fetchone()
+    (rows,) = con.execute(f"SELECT count(*) FROM gpu_5m WHERE {whole}", {k: p[k] for k in ("lo", "hi", "job")}).fetchone()
+    return raw, rows
 
 
 def main() -> None:
@@ -51,8 +65,10 @@ def main() -> None:
             kept, opened, resolved = sched.round()
             walls.append(time.perf_counter() - w)
             cpus.append(time.process_time() - c)
+            raw, whole = _reads(con, clock[0], a.window)
             print(f"round {i + 1}: {walls[-1]:.2f} s wall, {cpus[-1]:.2f} CPU-s "
-                  f"(findings new {opened}, kept {kept}, resolved {resolved})", flush=True)
+                  f"(findings new {opened}, kept {kept}, resolved {resolved}); GPU samples read raw {raw:,}, "
+                  f"5-minute rollup rows {whole:,}", flush=True)
         sched.cur.close()
         con.close()
     steady = cpus[1:] or cpus  # the first round opens every finding

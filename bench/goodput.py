@@ -4,10 +4,10 @@ interval every ``--step-interval`` seconds; 5-minute GPU rollups; a checkpoint s
 30 minutes a job; one revocation in 50 jobs; 5 teams; spot and on-demand a2-highgpu-8g),
 in a real database file.
 
-    python bench/goodput.py [--nodes 1000] [--days 7] [--step-interval 10] [--runs 3]
+    python bench/goodput.py [--nodes 1000] [--days 7] [--step-interval 10] [--runs 3] [--db PATH] [--no-offline]
 
 Prints the one-off cost of generating the data, then the command's wall time through the
-CLI (p50 and max over ``--runs``; target: under 2 s) with and without --by on a database a
+CLI (p50 and max over ``--runs``; target: under 2 s for a week, 5 s past it) with and without --by on a database a
 collector keeps (its detector rounds have covered the week: stored findings are current),
 then ``--by team`` on an offline one (the detectors run for every job first), and the figures
 it printed (GPU-hours, goodput %, dollars) so a reader sees the answer is the real one.
@@ -33,8 +33,10 @@ sys.path.insert(0, str(ROOT))
 REVOKE_AT = 2 * 86400 + 900  # seconds after the start: a notice, then the run's end
 
 
-def generate(path: Path, nodes: int, days: int, every: int, end: dt.datetime | None = None) -> None:
+def generate(path: Path, nodes: int, days: int, every: int, end: dt.datetime | None = None,
+             progress: bool = False) -> None:
     """The fleet, ending at ``end`` (naive UTC; default now)."""
+    from cmdare.collector import rollup
     from cmdare.collector.db import connect
 
     con = connect(path)
@@ -42,17 +44,34 @@ def generate(path: Path, nodes: int, days: int, every: int, end: dt.datetime | N
     t0 = end - dt.timedelta(days=days)
     n_steps = days * 86400 // every
     p = {"t0": t0}
-    con.execute(f"""INSERT INTO steps (id, ts, node, job, run, rank, interval_seconds, steps, first_step, last_step,
-                        examples, step_mean_seconds, wait_mean_seconds, steps_per_second, examples_per_second)
-        SELECT 's' || n || '-' || s, $t0::TIMESTAMP + to_seconds(60 + (s + 1) * {every}), 'node-' || n,
-               'job-' || (n // 8),
-               -- one job in 50 is revoked on day 2: its run stops, a new one steps 5 minutes later
-               'run-' || (n // 8) || CASE WHEN (n // 8) % 50 = 0 AND s * {every} >= {REVOKE_AT} THEN '-b' ELSE '' END,
-               n % 8, {every}, {every} * 5, s * {every} * 5 + 1,
-               (s + 1) * {every} * 5, {every} * 5 * 64.0, 0.2, CASE WHEN (n // 8) % 10 = 3 THEN 0.08 ELSE 0.01 END,
-               5.0, 320.0
-        FROM range({nodes}) r1(n), range({n_steps}) r2(s)
-        WHERE NOT ((n // 8) % 50 = 0 AND s * {every} BETWEEN {REVOKE_AT} - 60 AND {REVOKE_AT} + 240)""", p)
+    block = max(8, min(nodes, 8 * (40_000_000 // max(1, 8 * n_steps))))  # whole jobs, ~40 M rows a block
+    for n0 in range(0, nodes, block):  # in blocks of nodes, each rolled up at once: bounded memory at 90 days
+        n1 = min(nodes, n0 + block)
+        con.execute(f"""INSERT INTO steps (id, ts, node, job, run, rank, interval_seconds, steps, first_step, last_step,
+                            examples, step_mean_seconds, wait_mean_seconds, steps_per_second, examples_per_second)
+            SELECT 's' || n || '-' || s, $t0::TIMESTAMP + to_seconds(60 + (s + 1) * {every}), 'node-' || n,
+                   'job-' || (n // 8),
+                   -- one job in 50 is revoked on day 2: its run stops, a new one steps 5 minutes later
+                   'run-' || (n // 8) || CASE WHEN (n // 8) % 50 = 0 AND s * {every} >= {REVOKE_AT} THEN '-b' ELSE '' END,
+                   n % 8, {every}, {every} * 5, s * {every} * 5 + 1,
+                   (s + 1) * {every} * 5, {every} * 5 * 64.0, 0.2, CASE WHEN (n // 8) % 10 = 3 THEN 0.08 ELSE 0.01 END,
+                   5.0, 320.0
+            FROM range({n0}, {n1}) r1(n), range({n_steps}) r2(s)
+            WHERE NOT ((n // 8) % 50 = 0 AND s * {every} BETWEEN {REVOKE_AT} - 60 AND {REVOKE_AT} + 240)""", p)
+        con.execute(f"""INSERT INTO gpu_rollup_5m (bucket, node, "index", uuid, name, job, samples, util_sum, util_samples,
+                            util_max, throttled, throttle_samples, first_ts, last_ts)
+            SELECT $t0::TIMESTAMP + to_seconds(b * 300), 'node-' || n, g, 'GPU-' || n || '-' || g, 'NVIDIA A100-SXM4-40GB',
+                   'job-' || (n // 8), 30, 24.0, 30, 0.9, 0, 30, $t0::TIMESTAMP + to_seconds(b * 300),
+                   $t0::TIMESTAMP + to_seconds(b * 300 + 290)
+            FROM range({n0}, {n1}) r1(n), range(8) r2(g), range({days * 288}) r3(b)""", p)
+        # the step rollups a collector keeps as the intervals arrive (the detectors and the
+        # accounts read them)
+        con.execute("INSERT INTO rollup_dirty (node, lo, hi, src) SELECT node, min(ts), max(ts), 'steps' FROM steps "
+                    f"WHERE node IN (SELECT 'node-' || n FROM range({n0}, {n1}) r(n)) GROUP BY node")
+        rollup.run(con)
+        con.execute("CHECKPOINT")
+        if progress and n1 < nodes:
+            print(f"  generated nodes {n1:,} of {nodes:,}", flush=True)
     con.execute(f"""INSERT INTO jobs (id, ts, node, job, run, rank, world_size, role, model, accelerator)
         SELECT 'j' || n, $t0, 'node-' || n, 'job-' || (n // 8), 'run-' || (n // 8), n % 8, 64, 'worker', 'resnet50',
                'a100-40gb' FROM range({nodes}) r(n)""", p)
@@ -70,18 +89,6 @@ def generate(path: Path, nodes: int, days: int, every: int, end: dt.datetime | N
     con.execute(f"""INSERT INTO revocations (id, ts, node, job, cloud, kind, revokes)
         SELECT 'v' || j, $t0::TIMESTAMP + to_seconds({REVOKE_AT} - 30), 'node-' || (j * 8), 'job-' || j, 'gce', 'preemption', true
         FROM range(0, {nodes // 8}, 50) r(j)""", p)
-    con.execute(f"""INSERT INTO gpu_rollup_5m (bucket, node, "index", uuid, name, job, samples, util_sum, util_samples,
-                        util_max, throttled, throttle_samples, first_ts, last_ts)
-        SELECT $t0::TIMESTAMP + to_seconds(b * 300), 'node-' || n, g, 'GPU-' || n || '-' || g, 'NVIDIA A100-SXM4-40GB',
-               'job-' || (n // 8), 30, 24.0, 30, 0.9, 0, 30, $t0::TIMESTAMP + to_seconds(b * 300),
-               $t0::TIMESTAMP + to_seconds(b * 300 + 290)
-        FROM range({nodes}) r1(n), range(8) r2(g), range({days * 288}) r3(b)""", p)
-    # the step rollups a collector keeps as the intervals arrive (the detectors and the
-    # accounts read them)
-    from cmdare.collector import rollup
-
-    con.execute("INSERT INTO rollup_dirty (node, lo, hi, src) SELECT node, min(ts), max(ts), 'steps' FROM steps GROUP BY node")
-    rollup.run(con)
     con.execute("CHECKPOINT")
     con.close()
 
@@ -122,13 +129,16 @@ def main() -> None:
     ap.add_argument("--step-interval", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--db", help="keep the database here (generated when absent; its window ends when it was made)")
+    ap.add_argument("--no-offline", action="store_true",
+                    help="skip the offline case (the detectors over every job first: long at 90 days)")
     a = ap.parse_args()
+    target = 2.0 if a.days <= 7 else 5.0  # issue 54: a week under 2 s, 90 days under 5 s
     d = Path(tempfile.mkdtemp(prefix="cmdare-goodput-"))
     try:
         db = Path(a.db) if a.db else d / "fleet.duckdb"
         if not db.exists():
             t = time.perf_counter()
-            generate(db, a.nodes, a.days, a.step_interval)
+            generate(db, a.nodes, a.days, a.step_interval, progress=True)
             rows = a.nodes * a.days * 86400 // a.step_interval
             print(f"generated {a.nodes} nodes x {a.days} d: {rows / 1e6:.1f} M step intervals "
                   f"({a.step_interval} s), {a.nodes * 8 * a.days * 288 / 1e6:.1f} M GPU rollup rows in "
@@ -141,7 +151,7 @@ def main() -> None:
         n = goodhours.refresh(con)
         con.close()
         print(f"goodput hours kept: {n:,} written in {time.perf_counter() - t:.1f} s (a collector writes one an hour a job)")
-        cases = [("team", True), ("fleet", True), ("job", True), ("team", False)]
+        cases = [("team", True), ("fleet", True), ("job", True)] + ([] if a.no_offline else [("team", False)])
         for by, kept in cases:
             covered(db, kept)
             if not kept:
@@ -154,7 +164,7 @@ def main() -> None:
                 ts.append(took)
             res = json.loads(out)
             print(f"analyze goodput --fleet --since {a.days}d --by {by}: p50 {statistics.median(ts):.2f} s, "
-                  f"max {max(ts):.2f} s over {a.runs} runs (target < 2 s); {len(res)} rows")
+                  f"max {max(ts):.2f} s over {a.runs} runs (target < {target:g} s); {len(res)} rows")
             if by != "job" and kept:
                 for r in res:
                     print(f"  {r[by]}: {r['jobs']} jobs, {r['gpu_hours']:.0f} GPU-hours, goodput {r['goodput_pct']} %, "

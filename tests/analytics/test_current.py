@@ -37,7 +37,7 @@ def test_a_schedule_extends_what_still_holds_and_resolves_what_stopped(fleet) ->
         assert idle[2] is None  # not resolved
         assert not [k for k in first if k[1] == "sim-fine-2"]  # a healthy job stores nothing...
         cov = con.execute("SELECT job, window_start, window_end FROM finding_coverage").fetchall()
-        assert cov == [(None, clock[0] - dt.timedelta(minutes=15), clock[0])]  # ...but was looked at
+        assert cov == [(None, current.window_start(clock[0], 900), clock[0])]  # ...but was looked at
         # a minute later: the same finding, its window extended, first seen kept; coverage grows in place
         clock[0] += dt.timedelta(minutes=1)
         ext, new, gone = sched.round()
@@ -57,6 +57,45 @@ def test_a_schedule_extends_what_still_holds_and_resolves_what_stopped(fleet) ->
         assert (ext, gone) == (0, 0)
     finally:
         sched.stop()
+
+
+@pytest.mark.parametrize(("now", "start"), [
+    (dt.datetime(2026, 1, 1, 12, 7, 31), dt.datetime(2026, 1, 1, 11, 50)),
+    (dt.datetime(2026, 1, 1, 12, 5), dt.datetime(2026, 1, 1, 11, 50)),  # on a boundary: 15 minutes exactly
+    (dt.datetime(2026, 1, 1, 12, 4, 59, 999999), dt.datetime(2026, 1, 1, 11, 45)),
+])
+def test_a_rounds_window_starts_on_the_bucket_at_or_before_its_length(now, start) -> None:
+    assert current.window_start(now, 900) == start
+
+
+def test_a_round_reads_raw_samples_only_of_the_bucket_in_progress(fleet) -> None:  # noqa: F811
+    """Incremental rounds: the settled 5-minute buckets of the window come from the rollups;
+    a round finds the same with every raw GPU and host sample before the bucket in progress
+    deleted (raw retention at its sharpest) as with all of them."""
+    from cmdare.collector import rollup
+
+    def build_mid(s) -> None:  # the idle job of ``build``, its data ending mid-bucket
+        s.sim_job({}, kind="idle", nodes=1, gpus=4, idle=((0, 2), (0, 3)))
+
+    got = []
+    for cut in (False, True):
+        con, _ = fleet(build_mid)
+        rollup.run(con)
+        end = con.execute("SELECT max(ts) FROM gpu_samples").fetchone()[0]
+        clock = end - dt.timedelta(seconds=40)  # mid-bucket: some samples after the round, as in a replay
+        if cut:
+            # raw samples kept: from the start of the round's own bucket (retention is relative
+            # to the newest sample)
+            deleted = rollup.retain(con, (end - current.window_start(clock, 0)).total_seconds(), None)
+            assert deleted.get("gpu_samples", 0) > 0 and deleted.get("host_samples", 0) > 0
+            left = con.execute("SELECT min(ts) FROM gpu_samples").fetchone()[0]
+            assert current.window_start(clock, 0) <= left <= clock
+        sched = current.DetectorSchedule(con, 60, 900, clock=lambda clock=clock: clock)
+        sched.round()
+        sched.stop()
+        got.append(con.execute("""SELECT kind, job, node, subject, severity, window_start, window_end, evidence
+                                  FROM findings ORDER BY ALL""").fetchall())
+    assert got[0] and got[0] == got[1]
 
 
 def test_manual_and_scheduled_runs_record_what_they_looked_at(fleet) -> None:  # noqa: F811
