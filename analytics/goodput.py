@@ -33,7 +33,7 @@ from typing import Any
 
 import duckdb
 
-from .db import AnalyticsError, has_view
+from .db import AnalyticsError, has_column, has_view
 from .queries import needs_schema
 
 CATEGORIES = (
@@ -114,28 +114,90 @@ def goodput_many(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, since: 
 Window = tuple[str | None, int, float | None, float | None]  # (job or None: every job, key, lo, hi)
 
 
-def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str) -> str:
+# Each run's first and last instant from the steps rollup's ``start_min`` and ``last_ts``
+# (migration 023): a fiftieth of the rows. A run with rollup rows from before the column (a
+# lake's older files: null) is read from its intervals, as before.
+_RUNS_ROLLED = """rr AS (SELECT job, run, min(start_min) AS first, max(epoch(last_ts)) AS last,
+                       count(*) FILTER (WHERE start_min IS NULL) AS missing
+                FROM steps_5m JOIN ref USING (job, run, rank) GROUP BY ALL),
+            r AS (SELECT job, run, first, last FROM rr WHERE missing = 0
+                  UNION ALL SELECT s.job, s.run, min(epoch(s.ts) - {span}), max(epoch(s.ts))
+                  FROM steps s JOIN ref USING (job, run, rank) SEMI JOIN rr ON rr.job = s.job AND rr.run = s.run
+                                                                             AND rr.missing > 0
+                  GROUP BY ALL)"""
+# Only the intervals that overlap some window are then read: of each job a window names, those
+# overlapping its merged ranges (a hash semi join: an EXISTS or'ed with the rest was
+# decorrelated through a grouping of every interval, 1.3 s a fleet-week); of every other job,
+# those overlapping the windows for all of them. A kept fleet-week materialises the pieces of
+# its edges and last hours, not every interval of the week.
+_NEAR = """SELECT s.*, {span} AS span FROM steps s JOIN ref USING (job, run, rank)
+                SEMI JOIN rng ON rng.job = s.job AND (rng.lo IS NULL OR epoch(s.ts) > rng.lo)
+                              AND (rng.hi IS NULL OR epoch(s.ts) - {span} < rng.hi)
+                UNION ALL
+                SELECT s.*, {span} AS span FROM steps s JOIN ref USING (job, run, rank)
+                WHERE NOT list_contains($named::VARCHAR[], s.job) AND ({every})"""
+
+
+def _ranges(windows: list[Window]) -> tuple[dict[str, Any], str]:
+    """The windows as time ranges that intervals are read for: each named job's merged into
+    as few as cover them (a job's windows are hours; a hash join on the job with one range
+    per window cost a comparison per interval and window), and the ranges of the windows
+    for every other job as SQL over named parameters. Returns (parameters, that SQL)."""
+    inf = math.inf
+    per: dict[str | None, list[list[float]]] = {}
+    for job, _k, lo, hi in sorted(windows, key=lambda w: (w[0] or "", -inf if w[2] is None else w[2])):
+        a, b = -inf if lo is None else lo, inf if hi is None else hi
+        rs = per.setdefault(job, [])
+        if rs and a <= rs[-1][1]:
+            rs[-1][1] = max(rs[-1][1], b)
+        else:
+            rs.append([a, b])
+    named = sorted(j for j in per if j is not None)
+    out: dict[str, Any] = {"named": named, "gj": [], "glo": [], "ghi": []}
+    for j in named:
+        for a, b in per[j]:
+            out["gj"].append(j)
+            out["glo"].append(None if a == -inf else a)
+            out["ghi"].append(None if b == inf else b)
+    every = []
+    for i, (a, b) in enumerate(per.get(None, [])):
+        out[f"e{i}lo"], out[f"e{i}hi"] = (None if a == -inf else a), (None if b == inf else b)
+        every.append(f"(($e{i}lo::DOUBLE IS NULL OR epoch(s.ts) > $e{i}lo::DOUBLE) "
+                     f"AND ($e{i}hi::DOUBLE IS NULL OR epoch(s.ts) - {_SPAN} < $e{i}hi::DOUBLE))")
+    return out, " OR ".join(every) or "false"
+
+
+_SPAN = "greatest(0, coalesce(coalesce(s.steps / nullif(s.steps_per_second, 0), s.step_mean_seconds * s.steps), 0))"
+
+
+def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: str = "") -> str:
     """The sweep's one statement (see ``sweep``): ``cond`` picks the jobs, ``ranks`` the table
     each run's lowest rank is read from, ``only`` restricts the ordered pieces, ``sums`` and
-    ``case`` count the open pieces of each category and name the winning one."""
+    ``case`` count the open pieces of each category and name the winning one; ``rolled`` (the
+    windows' ranges for jobs no window names, from ``_ranges``; empty: not rolled): the runs'
+    first and last instants from the steps rollup, and only the intervals that overlap a
+    window read."""
+    runs = _RUNS_ROLLED.format(span=_SPAN) if rolled else \
+        "r AS (SELECT job, run, min(t - span) AS first, max(t) AS last FROM st GROUP BY ALL)"
+    src = f"({_NEAR.format(span=_SPAN, every=rolled)})" if rolled else \
+        f"(SELECT s.*, {_SPAN} AS span FROM steps s JOIN ref USING (job, run, rank))"
     return f"""WITH ref AS (SELECT job, run, min(rank) AS rank FROM {ranks} WHERE {cond} GROUP BY job, run),
+            wins AS (SELECT unnest($wj::VARCHAR[]) AS job, unnest($wk::INTEGER[]) AS k, unnest($wlo::DOUBLE[]) AS lo,
+                            unnest($whi::DOUBLE[]) AS hi),
+            rng AS (SELECT unnest($gj::VARCHAR[]) AS job, unnest($glo::DOUBLE[]) AS lo, unnest($ghi::DOUBLE[]) AS hi),
             st AS MATERIALIZED (
-                SELECT s.job, s.run, epoch(s.ts) AS t,
-                       greatest(0, coalesce(coalesce(s.steps / nullif(s.steps_per_second, 0),
-                                                     s.step_mean_seconds * s.steps), 0)) AS span,
+                SELECT s.job, s.run, epoch(s.ts) AS t, s.span,
                        least(1, greatest(0, coalesce(s.wait_mean_seconds / nullif(s.step_mean_seconds, 0), 0))) AS w
-                FROM steps s JOIN ref USING (job, run, rank)),
+                FROM {src} s),
             d AS (SELECT j.job, j.run, min(epoch(j.ts)) AS declared FROM jobs j JOIN ref USING (job, run, rank)
                   GROUP BY ALL),
-            r AS (SELECT job, run, min(t - span) AS first, max(t) AS last FROM st GROUP BY ALL),
+            {runs},
             c AS (SELECT job, max(epoch(ts)) AS t FROM checkpoints WHERE {cond} GROUP BY job),
             span AS (SELECT r.job, min(coalesce(d.declared, r.first)) AS a, max(r.last) AS last, min(r.first) AS first
                      FROM r LEFT JOIN d USING (job, run) GROUP BY r.job),
             span2 AS (SELECT span.*, greatest(span.last, coalesce((SELECT max(c.t) FROM c WHERE c.job = span.job
                                                                     AND c.t >= span.first), span.last)) AS b
                       FROM span),
-            wins AS (SELECT unnest($wj::VARCHAR[]) AS job, unnest($wk::INTEGER[]) AS k, unnest($wlo::DOUBLE[]) AS lo,
-                            unnest($whi::DOUBLE[]) AS hi),
             win AS (SELECT job, k, lo, greatest(lo, hi) AS hi FROM (
                         SELECT span2.job, wins.k, CASE WHEN wins.lo IS NULL THEN a ELSE greatest(a, wins.lo) END AS lo,
                                CASE WHEN wins.hi IS NULL THEN b ELSE least(b, wins.hi) END AS hi
@@ -198,6 +260,8 @@ def sweep(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, windows: list[
     # interval counted, read from a fiftieth of the rows; raw rows retention deleted still
     # count there, as their run's rank did)
     ranks = "steps_5m" if has_view(con, "steps_5m") else "steps"
+    rng, rolled = _ranges(windows) if ranks == "steps_5m" and has_column(con, "steps_5m", "start_min") else \
+        ({"gj": [], "glo": [], "ghi": []}, "")
     only = ("SEMI JOIN win ON win.job = allp.job AND allp.b > win.lo AND allp.a < win.hi"  # (EXISTS: a hash of every piece)
             if restrict else "")
     # One query: the reference rank's intervals once (materialised), each job's span cut to
@@ -206,8 +270,8 @@ def sweep(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, windows: list[
     # others go through the sweep, which is exact because the direct ones share no instant
     # with anything.
     rows = con.execute(
-        _sweep_sql(cond, ranks, only, sums, case),
-        params | {"wj": [w[0] for w in windows], "wk": [w[1] for w in windows],
+        _sweep_sql(cond, ranks, only, sums, case, rolled),
+        params | rng | {"wj": [w[0] for w in windows], "wk": [w[1] for w in windows],
                   "wlo": [w[2] for w in windows], "whi": [w[3] for w in windows],
                   "rj": [j for j, ps in rev.items() for _ in ps],
                   "ra": [a for ps in rev.values() for a, _b in ps],

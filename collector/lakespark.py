@@ -53,7 +53,8 @@ def spark_sql(expr: str) -> str:
     """One aggregate of collector/rollup.py in Spark SQL: identifiers quoted with backticks,
     DuckDB's microsecond arithmetic on timestamps spelled with Spark's functions."""
     out = _TO_MICROS.sub(r"timestamp_micros(unix_micros(CAST(ts AS TIMESTAMP)) - \1)", expr)
-    if "to_microseconds" in out or "time_bucket" in out:
+    out = out.replace("epoch(ts)", "(unix_micros(CAST(ts AS TIMESTAMP)) / 1e6)")  # DuckDB's: micros / 1e6, a double
+    if "to_microseconds" in out or "time_bucket" in out or "epoch(" in out:
         raise ValueError(f"no Spark spelling for {expr[:60]!r}")
     return re.sub(r'"([A-Za-z_][A-Za-z0-9_]*)"', r"`\1`", out)
 

@@ -41,6 +41,8 @@ BUCKET = WINDOW
 GPU_IDLE_BIT = 0x1  # nvmlClocksEventReasonGpuIdle: the GPU idles, not throttled (cmdare.analytics.verdicts)
 _THR = f"throttle_mask & ~{GPU_IDLE_BIT} <> 0"
 _STEP_T = "coalesce(1 / nullif(steps_per_second, 0), step_mean_seconds)"  # one interval's step time
+# one interval's stepping time, as goodput's sweep computes it (cmdare.analytics.goodput)
+_SPAN = "greatest(0, coalesce(coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps), 0))"
 
 # (column, type, from the raw rows, from finer rollup rows or None where it does not combine)
 GPU = (
@@ -121,6 +123,10 @@ STEPS = (
      "FILTER (WHERE steps > 0)", "sum(span_seconds)"),
     ("step_median", "DOUBLE", f"median({_STEP_T}) FILTER (WHERE steps > 0)", None),
     ("examples", "DOUBLE", "sum(examples)", "sum(examples)"),
+    # migration 023: the earliest start of an interval ending in the bucket as goodput's sweep
+    # times it (epoch seconds; the steps at their rate, not the reporting interval), so each
+    # run's first instant is read from the rollup instead of every interval it sent
+    ("start_min", "DOUBLE", f"min(epoch(ts) - {_SPAN})", "min(start_min)"),
 )
 
 

@@ -75,6 +75,14 @@ def _rolled(lk: Lake) -> dict[str, list[tuple]]:
         return {r.table: cols(con, r, r.table) for r in rollup.ROLLUPS}
 
 
+def _starts(lk: Lake, raw: bool) -> list[tuple]:
+    """The step rollup's first interval starts (goodput's sweep reads each run's from them)."""
+    r = rollup.BY_VIEW["steps_5m"]
+    src = f"({r.from_raw()} GROUP BY ALL)" if raw else r.table
+    with _db(lk).read() as con:
+        return sorted(con.execute(f"SELECT bucket, job, run, rank, node, start_min FROM {src}").fetchall(), key=repr)
+
+
 def _views(lk: Lake) -> dict[str, list[tuple]]:
     with _db(lk).read() as con:
         return {r.table: cols(con, r, r.view) for r in rollup.ROLLUPS} | {
@@ -86,7 +94,7 @@ def test_spark_maintenance_writes_what_duckdbs_does(lake: Lake, spark) -> None:
     positions = {t: lake.positions(t) for t in APPENDED if lake.exists(t)}
     files = {t: {d: len(fs) for d, fs in day_partitions(lake.table(t)).items()} for t in ("gpu_samples", "steps")}
     assert max(files["gpu_samples"].values()) > 8  # something to compact
-    want, before = _raw(lake), _views(lake)
+    want, before, starts = _raw(lake), _views(lake), _starts(lake, True)
     assert all(want.values())
     rep = lakespark.maintain(lake, lakespark.session(lake), retain_raw=None, compact_files=4, expire_after=None)
     assert rep.skipped == []
@@ -98,6 +106,7 @@ def test_spark_maintenance_writes_what_duckdbs_does(lake: Lake, spark) -> None:
     # the rollup rows DuckDB's build writes (floats to 9 digits: sums in another order), every
     # day held; what analyze --lake reads is unchanged, now from the files Spark wrote
     assert _rolled(lake) == want
+    assert _starts(lake, False) == starts  # exactly: epoch seconds (9 digits above are whole seconds)
     for src in rollup.SOURCES:
         assert lakerollup.pending_days(lake, src)[1] == set(), src
     assert _views(lake) == before
