@@ -69,6 +69,7 @@ class PrometheusConfig:
     max_series: int = 20_000  # live series at most; new ones past it are refused and counted
     tls_cert: str = ""
     tls_key: str = ""
+    names: str = "cmdare"  # "dcgm": also dcgm-exporter's names for the GPU samples (cmdare.agent.dcgm)
 
 
 @dataclass
@@ -126,7 +127,7 @@ _SINK_KEYS = {
     "retry_backoff_max",
     *SECURITY_KEYS,  # SASL / TLS (cmdare.wire.kafka.KafkaSecurity)
 }
-_PROMETHEUS_KEYS = {"listen", "stale_after", "max_series", "tls_cert", "tls_key"}
+_PROMETHEUS_KEYS = {"listen", "stale_after", "max_series", "tls_cert", "tls_key", "names"}
 _OTLP_KEYS = {"endpoint", "protocol", "interval", "timeout", "headers", "ca_file"}
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 MESSAGE_FORMATS = ("columns", "lines")
@@ -340,6 +341,11 @@ def _exports(cfg: AgentConfig, tree: dict[str, Any]) -> None:
     for k in ("tls_cert", "tls_key"):
         if k in pr:
             setattr(p, k, _str(f"prometheus.{k}", pr[k]).strip())
+    if "names" in pr:
+        p.names = _str("prometheus.names", pr["names"]).strip()
+        if p.names not in ("cmdare", "dcgm"):
+            raise ConfigError(f"prometheus.names: expected \"cmdare\" or \"dcgm\" (also dcgm-exporter's names), "
+                              f"got {p.names[:40]!r}")
     if bool(p.tls_cert) != bool(p.tls_key):
         raise ConfigError("prometheus.tls_cert: TLS needs both prometheus.tls_cert and prometheus.tls_key")
     if p.listen and p.listen.lower() != "off":

@@ -103,6 +103,7 @@ class Family:
     help: str
     labelnames: tuple[str, ...]
     series: dict[tuple[str, ...], list[float]] = field(default_factory=dict)  # label values -> [value, updated]
+    dcgm: bool = False  # a dcgm-exporter name (cmdare.agent.dcgm): /metrics only, a counter without ``_total``
 
     @property
     def unit(self) -> str:
@@ -127,7 +128,13 @@ class MetricStore:
         stale_after: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
         max_series: int = 20_000,
+        names: str = "cmdare",
     ) -> None:
+        import socket
+
+        self.dcgm = names == "dcgm"  # also dcgm-exporter's names for the GPU samples (cmdare.agent.dcgm)
+        self.hostname = node or socket.gethostname()
+        self._gpus: dict[str, tuple[str, ...]] = {}  # NVML index -> its dcgm labels (Xid events carry no name)
         self.static = {label_name(k): str(v) for k, v in (labels or {}).items() if label_name(k) not in COMMON_LABELS}
         self.node, self.role, self.job = node, role, job
         self.stale_after, self.clock = stale_after, clock
@@ -142,11 +149,11 @@ class MetricStore:
         self._refused_logged = float("-inf")
 
     # -- feeding
-    def _family(self, name: str, kind: str, help: str, labelnames: tuple[str, ...]) -> Family:
+    def _family(self, name: str, kind: str, help: str, labelnames: tuple[str, ...], dcgm: bool = False) -> Family:
         f = self.families.get(name)
         if f is None:
             f = self.families[name] = Family(
-                name, kind, help, COMMON_LABELS + tuple(self.static) + labelnames
+                name, kind, help, COMMON_LABELS + tuple(self.static) + labelnames, dcgm=dcgm
             )
             for cb in self.on_new_family:
                 cb(f)
@@ -194,6 +201,8 @@ class MetricStore:
                     self._set(f, (job_, str(data.get("kind", ""))), 1.0, now, add=True)
                 elif type_ in DOMAINS:
                     self._sample(type_, data, job_, now)
+                    if self.dcgm and type_ == "gpu":
+                        self._dcgm(data, job_, now)
         except (TypeError, ValueError) as e:  # a malformed sample never stops the agent
             log.debug("metrics: %s event not exported: %s", type_, e)
 
@@ -207,11 +216,29 @@ class MetricStore:
             )
             self._set(f, (job, src), float(d["duration_seconds"]), now)
 
+    def _dcgm(self, d: dict[str, Any], job: str, now: float) -> None:
+        from . import dcgm
+
+        lv = dcgm.labels(d, self.hostname)
+        if lv is None:
+            return
+        self._gpus[str(d.get("index"))] = lv
+        for c in dcgm.COUNTERS:
+            v = c.value(d)
+            if v is not None:
+                self._set(self._family(c.name, c.kind, c.help, dcgm.LABELS, dcgm=True), (job, *lv), v, now)
+
     def _gpu_event(self, d: dict[str, Any], job: str, now: float) -> None:
+        xid = d.get("xid")
+        lv = self._gpus.get(str(d.get("index", "")))
+        if self.dcgm and lv is not None and isinstance(xid, int) and not isinstance(xid, bool):
+            from . import dcgm
+
+            self._set(self._family(dcgm.XID.name, dcgm.XID.kind, dcgm.XID.help, dcgm.LABELS, dcgm=True),
+                      (job, *lv), float(xid), now)
         f = self._family(
             "cmdare_gpu_events_total", "counter", "GPU error events (Xid, ECC) seen", ("gpu", "uuid", "kind", "xid")
         )
-        xid = d.get("xid")
         vals = (job, str(d.get("index", "")), str(d.get("uuid", "")), str(d.get("kind", "")), "" if xid is None else str(xid))
         self._set(f, vals, float(d.get("count") or 1), now, add=True)
 
@@ -287,6 +314,38 @@ class MetricStore:
             ]
 
 
+class _CounterType(str):
+    """``counter`` in the TYPE line without prometheus-client's ``_total`` on the family's
+    name: dcgm-exporter's counters have none (``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``), and
+    dashboards and rules written for it read them by those names."""
+
+    def __eq__(self, other: object) -> bool:
+        return other != "counter" and str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def _dcgm_family(f: Family, series: list[tuple[tuple[str, ...], float]]) -> Any:
+    from prometheus_client.metrics_core import Metric
+
+    m = Metric(f.name, f.help, "gauge" if f.kind == "gauge" else "counter")
+    if f.kind == "counter":
+        m.type = _CounterType("counter")
+    for key, v in series:
+        m.add_sample(f.name, dict(zip(f.labelnames, key, strict=True)), v)
+    return m
+
+
+def _text_only(app: Any) -> Any:
+    """The WSGI app answering in the Prometheus text format whatever the scraper accepts, as
+    dcgm-exporter does: OpenMetrics requires a counter's samples to end ``_total``, which
+    dcgm-exporter's do not."""
+
+    def text(environ: dict[str, Any], start_response: Any) -> Any:
+        return app({**environ, "HTTP_ACCEPT": "text/plain; version=0.0.4"}, start_response)
+    return text
+
+
 class PrometheusExporter:
     """``/metrics`` in the Prometheus text format, served by prometheus-client's own HTTP
     server (a thread), with the agent process's standard ``process_*`` metrics beside."""
@@ -307,6 +366,9 @@ class PrometheusExporter:
         class _Collector:
             def collect(self) -> Iterable[Any]:
                 for f, series in store.snapshot():
+                    if f.dcgm:
+                        yield _dcgm_family(f, series)
+                        continue
                     if f.kind == "counter":
                         m = CounterMetricFamily(f.base, f.help, labels=f.labelnames)
                     else:
@@ -322,6 +384,8 @@ class PrometheusExporter:
             self.server, _ = start_http_server(
                 self.port, self.host, registry=reg, certfile=self.certfile, keyfile=self.keyfile
             )
+            if store.dcgm:
+                self.server.set_app(_text_only(self.server.get_app()))
         except OSError as e:
             raise OSError(f"prometheus.listen: cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
         self.port = self.server.server_port
@@ -445,7 +509,7 @@ class OtlpExporter:
         callback runs in the reader's thread, outside the store's lock)."""
         from opentelemetry.metrics import CallbackOptions, Observation
 
-        if f.name in self._instruments or self.meter is None:
+        if f.name in self._instruments or self.meter is None or f.dcgm:  # dcgm-exporter's names: /metrics only
             return
         name = f.name
 

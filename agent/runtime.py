@@ -125,7 +125,7 @@ class Agent:
         self.otlp: OtlpExporter | None = None
         if cfg.prometheus.listen or cfg.otlp.endpoint:
             self.metrics = MetricStore(cfg.node, cfg.role, cfg.job, cfg.labels, cfg.prometheus.stale_after,
-                                       max_series=cfg.prometheus.max_series)
+                                       max_series=cfg.prometheus.max_series, names=cfg.prometheus.names)
         if cfg.prometheus.listen:
             p = cfg.prometheus
             self.prometheus = PrometheusExporter(

@@ -85,3 +85,86 @@ backend = "python:tests.fakes.nvml"
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+DASHBOARD = Path(__file__).resolve().parents[3] / "shared" / "ecosystem" / "dcgm-exporter" / "dcgm-exporter-dashboard.json"
+
+
+def _grafana_regex(values: list[str]) -> str:
+    """A multi-value variable with every value selected, as Grafana's Prometheus data source
+    writes it into a query: each value regex-escaped, joined as ``(a|b)``."""
+    import re
+
+    esc = [re.sub(r"([\\$^*{}\[\]'+?.()|])", r"\\\\\1", v) for v in values]
+    return esc[0] if len(esc) == 1 else "(" + "|".join(esc) + ")"
+
+
+def test_nvidias_dcgm_dashboard_answers_from_the_agent(tmp_path: Path) -> None:
+    """NVIDIA's Grafana dashboard for dcgm-exporter, as it is: its variables filled as Grafana
+    fills them (label_values through the series API, every value selected) and every panel's
+    query returns series from a real Prometheus scraping the agent (fake NVML, two GPUs) with
+    ``[prometheus] names = "dcgm"``; the counters are counters to Prometheus."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    if not DASHBOARD.exists():
+        pytest.skip(f"{DASHBOARD} is not here (the shared ecosystem files)")
+    binary = go_tool("prometheus")
+    port = free_port()
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f"""
+node = "gpu-a"
+job = "resnet-1"
+interval = "0.5s"
+[spool]
+dir = "{tmp_path / 'spool'}"
+fsync = false
+[prometheus]
+listen = "127.0.0.1:{port}"
+names = "dcgm"
+[sources.gpu]
+backend = "python:tests.fakes.nvml"
+""")
+    agent = subprocess.Popen([str(BIN / "cmdare-agent"), "--config", str(cfg)],
+                             env=agent_env(CMDARE_FAKE_NVML="gpus=2,model=h100"), stdout=subprocess.DEVNULL,
+                             stderr=open(tmp_path / "agent.log", "w"))
+    prom = None
+    try:
+        prom = Prometheus(binary, tmp_path, {"gpu-nodes": [f"127.0.0.1:{port}"]})
+        wait_for(lambda: len(prom.query("DCGM_FI_DEV_GPU_TEMP")) == 2, 60, what="DCGM series scraped")
+
+        def api(path: str, **params: str) -> object:
+            with urllib.request.urlopen(f"{prom.url}/api/v1/{path}?{urllib.parse.urlencode(params)}", timeout=10) as r:
+                body = json.loads(r.read())
+            assert body["status"] == "success", body
+            return body["data"]
+
+        board = json.loads(DASHBOARD.read_text())
+        values = {}
+        for v in board["templating"]["list"]:
+            if v["type"] != "query":
+                continue
+            metric, label = v["query"].removeprefix("label_values(").removesuffix(")").split(", ")
+            got = sorted({s[label] for s in api("series", **{"match[]": metric}) if label in s})  # type: ignore[union-attr]
+            assert got, v["name"]
+            values[v["name"]] = _grafana_regex(got)
+        assert values == {"instance": f"127\\\\.0\\\\.0\\\\.1:{port}", "gpu": "(0|1)"}
+        queries = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+        assert len(queries) == 8
+        for q in queries:
+            for name, val in values.items():
+                q = q.replace(f"${name}", val)
+            assert prom.query(q), q  # every panel draws
+        assert {r["metric"]["modelName"] for r in prom.query("DCGM_FI_DEV_GPU_TEMP")} == {"NVIDIA H100 80GB HBM3"}
+        meta = api("metadata", metric="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+        assert meta["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"][0]["type"] == "counter"  # type: ignore[index]
+        wait_for(lambda: prom.query("rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5s]) > 0"), 60, what="energy rising")
+    finally:
+        if prom is not None:
+            prom.stop()
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
