@@ -126,23 +126,25 @@ _RUNS_ROLLED = """rr AS (SELECT job, run, min(start_min) AS first, max(epoch(las
                                                                              AND rr.missing > 0
                   GROUP BY ALL)"""
 # Only the intervals that overlap some window are then read: of each job a window names, those
-# overlapping its merged ranges (a hash semi join: an EXISTS or'ed with the rest was
-# decorrelated through a grouping of every interval, 1.3 s a fleet-week); of every other job,
-# those overlapping the windows for all of them. A kept fleet-week materialises the pieces of
-# its edges and last hours, not every interval of the week.
+# overlapping its windows merged into ranges, of every other job those overlapping the windows
+# for all of them; one scan and a hash semi join on the job (an EXISTS or'ed with the rest was
+# decorrelated through a grouping of every interval: 1.3 s a fleet-week). A kept fleet-week
+# materialises the pieces of its edges and last hours, not every interval of the week.
 _NEAR = """SELECT s.*, {span} AS span FROM steps s JOIN ref USING (job, run, rank)
                 SEMI JOIN rng ON rng.job = s.job AND (rng.lo IS NULL OR epoch(s.ts) > rng.lo)
-                              AND (rng.hi IS NULL OR epoch(s.ts) - {span} < rng.hi)
-                UNION ALL
-                SELECT s.*, {span} AS span FROM steps s JOIN ref USING (job, run, rank)
-                WHERE NOT list_contains($named::VARCHAR[], s.job) AND ({every})"""
+                              AND (rng.hi IS NULL OR epoch(s.ts) - {span} < rng.hi)"""
+_RANGES = """rng AS (SELECT unnest($gj::VARCHAR[]) AS job, unnest($glo::DOUBLE[]) AS lo, unnest($ghi::DOUBLE[]) AS hi
+                     UNION ALL
+                     SELECT j.job, e.lo, e.hi FROM (SELECT DISTINCT job FROM ref) j,
+                            (SELECT unnest($elo::DOUBLE[]) AS lo, unnest($ehi::DOUBLE[]) AS hi) e
+                     WHERE NOT list_contains($gj::VARCHAR[], j.job)),"""
 
 
-def _ranges(windows: list[Window]) -> tuple[dict[str, Any], str]:
-    """The windows as time ranges that intervals are read for: each named job's merged into
-    as few as cover them (a job's windows are hours; a hash join on the job with one range
-    per window cost a comparison per interval and window), and the ranges of the windows
-    for every other job as SQL over named parameters. Returns (parameters, that SQL)."""
+def _ranges(windows: list[Window]) -> dict[str, Any]:
+    """The windows as the time ranges whose intervals are read (parameters of ``_RANGES``):
+    each named job's merged into as few as cover them (a job's windows are hours: one range
+    per window cost a comparison per interval and window), and those of the windows for
+    every other job (``elo``, ``ehi``)."""
     inf = math.inf
     per: dict[str | None, list[list[float]]] = {}
     for job, _k, lo, hi in sorted(windows, key=lambda w: (w[0] or "", -inf if w[2] is None else w[2])):
@@ -152,39 +154,33 @@ def _ranges(windows: list[Window]) -> tuple[dict[str, Any], str]:
             rs[-1][1] = max(rs[-1][1], b)
         else:
             rs.append([a, b])
-    named = sorted(j for j in per if j is not None)
-    out: dict[str, Any] = {"named": named, "gj": [], "glo": [], "ghi": []}
-    for j in named:
-        for a, b in per[j]:
-            out["gj"].append(j)
-            out["glo"].append(None if a == -inf else a)
-            out["ghi"].append(None if b == inf else b)
-    every = []
-    for i, (a, b) in enumerate(per.get(None, [])):
-        out[f"e{i}lo"], out[f"e{i}hi"] = (None if a == -inf else a), (None if b == inf else b)
-        every.append(f"(($e{i}lo::DOUBLE IS NULL OR epoch(s.ts) > $e{i}lo::DOUBLE) "
-                     f"AND ($e{i}hi::DOUBLE IS NULL OR epoch(s.ts) - {_SPAN} < $e{i}hi::DOUBLE))")
-    return out, " OR ".join(every) or "false"
+    out: dict[str, Any] = {"gj": [], "glo": [], "ghi": [], "elo": [], "ehi": []}
+    for j, rs in sorted(per.items(), key=lambda x: (x[0] is None, x[0] or "")):
+        for a, b in rs:
+            if j is not None:
+                out["gj"].append(j)
+            out["glo" if j is not None else "elo"].append(None if a == -inf else a)
+            out["ghi" if j is not None else "ehi"].append(None if b == inf else b)
+    return out
 
 
 _SPAN = "greatest(0, coalesce(coalesce(s.steps / nullif(s.steps_per_second, 0), s.step_mean_seconds * s.steps), 0))"
 
 
-def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: str = "") -> str:
+def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: bool = False) -> str:
     """The sweep's one statement (see ``sweep``): ``cond`` picks the jobs, ``ranks`` the table
     each run's lowest rank is read from, ``only`` restricts the ordered pieces, ``sums`` and
-    ``case`` count the open pieces of each category and name the winning one; ``rolled`` (the
-    windows' ranges for jobs no window names, from ``_ranges``; empty: not rolled): the runs'
-    first and last instants from the steps rollup, and only the intervals that overlap a
-    window read."""
+    ``case`` count the open pieces of each category and name the winning one; ``rolled``: the
+    runs' first and last instants from the steps rollup, and only the intervals that overlap
+    a window read (``_ranges``)."""
     runs = _RUNS_ROLLED.format(span=_SPAN) if rolled else \
         "r AS (SELECT job, run, min(t - span) AS first, max(t) AS last FROM st GROUP BY ALL)"
-    src = f"({_NEAR.format(span=_SPAN, every=rolled)})" if rolled else \
+    src = f"({_NEAR.format(span=_SPAN)})" if rolled else \
         f"(SELECT s.*, {_SPAN} AS span FROM steps s JOIN ref USING (job, run, rank))"
     return f"""WITH ref AS (SELECT job, run, min(rank) AS rank FROM {ranks} WHERE {cond} GROUP BY job, run),
             wins AS (SELECT unnest($wj::VARCHAR[]) AS job, unnest($wk::INTEGER[]) AS k, unnest($wlo::DOUBLE[]) AS lo,
                             unnest($whi::DOUBLE[]) AS hi),
-            rng AS (SELECT unnest($gj::VARCHAR[]) AS job, unnest($glo::DOUBLE[]) AS lo, unnest($ghi::DOUBLE[]) AS hi),
+            {_RANGES if rolled else ""}
             st AS MATERIALIZED (
                 SELECT s.job, s.run, epoch(s.ts) AS t, s.span,
                        least(1, greatest(0, coalesce(s.wait_mean_seconds / nullif(s.step_mean_seconds, 0), 0))) AS w
@@ -260,8 +256,8 @@ def sweep(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, windows: list[
     # interval counted, read from a fiftieth of the rows; raw rows retention deleted still
     # count there, as their run's rank did)
     ranks = "steps_5m" if has_view(con, "steps_5m") else "steps"
-    rng, rolled = _ranges(windows) if ranks == "steps_5m" and has_column(con, "steps_5m", "start_min") else \
-        ({"gj": [], "glo": [], "ghi": []}, "")
+    rolled = ranks == "steps_5m" and has_column(con, "steps_5m", "start_min")
+    rng = _ranges(windows) if rolled else {}
     only = ("SEMI JOIN win ON win.job = allp.job AND allp.b > win.lo AND allp.a < win.hi"  # (EXISTS: a hash of every piece)
             if restrict else "")
     # One query: the reference rank's intervals once (materialised), each job's span cut to

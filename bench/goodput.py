@@ -93,6 +93,24 @@ def generate(path: Path, nodes: int, days: int, every: int, end: dt.datetime | N
     con.close()
 
 
+def keep_hours(con) -> int:
+    """goodput_hours brought up to date as a collector keeps it, a week of hours at a time
+    (a collector computes each hour as it ends; one sweep over 90 days of hours at once
+    would hold every interval of the range)."""
+    from cmdare.analytics import goodhours
+
+    todo, gone = goodhours.plan(con)
+    n = goodhours.store(con, [], gone)
+    weeks: dict[int, list] = {}
+    for j, h, fp in todo:
+        weeks.setdefault(h.toordinal() // 7, []).append((j, h, fp))
+    for i, (_w, part) in enumerate(sorted(weeks.items())):
+        n += goodhours.store(con, goodhours.compute(con, part), [])
+        if len(weeks) > 2:
+            print(f"  goodput hours: week {i + 1} of {len(weeks)}", flush=True)
+    return n
+
+
 def covered(db: Path, on: bool) -> None:
     """The detector coverage a collector's scheduled rounds leave (every kind, every job,
     the whole range: the stored findings are current), or none (an offline database: the
@@ -143,12 +161,11 @@ def main() -> None:
             print(f"generated {a.nodes} nodes x {a.days} d: {rows / 1e6:.1f} M step intervals "
                   f"({a.step_interval} s), {a.nodes * 8 * a.days * 288 / 1e6:.1f} M GPU rollup rows in "
                   f"{time.perf_counter() - t:.0f} s ({db.stat().st_size / 2**30:.2f} GiB)")
-        from cmdare.analytics import goodhours
         from cmdare.collector.db import connect
 
         con = connect(db)  # goodput by the hour, as the collector keeps it with the rollups
         t = time.perf_counter()
-        n = goodhours.refresh(con)
+        n = keep_hours(con)
         con.close()
         print(f"goodput hours kept: {n:,} written in {time.perf_counter() - t:.1f} s (a collector writes one an hour a job)")
         cases = [("team", True), ("fleet", True), ("job", True)] + ([] if a.no_offline else [("team", False)])
