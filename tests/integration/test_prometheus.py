@@ -152,10 +152,10 @@ backend = "python:tests.fakes.nvml"
         assert values == {"instance": f"127\\\\.0\\\\.0\\\\.1:{port}", "gpu": "(0|1)"}
         queries = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
         assert len(queries) == 8
-        for q in queries:
-            for name, val in values.items():
-                q = q.replace(f"${name}", val)
-            assert prom.query(q), q  # every panel draws
+        from tests.integration.test_grafana_dashboards import fill, wait_for_series
+
+        missing = [q for q in queries if not wait_for_series(prom, fill(q, values))]
+        assert missing == []  # every panel draws
         assert {r["metric"]["modelName"] for r in prom.query("DCGM_FI_DEV_GPU_TEMP")} == {"NVIDIA H100 80GB HBM3"}
         meta = api("metadata", metric="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
         assert meta["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"][0]["type"] == "counter"  # type: ignore[index]
