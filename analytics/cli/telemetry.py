@@ -164,7 +164,8 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
 @every_option
 @label_option
 @click.option("--job", default=None, help="per process of this job: how much of each GPU it used (implies --processes)")
-@click.option("--processes", is_flag=True, help="per GPU and process, with the job and rank each is (by PID)")
+@click.option("--processes", is_flag=True,
+              help="per GPU and process, with the job and rank each is (by PID; else its Slurm job: slurm-<id>)")
 @columns_option
 @wide_option
 @db_option
@@ -177,7 +178,8 @@ def gpu(node: str | None, since: str | None, until: str | None, every: str | Non
     errors and MIG identity (a MIG instance is a GPU of its own; its parent's activity is
     its instances' weighted by their share of its SMs).  With --processes or --job: per GPU
     and process instead, with the training job and rank each process is (its PID as the
-    rank declared it), so what a job really used of each GPU, and what no job holds.
+    rank declared it; else the Slurm job the agent found it in, as slurm-<id>, with its
+    step and user), so what a job really used of each GPU, and what no job holds.
 
     \b
     Examples:
@@ -185,6 +187,7 @@ def gpu(node: str | None, since: str | None, until: str | None, every: str | Non
       analyze gpu --since 2h --until 1h --every 10m --label team=vision
       analyze gpu --job resnet-42 --since 1h
       analyze gpu --processes --node gpu-7
+      analyze gpu --job slurm-4243 --since 1h
     """
     if job is not None or processes:
         if every is not None or label is not None:

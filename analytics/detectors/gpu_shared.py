@@ -26,8 +26,9 @@ class GpuShared(Detector):
             f"""WITH p AS ({processes.process_rows(where)}),
                     j AS (SELECT node, pid, any_value(job) AS job FROM jobs
                           WHERE pid IS NOT NULL AND job IS NOT NULL AND job <> '' GROUP BY node, pid),
-                    a AS (SELECT p.node, p."index", p.ts, j.job, avg(p.sm) AS sm FROM p JOIN j USING (node, pid)
-                          GROUP BY ALL),
+                    a AS (SELECT p.node, p."index", p.ts, {processes.JOB_OF} AS job, avg(p.sm) AS sm
+                          FROM p LEFT JOIN j ON j.node = p.node AND j.pid = p.pid
+                          WHERE {processes.JOB_OF} IS NOT NULL GROUP BY ALL),
                     shared AS (SELECT node, "index", ts FROM a GROUP BY ALL HAVING count(DISTINCT job) >= 2)
                 SELECT a.node, a."index", a.job, count(DISTINCT a.ts), avg(a.sm), min(a.ts), max(a.ts)
                 FROM a SEMI JOIN shared USING (node, "index", ts)

@@ -170,9 +170,13 @@ if GPU_FIELDS[_RR : _RR + 4] != HEALTH[1].names or GPU_FIELDS[_RP : _RP + 3] != 
     raise AssertionError("agent/sources/gpu/fields.py writes the row-remap and retired-page fields in this order")
 
 
+_SCHEDULER = ("slurm_job", "slurm_step", "slurm_job_name", "slurm_user")  # slurm.FIELDS
+
+
 def procs_text(procs: list[dict[str, Any]]) -> str:
     """The JSON of a processes list as the source builds it (pid, used_bytes, then sm_ratio
-    and mem_ratio where sampled), without the generic encoder."""
+    and mem_ratio where sampled, then the Slurm job fields where known), without the generic
+    encoder."""
     parts = []
     for p in procs:
         t = f'{{"pid":{p["pid"]}'
@@ -180,5 +184,8 @@ def procs_text(procs: list[dict[str, Any]]) -> str:
             t += f',"used_bytes":{p["used_bytes"]}'
         if "sm_ratio" in p:
             t += f',"sm_ratio":{_f(p["sm_ratio"])},"mem_ratio":{_f(p["mem_ratio"])}'
+        for k in _SCHEDULER:
+            if k in p:
+                t += f',"{k}":{jstr(p[k])}'
         parts.append(t + "}")
     return "[" + ",".join(parts) + "]"

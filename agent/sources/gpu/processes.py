@@ -32,6 +32,21 @@ LIST = Call("nvmlDeviceGetComputeRunningProcesses", ("processes",), _procs,
 UTILISATION = "nvmlDeviceGetProcessUtilization"
 
 
+def attribute(resolver: Any, d: dict[str, Any], t: list[str]) -> None:
+    """Each listed process's Slurm job, step and user (slurm.py), where it runs in one."""
+    from .slurm import FIELDS
+
+    changed = False
+    for p in d["processes"]:
+        info = resolver.resolve(p["pid"])
+        for k in FIELDS:
+            if k in info:
+                p[k] = info[k]
+                changed = True
+    if changed:
+        t[_AT] = procs_text(d["processes"])
+
+
 def utilisation(src: Any, g: Any, d: dict[str, Any], t: list[str]) -> None:
     """SM / memory shares into the processes listed this tick (their text made again)."""
     procs = d.get("processes")

@@ -15,7 +15,7 @@ from cmdare.wire.rowform import Encoded
 from cmdare.wire.units import ConfigError
 
 from ..base import SOURCES, Emit, Source, SourceUnavailable
-from . import gpm, mig, nvlink, processes
+from . import gpm, mig, nvlink, processes, slurm
 from .device import Gpu
 from .fields import FIXED, HEALTH, Call
 from .nvml import (
@@ -47,6 +47,7 @@ class GpuSource(Source):
         "backend": Option("str", "pynvml", "NVML binding: 'pynvml' or 'python:module' (tests)"),
         "retry_interval": Option("duration", 60.0, "how often to retry when NVML or GPUs are missing"),
         "processes": Option("bool", True, "send per-process GPU memory"),
+        "slurm": Option("bool", True, "name each GPU process's Slurm job, step and user (from /proc: no slurmctld call)"),
         "xid_events": Option("bool", True, "watch NVML Xid critical-error events"),
         "profiling": Option("bool", True, "GPM profiling metrics (SM / tensor / DRAM activity; Hopper and later)"),
         "nvlink": Option("bool", True, "NVLink state, error counters and throughput"),
@@ -73,6 +74,7 @@ class GpuSource(Source):
         self._inited = False
         self._next_retry = -math.inf  # while NVML or its GPUs are missing: no retry before this
         self._why = ""
+        self.slurm = slurm.Resolver() if self.config.get("slurm", True) and self.config.get("processes", True) else None
 
     # -- start and stop ---------------------------------------------------------------------
     def start(self) -> None:
@@ -266,6 +268,8 @@ class GpuSource(Source):
             nvlink.read(self, g, d, t, rates)
         if processes.UTILISATION not in g.absent:
             processes.utilisation(self, g, d, t)
+        if self.slurm is not None and d.get("processes"):  # after the shares: the entries' key order is the text's
+            processes.attribute(self.slurm, d, t)
         return Encoded(d, row="\t".join(t).rstrip("\t"))
 
     def collect(self, emit: Emit) -> None:

@@ -51,14 +51,16 @@ T0 = 1.75e9 - (1.75e9 % 300)
 
 
 def agent_gpus(tmp_path: Path, nvml: Any, job: str = "j", ticks: int = 60, every: float = 10.0,
-               node: str = "n0", extra: list[bytes] | None = None) -> duckdb.DuckDBPyConnection:
+               node: str = "n0", extra: list[bytes] | None = None, proc: Path | None = None) -> duckdb.DuckDBPyConnection:
     """A database holding what the real GPU source read from ``nvml`` (the fake NVML) for
     ``ticks`` ticks, sent in the agent's row form, beside a job stepping on the node whose
-    rank 0 declared pid 4000 (the fake's process on GPU 0)."""
-    from cmdare.agent.sources.gpu import GpuSource
+    rank 0 declared pid 4000 (the fake's process on GPU 0); ``proc``: the /proc its Slurm
+    resolver reads (default: none, not this machine's)."""
+    from cmdare.agent.sources.gpu import GpuSource, slurm
     from cmdare.wire.events import EventFactory
 
     src = GpuSource(GpuSource.parse_config("sources.gpu", {}), nvml=nvml)
+    src.slurm = slurm.Resolver(proc) if proc is not None else None
     agent = EventFactory(node, "worker", "", rows=True)
     lines: list[bytes] = [agent.line("train_job", {"run": "r", "rank": 0, "pid": 4000, "world_size": 1}, T0, job=job)]
     for k in range(ticks):

@@ -1,0 +1,144 @@
+"""Slurm jobs of the processes on the GPUs: which Slurm job, step and user each GPU process
+belongs to, read from the node's own ``/proc`` (no call to slurmctld, no change to anyone's
+training code), so ``analyze gpu --processes`` names the Slurm job of a process no rank of
+a tracked job declared.
+
+- ``/proc/PID/cgroup``: slurmd puts each step's tasks in a cgroup of its own. cgroup v1
+  (one line per controller): ``4:devices:/slurm/uid_1000/job_1234/step_0/task_0`` (or
+  ``/slurm_<node>/...`` with several slurmds on a host); cgroup v2 (one ``0::`` line):
+  ``0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_0``. The job id and step
+  (a number, ``batch``, ``extern`` or ``interactive``) come from the path; the user id
+  from ``uid_N`` where v1 has it, else ``/proc/PID/status``.
+- ``/proc/PID/environ``, where the agent may read it (its own user's processes, or as
+  root): ``SLURM_JOB_NAME`` and ``SLURM_JOB_USER`` (``SLURM_JOB_ID`` / ``SLURM_STEP_ID``
+  where the cgroup gave none).
+
+Each PID is read once per process start (the start time in ``/proc/PID/stat``: a PID reused
+by another process is read again); what cannot be read costs that field only. Every value
+is bounded: ids of digits, names of printable characters up to 128, a file read up to
+64 KiB.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+MAX_READ = 65536
+MAX_NAME = 128
+_JOB = re.compile(r"/job_(\d{1,20})(?:/step_(\d{1,10}|batch|extern|interactive))?(?:/|$)")
+_UID = re.compile(r"/uid_(\d{1,10})/")
+_PRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_READ)
+    except OSError:  # gone, not ours to read, not a process
+        return None
+
+
+def _name(b: bytes) -> str:
+    return _PRINTABLE.sub("?", b.decode("utf-8", "replace"))[:MAX_NAME]
+
+
+def from_cgroup(text: str) -> dict[str, Any]:
+    """The Slurm job, step and uid a ``/proc/PID/cgroup`` text names (empty: none)."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or "slurm" not in parts[2]:
+            continue
+        m = _JOB.search(parts[2])
+        if m is None:
+            continue
+        out["slurm_job"] = m.group(1)
+        if m.group(2):
+            out["slurm_step"] = m.group(2)
+        u = _UID.search(parts[2])
+        if u:
+            out["uid"] = int(u.group(1))
+        break
+    return out
+
+
+def from_environ(raw: bytes) -> dict[str, str]:
+    """The SLURM_* variables a ``/proc/PID/environ`` (NUL-separated) holds, bounded."""
+    out = {}
+    for item in raw.split(b"\0"):
+        if not item.startswith(b"SLURM_"):
+            continue
+        k, _, v = item.partition(b"=")
+        if k in (b"SLURM_JOB_ID", b"SLURM_STEP_ID", b"SLURM_JOB_NAME", b"SLURM_JOB_USER"):
+            out[k.decode()] = _name(v)
+    return out
+
+
+class Resolver:
+    """PID -> its Slurm job fields (``slurm_job``, ``slurm_step``, ``slurm_job_name``,
+    ``slurm_user``, ``uid``), or {} for a process in no Slurm job; cached per process start."""
+
+    def __init__(self, proc: str | Path = "/proc", max_cached: int = 4096) -> None:
+        self.proc = Path(proc)
+        self.cache: dict[int, tuple[bytes, dict[str, Any]]] = {}
+        self.max_cached = max_cached
+
+    def _start(self, pid: int) -> bytes | None:
+        stat = _read(self.proc / str(pid) / "stat")
+        if stat is None:
+            return None
+        fields = stat.rpartition(b")")[2].split()  # after the command name, which may hold spaces
+        return fields[19] if len(fields) > 19 else b""  # starttime (field 22)
+
+    def resolve(self, pid: int) -> dict[str, Any]:
+        start = self._start(pid)
+        if start is None:
+            self.cache.pop(pid, None)
+            return {}
+        hit = self.cache.get(pid)
+        if hit is not None and hit[0] == start:
+            return hit[1]
+        info = self._read(pid)
+        if len(self.cache) >= self.max_cached:
+            self.cache.clear()
+        self.cache[pid] = (start, info)
+        return info
+
+    def _read(self, pid: int) -> dict[str, Any]:
+        base = self.proc / str(pid)
+        cg = _read(base / "cgroup")
+        info = from_cgroup(cg.decode("utf-8", "replace")) if cg else {}
+        env = _read(base / "environ")
+        envs = from_environ(env) if env else {}
+        if "slurm_job" not in info and envs.get("SLURM_JOB_ID", "").isdigit() and len(envs["SLURM_JOB_ID"]) <= 20:
+            info["slurm_job"] = envs["SLURM_JOB_ID"]
+            step = envs.get("SLURM_STEP_ID", "")
+            if step.isdigit() and len(step) <= 10:
+                info["slurm_step"] = step
+        if "slurm_job" not in info:
+            return {}
+        if envs.get("SLURM_JOB_NAME"):
+            info["slurm_job_name"] = envs["SLURM_JOB_NAME"]
+        if envs.get("SLURM_JOB_USER"):
+            info["slurm_user"] = envs["SLURM_JOB_USER"]
+        if "uid" not in info:
+            st = _read(base / "status")
+            for line in (st or b"").splitlines():
+                if line.startswith(b"Uid:"):
+                    f = line.split()
+                    if len(f) > 1 and f[1].isdigit() and len(f[1]) <= 10:
+                        info["uid"] = int(f[1])
+                    break
+        if "slurm_user" not in info and "uid" in info:
+            import pwd
+
+            try:
+                info["slurm_user"] = _name(pwd.getpwuid(info["uid"]).pw_name.encode())
+            except (KeyError, OverflowError):
+                pass
+        return info
+
+
+FIELDS = ("slurm_job", "slurm_step", "slurm_job_name", "slurm_user")  # what a process entry carries

@@ -1,0 +1,107 @@
+"""Slurm jobs of GPU processes (agent/sources/gpu/slurm.py): the job, step and user read from
+``/proc/PID/cgroup`` texts as slurmd lays them out (cgroup v1 and v2) and from the job's
+environment, cached per process start, bounded against what a process can write into its own
+environment; the GPU source's process entries carry them; analyze names a process's job by
+its declaration first, its Slurm job second (never two jobs for one process), and
+``gpu_shared`` finds two Slurm jobs on one GPU with no ``track`` in their code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cmdare.agent.sources.gpu import slurm
+
+# /proc/PID/cgroup as slurmd's cgroup plugins leave them (task plugin task/cgroup)
+V1 = """12:pids:/slurm/uid_1000/job_4242/step_0/task_0
+11:memory:/slurm/uid_1000/job_4242/step_0/task_0
+10:devices:/slurm/uid_1000/job_4242/step_0
+4:cpuset:/slurm/uid_1000/job_4242/step_0
+1:name=systemd:/system.slice/slurmd.service
+"""
+V1_MULTI = "7:freezer:/slurm_gpu07/uid_1001/job_77/step_extern\n3:memory:/slurm_gpu07/uid_1001/job_77/step_extern\n"
+V2 = "0::/system.slice/slurmstepd.scope/job_4243/step_batch/user/task_0\n"
+V2_INTERACTIVE = "0::/system.slice/slurmstepd.scope/job_9/step_interactive/user/task_special\n"
+NOT_SLURM = ["0::/user.slice/user-1000.slice/session-3.scope\n",
+             "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c.slice/cri-containerd-9f.scope\n",
+             "0::/slurm_is_a_word/job_x/step_0\n",
+             "0::/system.slice/slurmstepd.scope/job_123456789012345678901234/step_0\n",  # 24 digits: no id
+             "garbage without colons\n", ""]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (V1, {"slurm_job": "4242", "slurm_step": "0", "uid": 1000}),
+    (V1_MULTI, {"slurm_job": "77", "slurm_step": "extern", "uid": 1001}),
+    (V2, {"slurm_job": "4243", "slurm_step": "batch"}),
+    (V2_INTERACTIVE, {"slurm_job": "9", "slurm_step": "interactive"}),
+    *((t, {}) for t in NOT_SLURM),
+])
+def test_the_cgroup_names_the_job_step_and_user(text: str, want: dict) -> None:
+    assert slurm.from_cgroup(text) == want
+
+
+def _proc(root: Path, pid: int, cgroup: str, environ: bytes | None = None, start: int = 123456, uid: int = 1000) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    rest = ["S", "1", "1", "1", "0", "-1", "4194560"] + ["0"] * 12 + [str(start)] + ["0"] * 30
+    (d / "stat").write_text(f"{pid} (python3 train.py) " + " ".join(rest) + "\n")  # spaces in the name
+    (d / "cgroup").write_text(cgroup)
+    (d / "status").write_text(f"Name:\tpython3\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    if environ is not None:
+        (d / "environ").write_bytes(environ)
+
+
+def test_the_resolver_reads_once_per_process_start(tmp_path: Path) -> None:
+    _proc(tmp_path, 4000, V2, b"PATH=/bin\0SLURM_JOB_ID=4243\0SLURM_JOB_NAME=resnet50\0SLURM_JOB_USER=alice\0")
+    r = slurm.Resolver(tmp_path)
+    assert r.resolve(4000) == {"slurm_job": "4243", "slurm_step": "batch", "slurm_job_name": "resnet50",
+                               "slurm_user": "alice", "uid": 1000}
+    (tmp_path / "4000" / "cgroup").write_text(V1)  # the same process: not read again
+    assert r.resolve(4000)["slurm_job"] == "4243"
+    _proc(tmp_path, 4000, V1, b"SLURM_JOB_NAME=bert\0", start=999999)  # the PID reused by a new process
+    assert r.resolve(4000)["slurm_job"] == "4242" and r.resolve(4000)["slurm_job_name"] == "bert"
+    assert r.resolve(4001) == {}  # no such process
+    _proc(tmp_path, 4002, NOT_SLURM[0], b"HOME=/root\0")
+    assert r.resolve(4002) == {}
+
+
+def test_environ_alone_names_the_job_where_the_cgroup_does_not(tmp_path: Path) -> None:
+    _proc(tmp_path, 5000, NOT_SLURM[0], b"SLURM_JOB_ID=88\0SLURM_STEP_ID=3\0")
+    assert slurm.Resolver(tmp_path).resolve(5000)["slurm_job"] == "88"
+    assert slurm.Resolver(tmp_path).resolve(5000)["slurm_step"] == "3"
+
+
+def test_a_process_cannot_smuggle_anything_through_its_environment(tmp_path: Path) -> None:
+    evil = (b"SLURM_JOB_ID=1; DROP TABLE steps\0SLURM_JOB_NAME=" + b"\x1b[31m\"}\n" * 500 + b"\0"
+            b"SLURM_JOB_USER=\xff\xfe\0" + b"X=" + b"y" * 200_000)
+    _proc(tmp_path, 6000, V2, evil)
+    info = slurm.Resolver(tmp_path).resolve(6000)
+    assert info["slurm_job"] == "4243"  # the cgroup's, not the environment's
+    assert len(info["slurm_job_name"]) == slurm.MAX_NAME and "\n" not in info["slurm_job_name"]
+    assert "\x1b" not in info["slurm_job_name"] and info["slurm_user"] == "??"
+    _proc(tmp_path, 6001, NOT_SLURM[0], b"SLURM_JOB_ID=1; DROP TABLE steps\0")
+    assert slurm.Resolver(tmp_path).resolve(6001) == {}  # not an id: no job
+
+
+def test_the_gpu_sources_process_entries_carry_the_slurm_job(tmp_path: Path) -> None:
+    from cmdare.agent.sources.gpu import GpuSource
+    from tests.fakes.nvml import FakeNvml
+
+    _proc(tmp_path, 4000, V1, b"SLURM_JOB_NAME=resnet50\0SLURM_JOB_USER=alice\0")  # GPU 0's process
+    src = GpuSource(GpuSource.parse_config("sources.gpu", {}), nvml=FakeNvml(gpus=2))
+    src.slurm = slurm.Resolver(tmp_path)
+    got: list[dict] = []
+    src.collect(lambda t, d: got.append(d) if t == "gpu" else None)
+    by = {d["index"]: d["processes"] for d in got}
+    assert by[0] == [{"pid": 4000, "used_bytes": by[0][0]["used_bytes"], "slurm_job": "4242", "slurm_step": "0",
+                      "slurm_job_name": "resnet50", "slurm_user": "alice"}]
+    assert by[1] == [{"pid": 4001, "used_bytes": by[1][0]["used_bytes"]}]  # in no Slurm job
+    e = src.sample(src.gpus[0])  # the row form the agent ships: the same entries (SM shares now sampled too)
+    from cmdare.wire.events import encode_row_data
+
+    assert e.row == encode_row_data("gpu", dict(e))  # byte for byte the generic encoder's
+    assert {k: v for k, v in e["processes"][0].items() if k.startswith("slurm_")} == \
+        {k: v for k, v in by[0][0].items() if k.startswith("slurm_")}
+    off = GpuSource(GpuSource.parse_config("sources.gpu", {"slurm": False}), nvml=FakeNvml(gpus=1))
+    assert off.slurm is None
