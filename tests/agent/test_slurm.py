@@ -54,14 +54,23 @@ def _proc(root: Path, pid: int, cgroup: str, environ: bytes | None = None, start
 
 def test_the_resolver_reads_once_per_process_start(tmp_path: Path) -> None:
     _proc(tmp_path, 4000, V2, b"PATH=/bin\0SLURM_JOB_ID=4243\0SLURM_JOB_NAME=resnet50\0SLURM_JOB_USER=alice\0")
-    r = slurm.Resolver(tmp_path)
+    clock = [0.0]
+    r = slurm.Resolver(tmp_path, clock=lambda: clock[0])
     assert r.resolve(4000) == {"slurm_job": "4243", "slurm_step": "batch", "slurm_job_name": "resnet50",
                                "slurm_user": "alice", "uid": 1000}
     (tmp_path / "4000" / "cgroup").write_text(V1)  # the same process: not read again
     assert r.resolve(4000)["slurm_job"] == "4243"
+    clock[0] = 31.0  # the start time is checked again: the same process, not read again
+    assert r.resolve(4000)["slurm_job"] == "4243"
     _proc(tmp_path, 4000, V1, b"SLURM_JOB_NAME=bert\0", start=999999)  # the PID reused by a new process
+    assert r.resolve(4000)["slurm_job"] == "4243"  # until the next check, at most 30 s
+    clock[0] = 62.0
     assert r.resolve(4000)["slurm_job"] == "4242" and r.resolve(4000)["slurm_job_name"] == "bert"
     assert r.resolve(4001) == {}  # no such process
+    _proc(tmp_path, 4001, V2)
+    assert r.resolve(4001) == {}  # remembered as none until the next check...
+    clock[0] = 93.0
+    assert r.resolve(4001)["slurm_job"] == "4243"  # ...then read
     _proc(tmp_path, 4002, NOT_SLURM[0], b"HOME=/root\0")
     assert r.resolve(4002) == {}
 

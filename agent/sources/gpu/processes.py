@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .fields import AT, Call, procs_text
+from .slurm import FIELDS
 
 _AT = AT["processes"]
 
@@ -34,8 +35,6 @@ UTILISATION = "nvmlDeviceGetProcessUtilization"
 
 def attribute(resolver: Any, d: dict[str, Any], t: list[str]) -> None:
     """Each listed process's Slurm job, step and user (slurm.py), where it runs in one."""
-    from .slurm import FIELDS
-
     changed = False
     for p in d["processes"]:
         info = resolver.resolve(p["pid"])

@@ -13,8 +13,9 @@ a tracked job declared.
   root): ``SLURM_JOB_NAME`` and ``SLURM_JOB_USER`` (``SLURM_JOB_ID`` / ``SLURM_STEP_ID``
   where the cgroup gave none).
 
-Each PID is read once per process start (the start time in ``/proc/PID/stat``: a PID reused
-by another process is read again); what cannot be read costs that field only. Every value
+Each PID is read once per process start (the start time in ``/proc/PID/stat``, checked every
+30 s: a PID reused by another process is read again within that); what cannot be read costs
+that field only. Every value
 is bounded: ids of digits, names of printable characters up to 128, a file read up to
 64 KiB.
 """
@@ -22,6 +23,8 @@ is bounded: ids of digits, names of printable characters up to 128, a file read 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +83,12 @@ class Resolver:
     """PID -> its Slurm job fields (``slurm_job``, ``slurm_step``, ``slurm_job_name``,
     ``slurm_user``, ``uid``), or {} for a process in no Slurm job; cached per process start."""
 
-    def __init__(self, proc: str | Path = "/proc", max_cached: int = 4096) -> None:
+    def __init__(self, proc: str | Path = "/proc", max_cached: int = 4096, recheck: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.proc = Path(proc)
-        self.cache: dict[int, tuple[bytes, dict[str, Any]]] = {}
+        self.cache: dict[int, tuple[bytes | None, dict[str, Any], float]] = {}  # pid -> (start, info, checked)
         self.max_cached = max_cached
+        self.recheck, self.clock = recheck, clock
 
     def _start(self, pid: int) -> bytes | None:
         stat = _read(self.proc / str(pid) / "stat")
@@ -93,17 +98,18 @@ class Resolver:
         return fields[19] if len(fields) > 19 else b""  # starttime (field 22)
 
     def resolve(self, pid: int) -> dict[str, Any]:
-        start = self._start(pid)
-        if start is None:
-            self.cache.pop(pid, None)
-            return {}
+        now = self.clock()
         hit = self.cache.get(pid)
-        if hit is not None and hit[0] == start:
-            return hit[1]
-        info = self._read(pid)
+        if hit is not None and now - hit[2] < self.recheck:
+            return hit[1]  # every tick: a lookup (reading /proc each tick cost the agent 1.35x -> 1.52x its bare calls)
+        start = self._start(pid)
+        if start is not None and hit is not None and hit[0] == start:
+            info = hit[1]  # the same process
+        else:
+            info = self._read(pid) if start is not None else {}
         if len(self.cache) >= self.max_cached:
             self.cache.clear()
-        self.cache[pid] = (start, info)
+        self.cache[pid] = (start, info, now)
         return info
 
     def _read(self, pid: int) -> dict[str, Any]:
