@@ -33,6 +33,8 @@ from typing import Any
 
 import duckdb
 
+from cmdare.collector.rollup import STEP_SPAN
+
 from .db import AnalyticsError, has_column, has_view
 from .queries import needs_schema
 
@@ -92,10 +94,9 @@ def goodput(con: duckdb.DuckDBPyConnection, job: str, since: float | None = None
 
 
 # the reference rank's step intervals (lowest rank of each run) of the jobs asked for
-_REF = """ref AS (SELECT job, run, min(rank) AS rank FROM steps WHERE {jobs} GROUP BY job, run),
-    st AS (SELECT s.job, s.run, s.node, epoch(s.ts) AS t, s.steps AS n, s.first_step, s.last_step,
-                  greatest(0, coalesce(coalesce(s.steps / nullif(s.steps_per_second, 0), s.step_mean_seconds * s.steps), 0))
-                      AS span,
+_SPAN = STEP_SPAN.format(s="s.")  # an interval's stepping time, as the rollup's start_min times it
+_REF = f"""ref AS (SELECT job, run, min(rank) AS rank FROM steps WHERE {{jobs}} GROUP BY job, run),
+    st AS (SELECT s.job, s.run, s.node, epoch(s.ts) AS t, s.steps AS n, s.first_step, s.last_step, {_SPAN} AS span,
                   least(1, greatest(0, coalesce(s.wait_mean_seconds / nullif(s.step_mean_seconds, 0), 0))) AS w
            FROM steps s JOIN ref USING (job, run, rank))"""
 
@@ -164,7 +165,6 @@ def _ranges(windows: list[Window]) -> dict[str, Any]:
     return out
 
 
-_SPAN = "greatest(0, coalesce(coalesce(s.steps / nullif(s.steps_per_second, 0), s.step_mean_seconds * s.steps), 0))"
 
 
 def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: bool = False) -> str:

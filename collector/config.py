@@ -135,8 +135,8 @@ SETTINGS: tuple[Setting, ...] = (
        "run every detector over the last --detect-window this often and keep the findings table current (goodput, "
        "the pages and /metrics read it); off: only analyze bottlenecks stores findings", shown="1m", off=True,
        least=5),
-    _s("findings", "detect_window", "duration", 900.0, "the sliding window each scheduled detector round reads (its start moved back to a 5-minute "
-       "boundary)",
+    _s("findings", "detect_window", "duration", 900.0,
+       "the sliding window each scheduled detector round reads (its start moved back to a 5-minute boundary)",
        shown="15m"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}

@@ -41,8 +41,9 @@ BUCKET = WINDOW
 GPU_IDLE_BIT = 0x1  # nvmlClocksEventReasonGpuIdle: the GPU idles, not throttled (cmdare.analytics.verdicts)
 _THR = f"throttle_mask & ~{GPU_IDLE_BIT} <> 0"
 _STEP_T = "coalesce(1 / nullif(steps_per_second, 0), step_mean_seconds)"  # one interval's step time
-# one interval's stepping time, as goodput's sweep computes it (cmdare.analytics.goodput)
-_SPAN = "greatest(0, coalesce(coalesce(steps / nullif(steps_per_second, 0), step_mean_seconds * steps), 0))"
+# one step interval's stepping time (``{s}``: the steps table's alias and a dot, or nothing):
+# the rollup's ``start_min`` and goodput's sweep (cmdare.analytics.goodput) time it alike, to the bit
+STEP_SPAN = "greatest(0, coalesce(coalesce({s}steps / nullif({s}steps_per_second, 0), {s}step_mean_seconds * {s}steps), 0))"
 
 # (column, type, from the raw rows, from finer rollup rows or None where it does not combine)
 GPU = (
@@ -126,7 +127,7 @@ STEPS = (
     # migration 023: the earliest start of an interval ending in the bucket as goodput's sweep
     # times it (epoch seconds; the steps at their rate, not the reporting interval), so each
     # run's first instant is read from the rollup instead of every interval it sent
-    ("start_min", "DOUBLE", f"min(epoch(ts) - {_SPAN})", "min(start_min)"),
+    ("start_min", "DOUBLE", f"min(epoch(ts) - {STEP_SPAN.format(s='')})", "min(start_min)"),
 )
 
 

@@ -19,6 +19,8 @@ from cmdare.wire.events import THROTTLE_BITS, jstr
 from cmdare.wire.registry import DATA_FIELDS
 from cmdare.wire.rowform import row_field
 
+from .slurm import FIELDS as SLURM_FIELDS
+
 GPU_FIELDS = tuple(DATA_FIELDS["gpu"])
 AT = {name: i for i, name in enumerate(GPU_FIELDS)}  # each field's place in the row
 KIND = {name: kind for name, (kind, _) in DATA_FIELDS["gpu"].items()}
@@ -170,9 +172,6 @@ if GPU_FIELDS[_RR : _RR + 4] != HEALTH[1].names or GPU_FIELDS[_RP : _RP + 3] != 
     raise AssertionError("agent/sources/gpu/fields.py writes the row-remap and retired-page fields in this order")
 
 
-_SCHEDULER = ("slurm_job", "slurm_step", "slurm_job_name", "slurm_user")  # slurm.FIELDS
-
-
 def procs_text(procs: list[dict[str, Any]]) -> str:
     """The JSON of a processes list as the source builds it (pid, used_bytes, then sm_ratio
     and mem_ratio where sampled, then the Slurm job fields where known), without the generic
@@ -184,7 +183,7 @@ def procs_text(procs: list[dict[str, Any]]) -> str:
             t += f',"used_bytes":{p["used_bytes"]}'
         if "sm_ratio" in p:
             t += f',"sm_ratio":{_f(p["sm_ratio"])},"mem_ratio":{_f(p["mem_ratio"])}'
-        for k in _SCHEDULER:
+        for k in SLURM_FIELDS:
             if k in p:
                 t += f',"{k}":{jstr(p[k])}'
         parts.append(t + "}")

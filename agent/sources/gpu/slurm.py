@@ -15,9 +15,8 @@ a tracked job declared.
 
 Each PID is read once per process start (the start time in ``/proc/PID/stat``, checked every
 30 s: a PID reused by another process is read again within that); what cannot be read costs
-that field only. Every value
-is bounded: ids of digits, names of printable characters up to 128, a file read up to
-64 KiB.
+that field only. Every value is bounded: ids of digits, names of printable characters up to
+128, a file read up to 64 KiB.
 """
 
 from __future__ import annotations
