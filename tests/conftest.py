@@ -145,6 +145,14 @@ def agent_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def dcgm_exporter_file(name: str) -> Path:
+    """One of dcgm-exporter's public files (its default counter list, NVIDIA's dashboard): the
+    checkout's sibling ../shared/ecosystem/dcgm-exporter, else the copy in
+    tests/fixtures/dcgm-exporter (Apache-2.0, unchanged), so the tests run on every clone."""
+    shared = ROOT.parent / "shared" / "ecosystem" / "dcgm-exporter" / name
+    return shared if shared.is_file() else ROOT / "tests" / "fixtures" / "dcgm-exporter" / name
+
+
 def wait_for(pred, timeout: float, interval: float = 0.2, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -19,16 +19,14 @@ from cmdare.agent.config import ConfigError
 from cmdare.agent.exporters import MetricStore
 from cmdare.agent.runtime import Agent
 from tests.agent.test_exports import agent_config
-from tests.conftest import wait_for
+from tests.conftest import dcgm_exporter_file, wait_for
 from tests.fakes.nvml import FakeNvml
 
-CSV = Path(__file__).resolve().parents[3] / "shared" / "ecosystem" / "dcgm-exporter" / "default-counters.csv"
+CSV = dcgm_exporter_file("default-counters.csv")
 
 
 def default_counters() -> dict[str, tuple[str, str]]:
     """name -> (type, help) of every metric dcgm-exporter exports by default."""
-    if not CSV.exists():
-        pytest.skip(f"{CSV} is not here (the shared ecosystem files)")
     out = {}
     for row in csv.reader(line for line in CSV.read_text().splitlines() if line.strip() and not line.startswith("#")):
         name, kind, help_ = (x.strip() for x in (row[0], row[1], ",".join(row[2:])))

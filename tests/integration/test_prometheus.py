@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, KafkaBroker, Prometheus, agent_env, free_port, go_tool, wait_for
+from tests.conftest import (
+    BIN,
+    KafkaBroker,
+    Prometheus,
+    agent_env,
+    dcgm_exporter_file,
+    free_port,
+    go_tool,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -87,7 +96,7 @@ backend = "python:tests.fakes.nvml"
                 p.kill()
 
 
-DASHBOARD = Path(__file__).resolve().parents[3] / "shared" / "ecosystem" / "dcgm-exporter" / "dcgm-exporter-dashboard.json"
+DASHBOARD = dcgm_exporter_file("dcgm-exporter-dashboard.json")
 
 
 def _grafana_regex(values: list[str]) -> str:
@@ -108,8 +117,6 @@ def test_nvidias_dcgm_dashboard_answers_from_the_agent(tmp_path: Path) -> None:
     import urllib.parse
     import urllib.request
 
-    if not DASHBOARD.exists():
-        pytest.skip(f"{DASHBOARD} is not here (the shared ecosystem files)")
     binary = go_tool("prometheus")
     port = free_port()
     cfg = tmp_path / "agent.toml"
