@@ -89,6 +89,8 @@ GPU = (
     ("energy_max", "DOUBLE", "max(energy_joules_total)", "max(energy_max)"),
     ("parent_index", "BIGINT", "any_value(parent_index)", "any_value(parent_index)"),
     ("mig_slice_ratio", "DOUBLE", "any_value(mig_slice_ratio)", "any_value(mig_slice_ratio)"),
+    # migration 024: the Kubernetes namespace of the pod holding the GPU (goodput --by namespace)
+    ("namespace", "VARCHAR", "max(namespace)", "max(namespace)"),
 )
 HOST = (
     ("job", "VARCHAR", "any_value(job)", "any_value(job)"),

@@ -48,6 +48,7 @@ PACKED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "mig": ("JSON", (
             "parent_index", "mig_profile", "gpu_instance_id", "compute_instance_id", "mig_slice_ratio",
         )),
+        "k8s": ("JSON", ("namespace", "pod", "container")),  # migration 024: the Kubernetes pod holding the GPU
     },
 }
 

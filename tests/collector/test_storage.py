@@ -39,6 +39,7 @@ EDGES = {
     "nvlink": [{"link": 0, "active": 1, "replay_errors_total": 3}],
     "parent_index": 0, "mig_profile": 'q"uo\\te ünï \u2028', "gpu_instance_id": 0, "compute_instance_id": 0,
     "mig_slice_ratio": 1 / 7, "retired_pages_sbe": 0, "retired_pages_dbe": 1, "retired_pages_pending": False,
+    "namespace": "vision", "pod": "resnet-\"worker\"-0 ü", "container": "",
 }
 
 
@@ -157,7 +158,8 @@ def test_migration_018_keeps_every_value_017_stored(tmp_path: Path) -> None:
         if version <= 17:
             con.execute(sql)
             con.execute("INSERT INTO schema_migrations VALUES (?, ?, now()::TIMESTAMP)", [version, name])
-    sample = {**EDGES, "nvlink": json.dumps(EDGES["nvlink"])}
+    before = {k: v for k, v in EDGES.items() if k not in ("namespace", "pod", "container")}  # 024's fields
+    sample = {**before, "nvlink": json.dumps(EDGES["nvlink"])}
     cols = ", ".join(f'"{k}"' for k in sample)
     con.execute(f"INSERT INTO gpu_samples (id, ts, node, {cols}) VALUES ('old-1', now()::TIMESTAMP, 'n0', "
                 f"{', '.join('?' for _ in sample)})", list(sample.values()))
@@ -165,7 +167,7 @@ def test_migration_018_keeps_every_value_017_stored(tmp_path: Path) -> None:
     con.close()
     con = connect(path)  # migrates
     got = _stored(con)
-    want = {f: _norm(f, EDGES.get(f)) for f in FIELDS}
+    want = {f: _norm(f, before.get(f)) for f in FIELDS}
     _same({"old-1": got["old-1"]}, {"old-1": want})
     assert got["old-2"]["util_gpu_ratio"] == 0.5 and all(got["old-2"][f] is None for f in PACKED)
     assert con.execute("SELECT count(gpm), count(health), count(mig) FROM gpu_samples_packed").fetchone() == (1, 1, 1)

@@ -4,40 +4,18 @@ time, so the agent's hand-written protobuf codec is checked against protoc's."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-import tempfile
 from concurrent import futures
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
 
-HERE = Path(__file__).parent
-_mods: tuple[Any, Any] | None = None
+from .protos import compiled
 
 
 def generated() -> tuple[Any, Any]:
     """(pb2, pb2_grpc) compiled from tpu_metrics.proto (once per test session)."""
-    global _mods
-    if _mods is None:
-        from grpc_tools import protoc
-
-        out = tempfile.mkdtemp(prefix="cmdare-proto-")
-        rc = protoc.main(
-            [
-                "protoc",
-                f"-I{HERE}",
-                f"--python_out={out}",
-                f"--grpc_python_out={out}",
-                str(HERE / "tpu_metrics.proto"),
-            ]
-        )
-        assert rc == 0, "protoc failed on tpu_metrics.proto"
-        sys.path.insert(0, out)
-        _mods = (importlib.import_module("tpu_metrics_pb2"), importlib.import_module("tpu_metrics_pb2_grpc"))
-    return _mods
+    return compiled("tpu_metrics")
 
 
 TOTAL = "tpu.runtime.hbm.memory.total.bytes"

@@ -15,7 +15,7 @@ from cmdare.wire.rowform import Encoded
 from cmdare.wire.units import ConfigError
 
 from ..base import SOURCES, Emit, Source, SourceUnavailable
-from . import gpm, mig, nvlink, processes, slurm
+from . import gpm, kubelet, mig, nvlink, processes, slurm
 from .device import Gpu
 from .fields import FIXED, HEALTH, Call
 from .nvml import (
@@ -48,6 +48,14 @@ class GpuSource(Source):
         "retry_interval": Option("duration", 60.0, "how often to retry when NVML or GPUs are missing"),
         "processes": Option("bool", True, "send per-process GPU memory"),
         "slurm": Option("bool", True, "name each GPU process's Slurm job, step and user (from /proc: no slurmctld call)"),
+        "kubernetes": Option("bool", True, "name each GPU's Kubernetes pod, namespace, container and job (the kubelet's "
+                             "pod-resources socket; none there: not a Kubernetes node, said once)"),
+        "kubelet_socket": Option("str", kubelet.SOCKET, "the kubelet's pod-resources socket"),
+        "kubernetes_interval": Option("duration", 10.0, "how often the kubelet is asked which pod holds each GPU"),
+        "job_labels": Option("list", list(kubelet.JOB_LABELS),
+                             "pod labels naming a pod's job, the first present wins (none: namespace/pod)"),
+        "apiserver": Option("str", "", "where pod labels are read: '' in-cluster (the service account), a URL, "
+                            "or 'none' (jobs named namespace/pod)"),
         "xid_events": Option("bool", True, "watch NVML Xid critical-error events"),
         "profiling": Option("bool", True, "GPM profiling metrics (SM / tensor / DRAM activity; Hopper and later)"),
         "nvlink": Option("bool", True, "NVLink state, error counters and throughput"),
@@ -60,6 +68,7 @@ class GpuSource(Source):
         b = cfg["backend"]
         if b != "pynvml" and not (b.startswith("python:") and len(b) > len("python:")):
             raise ConfigError(f"{where}.backend: must be 'pynvml' or 'python:<module>', got {b!r}")
+        kubelet.check_config(where, cfg)
         return cfg
 
     def __init__(self, config: dict[str, Any], nvml: Any = None, clock: Callable[[], float] = time.monotonic,
@@ -75,6 +84,13 @@ class GpuSource(Source):
         self._next_retry = -math.inf  # while NVML or its GPUs are missing: no retry before this
         self._why = ""
         self.slurm = slurm.Resolver() if self.config.get("slurm", True) and self.config.get("processes", True) else None
+        self.pods: kubelet.PodResolver | None = None
+        if self.config.get("kubernetes", True):
+            api = self.config.get("apiserver", "")
+            self.pods = kubelet.PodResolver(
+                self.config.get("kubelet_socket", kubelet.SOCKET), self.config.get("kubernetes_interval", 10.0),
+                job_labels=self.config.get("job_labels", kubelet.JOB_LABELS),
+                labels=None if api == "none" else kubelet.Labels(api))
 
     # -- start and stop ---------------------------------------------------------------------
     def start(self) -> None:
@@ -119,6 +135,8 @@ class GpuSource(Source):
         self._discover()
         if self.config["xid_events"]:
             self._watch_xid()
+        if self.pods is not None:
+            self.pods.start()  # a thread: a tick only reads what it found
         self._next_retry = -math.inf  # started: a later start (after close) is not a retry
 
     def _discover(self) -> None:
@@ -161,6 +179,8 @@ class GpuSource(Source):
             self.event_set = None
 
     def close(self) -> None:
+        if self.pods is not None:
+            self.pods.stop()
         if self.nvml is not None and self._inited:
             for g in self.gpus:
                 gpm.free(self.nvml, g)
@@ -270,6 +290,10 @@ class GpuSource(Source):
             processes.utilisation(self, g, d, t)
         if self.slurm is not None and d.get("processes"):  # after the shares: the entries' key order is the text's
             processes.attribute(self.slurm, d, t)
+        if self.pods is not None:
+            g.pod = self.pods.get(g.uuid)
+            if g.pod is not None:
+                g.pod.put(d, t)
         return Encoded(d, row="\t".join(t).rstrip("\t"))
 
     def collect(self, emit: Emit) -> None:
@@ -291,7 +315,10 @@ class GpuSource(Source):
                         m.lost = True
                         emit("gpu_event", {"index": m.index, "uuid": m.uuid, "kind": "lost", "count": 1})
                 continue
-            emit("gpu", data)
+            if g.pod is None:
+                emit("gpu", data)
+            else:  # held by a Kubernetes pod: the sample is that pod's job's
+                emit("gpu", data, job=g.pod.job)
             self._health_events(g, data, emit)
         self._drain_xid(emit)
         if problems:
