@@ -15,6 +15,12 @@ stepping nodes. Every accelerator-second lands in exactly one bucket:
 - ``other``: the rest of the wall time (gaps without telemetry, evaluation, a crash's
   downtime).
 
+A Kubernetes pod's job that never stepped (no ``track`` in its code: its GPU samples name
+the pod, ``pod_accounts``) has no wall-time buckets to split: its GPU time, from the 5-minute
+GPU rollup's buckets overlapping the window, is ``idle_accelerators`` in buckets whose mean
+utilisation is under gpu_idle's threshold and ``productive`` (busy) in the others; a note
+says so.
+
 Findings are those ``analyze bottlenecks`` stored for the job and overlapping the window;
 a job without stored findings has the detectors run for it (``job_table``; the fleet's
 with ``--detect``). Dollars: each GPU
@@ -34,13 +40,13 @@ from typing import Any
 
 import duckdb
 
-from .db import AnalyticsError
+from .db import AnalyticsError, has_column, has_view
 from .goodput import Goodput, goodput, goodput_many
 
 BUCKETS = ("productive", "startup", "checkpoint_save", "checkpoint_restore", "input_wait", "ps_wait", "straggler",
            "idle_accelerators", "revocation", "other")
 DETECTORS = ("gpu_idle", "straggler", "ps_bound")
-BY = ("job", "region", "accelerator", "fleet")  # or any node label key (team, ...)
+BY = ("job", "region", "accelerator", "fleet", "namespace")  # or any node label key (team, ...)
 
 
 @dataclass
@@ -96,8 +102,9 @@ def _gpus(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: 
     return out
 
 
-def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tuple]]:
-    """job -> its stepping nodes: (node, region, instance type, spot, accelerator, its count, labels)."""
+def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str], pods: bool = False) -> dict[str, list[tuple]]:
+    """job -> its stepping nodes: (node, region, instance type, spot, accelerator, its count,
+    labels); ``pods``: ``jobs`` are Kubernetes pods' jobs, on the nodes their GPU samples name."""
     out: dict[str, list[tuple]] = {}
     # the nodes each rank declared and those whose agent is labelled with the job (small
     # tables); a job with neither: the nodes it stepped on (a scan of the steps, so only for them)
@@ -109,7 +116,9 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tu
         """WITH dj AS (SELECT job, node FROM jobs WHERE job IN (SELECT unnest($1::VARCHAR[]))
                       UNION SELECT job, node FROM nodes WHERE job IN (SELECT unnest($1::VARCHAR[]))),
            jn AS (SELECT * FROM dj UNION ALL SELECT DISTINCT job, node FROM steps
-                  WHERE job IN (SELECT unnest($2::VARCHAR[]))),
+                  WHERE job IN (SELECT unnest($2::VARCHAR[]))
+                  UNION ALL SELECT DISTINCT job, node FROM gpu_5m
+                  WHERE $3 AND namespace IS NOT NULL AND job IN (SELECT unnest($1::VARCHAR[]))),
            n AS (SELECT DISTINCT node FROM jn),
            i AS (SELECT node, arg_max(region, ts) AS region, arg_max(instance_type, ts) AS itype,
                         arg_max(spot, ts) AS spot, arg_max(accelerator, ts) AS acc,
@@ -123,9 +132,63 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str]) -> dict[str, list[tu
                   coalesce(nd.labels::VARCHAR, '{}')
            FROM jn LEFT JOIN i USING (node) LEFT JOIN g USING (node) LEFT JOIN nodes nd USING (node)
            ORDER BY jn.job, jn.node""",
-        [jobs, bare]).fetchall():
+        [jobs, bare, pods]).fetchall():
         out.setdefault(r[0], []).append(r[1:])
     return out
+
+
+def pod_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: float | None, stepped: set[str],
+                 cat: dict[Any, Any], idle_util: float | None = None, only: str | None = None) -> dict[str, JobAccount]:
+    """The accounts of the Kubernetes pods' jobs with GPU time in [since, until) and no steps
+    (``stepped``: the jobs that stepped): their GPU time from the 5-minute GPU rollup (whole
+    buckets overlapping the window, each GPU's sampling interval from its fullest bucket),
+    ``idle_accelerators`` where a bucket's mean utilisation is under ``idle_util`` (gpu_idle's
+    default), ``productive`` (busy) elsewhere; ``only``: that job's alone."""
+    from . import evidence
+
+    if not has_view(con, "gpu_5m") or not has_column(con, "gpu_rollup_5m", "namespace"):
+        return {}
+    idle = evidence.IDLE_UTIL if idle_util is None else idle_util
+    rows = con.execute(
+        f"""WITH b AS (SELECT job, node, "index", samples AS n, first_ts, last_ts, namespace,
+                              coalesce(gr_sum / nullif(gr_n, 0), util_sum / nullif(util_samples, 0)) AS util
+                       FROM gpu_5m WHERE namespace IS NOT NULL AND job IS NOT NULL AND job <> ''
+                         AND ($only::VARCHAR IS NULL OR job = $only)
+                         AND ($t0::TIMESTAMP IS NULL OR last_ts >= $t0) AND ($t1::TIMESTAMP IS NULL OR first_ts < $t1)),
+                 e AS (SELECT node, "index", {evidence.BUCKET_SECONDS} / max(n) AS every FROM b GROUP BY ALL)
+            SELECT job, max(namespace), count(DISTINCT (node, "index")), sum(n * every),
+                   coalesce(sum(n * every) FILTER (WHERE util < $idle), 0), min(first_ts), max(last_ts)
+            FROM b JOIN e USING (node, "index") GROUP BY job ORDER BY job""",
+        {"t0": None if since is None else _stamp(since), "t1": None if until is None else _stamp(until),
+         "idle": float(idle), "only": only}).fetchall()
+    rows = [r for r in rows if r[0] not in stepped and r[3]]
+    if not rows:
+        return {}
+    nodes = _nodes(con, [r[0] for r in rows], pods=True)
+    memo: dict[tuple, float | None] = {}
+    out = {}
+    for job, ns, n, total, idle_s, t0, t1 in rows:
+        sec = dict.fromkeys(BUCKETS, 0.0)
+        sec["idle_accelerators"] = float(idle_s)
+        sec["productive"] = float(total) - float(idle_s)
+        usd, price_from = _price(nodes.get(job, []), cat, memo)
+        groups = {**_groups(nodes.get(job, []), None), "namespace": ns}
+        start = t0.replace(tzinfo=dt.timezone.utc).timestamp()
+        end = t1.replace(tzinfo=dt.timezone.utc).timestamp()
+        out[job] = JobAccount(job, start if since is None else max(start, since),
+                              end if until is None else min(end, until), int(n), "GPU samples (Kubernetes pod)",
+                              sec, usd, groups, {"no_steps": True, "price_from": price_from})
+    return out
+
+
+def _namespaces(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime) -> dict[str, str]:
+    """job -> the Kubernetes namespace of the pods holding its GPUs (the GPU rollup)."""
+    if not jobs or not has_column(con, "gpu_rollup_5m", "namespace"):
+        return {}
+    return dict(con.execute(
+        f"""SELECT job, max(namespace) FROM gpu_5m WHERE namespace IS NOT NULL
+              AND job IN (SELECT unnest($jobs::VARCHAR[])) AND {BUCKETS_NEAR} GROUP BY job""",
+        {"jobs": jobs, "t0": t0, "t1": t1}).fetchall())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -336,7 +399,8 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
 def rollup(accounts: list[JobAccount], by: str) -> tuple[list[str], list[list[Any]]]:
     """One row per group: accelerator-hours per bucket, total, goodput %, dollars."""
     key = {"job": lambda a: a.job, "fleet": lambda a: "fleet", "region": lambda a: a.groups.get("region", "unknown"),
-           "accelerator": lambda a: a.groups.get("accelerator", "unknown")}.get(
+           "accelerator": lambda a: a.groups.get("accelerator", "unknown"),
+           "namespace": lambda a: a.groups.get("namespace") or a.groups.get("label:namespace", "(no namespace)")}.get(
         by, lambda a: a.groups.get("label:" + by, "(no " + by + " label)"))
     groups: dict[str, list[JobAccount]] = {}
     for a in accounts:
@@ -385,16 +449,31 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
     dollars; with ``every``, those rows per window (a leading ``window`` column)."""
     from . import prices
 
-    whole = goodput(con, job, since, until)
     cat = prices.load()
+    try:
+        whole = goodput(con, job, since, until)
+    except AnalyticsError:  # no steps: a Kubernetes pod's job is accounted from its GPU samples
+        pod = pod_accounts(con, since, until, set(), cat, only=job).get(job)
+        if pod is None:
+            raise
+        if every is None:
+            return _table([(None, pod)], every)
+        return _table([(a, x) for a, b in windows(pod.start, pod.end, every)
+                       for x in pod_accounts(con, a, b, set(), cat, only=job).values()], every)
     found = stored_findings(con, [job], _stamp(whole.start), _stamp(whole.end)).get(job)
     if found is None and _uncovered(con, [job], _stamp(whole.start), _stamp(whole.end)):
         found = fresh_findings(con, job, _stamp(whole.start), _stamp(whole.end)).get(job, [])
+    accs = [(a, account_many(con, [job], a, b, {job: found or []}, cat)[job])
+            for a, b in (windows(whole.start, whole.end, every) if whole.end > whole.start else [(whole.start, whole.end)])]
+    return _table(accs, every)
+
+
+def _table(accs: list[tuple[float | None, JobAccount]], every: float | None) -> tuple[list[str], list[list[Any]]]:
+    """``job_table``'s rows: per window start and account, a row per bucket and a total."""
     rows = []
-    for a, b in windows(whole.start, whole.end, every) if whole.end > whole.start else [(whole.start, whole.end)]:
-        acc = account_many(con, [job], a, b, {job: found or []}, cat)[job]
+    for a, acc in accs:
         tot = acc.total
-        lead = [_stamp(a)] if every is not None else []
+        lead = [_stamp(a if a is not None else acc.start)] if every is not None else []
         for k in (*BUCKETS, "total"):
             s = tot if k == "total" else acc.seconds[k]
             d = acc.dollars(None if k == "total" else k)
@@ -406,8 +485,9 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
 
 def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None, by: str,
                 every: float | None = None, detect: bool = True) -> tuple[list[str], list[list[Any]], list[str]]:
-    """Every job that stepped in [since, until), accounted and rolled up ``by`` (job, region,
-    accelerator, fleet, or a node label such as team); with ``every``, per window. Findings:
+    """Every job that stepped in [since, until), and every Kubernetes pod's job that held GPUs
+    there without stepping (``pod_accounts``), accounted and rolled up ``by`` (job, region,
+    accelerator, fleet, namespace, or a node label such as team); with ``every``, per window. Findings:
     those stored (the collector's detector schedule keeps them current); for jobs whose time
     no detector run covered (``finding_coverage``: an offline database), the detectors run
     now, unless ``detect`` is off."""
@@ -419,12 +499,19 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     whole = fleet(con, epoch(since), epoch(until))  # the kept hours where they hold, the rest raw
     jobs = sorted(j for j, g in whole.items() if g.wall > 0)
     notes: list[str] = []
-    if not jobs:
+    cat = prices.load()
+    pods = pod_accounts(con, epoch(since), epoch(until), set(whole), cat)  # Kubernetes pods that never stepped
+    if not jobs and not pods:
         return [by, "jobs"], [], ["no job ran in the range"]
-    lo = since or _stamp(min(whole[j].start for j in jobs))
-    hi = until or _stamp(max(whole[j].end for j in jobs))
-    found = stored_findings(con, jobs, lo, hi)
-    missing = [j for j in _uncovered(con, jobs, lo, hi) if j not in found]
+    spans = [(whole[j].start, whole[j].end) for j in jobs] + [(a.start, a.end) for a in pods.values()]
+    lo = since or _stamp(min(t0 for t0, _ in spans))
+    hi = until or _stamp(max(t1 for _, t1 in spans))
+    if pods:
+        notes.append(f"{len(pods)} job(s) are Kubernetes pods that sent no step telemetry (no track in their code): "
+                     "their GPU time is split into busy (productive) and idle only")
+    namespaces = _namespaces(con, jobs, lo, hi) if jobs else {}
+    found = stored_findings(con, jobs, lo, hi) if jobs else {}
+    missing = [j for j in _uncovered(con, jobs, lo, hi) if j not in found] if jobs else []
     if missing and detect:
         fresh = fresh_findings(con, missing[0] if len(missing) == 1 else None, lo, hi)
         for j in missing:
@@ -433,12 +520,16 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
         notes.append(f"{len(missing)} job(s) were never looked at by the detectors in the range: their productive "
                      "time is not split by the detectors' evidence (--detect runs them now; a collector keeps "
                      "findings current)")
-    cat = prices.load()
     out_rows: list[list[Any]] = []
     cols: list[str] = []
     for a, b in windows(epoch(lo), epoch(hi), every):  # type: ignore[arg-type]
         gp = {j: whole[j] for j in jobs} if every is None else None  # one window: the sweep above
-        accs = [x for x in account_many(con, jobs, a, b, found, cat, gp).values() if x.total > 0]
+        accs = [x for x in account_many(con, jobs, a, b, found, cat, gp).values() if x.total > 0] if jobs else []
+        for x in accs:
+            if x.job in namespaces:
+                x.groups["namespace"] = namespaces[x.job]
+        accs += [x for x in (pods if every is None else pod_accounts(con, a, b, set(whole), cat)).values()
+                 if x.total > 0]
         cols, rows = rollup(accs, by)
         if every is not None:
             cols = ["window", *cols]

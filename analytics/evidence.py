@@ -102,12 +102,16 @@ def spans(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     return _temp(con, scope, "spans", agg.format(rows=f"{rolled} UNION ALL {raw.format(where=edge)}"), params)
 
 
+# ``gjob``: the job of the Kubernetes pod holding the GPU (the samples' job where they name a
+# pod; not an agent's own job label): what a GPU outside every stepping job's span is
+# attributed to
 _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem, mask_n,
-                  thr_n, thr_mask, 'gpu' AS kind
+                  thr_n, thr_mask, 'gpu' AS kind, gjob
            FROM (SELECT node, "index", epoch_us(ts) // {BUCKET_SECONDS * 1_000_000} AS bi, count(*) AS n,
                         coalesce(avg(gr_engine_active_ratio), avg(util_gpu_ratio)) AS util,
                         avg(mem_used_bytes) AS mem, count(throttle_mask) AS mask_n,
-                        count(*) FILTER ({{thr}}) AS thr_n, bit_or(throttle_mask) FILTER ({{thr}}) AS thr_mask
+                        count(*) FILTER ({{thr}}) AS thr_n, bit_or(throttle_mask) FILTER ({{thr}}) AS thr_mask,
+                        max(nullif(job, '')) FILTER (namespace IS NOT NULL) AS gjob
                  FROM gpu_samples WHERE {{where}} GROUP BY node, "index", bi)"""
 # the same columns from the 5-minute rollup (collector/rollup.py keeps them)
 # utilisation: the graphics engine's activity where GPM gives it (NVML's GPU_UTIL counts a GPU
@@ -115,12 +119,12 @@ _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000
 _ROLLED_GPU = """SELECT node, "index", bucket AS b, samples AS n,
                   coalesce(gr_sum / nullif(gr_n, 0), util_sum / nullif(util_samples, 0)) AS util,
                   mem_sum / nullif(mem_samples, 0) AS mem, throttle_samples AS mask_n, throttled AS thr_n, thr_mask,
-                  'gpu' AS kind
+                  'gpu' AS kind, CASE WHEN namespace IS NOT NULL THEN nullif(job, '') END AS gjob
            FROM gpu_5m WHERE {whole}"""
 # a TPU VM's cores as accelerators beside the GPUs (duty cycle as their utilisation, HBM as
 # memory; no throttle reasons): the idle and input-bound detectors judge them the same way
 _RAW_TPU = f"""SELECT node, device AS "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem,
-                  0 AS mask_n, 0 AS thr_n, NULL::BIGINT AS thr_mask, 'tpu' AS kind
+                  0 AS mask_n, 0 AS thr_n, NULL::BIGINT AS thr_mask, 'tpu' AS kind, NULL::VARCHAR AS gjob
            FROM (SELECT node, device, epoch_us(ts) // {BUCKET_SECONDS * 1_000_000} AS bi, count(*) AS n,
                         avg(duty_cycle_ratio) AS util, avg(hbm_used_bytes) AS mem
                  FROM tpu_samples WHERE {{where}} GROUP BY node, device, bi)"""
@@ -179,12 +183,19 @@ def gpu_summary(con: duckdb.DuckDBPyConnection, scope: Scope, idle_util: float =
     ``alloc_rows``, ``alloc_b0``/``alloc_b1``. What the GPU detectors and ``node_hardware``
     aggregate, so a fleet's buckets are read and joined once (bench/findings.py)."""
     rows, params = _bucket_rows(con, scope)
+    # a bucket in a stepping job's span is that job's; else the job its samples name where that
+    # job has no steps in scope (a Kubernetes pod's or an agent's job no rank declared)
+    own = "g.gjob"
+    if scope.job is not None:
+        own, params = "CASE WHEN g.gjob = $gjob THEN g.gjob END", {**params, "gjob": scope.job}
     if has_rows(con, "steps"):
         s = spans(con, scope)
-        src = f"""SELECT s.job, s.rank AS job_rank, g.* FROM ({rows}) g LEFT JOIN {s} s ON g.node = s.node
+        src = f"""SELECT coalesce(s.job, CASE WHEN g.gjob NOT IN (SELECT job FROM {s}) THEN {own} END) AS job,
+                         s.rank AS job_rank, g.* EXCLUDE (gjob)
+                  FROM ({rows}) g LEFT JOIN {s} s ON g.node = s.node
                   AND g.b + INTERVAL {BUCKET_SECONDS} SECOND > s.t0 AND g.b <= s.t1"""
     else:
-        src = f"SELECT NULL::VARCHAR AS job, NULL::BIGINT AS job_rank, g.* FROM ({rows}) g"
+        src = f"SELECT {own} AS job, NULL::BIGINT AS job_rank, g.* EXCLUDE (gjob) FROM ({rows}) g"
     idle = f"util < {float(idle_util)}"
     alloc = f"{idle} AND mem >= {int(min_mem)}"
     sql = f"""SELECT job, any_value(job_rank) AS job_rank, node, "index", kind, sum(n) AS samples,

@@ -250,6 +250,10 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
     p = {"j": job, "s": since, "u": until}
     w = "WHERE job = $j AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)"
     lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM steps {w}", p).fetchone()
+    pod = False
+    if lo is None:  # a Kubernetes pod's job that never stepped: its GPUs are those its samples name
+        lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM gpu_samples {w} AND pod IS NOT NULL", p).fetchone()
+        pod = lo is not None
     if lo is None:
         return {"job": job, "start": _iso(since), "step_seconds": None, "times": [], "series": {}, "ranks": [],
                 "gpus": {"allocated": 0, "active": 0, "busy_pct": BUSY_PCT, "rows": []}, "checkpoints": []}
@@ -289,38 +293,7 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
         m = med[len(med) // 2]
         for r in rank_rows:
             r["vs_median_pct"] = None if r["step_mean_s"] is None or m <= 0 else round(100 * (r["step_mean_s"] / m - 1), 1)
-    # the GPUs of the job's nodes over the window: allocated, and which of them really worked
-    # (a TPU VM's cores in the same table: duty cycle as utilisation, HBM as memory)
-    gpus = con.execute(
-        f"""SELECT * FROM (
-              SELECT node, "index" AS gpu, any_value(name) AS name,
-                     round(coalesce(avg(gr_engine_active_ratio), avg(util_gpu_ratio)) * 100, 1) AS util_pct,
-                     round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib
-              FROM gpu_samples WHERE node IN (SELECT DISTINCT node FROM steps {w})
-                AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
-              GROUP BY node, "index"
-              UNION ALL
-              SELECT node, device, 'TPU core', round(avg(duty_cycle_ratio) * 100, 1), round(max(hbm_used_bytes) / 2^30, 2)
-              FROM tpu_samples WHERE node IN (SELECT DISTINCT node FROM steps {w})
-                AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
-              GROUP BY node, device)
-            ORDER BY node, gpu LIMIT {MAX_JOB_GPUS}""", p)
-    gcols = [d[0] for d in gpus.description]
-    gpu_rows = [dict(zip(gcols, r, strict=True)) for r in gpus.fetchall()]
-    # what the job's own processes used of each GPU (their PIDs as its ranks declared them,
-    # the GPU's process list from NVML), and how many other processes held it
-    cond = "node IN (SELECT node FROM jobs WHERE job = $j) AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)"
-    use = {(n, i): (sm, own, other) for n, i, sm, own, other in con.execute(
-        f"""WITH pj AS (SELECT DISTINCT node, pid FROM jobs WHERE job = $j AND pid IS NOT NULL),
-                 pp AS ({processes.process_rows(cond)})
-            SELECT pp.node, pp."index", round(avg(pp.sm) FILTER (WHERE pj.pid IS NOT NULL) * 100, 1),
-                   count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NOT NULL),
-                   count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NULL)
-            FROM pp LEFT JOIN pj ON pj.node = pp.node AND pj.pid = pp.pid GROUP BY ALL""", p).fetchall()}
-    for g in gpu_rows:
-        g["active"] = (g["util_pct"] or 0) >= BUSY_PCT
-        sm, own, other = use.get((g["node"], g["gpu"]), (None, None, None))  # no process list: unknown, not 0
-        g["job_sm_pct"], g["job_processes"], g["other_processes"] = sm, own, other
+    gpu_rows = _job_gpus(con, p, w, pod)
     ck = con.execute(
         f"""SELECT strftime(ts, '%Y-%m-%d %H:%M:%S') AS ts, node, rank, action, round(seconds, 3) AS seconds,
                    round(bytes / 2^20, 1) AS mib, step, ok FROM checkpoints {w} ORDER BY ts LIMIT {MAX_JOB_CHECKPOINTS}""",
@@ -338,6 +311,49 @@ MAX_JOB_GPUS = 4096  # GPUs a job page lists
 MAX_JOB_CHECKPOINTS = 1000  # checkpoints a job page lists (the first ones in the window)
 ACTIVE_SECONDS = 3600  # a finding whose window ended this recently is active; a job with steps this recent runs
 MAX_METRIC_JOBS = 200  # jobs whose goodput one scrape exports (the most recent)
+
+
+def _job_gpus(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, pod: bool) -> list[dict[str, Any]]:
+    """``job_series``'s GPU rows: each GPU's utilisation and memory over the window, whether
+    it was active, what the job's own processes used of it and how many others held it."""
+    # the GPUs of the job's nodes over the window: allocated, and which of them really worked
+    # (a TPU VM's cores in the same table: duty cycle as utilisation, HBM as memory)
+    # (a pod's job: the GPUs its pod held, and every process on them is the pod's)
+    mine = "job = $j AND pod IS NOT NULL" if pod else f"node IN (SELECT DISTINCT node FROM steps {w})"
+    gpus = con.execute(
+        f"""SELECT * FROM (
+              SELECT node, "index" AS gpu, any_value(name) AS name,
+                     round(coalesce(avg(gr_engine_active_ratio), avg(util_gpu_ratio)) * 100, 1) AS util_pct,
+                     round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib
+              FROM gpu_samples WHERE {mine}
+                AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
+              GROUP BY node, "index"
+              UNION ALL
+              SELECT node, device, 'TPU core', round(avg(duty_cycle_ratio) * 100, 1), round(max(hbm_used_bytes) / 2^30, 2)
+              FROM tpu_samples WHERE node IN (SELECT DISTINCT node FROM steps {w})
+                AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
+              GROUP BY node, device)
+            ORDER BY node, gpu LIMIT {MAX_JOB_GPUS}""", p)
+    gcols = [d[0] for d in gpus.description]
+    gpu_rows = [dict(zip(gcols, r, strict=True)) for r in gpus.fetchall()]
+    # what the job's own processes used of each GPU (their PIDs as its ranks declared them,
+    # the GPU's process list from NVML), and how many other processes held it
+    cond = (("job = $j AND pod IS NOT NULL" if pod else "node IN (SELECT node FROM jobs WHERE job = $j)")
+            + " AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)")
+    declared = ("SELECT DISTINCT node, pid FROM pp" if pod else
+                "SELECT DISTINCT node, pid FROM jobs WHERE job = $j AND pid IS NOT NULL")
+    use = {(n, i): (sm, own, other) for n, i, sm, own, other in con.execute(
+        f"""WITH pp AS ({processes.process_rows(cond)}),
+                 pj AS ({declared})
+            SELECT pp.node, pp."index", round(avg(pp.sm) FILTER (WHERE pj.pid IS NOT NULL) * 100, 1),
+                   count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NOT NULL),
+                   count(DISTINCT pp.pid) FILTER (WHERE pj.pid IS NULL)
+            FROM pp LEFT JOIN pj ON pj.node = pp.node AND pj.pid = pp.pid GROUP BY ALL""", p).fetchall()}
+    for g in gpu_rows:
+        g["active"] = (g["util_pct"] or 0) >= BUSY_PCT
+        sm, own, other = use.get((g["node"], g["gpu"]), (None, None, None))  # no process list: unknown, not 0
+        g["job_sm_pct"], g["job_processes"], g["other_processes"] = sm, own, other
+    return gpu_rows
 
 
 def conclusions(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) -> dict[str, Any]:

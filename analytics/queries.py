@@ -8,7 +8,7 @@ from typing import Any
 
 import duckdb
 
-from .db import AnalyticsError, has_view
+from .db import AnalyticsError, has_column, has_view
 from .verdicts import input_bound_sql, throttled_sql
 
 Result = tuple[list[str], list[tuple[Any, ...]]]
@@ -428,9 +428,22 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
                strftime(a.t1, '%Y-%m-%d %H:%M:%S') AS last_step, coalesce(js.state, 'running') AS state,
                strftime(js.ended_at, '%Y-%m-%d %H:%M:%S') AS ended
         FROM agg a FULL OUTER JOIN decl d ON a.job = d.job LEFT JOIN jstate js ON js.job = coalesce(a.job, d.job)
+        {_POD_JOBS if has_column(con, "gpu_5m", "namespace") else ""}
         ORDER BY 1""",
         {"since": cutoff},
     )
+
+
+# jobs no rank declared nor stepped that a Kubernetes pod's GPUs name (their job label, else
+# namespace/pod: cmdare.agent.sources.gpu.kubelet), from the GPU rollup, in state POD_STATE
+POD_STATE = "pod (no steps)"
+_POD_JOBS = """UNION ALL
+        SELECT job, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, count(DISTINCT node), 0, NULL, NULL, NULL, NULL,
+               NULL, '""" + POD_STATE + """', NULL
+        FROM gpu_5m WHERE namespace IS NOT NULL AND job IS NOT NULL AND job <> ''
+          AND ($since IS NULL OR last_ts >= $since)
+          AND job NOT IN (SELECT job FROM agg WHERE job IS NOT NULL) AND job NOT IN (SELECT job FROM decl WHERE job IS NOT NULL)
+        GROUP BY job"""
 
 
 def runs(con: duckdb.DuckDBPyConnection, job: str | None = None, cutoff: dt.datetime | None = None) -> Result:

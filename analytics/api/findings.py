@@ -6,8 +6,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..db import AnalyticsError, Database
-from ..queries import needs_schema
+from ..db import AnalyticsError, Database, has_column
+from ..queries import POD_STATE, needs_schema
 from ..units import Finding, Scope
 from .base import Table
 from .telemetry import jobs, runs, steps
@@ -30,6 +30,9 @@ def _known_job(con: Any, job: str) -> None:
     known = con.execute(
         "SELECT (SELECT count(*) FROM jobs WHERE job = $j) + (SELECT count(*) FROM steps WHERE job = $j)", {"j": job}
     ).fetchall()[0][0]
+    if not known and has_column(con, "gpu_5m", "namespace"):  # a Kubernetes pod's job (its GPUs name it)
+        known = con.execute("SELECT count(*) FROM (SELECT 1 FROM gpu_5m WHERE job = $j AND namespace IS NOT NULL LIMIT 1)",
+                            {"j": job}).fetchall()[0][0]
     if not known:
         raise AnalyticsError(f"--job {job}: no such job in the database (analyze jobs lists them)")
 
@@ -90,5 +93,6 @@ def job_detail(db: Database, job: str) -> dict[str, Table]:
     rows = [r for r in summary.rows if r[i] == job]
     if not rows:
         raise AnalyticsError(f"no such job {job!r} (analyze jobs lists them)")
-    return {"summary": Table(summary.columns, rows), "runs": runs(db, job), "steps": steps(db, job),
-            "findings": stored_findings(db, job)}
+    pod = rows[0][summary.columns.index("state")] == POD_STATE  # a Kubernetes pod's job: no steps to list
+    return {"summary": Table(summary.columns, rows), "runs": runs(db, job),
+            "steps": Table(["run", "rank"], []) if pod else steps(db, job), "findings": stored_findings(db, job)}

@@ -100,9 +100,10 @@ def revocations(since: str | None, region: str | None, gpu_type: str | None, db:
 
 @cli.command()
 @click.option("--job", help="the training job's id (see analyze jobs)")
-@click.option("--fleet", is_flag=True, help="every job that stepped in the range, rolled up --by")
-@click.option("--by", default="fleet", show_default=True, metavar="job|region|accelerator|fleet|LABEL",
-              help="with --fleet: one row per job, region, accelerator, the fleet, or value of a node label (team)")
+@click.option("--fleet", is_flag=True, help="every job in the range (stepping, or a Kubernetes pod holding GPUs), rolled up --by")
+@click.option("--by", default="fleet", show_default=True, metavar="job|region|accelerator|fleet|namespace|LABEL",
+              help="with --fleet: one row per job, region, accelerator, the fleet, Kubernetes namespace, or value of a "
+                   "node label (team)")
 @click.option("--detect/--no-detect", default=True, show_default=True,
               help="with --fleet: run the detectors now for jobs no detector run looked at (a database no collector "
                    "keeps current); --no-detect: stored findings only")
@@ -124,7 +125,8 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
     PS wait, stragglers and idle GPUs come from the detectors' evidence: the findings the
     collector's detector schedule keeps current or `analyze bottlenecks` stored; for jobs no
     detector run looked at, the detectors run now.
-    With --fleet, every job that stepped in the range, one row per --by group.
+    With --fleet, every job that stepped in the range and every Kubernetes pod that held
+    GPUs there, one row per --by group.
 
     \b
     Examples:
@@ -165,7 +167,8 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
 @label_option
 @click.option("--job", default=None, help="per process of this job: how much of each GPU it used (implies --processes)")
 @click.option("--processes", is_flag=True,
-              help="per GPU and process, with the job and rank each is (by PID; else its Slurm job: slurm-<id>)")
+              help="per GPU and process, with the job and rank each is (by PID; else its Kubernetes pod's job; else "
+                   "its Slurm job: slurm-<id>)")
 @columns_option
 @wide_option
 @db_option
@@ -178,7 +181,8 @@ def gpu(node: str | None, since: str | None, until: str | None, every: str | Non
     errors and MIG identity (a MIG instance is a GPU of its own; its parent's activity is
     its instances' weighted by their share of its SMs).  With --processes or --job: per GPU
     and process instead, with the training job and rank each process is (its PID as the
-    rank declared it; else the Slurm job the agent found it in, as slurm-<id>, with its
+    rank declared it; else the job of the Kubernetes pod holding its GPU, with namespace,
+    pod and container; else the Slurm job the agent found it in, as slurm-<id>, with its
     step and user), so what a job really used of each GPU, and what no job holds.
 
     \b
@@ -188,6 +192,7 @@ def gpu(node: str | None, since: str | None, until: str | None, every: str | Non
       analyze gpu --job resnet-42 --since 1h
       analyze gpu --processes --node gpu-7
       analyze gpu --job slurm-4243 --since 1h
+      analyze gpu --job nlp/bert-0 --since 1h
     """
     if job is not None or processes:
         if every is not None or label is not None:

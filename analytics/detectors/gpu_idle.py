@@ -1,4 +1,5 @@
-"""gpu_idle: accelerators a running job holds but does not use, and GPUs with memory
+"""gpu_idle: accelerators a running job holds but does not use (a job that steps, or a
+Kubernetes pod holding GPUs, named by its job label or namespace/pod), and GPUs with memory
 allocated and no work."""
 
 from __future__ import annotations
@@ -36,55 +37,55 @@ class GpuIdle(Detector):
         o = self.options
         out: list[Finding] = []
         g = evidence.gpu_summary(con, scope, float(o["idle_util"]), int(o["min_mem"]))
-        if evidence.has_rows(con, "steps"):
-            per_gpu = con.execute(
-                f"""SELECT job, node, "index", samples, idle, util_n / nullif(samples, 0), mem, b0, b1,
-                           {BUCKET_SECONDS} / max_n AS every,  -- a full bucket's samples: the sampling interval
-                           kind
-                    FROM {g} WHERE job IS NOT NULL ORDER BY job, node, kind, "index" """
-            ).fetchall()
-            jobs: dict[str, list[tuple]] = {}
-            for r in per_gpu:
-                jobs.setdefault(r[0], []).append(r)
-            for job, gpus in jobs.items():
-                flagged = [  # idle samples x the GPU's sampling interval: its idle time
-                    r for r in gpus if r[4] and r[4] * r[9] >= o["min_idle"] and r[4] / r[3] >= o["min_share"]
-                ]
-                if not flagged:
-                    continue
-                stalled = len(flagged) == len(gpus)
-                by_node: dict[tuple[str, str], list[tuple]] = {}
-                for r in flagged:
-                    by_node.setdefault((r[1], r[10]), []).append(r)
-                for (node, kind), rs in by_node.items():
-                    on_node = [r for r in gpus if r[1] == node and r[10] == kind]
-                    noun = "GPUs" if kind == "gpu" else "TPU cores"
-                    hours = sum(r[4] * r[9] for r in rs) / HOUR
-                    util = sum((r[5] or 0) for r in rs) / len(rs)
-                    out.append(
-                        Finding(
-                            self.name,
-                            job,
-                            f"{len(rs)} of {len(on_node)} {noun} on {node} idle while the job ran "
-                            f"(mean {util:.0%} busy; {hours:.1f} {noun[:-1]}-hours wasted)"
-                            + (f"; every {noun[:-1]} of the job is idle: stalled?" if stalled else ""),
-                            severity="critical" if stalled else "warning",
-                            confidence=0.9,
-                            node=node,
-                            subject=_gpus([r[2] for r in rs]),
-                            evidence={
-                                "idle_gpus": len(rs),
-                                "gpus": len(on_node),
-                                "gpu_hours_wasted": round(hours, 3),
-                                "mean_util_ratio": round(util, 4),
-                                "idle_share": round(sum(r[4] for r in rs) / sum(r[3] for r in rs), 3),
-                                "mem_used_bytes": round(sum((r[6] or 0) for r in rs) / len(rs)),
-                                "job_stalled": stalled,
-                            },
-                            window_start=min(r[7] for r in rs),
-                            window_end=max(r[8] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
-                        )
+        # a stepping job's GPUs, and a Kubernetes pod's (its job by its label: no steps needed)
+        per_gpu = con.execute(
+            f"""SELECT job, node, "index", samples, idle, util_n / nullif(samples, 0), mem, b0, b1,
+                       {BUCKET_SECONDS} / max_n AS every,  -- a full bucket's samples: the sampling interval
+                       kind
+                FROM {g} WHERE job IS NOT NULL ORDER BY job, node, kind, "index" """
+        ).fetchall()
+        jobs: dict[str, list[tuple]] = {}
+        for r in per_gpu:
+            jobs.setdefault(r[0], []).append(r)
+        for job, gpus in jobs.items():
+            flagged = [  # idle samples x the GPU's sampling interval: its idle time
+                r for r in gpus if r[4] and r[4] * r[9] >= o["min_idle"] and r[4] / r[3] >= o["min_share"]
+            ]
+            if not flagged:
+                continue
+            stalled = len(flagged) == len(gpus)
+            by_node: dict[tuple[str, str], list[tuple]] = {}
+            for r in flagged:
+                by_node.setdefault((r[1], r[10]), []).append(r)
+            for (node, kind), rs in by_node.items():
+                on_node = [r for r in gpus if r[1] == node and r[10] == kind]
+                noun = "GPUs" if kind == "gpu" else "TPU cores"
+                hours = sum(r[4] * r[9] for r in rs) / HOUR
+                util = sum((r[5] or 0) for r in rs) / len(rs)
+                out.append(
+                    Finding(
+                        self.name,
+                        job,
+                        f"{len(rs)} of {len(on_node)} {noun} on {node} idle while the job ran "
+                        f"(mean {util:.0%} busy; {hours:.1f} {noun[:-1]}-hours wasted)"
+                        + (f"; every {noun[:-1]} of the job is idle: stalled?" if stalled else ""),
+                        severity="critical" if stalled else "warning",
+                        confidence=0.9,
+                        node=node,
+                        subject=_gpus([r[2] for r in rs]),
+                        evidence={
+                            "idle_gpus": len(rs),
+                            "gpus": len(on_node),
+                            "gpu_hours_wasted": round(hours, 3),
+                            "mean_util_ratio": round(util, 4),
+                            "idle_share": round(sum(r[4] for r in rs) / sum(r[3] for r in rs), 3),
+                            "mem_used_bytes": round(sum((r[6] or 0) for r in rs) / len(rs)),
+                            "job_stalled": stalled,
+                        },
+                        window_start=min(r[7] for r in rs),
+                        window_end=max(r[8] for r in rs) + dt.timedelta(seconds=BUCKET_SECONDS),
                     )
+                )
         out += self._allocated_no_work(con, scope, g)
         return out
 

@@ -105,8 +105,14 @@ def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             e["labels"] = {**e["labels"], "team": "vision"}
     lives = Fleet(seed=2)
     lives.vm_lives(per_group=40)
+    from cmdare.wire.events import EventFactory
+
+    k8s = EventFactory("k8s-n0", "worker", "")  # a Kubernetes pod's idle GPUs, no track: the docs' nlp/bert-0
+    pod = [k8s.line("gpu", {"index": i, "uuid": f"GPU-k8s-{i}", "name": "NVIDIA A100-SXM4-40GB", "util_gpu_ratio": 0.0,
+                            "mem_used_bytes": 30 << 30, "namespace": "nlp", "pod": "bert-0", "container": "main"},
+                    demo.t0 + 10.0 * k, job="nlp/bert-0") for k in range(180) for i in (0, 1)]
     con = connect(db)
-    Writer(con).write([("demo", encode_many(demo.events)), ("lives", encode_many(lives.events))])
+    Writer(con).write([("demo", encode_many(demo.events)), ("lives", encode_many(lives.events)), ("pod", b"".join(pod))])
     con.close()
     for kind, f in (("checkpoints", "checkpoints.csv"), ("startups", "startup.csv")):  # CM-DARE's overheads
         shutil.copy(DATA / "overheads" / f, d / f)

@@ -438,3 +438,22 @@ def test_ui_url_is_checked_and_a_credential_in_it_is_never_quoted() -> None:
     assert parse_http("off", ui_url="https://ok.example") is None  # checked even with the API off
     with pytest.raises(ValueError):
         parse_http("off", ui_url="https://u:p@ok.example")
+
+
+def test_a_kubernetes_pods_job_page_shows_its_idle_gpus_and_the_finding(page, tmp_path: Path) -> None:
+    """Issue 55: a pod that never called ``track`` (its GPUs named by the kubelet) has a job
+    page: its GPUs, none active, the gpu_idle finding in what to do, no failed request."""
+    from tests.analytics.test_kubernetes_jobs import node
+
+    for api in serve(node(tmp_path)):
+        p = page.open(api + "/ui/jobs/" + urllib.request.quote("nlp/bert-0", safe="") + "?range=all")
+        p.wait_for_selector("section[data-ready]")
+        assert p.inner_text('[data-stat="GPUs active / allocated"] .v') == "0 / 2"
+        assert p.inner_text('[data-stat="state"] .v') == "pod (no steps)"
+        assert p.locator("section:has(h2:text-is(\"GPUs of the job's nodes\")) tr.hl").count() == 2
+        todo = p.inner_text("section:has(h2:text-matches('^What to do'))")
+        assert "gpu_idle k8s-n0" in todo and "release the idle GPUs" in todo  # the detector, run now
+        gp = p.inner_text("section:has(h2:text-matches('^Goodput'))")
+        assert "idle_accelerators\t1\t100" in gp
+        page.shot("job-kubernetes-pod")
+    assert page.problems == []
