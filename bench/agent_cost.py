@@ -5,10 +5,14 @@ peak RSS of a real agent process.
 Targets (issue 2): ratio <= 1.5x; peak RSS < 80 MB.
 
     python bench/agent_cost.py [--rounds 1000] [--gpus 8] [--model h100] [--nvlinks 18] [--nvml python|binding|both]
+                               [--no-kubelet]
 
 The default is an 8 x H100 VM with 18 NVLinks each: every call of issue 38 answers (GPM,
 energy, row remapping, per-process utilisation, NVLink state and error counters), and the
-bare loop makes each of them too.
+bare loop makes each of them too. The scheduler sources are on, as in a Kubernetes or Slurm
+fleet: a local kubelet pod-resources server (tests/fakes/kubelet.py) gives the GPUs to two
+pods, so every sample carries its pod and is sent as its pod's job's, and the Slurm resolver
+looks up each GPU process (``--no-kubelet``: no kubelet).
 
 Two fake NVMLs, both answering from memory:
   python   tests/fakes/nvml.py, a Python object: 0.4 us a call, the harshest ratio;
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -148,7 +151,7 @@ def peak_rss_of_agent(gpus: int, seconds: float, spec: str = "") -> float:
             CMDARE_FAKE_NVML=f"gpus={gpus}{spec}",
             LD_LIBRARY_PATH=str(nvml_stub.build()),
         )
-        subprocess.run(
+        child = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -163,9 +166,14 @@ def peak_rss_of_agent(gpus: int, seconds: float, spec: str = "") -> float:
                 "error",
             ],
             env=env,
-            check=True,
         )
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+        # that child's own peak (RUSAGE_CHILDREN is the largest of every child so far: the C
+        # compiler building the stub library read 58 MB there)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode:
+            raise SystemExit(f"the agent process exited with {child.returncode}")
+    return usage.ru_maxrss / 1024.0
 
 
 MODEL, NVLINKS, GEN = "h100", 18, 3
@@ -178,8 +186,9 @@ def nvml_of(kind: str, gpus: int) -> Any:
     return nvml_stub.load()
 
 
-def make_agent(kind: str, gpus: int, spool_dir: str, fsync: bool = True) -> Agent:
-    """An opened agent sampling what the bare loop reads: host + GPUs (train, tpu, cloud off)."""
+def make_agent(kind: str, gpus: int, spool_dir: str, fsync: bool = True, kube: dict[str, Any] | None = None) -> Agent:
+    """An opened agent sampling what the bare loop reads: host + GPUs (train, tpu, cloud off);
+    ``kube``: the GPU source's Kubernetes options (a kubelet serving the GPUs' pods)."""
     cfg = load(
         None,
         env={"CMDARE_AGENT_CONFIG": f"{spool_dir}.none.toml"},
@@ -190,6 +199,7 @@ def make_agent(kind: str, gpus: int, spool_dir: str, fsync: bool = True) -> Agen
             "sources.train.enabled": False,
             "sources.tpu.enabled": False,
             "sources.cloud.enabled": False,
+            **{f"sources.gpu.{k}": v for k, v in (kube or {}).items()},
         },
     )
     agent = Agent(cfg, adapters={"nvml": nvml_of(kind, gpus)})
@@ -204,8 +214,14 @@ def run(kind: str, fsync: bool, a: argparse.Namespace, tmp: str) -> tuple[float,
     global GEN
     GEN = MODELS[MODEL][6]
     gpm = [_Gpm(nvml, h, list(range(min(NVLINKS, 18))), GEN >= 3) for h in handles]
-    agent = make_agent(kind, a.gpus, f"{tmp}/sp-{kind}-{fsync}", fsync)
+    kube, stop = None, lambda: None
+    if a.kubelet:  # the scheduler sources on: every GPU held by a pod (two pods), labels from an API server
+        kube, stop = kubelet_of(nvml, handles, f"{tmp}/kubelet-{kind}-{fsync}.sock")
+    agent = make_agent(kind, a.gpus, f"{tmp}/sp-{kind}-{fsync}", fsync, kube)
     measure(agent.tick, a.chunk)  # warm
+    if a.kubelet:
+        pods = [r.source.pods for r in agent.runners if getattr(r.source, "pods", None) is not None]
+        assert pods and pods[0].by_uuid, "the agent found no pod: the kubelet leg measures nothing"
     bare, ours, ratios = [], [], []
     for _ in range(a.repeat):  # the machine is shared and noisy: best of N, and pairs
         b, o, r = interleaved(lambda: bare_round(nvml, handles, gpm), agent.tick, a.rounds, a.chunk)
@@ -213,8 +229,29 @@ def run(kind: str, fsync: bool, a: argparse.Namespace, tmp: str) -> tuple[float,
         ours.append(o)
         ratios += r
     agent.close()
+    stop()
     nvml.nvmlShutdown()
     return min(bare), min(ours), statistics.median(ratios), len(ratios)
+
+
+def kubelet_of(nvml: Any, handles: list[Any], sock: str) -> tuple[dict[str, Any], Any]:
+    """A kubelet pod-resources server (tests/fakes/kubelet.py) whose two pods hold the GPUs,
+    and an API server naming their jobs: the GPU source's options, and a stop function."""
+    from tests.fakes.kubelet import ApiServer, FakeKubelet, FakePod, serve
+
+    uuids = [nvml.nvmlDeviceGetUUID(h) for h in handles]
+    uuids = [u.decode() if isinstance(u, bytes) else u for u in uuids]
+    half = len(uuids) // 2
+    k = FakeKubelet([FakePod("vision", "resnet-worker-0", {"trainer": uuids[:half]},
+                             labels={"training.kubeflow.org/job-name": "resnet50-a"}),
+                     FakePod("nlp", "bert-0", {"main": uuids[half:]})])
+    server, api = serve(k, sock), ApiServer(k)
+
+    def stop() -> None:
+        server.stop(None)
+        api.close()
+
+    return {"kubelet_socket": sock, "apiserver": api.url}, stop
 
 
 def main() -> None:
@@ -226,6 +263,8 @@ def main() -> None:
     ap.add_argument("--nvml", choices=("python", "binding", "both"), default="both")
     ap.add_argument("--model", default="h100", help="fake GPU model (h100: every GPU-depth call answers)")
     ap.add_argument("--nvlinks", type=int, default=18, help="active NVLinks per GPU")
+    ap.add_argument("--no-kubelet", dest="kubelet", action="store_false",
+                    help="no kubelet: the GPUs held by no pod (default: a local kubelet gives them to two pods)")
     a = ap.parse_args()
     global MODEL, NVLINKS
     MODEL, NVLINKS = a.model, a.nvlinks
@@ -233,7 +272,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = {(k, f): run(k, f, a, tmp) for k in kinds for f in (False, True)}
     print(
-        f"agent cost, {a.rounds} rounds, host + {a.gpus} fake {MODEL} GPUs, {NVLINKS} NVLinks each "
+        f"agent cost, {a.rounds} rounds, host + {a.gpus} fake {MODEL} GPUs, {NVLINKS} NVLinks each, "
+        f"{'held by two Kubernetes pods (a local kubelet)' if a.kubelet else 'no kubelet'}, Slurm resolver on "
         f"(best of {a.repeat}, chunks of {a.chunk}):"
     )
     label = {"python": "Python fake NVML      ", "binding": "nvidia-ml-py over stub"}
