@@ -15,11 +15,11 @@ stepping nodes. Every accelerator-second lands in exactly one bucket:
 - ``other``: the rest of the wall time (gaps without telemetry, evaluation, a crash's
   downtime).
 
-A Kubernetes pod's job that never stepped (no ``track`` in its code: its GPU samples name
-the pod, ``pod_accounts``) has no wall-time buckets to split: its GPU time, from the 5-minute
-GPU rollup's buckets overlapping the window, is ``idle_accelerators`` in buckets whose mean
-utilisation is under gpu_idle's threshold and ``productive`` (busy) in the others; a note
-says so.
+A Kubernetes pod's or Slurm job that never stepped (no ``track`` in its code: its GPU samples
+name the pod or the Slurm job, ``sched_accounts``) has no wall-time buckets to split: its GPU
+time, from the 5-minute GPU rollup's buckets overlapping the window (less those a stepping
+job's span covers on the node), is ``idle_accelerators`` in buckets whose mean utilisation is
+under gpu_idle's threshold and ``productive`` (busy) in the others; a note says so.
 
 Findings are those ``analyze bottlenecks`` stored for the job and overlapping the window;
 a job without stored findings has the detectors run for it (``job_table``; the fleet's
@@ -46,7 +46,7 @@ from .goodput import Goodput, goodput, goodput_many
 BUCKETS = ("productive", "startup", "checkpoint_save", "checkpoint_restore", "input_wait", "ps_wait", "straggler",
            "idle_accelerators", "revocation", "other")
 DETECTORS = ("gpu_idle", "straggler", "ps_bound")
-BY = ("job", "region", "accelerator", "fleet", "namespace")  # or any node label key (team, ...)
+BY = ("job", "region", "accelerator", "fleet", "namespace", "slurm_job", "user")  # or any node label key (team, ...)
 
 
 @dataclass
@@ -102,9 +102,10 @@ def _gpus(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: 
     return out
 
 
-def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str], pods: bool = False) -> dict[str, list[tuple]]:
+def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str], held: bool = False) -> dict[str, list[tuple]]:
     """job -> its stepping nodes: (node, region, instance type, spot, accelerator, its count,
-    labels); ``pods``: ``jobs`` are Kubernetes pods' jobs, on the nodes their GPU samples name."""
+    labels); ``held``: ``jobs`` are jobs a scheduler gave GPUs to, on the nodes their GPU
+    samples name."""
     out: dict[str, list[tuple]] = {}
     # the nodes each rank declared and those whose agent is labelled with the job (small
     # tables); a job with neither: the nodes it stepped on (a scan of the steps, so only for them)
@@ -118,7 +119,8 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str], pods: bool = False) 
            jn AS (SELECT * FROM dj UNION ALL SELECT DISTINCT job, node FROM steps
                   WHERE job IN (SELECT unnest($2::VARCHAR[]))
                   UNION ALL SELECT DISTINCT job, node FROM gpu_5m
-                  WHERE $3 AND namespace IS NOT NULL AND job IN (SELECT unnest($1::VARCHAR[]))),
+                  WHERE $3 AND (namespace IS NOT NULL OR slurm_job IS NOT NULL)
+                    AND job IN (SELECT unnest($1::VARCHAR[]))),
            n AS (SELECT DISTINCT node FROM jn),
            i AS (SELECT node, arg_max(region, ts) AS region, arg_max(instance_type, ts) AS itype,
                         arg_max(spot, ts) AS spot, arg_max(accelerator, ts) AS acc,
@@ -132,63 +134,112 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str], pods: bool = False) 
                   coalesce(nd.labels::VARCHAR, '{}')
            FROM jn LEFT JOIN i USING (node) LEFT JOIN g USING (node) LEFT JOIN nodes nd USING (node)
            ORDER BY jn.job, jn.node""",
-        [jobs, bare, pods]).fetchall():
+        [jobs, bare, held]).fetchall():
         out.setdefault(r[0], []).append(r[1:])
     return out
 
 
-def pod_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: float | None, stepped: set[str],
-                 cat: dict[Any, Any], idle_util: float | None = None, only: str | None = None) -> dict[str, JobAccount]:
-    """The accounts of the Kubernetes pods' jobs with GPU time in [since, until) and no steps
-    (``stepped``: the jobs that stepped): their GPU time from the 5-minute GPU rollup (whole
-    buckets overlapping the window, each GPU's sampling interval from its fullest bucket),
-    ``idle_accelerators`` where a bucket's mean utilisation is under ``idle_util`` (gpu_idle's
-    default), ``productive`` (busy) elsewhere; ``only``: that job's alone."""
+def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: float | None, stepped: set[str],
+                   cat: dict[Any, Any], idle_util: float | None = None, only: str | None = None) -> dict[str, JobAccount]:
+    """The accounts of the jobs a scheduler gave GPUs to (a Kubernetes pod's, a Slurm job's)
+    with GPU time in [since, until) and no steps (``stepped``: the jobs that stepped): their
+    GPU time from the 5-minute GPU rollup (whole buckets overlapping the window, each GPU's
+    sampling interval from its fullest bucket), ``idle_accelerators`` where a bucket's
+    mean utilisation is under ``idle_util`` (gpu_idle's default), ``productive`` (busy)
+    elsewhere; ``only``: that job's alone. A pod or Slurm job that ran a tracked job
+    (``_ran_tracked``) is that job: its time is counted there, not again here."""
     from . import evidence
 
-    if not has_view(con, "gpu_5m") or not has_column(con, "gpu_rollup_5m", "namespace"):
+    if not has_view(con, "gpu_5m") or not has_column(con, "gpu_rollup_5m", "slurm_job"):
         return {}
-    idle = evidence.IDLE_UTIL if idle_util is None else idle_util
+    t0, t1 = (None if since is None else _stamp(since)), (None if until is None else _stamp(until))
+    p = {"t0": t0, "t1": t1, "only": only}
+    held = _held_rows("b")
+    if not con.execute(f"SELECT count(*) FROM (SELECT 1 {held} LIMIT 1)", p).fetchone()[0]:
+        return {}  # no scheduler named a GPU: nothing more to read
+    ran = _ran_tracked(con, _held_rows("g"), p)
+    if ran:  # a pod or Slurm job that ran a tracked job is that job: its time is counted there
+        held += " AND b.job NOT IN (SELECT unnest($ran::VARCHAR[]))"
+        p = {**p, "ran": sorted(ran)}
     rows = con.execute(
-        f"""WITH b AS (SELECT job, node, "index", samples AS n, first_ts, last_ts, namespace,
+        f"""WITH b AS (SELECT job, node, "index", samples AS n, first_ts, last_ts, namespace, slurm_job, slurm_user,
                               coalesce(gr_sum / nullif(gr_n, 0), util_sum / nullif(util_samples, 0)) AS util
-                       FROM gpu_5m WHERE namespace IS NOT NULL AND job IS NOT NULL AND job <> ''
-                         AND ($only::VARCHAR IS NULL OR job = $only)
-                         AND ($t0::TIMESTAMP IS NULL OR last_ts >= $t0) AND ($t1::TIMESTAMP IS NULL OR first_ts < $t1)),
+                       {held}),
                  e AS (SELECT node, "index", {evidence.BUCKET_SECONDS} / max(n) AS every FROM b GROUP BY ALL)
-            SELECT job, max(namespace), count(DISTINCT (node, "index")), sum(n * every),
-                   coalesce(sum(n * every) FILTER (WHERE util < $idle), 0), min(first_ts), max(last_ts)
+            SELECT job, max(namespace), max(slurm_job), max(slurm_user), count(DISTINCT (node, "index")),
+                   sum(n * every), coalesce(sum(n * every) FILTER (WHERE util < $idle), 0), min(first_ts), max(last_ts)
             FROM b JOIN e USING (node, "index") GROUP BY job ORDER BY job""",
-        {"t0": None if since is None else _stamp(since), "t1": None if until is None else _stamp(until),
-         "idle": float(idle), "only": only}).fetchall()
-    rows = [r for r in rows if r[0] not in stepped and r[3]]
+        {**p, "idle": float(evidence.IDLE_UTIL if idle_util is None else idle_util)}).fetchall()
+    rows = [r for r in rows if r[0] not in stepped and r[5]]
     if not rows:
         return {}
-    nodes = _nodes(con, [r[0] for r in rows], pods=True)
+    nodes = _nodes(con, [r[0] for r in rows], held=True)
     memo: dict[tuple, float | None] = {}
     out = {}
-    for job, ns, n, total, idle_s, t0, t1 in rows:
+    for job, ns, sjob, user, n, total, idle_s, first, last in rows:
         sec = dict.fromkeys(BUCKETS, 0.0)
         sec["idle_accelerators"] = float(idle_s)
         sec["productive"] = float(total) - float(idle_s)
         usd, price_from = _price(nodes.get(job, []), cat, memo)
-        groups = {**_groups(nodes.get(job, []), None), "namespace": ns}
-        start = t0.replace(tzinfo=dt.timezone.utc).timestamp()
-        end = t1.replace(tzinfo=dt.timezone.utc).timestamp()
+        groups = {**_groups(nodes.get(job, []), None), **_sched_group(ns, sjob, user)}
+        start = first.replace(tzinfo=dt.timezone.utc).timestamp()
+        end = last.replace(tzinfo=dt.timezone.utc).timestamp()
         out[job] = JobAccount(job, start if since is None else max(start, since),
-                              end if until is None else min(end, until), int(n), "GPU samples (Kubernetes pod)",
+                              end if until is None else min(end, until), int(n),
+                              "GPU samples (Kubernetes pod)" if ns else "GPU samples (Slurm job)",
                               sec, usd, groups, {"no_steps": True, "price_from": price_from})
     return out
 
 
-def _namespaces(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime) -> dict[str, str]:
-    """job -> the Kubernetes namespace of the pods holding its GPUs (the GPU rollup)."""
-    if not jobs or not has_column(con, "gpu_rollup_5m", "namespace"):
+def _held_rows(a: str) -> str:
+    """The GPU rollup's rows (alias ``a``) a scheduler's pod or job held in [$t0, $t1) (``$only``:
+    that job's)."""
+    return f"""FROM gpu_5m {a} WHERE ({a}.namespace IS NOT NULL OR {a}.slurm_job IS NOT NULL)
+                 AND {a}.job IS NOT NULL AND {a}.job <> '' AND ($only::VARCHAR IS NULL OR {a}.job = $only)
+                 AND ($t0::TIMESTAMP IS NULL OR {a}.last_ts >= $t0) AND ($t1::TIMESTAMP IS NULL OR {a}.first_ts < $t1)"""
+
+
+def _ran_tracked(con: duckdb.DuckDBPyConnection, held: str, p: dict[str, Any]) -> dict[str, str]:
+    """The pods' and Slurm jobs (``held``: their GPU rollup rows, alias ``g``) that ran a
+    tracked job: a process on their GPUs in the first 10 minutes they held them on a node
+    is a PID a rank declared there (``track``). Those minutes only: the process lists are
+    read from the raw samples. Pod's or Slurm job -> the tracked job it ran."""
+    from . import evidence, processes
+
+    if not evidence.has_rows(con, "jobs"):
         return {}
+    cand = f"SELECT g.job, g.node, min(g.first_ts) AS f {held} GROUP BY g.job, g.node"
+    cond = (f"EXISTS (SELECT 1 FROM ({cand}) c WHERE c.job = gpu_samples.job AND c.node = gpu_samples.node "
+            "AND gpu_samples.ts >= c.f AND gpu_samples.ts < c.f + INTERVAL 10 MINUTE)")
     return dict(con.execute(
-        f"""SELECT job, max(namespace) FROM gpu_5m WHERE namespace IS NOT NULL
-              AND job IN (SELECT unnest($jobs::VARCHAR[])) AND {BUCKETS_NEAR} GROUP BY job""",
-        {"jobs": jobs, "t0": t0, "t1": t1}).fetchall())
+        f"""SELECT pp.held_job, min(d.job) FROM ({processes.process_rows(cond)}) pp
+            JOIN jobs d ON d.node = pp.node AND d.pid = pp.pid
+            WHERE pp.held_job IS NOT NULL AND d.job IS NOT NULL AND d.job <> '' GROUP BY pp.held_job""", p).fetchall())
+
+
+def _sched_group(ns: str | None, sjob: str | None, user: str | None) -> dict[str, str]:
+    return {k: v for k, v in (("namespace", ns), ("slurm_job", sjob), ("user", user)) if v}
+
+
+def _sched_groups(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime
+                  ) -> dict[str, dict[str, str]]:
+    """job -> the Kubernetes namespace, Slurm job and user the scheduler gave its GPUs to (the
+    GPU rollup): what ``--by namespace | slurm_job | user`` groups a stepping job by."""
+    if not jobs or not has_column(con, "gpu_rollup_5m", "slurm_job"):
+        return {}
+    p = {"t0": t0, "t1": t1, "only": None}
+    if not con.execute(f"SELECT count(*) FROM (SELECT 1 {_held_rows('g')} LIMIT 1)", p).fetchone()[0]:
+        return {}  # no scheduler named a GPU
+    ran = _ran_tracked(con, _held_rows("g"), p)  # the pods and Slurm jobs that ran a tracked job
+    names = {j: j for j in jobs} | {h: t for h, t in ran.items() if t in set(jobs)}
+    out: dict[str, dict[str, str]] = {}
+    for j, ns, sj, u in con.execute(
+            f"""SELECT job, max(namespace), max(slurm_job), max(slurm_user) FROM gpu_5m
+                WHERE (namespace IS NOT NULL OR slurm_job IS NOT NULL)
+                  AND job IN (SELECT unnest($jobs::VARCHAR[])) AND {BUCKETS_NEAR} GROUP BY job ORDER BY job""",
+            {"jobs": sorted(names), "t0": t0, "t1": t1}).fetchall():
+        out.setdefault(names[j], _sched_group(ns, sj, u))  # the job's own GPU rows first, then its pod's
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -400,7 +451,9 @@ def rollup(accounts: list[JobAccount], by: str) -> tuple[list[str], list[list[An
     """One row per group: accelerator-hours per bucket, total, goodput %, dollars."""
     key = {"job": lambda a: a.job, "fleet": lambda a: "fleet", "region": lambda a: a.groups.get("region", "unknown"),
            "accelerator": lambda a: a.groups.get("accelerator", "unknown"),
-           "namespace": lambda a: a.groups.get("namespace") or a.groups.get("label:namespace", "(no namespace)")}.get(
+           "namespace": lambda a: a.groups.get("namespace") or a.groups.get("label:namespace", "(no namespace)"),
+           "slurm_job": lambda a: a.groups.get("slurm_job", "(no Slurm job)"),
+           "user": lambda a: a.groups.get("user") or a.groups.get("label:user", "(no user)")}.get(
         by, lambda a: a.groups.get("label:" + by, "(no " + by + " label)"))
     groups: dict[str, list[JobAccount]] = {}
     for a in accounts:
@@ -453,13 +506,13 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
     try:
         whole = goodput(con, job, since, until)
     except AnalyticsError:  # no steps: a Kubernetes pod's job is accounted from its GPU samples
-        pod = pod_accounts(con, since, until, set(), cat, only=job).get(job)
-        if pod is None:
+        held = sched_accounts(con, since, until, set(), cat, only=job).get(job)
+        if held is None:
             raise
         if every is None:
-            return _table([(None, pod)], every)
-        return _table([(a, x) for a, b in windows(pod.start, pod.end, every)
-                       for x in pod_accounts(con, a, b, set(), cat, only=job).values()], every)
+            return _table([(None, held)], every)
+        return _table([(a, x) for a, b in windows(held.start, held.end, every)
+                       for x in sched_accounts(con, a, b, set(), cat, only=job).values()], every)
     found = stored_findings(con, [job], _stamp(whole.start), _stamp(whole.end)).get(job)
     if found is None and _uncovered(con, [job], _stamp(whole.start), _stamp(whole.end)):
         found = fresh_findings(con, job, _stamp(whole.start), _stamp(whole.end)).get(job, [])
@@ -486,7 +539,7 @@ def _table(accs: list[tuple[float | None, JobAccount]], every: float | None) -> 
 def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None, by: str,
                 every: float | None = None, detect: bool = True) -> tuple[list[str], list[list[Any]], list[str]]:
     """Every job that stepped in [since, until), and every Kubernetes pod's job that held GPUs
-    there without stepping (``pod_accounts``), accounted and rolled up ``by`` (job, region,
+    there without stepping (``sched_accounts``), accounted and rolled up ``by`` (job, region,
     accelerator, fleet, namespace, or a node label such as team); with ``every``, per window. Findings:
     those stored (the collector's detector schedule keeps them current); for jobs whose time
     no detector run covered (``finding_coverage``: an offline database), the detectors run
@@ -500,16 +553,16 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     jobs = sorted(j for j, g in whole.items() if g.wall > 0)
     notes: list[str] = []
     cat = prices.load()
-    pods = pod_accounts(con, epoch(since), epoch(until), set(whole), cat)  # Kubernetes pods that never stepped
+    pods = sched_accounts(con, epoch(since), epoch(until), set(whole), cat)  # pods' and Slurm jobs that never stepped
     if not jobs and not pods:
         return [by, "jobs"], [], ["no job ran in the range"]
     spans = [(whole[j].start, whole[j].end) for j in jobs] + [(a.start, a.end) for a in pods.values()]
     lo = since or _stamp(min(t0 for t0, _ in spans))
     hi = until or _stamp(max(t1 for _, t1 in spans))
     if pods:
-        notes.append(f"{len(pods)} job(s) are Kubernetes pods that sent no step telemetry (no track in their code): "
+        notes.append(f"{len(pods)} job(s) are Kubernetes pods or Slurm jobs that sent no step telemetry (no track in their code): "
                      "their GPU time is split into busy (productive) and idle only")
-    namespaces = _namespaces(con, jobs, lo, hi) if jobs else {}
+    sched = _sched_groups(con, jobs, lo, hi) if jobs else {}
     found = stored_findings(con, jobs, lo, hi) if jobs else {}
     missing = [j for j in _uncovered(con, jobs, lo, hi) if j not in found] if jobs else []
     if missing and detect:
@@ -526,9 +579,8 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
         gp = {j: whole[j] for j in jobs} if every is None else None  # one window: the sweep above
         accs = [x for x in account_many(con, jobs, a, b, found, cat, gp).values() if x.total > 0] if jobs else []
         for x in accs:
-            if x.job in namespaces:
-                x.groups["namespace"] = namespaces[x.job]
-        accs += [x for x in (pods if every is None else pod_accounts(con, a, b, set(whole), cat)).values()
+            x.groups.update(sched.get(x.job, {}))
+        accs += [x for x in (pods if every is None else sched_accounts(con, a, b, set(whole), cat)).values()
                  if x.total > 0]
         cols, rows = rollup(accs, by)
         if every is not None:

@@ -102,8 +102,8 @@ def spans(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     return _temp(con, scope, "spans", agg.format(rows=f"{rolled} UNION ALL {raw.format(where=edge)}"), params)
 
 
-# ``gjob``: the job of the Kubernetes pod holding the GPU (the samples' job where they name a
-# pod; not an agent's own job label): what a GPU outside every stepping job's span is
+# ``gjob``: the job of the Kubernetes pod or Slurm job holding the GPU (the samples' job where
+# they name one; not an agent's own job label): what a GPU outside every stepping job's span is
 # attributed to
 _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000_000}) AS b, n, util, mem, mask_n,
                   thr_n, thr_mask, 'gpu' AS kind, gjob
@@ -111,7 +111,7 @@ _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000
                         coalesce(avg(gr_engine_active_ratio), avg(util_gpu_ratio)) AS util,
                         avg(mem_used_bytes) AS mem, count(throttle_mask) AS mask_n,
                         count(*) FILTER ({{thr}}) AS thr_n, bit_or(throttle_mask) FILTER ({{thr}}) AS thr_mask,
-                        max(nullif(job, '')) FILTER (namespace IS NOT NULL) AS gjob
+                        max(nullif(job, '')) FILTER (namespace IS NOT NULL OR slurm_job IS NOT NULL) AS gjob
                  FROM gpu_samples WHERE {{where}} GROUP BY node, "index", bi)"""
 # the same columns from the 5-minute rollup (collector/rollup.py keeps them)
 # utilisation: the graphics engine's activity where GPM gives it (NVML's GPU_UTIL counts a GPU
@@ -119,7 +119,7 @@ _RAW_GPU = f"""SELECT node, "index", make_timestamp(bi * {BUCKET_SECONDS * 1_000
 _ROLLED_GPU = """SELECT node, "index", bucket AS b, samples AS n,
                   coalesce(gr_sum / nullif(gr_n, 0), util_sum / nullif(util_samples, 0)) AS util,
                   mem_sum / nullif(mem_samples, 0) AS mem, throttle_samples AS mask_n, throttled AS thr_n, thr_mask,
-                  'gpu' AS kind, CASE WHEN namespace IS NOT NULL THEN nullif(job, '') END AS gjob
+                  'gpu' AS kind, CASE WHEN (namespace IS NOT NULL OR slurm_job IS NOT NULL) THEN nullif(job, '') END AS gjob
            FROM gpu_5m WHERE {whole}"""
 # a TPU VM's cores as accelerators beside the GPUs (duty cycle as their utilisation, HBM as
 # memory; no throttle reasons): the idle and input-bound detectors judge them the same way

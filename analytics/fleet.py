@@ -28,6 +28,8 @@ ROLLUP_BUCKET = "INTERVAL 300 SECOND"
 EPOCH = dt.datetime(1970, 1, 1)
 
 
+HELD = "(pod IS NOT NULL OR slurm_job IS NOT NULL)"  # a GPU sample a scheduler's pod or job holds
+
 def gpu_state(row: dict[str, Any]) -> str:
     if row.get("lost") or (row.get("xid_events") or 0) > 0 or (row.get("ecc_errors") or 0) > 0:
         return "failing"
@@ -251,8 +253,8 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
     w = "WHERE job = $j AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)"
     lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM steps {w}", p).fetchone()
     pod = False
-    if lo is None:  # a Kubernetes pod's job that never stepped: its GPUs are those its samples name
-        lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM gpu_samples {w} AND pod IS NOT NULL", p).fetchone()
+    if lo is None:  # a Kubernetes pod's or Slurm job that never stepped: its GPUs are those its samples name
+        lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM gpu_samples {w} AND (pod IS NOT NULL OR slurm_job IS NOT NULL)", p).fetchone()
         pod = lo is not None
     if lo is None:
         return {"job": job, "start": _iso(since), "step_seconds": None, "times": [], "series": {}, "ranks": [],
@@ -319,7 +321,7 @@ def _job_gpus(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, pod: bo
     # the GPUs of the job's nodes over the window: allocated, and which of them really worked
     # (a TPU VM's cores in the same table: duty cycle as utilisation, HBM as memory)
     # (a pod's job: the GPUs its pod held, and every process on them is the pod's)
-    mine = "job = $j AND pod IS NOT NULL" if pod else f"node IN (SELECT DISTINCT node FROM steps {w})"
+    mine = f"job = $j AND {HELD}" if pod else f"node IN (SELECT DISTINCT node FROM steps {w})"
     gpus = con.execute(
         f"""SELECT * FROM (
               SELECT node, "index" AS gpu, any_value(name) AS name,
@@ -338,7 +340,7 @@ def _job_gpus(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, pod: bo
     gpu_rows = [dict(zip(gcols, r, strict=True)) for r in gpus.fetchall()]
     # what the job's own processes used of each GPU (their PIDs as its ranks declared them,
     # the GPU's process list from NVML), and how many other processes held it
-    cond = (("job = $j AND pod IS NOT NULL" if pod else "node IN (SELECT node FROM jobs WHERE job = $j)")
+    cond = ((f"job = $j AND {HELD}" if pod else "node IN (SELECT node FROM jobs WHERE job = $j)")
             + " AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)")
     declared = ("SELECT DISTINCT node, pid FROM pp" if pod else
                 "SELECT DISTINCT node, pid FROM jobs WHERE job = $j AND pid IS NOT NULL")

@@ -16,20 +16,22 @@ from .queries import Result, _run, _where
 # declaration of its (node, pid)): the rank's own declaration (``track``), else the scheduler's:
 # the Kubernetes pod holding the GPU (its job label, else namespace/pod: the sample's job),
 # else the Slurm job the agent found the process in, named ``slurm-<id>`` (a Slurm job name is
-# not unique; its id is), else none. One process is one job.
+# not unique; its id is), else the Slurm job holding the GPU (a prolog's GPU map: the
+# sample's job), else none. One process is one job.
 JOB_OF = """CASE WHEN j.job IS NOT NULL AND j.job <> '' THEN j.job
-                 WHEN p.pod_job IS NOT NULL THEN p.pod_job
-                 WHEN p.slurm_job IS NOT NULL THEN 'slurm-' || p.slurm_job END"""
+                 WHEN p.pod IS NOT NULL AND p.held_job IS NOT NULL THEN p.held_job
+                 WHEN p.slurm_job IS NOT NULL THEN 'slurm-' || p.slurm_job
+                 WHEN p.held_job IS NOT NULL THEN p.held_job END"""
 NAMED_BY = """CASE WHEN j.job IS NOT NULL AND j.job <> '' THEN 'track'
-                   WHEN p.pod_job IS NOT NULL THEN 'kubernetes'
-                   WHEN p.slurm_job IS NOT NULL THEN 'slurm' ELSE '' END"""
+                   WHEN p.pod IS NOT NULL AND p.held_job IS NOT NULL THEN 'kubernetes'
+                   WHEN p.slurm_job IS NOT NULL OR p.held_job IS NOT NULL THEN 'slurm' ELSE '' END"""
 
 
 def process_rows(cond: str) -> str:
     """SQL of the processes the GPU samples matching ``cond`` list, one row each (node,
     "index", ts, uuid, parent_index, pid, used, sm, mem, the Slurm job, step, job name and
-    user the agent read from /proc, and the Kubernetes namespace, pod, container holding the
-    GPU and that pod's job, ``pod_job``).  What an agent cannot have meant costs that value
+    user the agent read from /proc, the Kubernetes namespace, pod, container holding the GPU,
+    and the job the scheduler gave the GPU to, ``held_job``: the pod's or the Slurm job's).  What an agent cannot have meant costs that value
     only: a pid that is not a positive integer leaves its entry out, an SM / memory share
     outside 0..1 or a negative memory reads as null, a Slurm job id not of digits as none."""
     return f"""SELECT node, "index", ts, uuid, parent_index, p.pid AS pid,
@@ -39,8 +41,9 @@ def process_rows(cond: str) -> str:
                       CASE WHEN regexp_full_match(p.slurm_job, '[0-9]{{1,20}}') THEN p.slurm_job END AS slurm_job,
                       left(p.slurm_step, 16) AS slurm_step, left(p.slurm_job_name, 128) AS slurm_job_name,
                       left(p.slurm_user, 64) AS slurm_user, namespace, pod, container,
-                      CASE WHEN pod IS NOT NULL AND job <> '' THEN job END AS pod_job
+                      CASE WHEN (pod IS NOT NULL OR held_slurm IS NOT NULL) AND job <> '' THEN job END AS held_job
                FROM (SELECT node, "index", ts, uuid, parent_index, namespace, pod, container, job,
+                            slurm_job AS held_slurm,
                             unnest(from_json(processes, '[{{"pid":"BIGINT","used_bytes":"BIGINT","sm_ratio":"DOUBLE","mem_ratio":"DOUBLE",
                                                             "slurm_job":"VARCHAR","slurm_step":"VARCHAR","slurm_job_name":"VARCHAR",
                                                             "slurm_user":"VARCHAR"}}]')) AS p
@@ -71,7 +74,7 @@ def gpu_processes(con: duckdb.DuckDBPyConnection, node: str | None = None, cutof
                               arg_max(slurm_job, ts) AS slurm_job, arg_max(slurm_step, ts) AS slurm_step,
                               arg_max(slurm_job_name, ts) AS slurm_job_name, arg_max(slurm_user, ts) AS slurm_user,
                               arg_max(namespace, ts) AS namespace, arg_max(pod, ts) AS pod,
-                              arg_max(container, ts) AS container, arg_max(pod_job, ts) AS pod_job
+                              arg_max(container, ts) AS container, arg_max(held_job, ts) AS held_job
                        FROM ({process_rows(where.removeprefix(" WHERE ") or "true")})
                        GROUP BY node, "index", pid),
                  j AS (SELECT node, pid, any_value(job) AS job, any_value(rank) AS rank, any_value(run) AS run

@@ -428,19 +428,22 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
                strftime(a.t1, '%Y-%m-%d %H:%M:%S') AS last_step, coalesce(js.state, 'running') AS state,
                strftime(js.ended_at, '%Y-%m-%d %H:%M:%S') AS ended
         FROM agg a FULL OUTER JOIN decl d ON a.job = d.job LEFT JOIN jstate js ON js.job = coalesce(a.job, d.job)
-        {_POD_JOBS if has_column(con, "gpu_5m", "namespace") else ""}
+        {_POD_JOBS if has_column(con, "gpu_5m", "slurm_job") else ""}
         ORDER BY 1""",
         {"since": cutoff},
     )
 
 
 # jobs no rank declared nor stepped that a Kubernetes pod's GPUs name (their job label, else
-# namespace/pod: cmdare.agent.sources.gpu.kubelet), from the GPU rollup, in state POD_STATE
-POD_STATE = "pod (no steps)"
+# namespace/pod: cmdare.agent.sources.gpu.kubelet) or a Slurm job's (slurm-<id>), from the GPU
+# rollup, in one of SCHED_STATES
+POD_STATE, SLURM_STATE = "pod (no steps)", "slurm job (no steps)"
+SCHED_STATES = (POD_STATE, SLURM_STATE)
 _POD_JOBS = """UNION ALL
         SELECT job, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, count(DISTINCT node), 0, NULL, NULL, NULL, NULL,
-               NULL, '""" + POD_STATE + """', NULL
-        FROM gpu_5m WHERE namespace IS NOT NULL AND job IS NOT NULL AND job <> ''
+               NULL, CASE WHEN max(namespace) IS NOT NULL THEN '""" + POD_STATE + """' ELSE '""" + SLURM_STATE + """' END,
+               NULL
+        FROM gpu_5m WHERE (namespace IS NOT NULL OR slurm_job IS NOT NULL) AND job IS NOT NULL AND job <> ''
           AND ($since IS NULL OR last_ts >= $since)
           AND job NOT IN (SELECT job FROM agg WHERE job IS NOT NULL) AND job NOT IN (SELECT job FROM decl WHERE job IS NOT NULL)
         GROUP BY job"""

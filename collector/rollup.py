@@ -89,8 +89,11 @@ GPU = (
     ("energy_max", "DOUBLE", "max(energy_joules_total)", "max(energy_max)"),
     ("parent_index", "BIGINT", "any_value(parent_index)", "any_value(parent_index)"),
     ("mig_slice_ratio", "DOUBLE", "any_value(mig_slice_ratio)", "any_value(mig_slice_ratio)"),
-    # migration 024: the Kubernetes namespace of the pod holding the GPU (goodput --by namespace)
+    # migration 024: who the scheduler gave the GPU to: the Kubernetes namespace of the pod, the
+    # Slurm job and its user (goodput --by namespace | slurm_job | user)
     ("namespace", "VARCHAR", "max(namespace)", "max(namespace)"),
+    ("slurm_job", "VARCHAR", "max(slurm_job)", "max(slurm_job)"),
+    ("slurm_user", "VARCHAR", "max(slurm_user)", "max(slurm_user)"),
 )
 HOST = (
     ("job", "VARCHAR", "any_value(job)", "any_value(job)"),

@@ -88,11 +88,14 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "retired_pages_sbe": (INT, "memory pages retired for multiple single-bit ECC errors (Kepler to Turing)"),
         "retired_pages_dbe": (INT, "memory pages retired for a double-bit ECC error (Kepler to Turing)"),
         "retired_pages_pending": (BOOL, "a page retirement waits for a GPU reset"),
-        # issue 55: the Kubernetes pod the kubelet gave this GPU to (pod-resources API); the
-        # event's job is then the pod's job (its job label, else namespace/pod)
+        # issue 55: the Kubernetes pod the kubelet gave this GPU to (pod-resources API), or the
+        # Slurm job holding it; the event's job is then the pod's job (its job label, else
+        # namespace/pod), or slurm-<id>
         "namespace": (STR, "Kubernetes: the namespace of the pod holding this GPU"),
         "pod": (STR, "Kubernetes: the pod holding this GPU"),
         "container": (STR, "Kubernetes: the container of that pod the GPU is assigned to"),
+        "slurm_job": (STR, "Slurm: the job holding this GPU (a prolog's GPU map, else the one job all its processes are in)"),
+        "slurm_user": (STR, "Slurm: that job's user"),
     },
     "tpu": {
         "device": (INT, "TPU device (core) id as libtpu numbers it"),

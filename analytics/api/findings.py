@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..db import AnalyticsError, Database, has_column
-from ..queries import POD_STATE, needs_schema
+from ..queries import SCHED_STATES, needs_schema
 from ..units import Finding, Scope
 from .base import Table
 from .telemetry import jobs, runs, steps
@@ -30,8 +30,8 @@ def _known_job(con: Any, job: str) -> None:
     known = con.execute(
         "SELECT (SELECT count(*) FROM jobs WHERE job = $j) + (SELECT count(*) FROM steps WHERE job = $j)", {"j": job}
     ).fetchall()[0][0]
-    if not known and has_column(con, "gpu_5m", "namespace"):  # a Kubernetes pod's job (its GPUs name it)
-        known = con.execute("SELECT count(*) FROM (SELECT 1 FROM gpu_5m WHERE job = $j AND namespace IS NOT NULL LIMIT 1)",
+    if not known and has_column(con, "gpu_5m", "slurm_job"):  # a Kubernetes pod's or Slurm job (its GPUs name it)
+        known = con.execute("SELECT count(*) FROM (SELECT 1 FROM gpu_5m WHERE job = $j AND (namespace IS NOT NULL OR slurm_job IS NOT NULL) LIMIT 1)",
                             {"j": job}).fetchall()[0][0]
     if not known:
         raise AnalyticsError(f"--job {job}: no such job in the database (analyze jobs lists them)")
@@ -93,6 +93,6 @@ def job_detail(db: Database, job: str) -> dict[str, Table]:
     rows = [r for r in summary.rows if r[i] == job]
     if not rows:
         raise AnalyticsError(f"no such job {job!r} (analyze jobs lists them)")
-    pod = rows[0][summary.columns.index("state")] == POD_STATE  # a Kubernetes pod's job: no steps to list
+    pod = rows[0][summary.columns.index("state")] in SCHED_STATES  # a pod's or Slurm job: no steps to list
     return {"summary": Table(summary.columns, rows), "runs": runs(db, job),
             "steps": Table(["run", "rank"], []) if pod else steps(db, job), "findings": stored_findings(db, job)}

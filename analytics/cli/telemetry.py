@@ -100,10 +100,11 @@ def revocations(since: str | None, region: str | None, gpu_type: str | None, db:
 
 @cli.command()
 @click.option("--job", help="the training job's id (see analyze jobs)")
-@click.option("--fleet", is_flag=True, help="every job in the range (stepping, or a Kubernetes pod holding GPUs), rolled up --by")
-@click.option("--by", default="fleet", show_default=True, metavar="job|region|accelerator|fleet|namespace|LABEL",
-              help="with --fleet: one row per job, region, accelerator, the fleet, Kubernetes namespace, or value of a "
-                   "node label (team)")
+@click.option("--fleet", is_flag=True,
+              help="every job in the range (stepping, or a Kubernetes pod or Slurm job holding GPUs), rolled up --by")
+@click.option("--by", default="fleet", show_default=True, metavar="job|region|accelerator|fleet|namespace|slurm_job|user|LABEL",
+              help="with --fleet: one row per job, region, accelerator, the fleet, Kubernetes namespace, Slurm job "
+                   "or user, or value of a node label (team)")
 @click.option("--detect/--no-detect", default=True, show_default=True,
               help="with --fleet: run the detectors now for jobs no detector run looked at (a database no collector "
                    "keeps current); --no-detect: stored findings only")
@@ -125,14 +126,15 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
     PS wait, stragglers and idle GPUs come from the detectors' evidence: the findings the
     collector's detector schedule keeps current or `analyze bottlenecks` stored; for jobs no
     detector run looked at, the detectors run now.
-    With --fleet, every job that stepped in the range and every Kubernetes pod that held
-    GPUs there, one row per --by group.
+    With --fleet, every job that stepped in the range and every Kubernetes pod or Slurm job
+    that held GPUs there, one row per --by group.
 
     \b
     Examples:
       analyze goodput --job resnet50-a
       analyze goodput --job resnet50-a --since 24h --every 1h
       analyze goodput --fleet --since 7d --by team
+      analyze goodput --fleet --since 7d --by user
     """
     if fleet == bool(job):
         raise click.UsageError("give --job JOB, or --fleet (with --by)")

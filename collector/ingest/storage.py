@@ -48,7 +48,8 @@ PACKED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "mig": ("JSON", (
             "parent_index", "mig_profile", "gpu_instance_id", "compute_instance_id", "mig_slice_ratio",
         )),
-        "k8s": ("JSON", ("namespace", "pod", "container")),  # migration 024: the Kubernetes pod holding the GPU
+        # migration 024: the scheduler's holder of the GPU (Kubernetes pod, Slurm job)
+        "sched": ("JSON", ("namespace", "pod", "container", "slurm_job", "slurm_user")),
     },
 }
 

@@ -70,7 +70,7 @@ INVALID = [
     ),
     (
         "[sources.gpu]\nretry = 5",
-        "unknown key 'sources.gpu.retry' (known: apiserver, backend, enabled, job_labels, kubelet_socket, kubernetes, kubernetes_interval, mig, nvlink, processes, profiling, retry_interval, slurm, xid_events)",
+        "unknown key 'sources.gpu.retry' (known: apiserver, backend, enabled, job_labels, kubelet_socket, kubernetes, kubernetes_interval, mig, nvlink, processes, profiling, retry_interval, slurm, slurm_gpu_map, xid_events)",
     ),
     (
         '[sources.gpu]\nbackend = "cuda"',

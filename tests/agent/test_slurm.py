@@ -101,8 +101,12 @@ def test_the_gpu_sources_process_entries_carry_the_slurm_job(tmp_path: Path) -> 
     src = GpuSource(GpuSource.parse_config("sources.gpu", {}), nvml=FakeNvml(gpus=2))
     src.slurm = slurm.Resolver(tmp_path)
     got: list[dict] = []
-    src.collect(lambda t, d: got.append(d) if t == "gpu" else None)
+    jobs: dict[int, str | None] = {}
+    src.collect(lambda t, d, job=None: (got.append(d), jobs.__setitem__(d["index"], job)) if t == "gpu" else None)
     by = {d["index"]: d["processes"] for d in got}
+    # the GPU whose every process is in Slurm job 4242 is that job's; the other is no job's
+    assert jobs == {0: "slurm-4242", 1: None}
+    assert (got[0]["slurm_job"], got[0]["slurm_user"]) == ("4242", "alice") and "slurm_job" not in got[1]
     assert by[0] == [{"pid": 4000, "used_bytes": by[0][0]["used_bytes"], "slurm_job": "4242", "slurm_step": "0",
                       "slurm_job_name": "resnet50", "slurm_user": "alice"}]
     assert by[1] == [{"pid": 4001, "used_bytes": by[1][0]["used_bytes"]}]  # in no Slurm job
@@ -114,3 +118,63 @@ def test_the_gpu_sources_process_entries_carry_the_slurm_job(tmp_path: Path) -> 
         {k: v for k, v in by[0][0].items() if k.startswith("slurm_")}
     off = GpuSource(GpuSource.parse_config("sources.gpu", {"slurm": False}), nvml=FakeNvml(gpus=1))
     assert off.slurm is None
+
+
+def test_a_prologs_gpu_map_names_each_gpus_job_even_idle(tmp_path: Path) -> None:
+    """dcgm-exporter's --hpc-job-mapping-dir layout: one file per GPU (index or UUID) holding
+    the job id (and the uid after it, as jobstats writes it)."""
+    from cmdare.agent.sources.gpu import GpuSource
+    from tests.fakes.nvml import FakeNvml
+
+    m = tmp_path / "map"
+    m.mkdir()
+    nv = FakeNvml(gpus=3)
+    (m / "0").write_text("4242\n")
+    (m / nv.devs[1].uuid).write_text("4243 0\n")  # by UUID, with the uid (root here)
+    (m / "2").write_text("77\n78\n")  # two jobs share GPU 2: neither is named
+    src = GpuSource(GpuSource.parse_config("sources.gpu", {"slurm_gpu_map": str(m)}), nvml=nv)
+    src.slurm = slurm.Resolver(tmp_path / "noproc")  # its processes are in no Slurm job
+    got: dict[int, tuple] = {}
+    src.collect(lambda t, d, job=None: got.__setitem__(d["index"], (d.get("slurm_job"), d.get("slurm_user"), job))
+                if t == "gpu" else None)
+    src.close()
+    assert got == {0: ("4242", None, "slurm-4242"), 1: ("4243", "root", "slurm-4243"), 2: (None, None, None)}
+
+
+def test_the_gpu_map_is_bounded_and_reread(tmp_path: Path) -> None:
+    import os
+
+    m = tmp_path / "map"
+    m.mkdir()
+    now = [0.0]
+    gm = slurm.GpuMap(m, recheck=10.0, clock=lambda: now[0])
+    assert gm.get(0, "GPU-x") is None  # empty: no prolog ran yet
+    (m / "0").write_text("4242\n")
+    assert gm.get(0, "GPU-x") is None  # read at most every 10 s ...
+    now[0] = 10.0
+    assert gm.get(0, "GPU-x") == ("4242", None)  # ... then the new file is seen
+    os.mkfifo(m / "1")  # a FIFO would block a read forever: skipped unread
+    (m / "2").write_bytes(b"9" * 30 + b"\n")  # not a Slurm job id
+    (m / "3").write_bytes(b"1; rm -rf /\n")
+    (m / "4").write_bytes(b"5\x1b[31m\n")
+    (m / "../etc").mkdir(exist_ok=True)
+    (m / "notes.txt").write_text("4242\n")  # not a GPU's name
+    (m / "5").write_bytes(b"55 " + b"1" * 40 + b"\n")  # a 40-digit uid: the job without a user
+    (m / "6").write_bytes(b"6" * 1_000_000)  # 1 MB: read up to 64 KiB, no job id that long
+    for i in range(300):
+        (m / f"GPU-{i:04d}").write_text("1\n")
+    now[0] = 20.0
+    assert gm.get(1, "GPU-y") is None and gm.get(2, "") is None and gm.get(3, "") is None and gm.get(4, "") is None
+    assert gm.get(5, "") == ("55", None) and gm.get(6, "") is None
+    assert len(gm.jobs) <= slurm.MAX_MAP_FILES
+    assert gm.get(0, "GPU-x") == ("4242", None)  # the others cost only themselves
+    missing = slurm.GpuMap(tmp_path / "absent")
+    assert missing.get(0, "GPU-x") is None
+
+
+def test_a_bad_gpu_map_option_is_one_line() -> None:
+    from cmdare.agent.sources.gpu import GpuSource
+    from cmdare.wire.units import ConfigError
+
+    with pytest.raises(ConfigError, match="slurm_gpu_map: expected '' or an absolute path"):
+        GpuSource.parse_config("sources.gpu", {"slurm_gpu_map": "relative/dir"})

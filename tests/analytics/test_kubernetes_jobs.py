@@ -40,14 +40,16 @@ class IdleAbove(FakeNvml):
         return SimpleNamespace(gpu=0, memory=0) if h.index >= self.idle_from else u
 
 
-def node(tmp_path: Path, declare: bool = False, rollup: bool = True) -> Path:
+def node(tmp_path: Path, declare: bool = False, rollup: bool = True, tracked: bool = False) -> Path:
     """The node's database: pod vision/resnet-worker-0 (Kubeflow job resnet50-a) holds GPUs 0
-    and 1 and works them; pod nlp/bert-0 (no job label) holds GPUs 2 and 3 and idles."""
+    and 1 and works them; pod nlp/bert-0 (no job label) holds GPUs 2 and 3 and idles.
+    ``tracked``: resnet's pod has no job label, and its code calls track as job
+    resnet-tracked (declared, stepping)."""
     from cmdare.agent.sources.gpu import GpuSource
 
     nv = IdleAbove(2, gpus=4, model="a100")
     g = [d.uuid for d in nv.devs]
-    k = FakeKubelet([FakePod("vision", "resnet-worker-0", {"trainer": g[:2]}, labels={KF: "resnet50-a"}),
+    k = FakeKubelet([FakePod("vision", "resnet-worker-0", {"trainer": g[:2]}, labels={} if tracked else {KF: "resnet50-a"}),
                      FakePod("nlp", "bert-0", {"main": g[2:]})])
     sock = tmp_path / "kubelet.sock"
     server, api = serve(k, sock), ApiServer(k)
@@ -55,6 +57,12 @@ def node(tmp_path: Path, declare: bool = False, rollup: bool = True) -> Path:
     lines: list[bytes] = []
     if declare:  # resnet's rank 0 declares its PID (the fake's process on GPU 0) with track
         lines.append(agent.line("train_job", {"run": "r", "rank": 0, "pid": 4000, "world_size": 2}, T0, job="resnet50-a"))
+    if tracked:
+        lines.append(agent.line("train_job", {"run": "r", "rank": 0, "pid": 4000, "world_size": 2}, T0,
+                                job="resnet-tracked"))
+        lines += [agent.line("train_steps", {"run": "r", "rank": 0, "steps": 10, "steps_per_second": 1.0,
+                                             "interval_seconds": EVERY}, T0 + i * EVERY, job="resnet-tracked")
+                  for i in range(1, TICKS)]
     src = GpuSource(GpuSource.parse_config("sources.gpu", {"kubelet_socket": str(sock), "apiserver": api.url}), nvml=nv)
     try:
         for i in range(TICKS):
@@ -129,9 +137,23 @@ def test_goodput_by_namespace_splits_the_pods_gpu_time(db: Path) -> None:
     assert v["gpu_hours"] == pytest.approx(1.0, abs=0.01) and v["goodput_pct"] == 100.0  # 2 GPUs x 30 min, busy
     assert n["gpu_hours"] == pytest.approx(1.0, abs=0.01) and n["goodput_pct"] == 0.0
     assert n["idle_accelerators_gpu_hours"] == pytest.approx(1.0, abs=0.01)
-    assert "Kubernetes pods that sent no step telemetry" in r.stderr
+    assert "Kubernetes pods or Slurm jobs that sent no step telemetry" in r.stderr
     jobs = {x["job"]: x["jobs"] for x in analyze(db, "goodput", "--fleet", "--by", "job")}
     assert jobs == {"nlp/bert-0": 1, "resnet50-a": 1}
+
+
+def test_a_pod_that_ran_a_tracked_job_is_that_job_not_counted_twice(tmp_path: Path) -> None:
+    """resnet's pod has no job label (its GPUs say vision/resnet-worker-0) but its code calls
+    track as resnet-tracked: its GPU time is resnet-tracked's, from its steps, not a second
+    account for the pod; the untracked pod beside it is still accounted."""
+    db = node(tmp_path, tracked=True)
+    rows = {r["job"]: r for r in analyze(db, "goodput", "--fleet", "--by", "job")}
+    assert sorted(rows) == ["nlp/bert-0", "resnet-tracked"]
+    assert rows["resnet-tracked"]["gpu_hours"] == pytest.approx(1.0, abs=0.05)
+    ns = {r["namespace"]: r["jobs"] for r in analyze(db, "goodput", "--fleet", "--by", "namespace")}
+    assert ns == {"nlp": 1, "vision": 1}  # the tracked job is in its pod's namespace
+    procs = {r["pid"]: (r["job"], r["named_by"]) for r in analyze(db, "gpu", "--processes")}
+    assert procs[4000] == ("resnet-tracked", "track") and procs[4001] == ("vision/resnet-worker-0", "kubernetes")
 
 
 def test_the_job_page_answers_for_a_pods_job(db: Path) -> None:

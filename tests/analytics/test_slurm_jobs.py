@@ -46,3 +46,58 @@ def test_two_slurm_jobs_on_one_gpu_are_found_without_track(tmp_path: Path) -> No
     assert sorted(f) == ["slurm-501", "slurm-502"]
     x = f["slurm-502"][0]
     assert x.subject == "1" and x.evidence["samples"] == 4 and x.evidence["job2_sm"] == 0.25
+
+
+def test_two_slurm_jobs_sharing_a_node_with_no_track(tmp_path: Path) -> None:
+    """Issue 55's Slurm node: job 501's processes (cgroup v2, user alice) work GPUs 0 and 1;
+    a prolog's GPU map gives GPUs 2 and 3 to job 502 (uid 0), which idles. No rank declared
+    anything, no step was sent: the processes, gpu_idle, goodput by Slurm job and by user,
+    and the jobs listing name both."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cmdare.agent.sources.gpu import GpuSource, slurm
+    from cmdare.analytics.cli import cli
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+    from tests.analytics.test_kubernetes_jobs import EVERY, TICKS, IdleAbove
+
+    proc = tmp_path / "proc"
+    for pid in (4000, 4001):
+        _proc(proc, pid, V2.replace("4243", "501"), b"SLURM_JOB_NAME=resnet\0SLURM_JOB_USER=alice\0")
+    gmap = tmp_path / "dcgm-job-map"
+    gmap.mkdir()
+    for i in (2, 3):
+        (gmap / str(i)).write_text("502 0\n")
+    src = GpuSource(GpuSource.parse_config("sources.gpu", {"slurm_gpu_map": str(gmap), "kubernetes": False}),
+                    nvml=IdleAbove(2, gpus=4, model="a100"))
+    src.slurm = slurm.Resolver(proc)
+    agent = EventFactory("slurm-n0", "worker", "", rows=True)
+    lines: list[bytes] = []
+    for i in range(TICKS):
+        src.collect(lambda t, d, ts=T0 + i * EVERY, job=None: lines.append(agent.line(t, d, ts, job)))
+    src.close()
+    db = tmp_path / "slurm.duckdb"
+    con = connect(db)
+    assert Writer(con, rollup_every=None).write([("agent", b"".join(lines))]).dead == 0
+    f = found(con, "gpu_idle")
+    con.close()
+    assert sorted(f) == ["slurm-502"] and f["slurm-502"][0].subject == "2,3"
+
+    def analyze(*args: str) -> list[dict]:
+        r = CliRunner().invoke(cli, ["--db", str(db), *args, "--json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    procs = {r["pid"]: (r["job"], r["named_by"]) for r in analyze("gpu", "--processes")}
+    assert procs == {4000: ("slurm-501", "slurm"), 4001: ("slurm-501", "slurm"),
+                     4002: ("slurm-502", "slurm"), 4003: ("slurm-502", "slurm")}  # 4002/3: by the GPU map
+    by_user = {r["user"]: r for r in analyze("goodput", "--fleet", "--by", "user")}
+    assert sorted(by_user) == ["alice", "root"]
+    assert by_user["alice"]["goodput_pct"] == 100.0 and by_user["root"]["idle_accelerators_gpu_hours"] > 0.99
+    assert sorted(r["slurm_job"] for r in analyze("goodput", "--fleet", "--by", "slurm_job")) == ["501", "502"]
+    states = {r["job"]: r["state"] for r in analyze("jobs")}
+    assert states == {"slurm-501": "slurm job (no steps)", "slurm-502": "slurm job (no steps)"}
+    rows = analyze("goodput", "--job", "slurm-502")
+    assert next(r for r in rows if r["category"] == "idle_accelerators")["pct"] == 100.0

@@ -31,6 +31,7 @@ class Gpu:
     links: list[int] = field(default_factory=list)  # NVLinks active at start
     proc_ts: int = 0  # newest process-utilisation sample seen (NVML's microseconds)
     pod: Any = None  # the Kubernetes pod holding it at the last sample (kubelet.Pod), None: none known
+    slurm_job: str | None = None  # the Slurm job holding it at the last sample (its id), None: none known
 
     def __post_init__(self) -> None:
         self.blank = [""] * len(GPU_FIELDS)  # the row with this GPU's identity, every other field absent

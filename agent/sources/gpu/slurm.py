@@ -21,7 +21,10 @@ that field only. Every value is bounded: ids of digits, names of printable chara
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -137,13 +140,69 @@ class Resolver:
                         info["uid"] = int(f[1])
                     break
         if "slurm_user" not in info and "uid" in info:
-            import pwd
-
-            try:
-                info["slurm_user"] = _name(pwd.getpwuid(info["uid"]).pw_name.encode())
-            except (KeyError, OverflowError):
-                pass
+            user = _user(info["uid"])
+            if user is not None:
+                info["slurm_user"] = user
         return info
 
 
 FIELDS = ("slurm_job", "slurm_step", "slurm_job_name", "slurm_user")  # what a process entry carries
+MAX_MAP_FILES = 256
+_MAP_NAME = re.compile(r"\d{1,4}|(?:GPU|MIG)-[0-9A-Za-z_.-]{1,120}")
+
+
+def _user(uid: int) -> str | None:
+    import pwd
+
+    try:
+        return _name(pwd.getpwuid(uid).pw_name.encode())
+    except (KeyError, OverflowError):
+        return None
+
+
+class GpuMap:
+    """The Slurm job holding each GPU, from the files a prolog writes for dcgm-exporter's
+    ``--hpc-job-mapping-dir``: one file per GPU, named by its index (or its GPU / MIG UUID),
+    holding the job id (one per line; the uid after it, as Princeton's jobstats writes it,
+    is read where present). A file naming two jobs (a shared GPU) names none. The folder is
+    read again at most every ``recheck`` seconds; each file up to 4 KiB, at most 256 files."""
+
+    def __init__(self, folder: str | Path, recheck: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.folder, self.recheck, self.clock = Path(folder), recheck, clock
+        self.read_at = -math.inf
+        self.jobs: dict[str, tuple[str, str | None]] = {}  # file name -> (job id, user)
+
+    def get(self, index: int, uuid: str) -> tuple[str, str | None] | None:
+        now = self.clock()
+        if now - self.read_at >= self.recheck:
+            self.read_at = now
+            self.jobs = self._read()
+        return self.jobs.get(uuid) or self.jobs.get(str(index))
+
+    def _read(self) -> dict[str, tuple[str, str | None]]:
+        out: dict[str, tuple[str, str | None]] = {}
+        try:
+            names = sorted(os.listdir(self.folder))[:MAX_MAP_FILES]
+        except OSError:  # no prolog ran yet, or no such folder: no GPU is mapped
+            return out
+        for name in names:
+            if not _MAP_NAME.fullmatch(name):
+                continue
+            try:
+                if not stat.S_ISREG(os.stat(self.folder / name).st_mode):
+                    continue  # a FIFO would block the tick, a folder answers nothing
+            except OSError:
+                continue
+            raw = _read(self.folder / name)
+            if not raw:
+                continue
+            lines = [ln.split() for ln in raw[:4096].decode("ascii", "replace").splitlines() if ln.strip()]
+            jobs = {ln[0] for ln in lines}
+            if len(jobs) != 1:
+                continue
+            job = next(iter(jobs))
+            if not job.isdigit() or len(job) > 20:
+                continue
+            uid = lines[0][1] if len(lines[0]) > 1 else ""
+            out[name] = (job, _user(int(uid)) if uid.isdigit() and len(uid) <= 10 else None)
+        return out

@@ -17,7 +17,7 @@ from cmdare.wire.units import ConfigError
 from ..base import SOURCES, Emit, Source, SourceUnavailable
 from . import gpm, kubelet, mig, nvlink, processes, slurm
 from .device import Gpu
-from .fields import FIXED, HEALTH, Call
+from .fields import FIXED, HEALTH, Call, put
 from .nvml import (
     GPU_IS_LOST,
     MISMATCH,
@@ -48,6 +48,8 @@ class GpuSource(Source):
         "retry_interval": Option("duration", 60.0, "how often to retry when NVML or GPUs are missing"),
         "processes": Option("bool", True, "send per-process GPU memory"),
         "slurm": Option("bool", True, "name each GPU process's Slurm job, step and user (from /proc: no slurmctld call)"),
+        "slurm_gpu_map": Option("str", "", "a prolog's GPU-to-Slurm-job files (dcgm-exporter's --hpc-job-mapping-dir, "
+                                "e.g. /run/dcgm-job-map); '': each GPU's job from its processes alone"),
         "kubernetes": Option("bool", True, "name each GPU's Kubernetes pod, namespace, container and job (the kubelet's "
                              "pod-resources socket; none there: not a Kubernetes node, said once)"),
         "kubelet_socket": Option("str", kubelet.SOCKET, "the kubelet's pod-resources socket"),
@@ -69,6 +71,9 @@ class GpuSource(Source):
         if b != "pynvml" and not (b.startswith("python:") and len(b) > len("python:")):
             raise ConfigError(f"{where}.backend: must be 'pynvml' or 'python:<module>', got {b!r}")
         kubelet.check_config(where, cfg)
+        m = cfg["slurm_gpu_map"]
+        if m and (not m.startswith("/") or len(m) > 256 or "\0" in m):
+            raise ConfigError(f"{where}.slurm_gpu_map: expected '' or an absolute path, got {m[:80]!r}")
         return cfg
 
     def __init__(self, config: dict[str, Any], nvml: Any = None, clock: Callable[[], float] = time.monotonic,
@@ -84,6 +89,8 @@ class GpuSource(Source):
         self._next_retry = -math.inf  # while NVML or its GPUs are missing: no retry before this
         self._why = ""
         self.slurm = slurm.Resolver() if self.config.get("slurm", True) and self.config.get("processes", True) else None
+        gmap = self.config.get("slurm_gpu_map", "")
+        self.slurm_map = slurm.GpuMap(gmap) if gmap and self.config.get("slurm", True) else None
         self.pods: kubelet.PodResolver | None = None
         if self.config.get("kubernetes", True):
             api = self.config.get("apiserver", "")
@@ -294,7 +301,30 @@ class GpuSource(Source):
             g.pod = self.pods.get(g.uuid)
             if g.pod is not None:
                 g.pod.put(d, t)
+        g.slurm_job = None
+        if g.pod is None and (self.slurm is not None or self.slurm_map is not None):
+            held = self._slurm_job(g, d)
+            if held is not None:
+                g.slurm_job = held[0]
+                put(d, t, "slurm_job", held[0])
+                if held[1]:
+                    put(d, t, "slurm_user", held[1])
         return Encoded(d, row="\t".join(t).rstrip("\t"))
+
+    def _slurm_job(self, g: Gpu, d: dict[str, Any]) -> tuple[str, str | None] | None:
+        """The Slurm job holding ``g`` (and its user): a prolog's GPU map where configured, else
+        the one Slurm job every process on it is in (none where two share it or one is in none)."""
+        if self.slurm_map is not None:
+            held = self.slurm_map.get(g.index, g.uuid)
+            if held is not None:
+                return held
+        procs = d.get("processes")
+        if not procs:
+            return None
+        jobs = {p.get("slurm_job") for p in procs}
+        if len(jobs) != 1 or None in jobs:
+            return None
+        return next(iter(jobs)), procs[0].get("slurm_user")
 
     def collect(self, emit: Emit) -> None:
         if not self._inited:
@@ -315,10 +345,12 @@ class GpuSource(Source):
                         m.lost = True
                         emit("gpu_event", {"index": m.index, "uuid": m.uuid, "kind": "lost", "count": 1})
                 continue
-            if g.pod is None:
-                emit("gpu", data)
-            else:  # held by a Kubernetes pod: the sample is that pod's job's
+            if g.pod is not None:  # held by a Kubernetes pod: the sample is that pod's job's
                 emit("gpu", data, job=g.pod.job)
+            elif g.slurm_job is not None:  # ... or by a Slurm job
+                emit("gpu", data, job="slurm-" + g.slurm_job)
+            else:
+                emit("gpu", data)
             self._health_events(g, data, emit)
         self._drain_xid(emit)
         if problems:

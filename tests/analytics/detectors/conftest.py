@@ -65,7 +65,7 @@ def agent_gpus(tmp_path: Path, nvml: Any, job: str = "j", ticks: int = 60, every
     lines: list[bytes] = [agent.line("train_job", {"run": "r", "rank": 0, "pid": 4000, "world_size": 1}, T0, job=job)]
     for k in range(ticks):
         ts = T0 + k * every
-        src.collect(lambda t, d, ts=ts: lines.append(agent.line(t, d, ts)))
+        src.collect(lambda t, d, ts=ts, job=None: lines.append(agent.line(t, d, ts, job)))
         lines.append(agent.line("train_steps", {"run": "r", "rank": 0, "steps": 10, "steps_per_second": 1.0,
                                                 "interval_seconds": every}, ts, job=job))
     src.close()
