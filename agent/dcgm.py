@@ -7,8 +7,10 @@ unit: clocks in MHz, memory in MiB, energy in mJ, utilisation in %, the profilin
 (``DCGM_FI_PROF_*``) activities as ratios 0..1, PCIe throughput in bytes/s. The labels are
 dcgm-exporter's: ``gpu`` (the NVML index; a MIG instance's parent), ``UUID``, ``device``
 (``nvidia<gpu>``), ``modelName``, ``Hostname`` (the agent's node name), and for a MIG
-instance ``GPU_I_PROFILE`` and ``GPU_I_ID``; the agent's own labels (``node``, ``role``,
-``job``, ``[labels]``) come too.
+instance ``GPU_I_PROFILE`` and ``GPU_I_ID``; ``pod``, ``namespace`` and ``container`` of the
+Kubernetes pod holding the GPU (the kubelet's pod-resources API, as dcgm-exporter maps them)
+and ``hpc_job``, the Slurm job holding it (dcgm-exporter's HPC job mapping), empty where
+none; the agent's own labels (``node``, ``role``, ``job``, ``[labels]``) come too.
 
 Left out, because the agent does not sample them (docs/agent.md#dcgm-exporter-names):
 ``DCGM_FI_DEV_MEMORY_TEMP`` (an NVML field value), ``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``,
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MIB = 1048576.0
-LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "GPU_I_PROFILE", "GPU_I_ID")
+LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "GPU_I_PROFILE", "GPU_I_ID", "pod", "namespace", "container",
+          "hpc_job")
 
 
 @dataclass(frozen=True)
@@ -104,4 +107,6 @@ def labels(d: dict[str, Any], hostname: str) -> tuple[str, ...] | None:
     mig = isinstance(parent, int) and not isinstance(parent, bool)
     gi = d.get("gpu_instance_id")
     return (str(gpu), str(d.get("uuid") or ""), f"nvidia{gpu}", str(d.get("name") or ""), hostname,
-            str(d.get("mig_profile") or "") if mig else "", str(gi) if mig and gi is not None else "")
+            str(d.get("mig_profile") or "") if mig else "", str(gi) if mig and gi is not None else "",
+            str(d.get("pod") or ""), str(d.get("namespace") or ""), str(d.get("container") or ""),
+            str(d.get("slurm_job") or ""))

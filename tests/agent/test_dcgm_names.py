@@ -93,9 +93,27 @@ def test_values_are_in_dcgm_exporters_units_as_nvml_answered_them() -> None:
 def test_a_mig_instance_is_its_parents_gpu_with_its_profile() -> None:
     fams, seen, _ = _store_and_samples(gpus=1, model="h100", mig=2)
     fb = fams["DCGM_FI_DEV_FB_USED"][1]
-    migs = [k[3:] for k in fb if k[-2]]
-    assert len(migs) == 2 and all(m[0] == "0" and m[2] == "nvidia0" and m[-2].startswith("1g.") for m in migs)
-    assert sorted(m[-1] for m in migs) == sorted({str(d["gpu_instance_id"]) for d in seen if d.get("parent_index") == 0})
+    prof, gi = 3 + dcgm.LABELS.index("GPU_I_PROFILE"), 3 + dcgm.LABELS.index("GPU_I_ID")
+    migs = [k for k in fb if k[prof]]
+    assert len(migs) == 2 and all(m[3] == "0" and m[5] == "nvidia0" and m[prof].startswith("1g.") for m in migs)
+    assert sorted(m[gi] for m in migs) == sorted({str(d["gpu_instance_id"]) for d in seen if d.get("parent_index") == 0})
+
+
+def test_the_pod_and_the_slurm_job_holding_a_gpu_are_its_labels() -> None:
+    """dcgm-exporter's pod, namespace, container (its kubelet mapping) and hpc_job (its HPC
+    job mapping) labels, from the GPU sample's scheduler fields; empty where none."""
+    st = MetricStore("gpu-a", "worker", "", names="dcgm")
+    st.observe("gpu", {"index": 0, "uuid": "GPU-0", "name": "A100", "util_gpu_ratio": 0.5, "namespace": "nlp",
+                       "pod": "bert-0", "container": "main"}, "nlp/bert-0")
+    st.observe("gpu", {"index": 1, "uuid": "GPU-1", "name": "A100", "util_gpu_ratio": 0.5, "slurm_job": "4242"},
+               "slurm-4242")
+    st.observe("gpu", {"index": 2, "uuid": "GPU-2", "name": "A100", "util_gpu_ratio": 0.5})
+    util = {f.name: dict(s) for f, s in st.snapshot()}["DCGM_FI_DEV_GPU_UTIL"]
+    at = {k: 3 + dcgm.LABELS.index(k) for k in ("pod", "namespace", "container", "hpc_job")}
+    got = {key[3]: {k: key[i] for k, i in at.items()} | {"job": key[2]} for key in util}
+    assert got == {"0": {"pod": "bert-0", "namespace": "nlp", "container": "main", "hpc_job": "", "job": "nlp/bert-0"},
+                   "1": {"pod": "", "namespace": "", "container": "", "hpc_job": "4242", "job": "slurm-4242"},
+                   "2": {"pod": "", "namespace": "", "container": "", "hpc_job": "", "job": ""}}
 
 
 def test_an_xid_is_the_gauge_of_the_last_one_and_the_cmdare_names_stay() -> None:
