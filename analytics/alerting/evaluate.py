@@ -13,7 +13,7 @@ from typing import Any
 
 import duckdb
 
-from ..db import AnalyticsError
+from ..db import AnalyticsError, has_column
 from .rulefmt import (
     FINDING_LABELS,
     MAX_TEXT,
@@ -228,24 +228,29 @@ def _findings(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, fresh
 
 
 def _live(con: duckdb.DuckDBPyConnection, at: dt.datetime, window: float) -> tuple[set[str], set[str]]:
-    """Jobs still stepping (or feeding input) at ``at``, heard within three of their own
-    intervals (at least a minute), of which some run has not ended (``runs()``: a finished,
-    failed or crashed job is not alerted on for what it did while it ran), and nodes heard
-    from within two minutes."""
+    """Jobs still stepping (or feeding input, or a pod's or Slurm job's GPUs reporting) at
+    ``at``, heard within three of their own intervals (at least a minute), of which some run
+    has not ended (``runs()``: a finished, failed or crashed job is not alerted on for what it
+    did while it ran), and nodes heard from within two minutes."""
     since = at - dt.timedelta(seconds=window)
+    # a job a Kubernetes pod or Slurm job holds GPUs for, with no steps: live while its GPUs report
+    held = ("""
+            UNION ALL
+            SELECT job, last_ts, NULL FROM gpu_5m WHERE last_ts > ? AND first_ts <= ? AND job IS NOT NULL AND job <> ''
+              AND (namespace IS NOT NULL OR slurm_job IS NOT NULL)""" if has_column(con, "gpu_5m", "slurm_job") else "")
     jobs = con.execute(
-        """
+        f"""
         SELECT job FROM (
             SELECT job, ts, interval_seconds FROM steps WHERE ts > ? AND ts <= ? AND job IS NOT NULL
             UNION ALL
-            SELECT job, ts, interval_seconds FROM data_batches WHERE ts > ? AND ts <= ? AND job IS NOT NULL)
+            SELECT job, ts, interval_seconds FROM data_batches WHERE ts > ? AND ts <= ? AND job IS NOT NULL{held})
         GROUP BY job
         HAVING epoch(?::TIMESTAMP) - epoch(max(ts)) <= greatest(60, 3 * coalesce(median(interval_seconds), 10))
         EXCEPT
         SELECT job FROM runs(asof_ts := ?::TIMESTAMP, since := ?::TIMESTAMP) GROUP BY job
         HAVING NOT bool_or(state = 'running')
         """,
-        [since, at, since, at, at, at, since],
+        [since, at, since, at, *([since, at] if held else []), at, at, since],
     ).fetchall()
     nodes = con.execute(  # any event of the node counts (not every source sends heartbeats)
         "SELECT node FROM nodes WHERE last_seen >= ?::TIMESTAMP - INTERVAL 2 MINUTE", [at]

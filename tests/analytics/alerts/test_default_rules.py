@@ -272,3 +272,20 @@ def test_collector_behind_is_unread_input_not_old_events(con: duckdb.DuckDBPyCon
     assert "CollectorBehind" not in f and "NodeLost" not in f
 
 
+
+
+def test_gpu_idle_while_a_kubernetes_pod_holds_them_with_no_track(tmp_path) -> None:
+    """Issue 55: the rule pack works on pods that never call track: the idle pod's GPUs page
+    as its job's (its namespace/pod), the busy pod beside it does not."""
+    from cmdare.collector.db import connect
+    from tests.analytics.detectors.conftest import T0
+    from tests.analytics.test_kubernetes_jobs import EVERY, TICKS, node
+
+    con = connect(node(tmp_path))
+    end = dt.datetime.fromtimestamp(T0 + (TICKS - 1) * EVERY, dt.timezone.utc).replace(tzinfo=None)
+    f = fired(con, [end - dt.timedelta(minutes=5), end])
+    [a] = f["GpuIdleWhileJobRuns"]
+    assert (a.labels["job"], a.labels["node"], a.labels["subject"]) == ("nlp/bert-0", "k8s-n0", "2,3")
+    later = [end + dt.timedelta(minutes=10), end + dt.timedelta(minutes=15)]  # the pod gone: its GPUs report no more
+    assert "GpuIdleWhileJobRuns" not in fired(con, later)
+    con.close()
