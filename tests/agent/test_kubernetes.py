@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import logging
-import os
 from pathlib import Path
 
 import grpc
@@ -128,6 +127,8 @@ def test_no_socket_is_said_once_and_names_no_pod(tmp_path: Path, caplog) -> None
 def test_permission_denied_is_one_line(caplog) -> None:
     """The socket is the kubelet's (root's, 0600): an agent running as another user may not
     connect. As root here, the check runs in a child process that became nobody."""
+    import subprocess
+    import sys
     import tempfile
 
     d = Path(tempfile.mkdtemp(prefix="cmdare-kubelet-"))
@@ -136,27 +137,22 @@ def test_permission_denied_is_one_line(caplog) -> None:
     server = serve(FakeKubelet(), sock)
     try:
         sock.chmod(0o600)
-        rfd, wfd = os.pipe()
-        pid = os.fork()  # as root, a child that became nobody (nobody may not exec this venv's python)
-        if pid == 0:  # pragma: no cover (the child)
-            try:
-                os.close(rfd)
-                if os.geteuid() == 0:
-                    os.setuid(65534)
-                said: list[str] = []
-                h = logging.Handler()
-                h.emit = lambda rec: said.append(rec.getMessage())  # type: ignore[method-assign]
-                logging.getLogger("cmdare.agent.gpu").addHandler(h)
-                r = kubelet.PodResolver(str(sock), labels=None)
-                oks = (r.refresh(), r.refresh())
-                os.write(wfd, repr((oks, said)).encode())
-            finally:
-                os._exit(0)
-        os.close(wfd)
-        with os.fdopen(rfd) as f:
-            oks, said = ast.literal_eval(f.read())
-        os.waitpid(pid, 0)
-        assert oks == (False, False)
+        # a fresh interpreter (no fork of this threaded one); as root it imports what it needs,
+        # then becomes nobody (who may not read this machine's Python) before it asks
+        code = ("import logging, os, sys\n"
+                "from cmdare.agent.sources.gpu import kubelet\n"
+                "said = []\n"
+                "h = logging.Handler()\n"
+                "h.emit = lambda rec: said.append(rec.getMessage())\n"
+                "logging.getLogger('cmdare.agent.gpu').addHandler(h)\n"
+                "logging.getLogger('cmdare.agent.gpu').setLevel(logging.INFO)\n"
+                "os.geteuid() == 0 and os.setuid(65534)\n"
+                f"r = kubelet.PodResolver({str(sock)!r}, labels=None)\n"
+                "print(repr(((r.refresh(), r.refresh()), said, os.geteuid())))\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        oks, said, euid = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+        assert euid != 0 and oks == (False, False)
         assert len(said) == 1 and "permission denied" in said[0], said
     finally:
         server.stop(None)
