@@ -234,9 +234,10 @@ def _bucket_expr(every: float | None, con: duckdb.DuckDBPyConnection, table: str
 def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None,
         until: dt.datetime | None = None, label: tuple[str, str] | None = None, every: float | None = None) -> Result:
     """Per GPU over the window [cutoff, until) (and per ``every`` seconds: a leading
-    ``bucket`` column, its start): samples, utilisation mean/max, memory, power,
-    temperature, share of samples with a throttle reason, ECC and Xid events; ``label``:
-    only nodes with that label."""
+    ``bucket`` column, its start): the job of the Kubernetes pod or Slurm job holding it
+    (``held_by``; ``namespace``, ``pod``, ``slurm_job``), samples, utilisation mean/max,
+    memory, power, temperature, share of samples with a throttle reason, ECC and Xid events;
+    ``label``: only nodes with that label."""
     where, params = _where(node, cutoff, until, label)  # used for samples and events alike
     b = _bucket_expr(every, con, "gpu_samples", where, params)
     sel, key = (f"{b} AS bucket, ", "bucket, ") if b else ("", "")
@@ -248,7 +249,9 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
                    sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc,
                    bool_or(kind = 'lost') AS lost
             FROM gpu_events{where} GROUP BY ALL)
-        SELECT {key}s.node, s."index" AS gpu, any_value(s.name) AS name, count(*) AS samples,
+        SELECT {key}s.node, s."index" AS gpu, any_value(s.name) AS name,
+               max(CASE WHEN s.pod IS NOT NULL OR s.slurm_job IS NOT NULL THEN s.job END) AS held_by,
+               count(*) AS samples,
                round(avg(util_gpu_ratio) * 100, 1) AS util_pct, round(max(util_gpu_ratio) * 100, 1) AS util_max_pct,
                round(max(mem_used_bytes) / 2^30, 2) AS mem_used_gib, round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
                round(avg(power_watts), 1) AS power_w, round(max(temp_celsius), 1) AS temp_max_c,
@@ -263,7 +266,8 @@ def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.date
                round(avg(tensor_active_ratio) * 100, 1) AS tensor_pct,
                round(avg(dram_active_ratio) * 100, 1) AS dram_pct,
                round((max(energy_joules_total) - min(energy_joules_total)) / 3.6e6, 4) AS energy_kwh,
-               max(nvlink_errors_total) - min(nvlink_errors_total) AS nvlink_errors
+               max(nvlink_errors_total) - min(nvlink_errors_total) AS nvlink_errors,
+               max(s.namespace) AS namespace, max(s.pod) AS pod, max(s.slurm_job) AS slurm_job
         FROM (SELECT {sel}* FROM gpu_samples{where}) s LEFT JOIN ev USING ({key}node, uuid)
         GROUP BY {key}s.node, s."index" ORDER BY {key}s.node, gpu""",
         params + params,

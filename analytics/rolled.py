@@ -25,6 +25,7 @@ ev AS (
            bool_or(kind = 'lost') AS lost
     FROM gpu_events WHERE ts < $h GROUP BY ALL)
 SELECT strftime(r.b, '%Y-%m-%d %H:%M:%S') AS bucket, r.node, r."index" AS gpu, any_value(r.name) AS name,
+       max(CASE WHEN namespace IS NOT NULL OR slurm_job IS NOT NULL THEN job END) AS held_by,
        sum(r.samples) AS samples, round(sum(util_sum) / nullif(sum(util_samples), 0) * 100, 1) AS util_pct,
        round(max(util_max) * 100, 1) AS util_max_pct, round(max(mem_used_max) / 2^30, 2) AS mem_used_gib,
        round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
@@ -38,7 +39,8 @@ SELECT strftime(r.b, '%Y-%m-%d %H:%M:%S') AS bucket, r.node, r."index" AS gpu, a
        round(sum(tensor_sum) / nullif(sum(tensor_n), 0) * 100, 1) AS tensor_pct,
        round(sum(dram_sum) / nullif(sum(dram_n), 0) * 100, 1) AS dram_pct,
        round((max(energy_max) - min(energy_min)) / 3.6e6, 4) AS energy_kwh,
-       max(nvl_err_max) - min(nvl_err_min) AS nvlink_errors
+       max(nvl_err_max) - min(nvl_err_min) AS nvlink_errors, max(namespace) AS namespace, NULL AS pod,
+       max(slurm_job) AS slurm_job
 FROM r LEFT JOIN ev ON ev.b = r.b AND ev.node = r.node AND ev.uuid = r.uuid
 GROUP BY r.b, r.node, r."index" ORDER BY r.b, r.node, gpu"""
 

@@ -11,8 +11,9 @@ import click
 from .. import api
 from ..output import as_json, table
 
-# columns shown by default whenever any row holds something in them
-ALARMS = ("clock_skew_s", "skewed_events")
+# columns shown by default whenever any row holds something in them (the job of the pod or
+# Slurm job holding a GPU: empty on a fleet no scheduler runs)
+ALARMS = ("clock_skew_s", "skewed_events", "held_by")
 
 
 def rows(t: api.Table, as_json_: bool, columns: str | None = None, default: tuple[str, ...] | None = None,

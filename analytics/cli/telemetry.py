@@ -177,8 +177,9 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
 @json_option
 def gpu(node: str | None, since: str | None, until: str | None, every: str | None, label: str | None,
         job: str | None, processes: bool, columns: str | None, wide: bool, db: str, as_json_: bool) -> None:
-    """Per GPU: utilisation, memory, power, temperature, throttling, ECC / Xid events
-    (with --every: per GPU and time bucket); --wide adds the profiling activity (graphics
+    """Per GPU: utilisation, memory, power, temperature, throttling, ECC / Xid events, and
+    the job of the Kubernetes pod or Slurm job holding it (held_by, shown where any GPU has
+    one; namespace, pod, slurm_job with --wide) (with --every: per GPU and time bucket); --wide adds the profiling activity (graphics
     engine, SMs, tensor pipes, DRAM bandwidth: GPM, Hopper and later), energy, NVLink
     errors and MIG identity (a MIG instance is a GPU of its own; its parent's activity is
     its instances' weighted by their share of its SMs).  With --processes or --job: per GPU

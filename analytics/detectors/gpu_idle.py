@@ -21,6 +21,23 @@ def _gpus(rows: list[tuple]) -> str:
     return ",".join(str(r) for r in sorted(rows))
 
 
+def _holders(con: duckdb.DuckDBPyConnection, found: list[Finding]) -> None:
+    """Each finding's Kubernetes pod (``namespace``, ``pod``, ``container``) or Slurm job
+    (``slurm_job``) in its evidence, where the scheduler held its GPUs for its job: one read
+    of the finding's node, job and window (the pod's own name, not only its job's)."""
+    for f in found:
+        if not f.job or not f.node:
+            continue
+        row = con.execute(
+            """SELECT max(namespace), max(pod), max(container), max(slurm_job) FROM gpu_samples
+               WHERE node = ? AND job = ? AND ts >= ? AND ts < ? AND (pod IS NOT NULL OR slurm_job IS NOT NULL)""",
+            [f.node, f.job, *(None if t is None else t.replace(tzinfo=None) for t in (f.window_start, f.window_end))]
+        ).fetchone()
+        for k, v in zip(("namespace", "pod", "container", "slurm_job"), row or (), strict=False):
+            if v:
+                f.evidence[k] = v
+
+
 @DETECTORS.register
 class GpuIdle(Detector):
     name = "gpu_idle"
@@ -87,6 +104,7 @@ class GpuIdle(Detector):
                     )
                 )
         out += self._allocated_no_work(con, scope, g)
+        _holders(con, out)
         return out
 
     def _allocated_no_work(self, con: duckdb.DuckDBPyConnection, scope: Scope, g: str) -> list[Finding]:

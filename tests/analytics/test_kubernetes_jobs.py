@@ -106,6 +106,19 @@ def test_gpu_processes_are_named_by_their_pods_jobs(db: Path) -> None:
     assert [r["pid"] for r in analyze(db, "gpu", "--job", "nlp/bert-0")] == [4002, 4003]
 
 
+def test_analyze_gpu_says_which_pod_holds_each_gpu(db: Path) -> None:
+    """The question platform teams ask: which pod holds idle GPUs. The per-GPU listing names
+    the pod's job (held_by), shown by default where any GPU has one."""
+    rows = {r["gpu"]: r for r in analyze(db, "gpu")}
+    assert {g: (r["held_by"], r["namespace"], r["pod"], r["util_pct"] > 50) for g, r in rows.items()} == {
+        0: ("resnet50-a", "vision", "resnet-worker-0", True), 1: ("resnet50-a", "vision", "resnet-worker-0", True),
+        2: ("nlp/bert-0", "nlp", "bert-0", False), 3: ("nlp/bert-0", "nlp", "bert-0", False)}
+    r = CliRunner().invoke(cli, ["--db", str(db), "gpu"])
+    assert r.exit_code == 0 and "held_by" in r.stdout.splitlines()[0] and "nlp/bert-0" in r.stdout
+    every = analyze(db, "gpu", "--every", "5m")  # per bucket too (the rollup's early buckets alike)
+    assert {x["held_by"] for x in every if x["gpu"] == 2} == {"nlp/bert-0"}
+
+
 def test_a_declaration_wins_over_the_pod(tmp_path: Path) -> None:
     rows = analyze(node(tmp_path, declare=True), "gpu", "--processes")
     by = {r["pid"]: (r["job"], r["named_by"], r["rank"]) for r in rows}
@@ -126,6 +139,7 @@ def test_gpu_idle_names_the_idle_pod_with_no_steps_anywhere(db: Path, tmp_path: 
     assert (x.node, x.subject, x.severity) == ("k8s-n0", "2,3", "critical")  # every GPU of the pod: stalled?
     assert x.evidence["idle_gpus"] == 2 and x.evidence["gpu_hours_wasted"] == pytest.approx(1.0, abs=0.01)
     assert x.summary.startswith("2 of 2 GPUs on k8s-n0 idle while the job ran")
+    assert (x.evidence["namespace"], x.evidence["pod"], x.evidence["container"]) == ("nlp", "bert-0", "main")
 
 
 def test_goodput_by_namespace_splits_the_pods_gpu_time(db: Path) -> None:
