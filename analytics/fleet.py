@@ -296,6 +296,7 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
         for r in rank_rows:
             r["vs_median_pct"] = None if r["step_mean_s"] is None or m <= 0 else round(100 * (r["step_mean_s"] / m - 1), 1)
     gpu_rows = _job_gpus(con, p, w, pod)
+    series["gpu_util_pct"] = _gpu_util(con, p, w, pod, start, step, n)
     ck = con.execute(
         f"""SELECT strftime(ts, '%Y-%m-%d %H:%M:%S') AS ts, node, rank, action, round(seconds, 3) AS seconds,
                    round(bytes / 2^20, 1) AS mib, step, ok FROM checkpoints {w} ORDER BY ts LIMIT {MAX_JOB_CHECKPOINTS}""",
@@ -313,6 +314,22 @@ MAX_JOB_GPUS = 4096  # GPUs a job page lists
 MAX_JOB_CHECKPOINTS = 1000  # checkpoints a job page lists (the first ones in the window)
 ACTIVE_SECONDS = 3600  # a finding whose window ended this recently is active; a job with steps this recent runs
 MAX_METRIC_JOBS = 200  # jobs whose goodput one scrape exports (the most recent)
+
+
+def _gpu_util(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, pod: bool, start: dt.datetime, step: float,
+              n: int) -> list[float | None]:
+    """The mean utilisation of the job's GPUs (those ``_job_gpus`` lists) per column, in %:
+    the graphics engine's activity where GPM gives it, else GPU_UTIL."""
+    mine = f"job = $j AND {HELD}" if pod else f"node IN (SELECT DISTINCT node FROM steps {w})"
+    out: list[float | None] = [None] * n
+    for b, u in con.execute(
+            f"""SELECT CAST(floor(epoch(ts - $start::TIMESTAMP) / $step) AS INTEGER) AS b,
+                       avg(coalesce(gr_engine_active_ratio, util_gpu_ratio)) * 100
+                FROM gpu_samples WHERE {mine} AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
+                GROUP BY b""", {**p, "start": start, "step": step}).fetchall():
+        if 0 <= b < n and u is not None and math.isfinite(u):
+            out[b] = round(float(u), 1)
+    return out
 
 
 def _job_gpus(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, pod: bool) -> list[dict[str, Any]]:

@@ -124,6 +124,7 @@
   function chart(target, title, times, series) {
     // series: [[label, values, colour]]
     const box = el("div", { class: "chart" });
+    box.dataset.points = String(series.reduce((a, s) => a + s[1].filter((v) => v !== null && v !== undefined).length, 0));
     target.append(el("div", {}, el("h3", { text: title }), box));
     if (typeof uPlot === "undefined" || !times.length) { box.textContent = times.length ? "" : "no data in the range"; return; }
     const xs = times.map(epoch);
@@ -390,6 +391,7 @@
     chart(charts, "steps/s (all ranks)", ts, [["steps/s", ss.steps_per_second || [], "#2563eb"]]);
     chart(charts, "step time (s)", ts, [["mean", ss.step_mean_s || [], "#2563eb"], ["p95 (mean of ranks)", ss.step_p95_s || [], "#b45309"], ["max", ss.step_max_s || [], "#b91c1c"]]);
     chart(charts, "input wait (% of step time)", ts, [["input wait %", ss.input_wait_pct || [], "#7c3aed"]]);
+    chart(charts, "GPU utilisation (% of the job's GPUs, mean)", ts, [["GPU utilisation %", ss.gpu_util_pct || [], "#059669"]]);
     out.append(section("Over time" + (series.step_seconds ? ` (per ${series.step_seconds} s)` : ""), charts));
     // job_sm_pct: the SMs the job's own processes used (by PID); other_processes: processes of no rank of it
     out.append(section("GPUs of the job's nodes",

@@ -102,12 +102,15 @@ def test_the_ps_bound_jobs_page_names_the_finding_and_its_numbers(page, api: str
     assert "ps_bound · critical" in text and "8 workers x 1 PS" in text and "% of linear scaling" in text
     card.locator("summary").click()
     assert '"workers": 8' in card.locator(".ev").inner_text()
-    # ranks, slowest first; 3 charts drawn by uPlot; goodput parts that add up to the wall
+    # ranks, slowest first; 4 charts drawn by uPlot (steps/s, step time, input wait, GPU use);
+    # goodput parts that add up to the wall
     ranks = p.locator("section:has(h2:text('Ranks, slowest first')) tbody tr")
     assert ranks.count() == 8
     means = [float(ranks.nth(i).locator("td").nth(4).inner_text()) for i in range(8)]
     assert means == sorted(means, reverse=True)
-    assert p.locator("section:has(h2:text-matches('^Over time')) .uplot").count() == 3
+    assert p.locator("section:has(h2:text-matches('^Over time')) .uplot").count() == 4
+    util = p.locator("div:has(> h3:text-matches('^GPU utilisation')) .chart").get_attribute("data-points")
+    assert int(util) > 10  # a stepping job's GPUs over time too
     widths = p.eval_on_selector_all(".bar span", "els => els.map(e => parseFloat(e.style.width))")
     assert abs(sum(widths) - 100) < 0.5
     # how the job's run stands: each rank finished (the simulated fleet's runs end)
@@ -350,7 +353,7 @@ def test_the_html_report_is_the_pages_in_one_file_that_makes_no_request(page, fl
     assert sections[:2] == ["fleet", "jobs"] and "job-sim-ps-5" in sections and sections[-4:] == ["findings", "recommendations", "alerts", "models"]
     ps = p.locator("#job-sim-ps-5")
     assert "8 workers x 1 PS" in ps.locator('.finding[data-kind="ps_bound"]').inner_text()
-    assert ps.locator("section:has(h2:text-matches('^Over time')) .uplot").count() == 3
+    assert ps.locator("section:has(h2:text-matches('^Over time')) .uplot").count() == 4
     assert p.evaluate("window.__pwned") is None and EVIL in p.inner_text("#jobs")
     # links between the pages stay inside the file
     p.click("#jobs a:text-is('sim-ps-5')")
@@ -451,6 +454,9 @@ def test_a_kubernetes_pods_job_page_shows_its_idle_gpus_and_the_finding(page, tm
         assert p.inner_text('[data-stat="GPUs active / allocated"] .v') == "0 / 2"
         assert p.inner_text('[data-stat="state"] .v') == "pod (no steps)"
         assert p.locator("section:has(h2:text-is(\"GPUs of the job's nodes\")) tr.hl").count() == 2
+        util = p.locator("div:has(> h3:text-matches('^GPU utilisation')) .chart")
+        assert int(util.get_attribute("data-points")) > 50  # its GPUs over time, though it sent no step
+        assert p.locator("div:has(> h3:text-matches('^steps/s')) .chart").get_attribute("data-points") == "0"
         todo = p.inner_text("section:has(h2:text-matches('^What to do'))")
         assert "gpu_idle k8s-n0" in todo and "release the idle GPUs" in todo  # the detector, run now
         gp = p.inner_text("section:has(h2:text-matches('^Goodput'))")
