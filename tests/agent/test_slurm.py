@@ -178,3 +178,72 @@ def test_a_bad_gpu_map_option_is_one_line() -> None:
 
     with pytest.raises(ConfigError, match="slurm_gpu_map: expected '' or an absolute path"):
         GpuSource.parse_config("sources.gpu", {"slurm_gpu_map": "relative/dir"})
+
+
+def _cgroup_fs(version: int) -> Path | None:
+    """A writable cgroup hierarchy to make Slurm's layout in (root only): v1's freezer, or v2."""
+    import os
+
+    if os.geteuid() != 0:
+        return None
+    for p in ((Path("/sys/fs/cgroup/freezer"),) if version == 1 else
+              (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))):
+        if (p / "cgroup.procs").exists() and os.access(p, os.W_OK) and \
+                ((p / "cgroup.controllers").exists() == (version == 2)):
+            return p
+    return None
+
+
+@pytest.mark.parametrize(("version", "layout", "want"), [
+    (1, "slurm/uid_1000/job_{job}/step_0/task_0", {"slurm_step": "0", "uid": 1000}),
+    (2, "system.slice/slurmstepd.scope/job_{job}/step_batch/user/task_0", {"slurm_step": "batch"}),
+])
+def test_real_cgroups_made_as_slurmd_makes_them(version: int, layout: str, want: dict) -> None:
+    """A real process moved into a real cgroup laid out as slurmd's cgroup plugin lays it out
+    (v1 and v2), with SLURM_* in its real environment: the resolver reads this machine's
+    /proc and names its job, step and user; the GPU source's sample carries them."""
+    import os
+    import random
+    import subprocess
+    import sys
+
+    from cmdare.agent.sources.gpu import GpuSource
+    from tests.fakes.nvml import FakeNvml
+
+    root = _cgroup_fs(version)
+    if root is None:
+        pytest.skip(f"needs root and a writable cgroup v{version} hierarchy (slurmd's layout is made there)")
+    job = str(random.randint(10**8, 10**9))
+    leaf = root / layout.format(job=job)
+    made = []
+    for p in reversed([leaf, *leaf.relative_to(root).parents][:-1]):  # only the folders this test makes
+        q = p if p.is_absolute() else root / p
+        if not q.exists():
+            q.mkdir()
+            made.append(q)
+    env = {**os.environ, "SLURM_JOB_ID": job, "SLURM_JOB_NAME": "resnet50", "SLURM_JOB_USER": "alice"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        (leaf / "cgroup.procs").write_text(str(child.pid))
+        info = slurm.Resolver().resolve(child.pid)
+        assert info["slurm_job"] == job and info["slurm_job_name"] == "resnet50" and info["slurm_user"] == "alice"
+        assert {k: info[k] for k in want} == want
+
+        class OnThisProcess(FakeNvml):  # GPU 0's process is the real one
+            def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802 (NVML's name)
+                got = super().nvmlDeviceGetComputeRunningProcesses(h)
+                if h.index == 0:
+                    got[0].pid = child.pid
+                return got
+
+        src = GpuSource(GpuSource.parse_config("sources.gpu", {"kubernetes": False}), nvml=OnThisProcess(gpus=1))
+        out: list[tuple] = []
+        src.collect(lambda t, d, job=None: out.append((d, job)) if t == "gpu" else None)
+        src.close()
+        (d, sent_as), = out
+        assert d["processes"][0]["slurm_job"] == job and d["slurm_job"] == job and sent_as == f"slurm-{job}"
+    finally:
+        child.kill()
+        child.wait()
+        for q in reversed(made):
+            q.rmdir()
