@@ -264,6 +264,8 @@ ENVELOPE_KEYS = ("v", "id", "ts", "node", "role", "job", "labels", "type", "data
 MAX_ID_LEN = 64
 MAX_NAME_LEN = 256
 TRAIN_PREFIX = "train_"  # training processes' types: their envelope job is the training job's
+# ... and the agent's GPU samples: a GPU a Kubernetes pod or Slurm job holds is sent as that job's
+HELD_JOB_TYPES = ("gpu",)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import duckdb
 import pyarrow as pa
 
 from cmdare.wire import columns
-from cmdare.wire.registry import TRAIN_PREFIX
+from cmdare.wire.registry import HELD_JOB_TYPES, TRAIN_PREFIX
 
 # First and last seen count only events inside the batch's clock window (a node whose clock
 # is years off would otherwise never look silent): a node seen only through skewed events
@@ -17,7 +17,8 @@ from cmdare.wire.registry import TRAIN_PREFIX
 # A node's role, job and labels are those of its latest event, and only a batch with events
 # as new as the node's latest stored one replaces them (a spool of older events loaded later
 # leaves them alone).  The job is the agent's (its config): train_* events carry the
-# training job's id in their envelope, so they never set it.
+# training job's id in their envelope, and a GPU sample its pod's or Slurm job's where a
+# scheduler holds the GPU (HELD_JOB_TYPES), so they never set it.
 _UPSERT_SQL = """
 INSERT INTO nodes
 SELECT node, arg_max(role, ts), arg_max(job, ts) FILTER (WHERE agent), arg_max(labels, ts)::JSON,
@@ -32,8 +33,9 @@ ON CONFLICT (node) DO UPDATE SET
     last_seen = greatest(nodes.last_seen, excluded.last_seen)
 """
 # the checked envelopes of the batch (JSON lines, row lines, checked blocks)
+_HELD = ", ".join(f"'{t}'" for t in HELD_JOB_TYPES)
 FROM_EVENTS = (
-    f"SELECT node, role, job, labels, ts, NOT starts_with(type, '{TRAIN_PREFIX}') AS agent "
+    f"SELECT node, role, job, labels, ts, NOT starts_with(type, '{TRAIN_PREFIX}') AND type NOT IN ({_HELD}) AS agent "
     "FROM _ev WHERE reason IS NULL"
 )
 # a fast-path block's envelope, once at its first and once at its last ts (``_bn``)
@@ -67,7 +69,7 @@ def block_envelopes(blocks: list[columns.Block]) -> pa.Table:
     cols: list[list[Any]] = [[], [], [], [], [], []]
     for b in blocks:
         ts = b.arrays["ts"].to_numpy()
-        agent = not b.type.startswith(TRAIN_PREFIX)
+        agent = not b.type.startswith(TRAIN_PREFIX) and b.type not in HELD_JOB_TYPES
         for t in (float(ts.min()), float(ts.max())):
             for c, v in zip(cols, (b.node, b.role, b.job, b.labels, t, agent), strict=True):
                 c.append(v)

@@ -99,6 +99,13 @@ def test_a_node_keeps_its_agents_job_and_its_newest_role_and_labels(db, form: st
     f = EventFactory("node-a", "ps", "fleet-b", {"team": "y"}, rows=form != "json")
     w.write([("t:4", f.line("train_job", {"run": "r", "rank": 0}, 300.0, job="resnet-train"))])
     assert node() == ("ps", "fleet-b", "y", 50.0, 300.0)  # training events alone: job kept
+    # a GPU a Kubernetes pod holds is sent as the pod's job's, the newest event of its batch:
+    # the node's job stays the agent's (its pods come and go, several at once)
+    held = [f.line("host", {"cpu_util_ratio": 0.5}, 400.0),
+            f.line("gpu", {"index": 0, "uuid": "G", "namespace": "nlp", "pod": "bert-0"}, 401.0, job="nlp/bert-0")]
+    w.write([("t:5", columns.encode(b"".join(held)) if form == "blocks" else b"".join(held))])
+    assert node() == ("ps", "fleet-b", "y", 50.0, 401.0)
+    assert db.execute("SELECT job FROM gpu_samples WHERE ts = to_timestamp(401)::TIMESTAMP").fetchone() == ("nlp/bert-0",)
 
 
 def test_an_event_delivered_twice_is_stored_once(db) -> None:
