@@ -15,11 +15,8 @@ stepping nodes. Every accelerator-second lands in exactly one bucket:
 - ``other``: the rest of the wall time (gaps without telemetry, evaluation, a crash's
   downtime).
 
-A Kubernetes pod's or Slurm job that never stepped (no ``track`` in its code: its GPU samples
-name the pod or the Slurm job, ``sched_accounts``) has no wall-time buckets to split: its GPU
-time, from the 5-minute GPU rollup's buckets overlapping the window (less those a stepping
-job's span covers on the node), is ``idle_accelerators`` in buckets whose mean utilisation is
-under gpu_idle's threshold and ``productive`` (busy) in the others; a note says so.
+A Kubernetes pod's or Slurm job that never stepped (``sched_accounts``) has no wall-time
+buckets to split: its GPU time is ``idle_accelerators`` or ``productive`` (busy); a note says so.
 
 Findings are those ``analyze bottlenecks`` stored for the job and overlapping the window;
 a job without stored findings has the detectors run for it (``job_table``; the fleet's
@@ -140,14 +137,16 @@ def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str], held: bool = False) 
 
 
 def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: float | None, stepped: set[str],
-                   cat: dict[Any, Any], idle_util: float | None = None, only: str | None = None) -> dict[str, JobAccount]:
+                   cat: dict[Any, Any], idle_util: float | None = None, only: str | None = None,
+                   ran: dict[str, str] | None = None) -> dict[str, JobAccount]:
     """The accounts of the jobs a scheduler gave GPUs to (a Kubernetes pod's, a Slurm job's)
     with GPU time in [since, until) and no steps (``stepped``: the jobs that stepped): their
     GPU time from the 5-minute GPU rollup (whole buckets overlapping the window, each GPU's
     sampling interval from its fullest bucket), ``idle_accelerators`` where a bucket's
     mean utilisation is under ``idle_util`` (gpu_idle's default), ``productive`` (busy)
     elsewhere; ``only``: that job's alone. A pod or Slurm job that ran a tracked job
-    (``_ran_tracked``) is that job: its time is counted there, not again here."""
+    (``ran``: ``tracked_holders``, read here where not given) is that job: its time is
+    counted there, not again here."""
     from . import evidence
 
     if not has_view(con, "gpu_5m") or not has_column(con, "gpu_rollup_5m", "slurm_job"):
@@ -157,7 +156,8 @@ def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: f
     held = _held_rows("b")
     if not con.execute(f"SELECT count(*) FROM (SELECT 1 {held} LIMIT 1)", p).fetchone()[0]:
         return {}  # no scheduler named a GPU: nothing more to read
-    ran = _ran_tracked(con, _held_rows("g"), p)
+    if ran is None:
+        ran = _ran_tracked(con, _held_rows("g"), p)
     if ran:  # a pod or Slurm job that ran a tracked job is that job: its time is counted there
         held += " AND b.job NOT IN (SELECT unnest($ran::VARCHAR[]))"
         p = {**p, "ran": sorted(ran)}
@@ -221,16 +221,21 @@ def _sched_group(ns: str | None, sjob: str | None, user: str | None) -> dict[str
     return {k: v for k, v in (("namespace", ns), ("slurm_job", sjob), ("user", user)) if v}
 
 
-def _sched_groups(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime
-                  ) -> dict[str, dict[str, str]]:
-    """job -> the Kubernetes namespace, Slurm job and user the scheduler gave its GPUs to (the
-    GPU rollup): what ``--by namespace | slurm_job | user`` groups a stepping job by."""
-    if not jobs or not has_column(con, "gpu_rollup_5m", "slurm_job"):
-        return {}
+def tracked_holders(con: duckdb.DuckDBPyConnection, t0: dt.datetime | None, t1: dt.datetime | None
+                    ) -> dict[str, str] | None:
+    """Pods' and Slurm jobs in [t0, t1) that ran a tracked job -> it; None: no scheduler named a GPU."""
+    if not has_view(con, "gpu_5m") or not has_column(con, "gpu_rollup_5m", "slurm_job"):
+        return None
     p = {"t0": t0, "t1": t1, "only": None}
     if not con.execute(f"SELECT count(*) FROM (SELECT 1 {_held_rows('g')} LIMIT 1)", p).fetchone()[0]:
-        return {}  # no scheduler named a GPU
-    ran = _ran_tracked(con, _held_rows("g"), p)  # the pods and Slurm jobs that ran a tracked job
+        return None
+    return _ran_tracked(con, _held_rows("g"), p)
+
+
+def _sched_groups(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime,
+                  ran: dict[str, str]) -> dict[str, dict[str, str]]:
+    """job -> the namespace, Slurm job and user its GPUs' holder had (``ran``: tracked_holders):
+    what ``--by namespace | slurm_job | user`` groups a stepping job by."""
     names = {j: j for j in jobs} | {h: t for h, t in ran.items() if t in set(jobs)}
     out: dict[str, dict[str, str]] = {}
     for j, ns, sj, u in con.execute(
@@ -538,9 +543,9 @@ def _table(accs: list[tuple[float | None, JobAccount]], every: float | None) -> 
 
 def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt.datetime | None, by: str,
                 every: float | None = None, detect: bool = True) -> tuple[list[str], list[list[Any]], list[str]]:
-    """Every job that stepped in [since, until), and every Kubernetes pod's job that held GPUs
-    there without stepping (``sched_accounts``), accounted and rolled up ``by`` (job, region,
-    accelerator, fleet, namespace, or a node label such as team); with ``every``, per window. Findings:
+    """Every job that stepped in [since, until), and every pod's or Slurm job that held GPUs
+    there without stepping (``sched_accounts``), rolled up ``by`` (job, region, accelerator,
+    fleet, namespace, slurm_job, user, or a node label: team); with ``every``, per window. Findings:
     those stored (the collector's detector schedule keeps them current); for jobs whose time
     no detector run covered (``finding_coverage``: an offline database), the detectors run
     now, unless ``detect`` is off."""
@@ -548,12 +553,12 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     from .goodhours import fleet
     from .goodput import epoch
 
-    # every job's goodput over the range: the jobs are those with time in it
     whole = fleet(con, epoch(since), epoch(until))  # the kept hours where they hold, the rest raw
     jobs = sorted(j for j, g in whole.items() if g.wall > 0)
     notes: list[str] = []
     cat = prices.load()
-    pods = sched_accounts(con, epoch(since), epoch(until), set(whole), cat)  # pods' and Slurm jobs that never stepped
+    held = tracked_holders(con, since, until)  # and the pods' and Slurm jobs that never stepped:
+    pods = {} if held is None else sched_accounts(con, epoch(since), epoch(until), set(whole), cat, ran=held)
     if not jobs and not pods:
         return [by, "jobs"], [], ["no job ran in the range"]
     spans = [(whole[j].start, whole[j].end) for j in jobs] + [(a.start, a.end) for a in pods.values()]
@@ -562,7 +567,7 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     if pods:
         notes.append(f"{len(pods)} job(s) are Kubernetes pods or Slurm jobs that sent no step telemetry (no track in their code): "
                      "their GPU time is split into busy (productive) and idle only")
-    sched = _sched_groups(con, jobs, lo, hi) if jobs else {}
+    sched = _sched_groups(con, jobs, lo, hi, held) if jobs and held is not None else {}
     found = stored_findings(con, jobs, lo, hi) if jobs else {}
     missing = [j for j in _uncovered(con, jobs, lo, hi) if j not in found] if jobs else []
     if missing and detect:
@@ -580,7 +585,8 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
         accs = [x for x in account_many(con, jobs, a, b, found, cat, gp).values() if x.total > 0] if jobs else []
         for x in accs:
             x.groups.update(sched.get(x.job, {}))
-        accs += [x for x in (pods if every is None else sched_accounts(con, a, b, set(whole), cat)).values()
+        accs += [x for x in (pods if every is None or held is None else
+                             sched_accounts(con, a, b, set(whole), cat, ran=held)).values()
                  if x.total > 0]
         cols, rows = rollup(accs, by)
         if every is not None:

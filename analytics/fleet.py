@@ -252,10 +252,10 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
     p = {"j": job, "s": since, "u": until}
     w = "WHERE job = $j AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)"
     lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM steps {w}", p).fetchone()
-    pod = False
+    held = False
     if lo is None:  # a Kubernetes pod's or Slurm job that never stepped: its GPUs are those its samples name
-        lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM gpu_samples {w} AND (pod IS NOT NULL OR slurm_job IS NOT NULL)", p).fetchone()
-        pod = lo is not None
+        lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM gpu_samples {w} AND {HELD}", p).fetchone()
+        held = lo is not None
     if lo is None:
         return {"job": job, "start": _iso(since), "step_seconds": None, "times": [], "series": {}, "ranks": [],
                 "gpus": {"allocated": 0, "active": 0, "busy_pct": BUSY_PCT, "rows": []}, "checkpoints": []}
@@ -295,8 +295,8 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
         m = med[len(med) // 2]
         for r in rank_rows:
             r["vs_median_pct"] = None if r["step_mean_s"] is None or m <= 0 else round(100 * (r["step_mean_s"] / m - 1), 1)
-    gpu_rows = _job_gpus(con, p, w, pod)
-    series["gpu_util_pct"] = _gpu_util(con, p, w, pod, start, step, n)
+    gpu_rows = _job_gpus(con, p, w, held)
+    series["gpu_util_pct"] = _gpu_util(con, p, w, held, start, step, n)
     ck = con.execute(
         f"""SELECT strftime(ts, '%Y-%m-%d %H:%M:%S') AS ts, node, rank, action, round(seconds, 3) AS seconds,
                    round(bytes / 2^20, 1) AS mib, step, ok FROM checkpoints {w} ORDER BY ts LIMIT {MAX_JOB_CHECKPOINTS}""",
@@ -316,11 +316,11 @@ ACTIVE_SECONDS = 3600  # a finding whose window ended this recently is active; a
 MAX_METRIC_JOBS = 200  # jobs whose goodput one scrape exports (the most recent)
 
 
-def _gpu_util(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, pod: bool, start: dt.datetime, step: float,
+def _gpu_util(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, held: bool, start: dt.datetime, step: float,
               n: int) -> list[float | None]:
     """The mean utilisation of the job's GPUs (those ``_job_gpus`` lists) per column, in %:
     the graphics engine's activity where GPM gives it, else GPU_UTIL."""
-    mine = f"job = $j AND {HELD}" if pod else f"node IN (SELECT DISTINCT node FROM steps {w})"
+    mine = f"job = $j AND {HELD}" if held else f"node IN (SELECT DISTINCT node FROM steps {w})"
     out: list[float | None] = [None] * n
     for b, u in con.execute(
             f"""SELECT CAST(floor(epoch(ts - $start::TIMESTAMP) / $step) AS INTEGER) AS b,
@@ -332,13 +332,13 @@ def _gpu_util(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, pod: bo
     return out
 
 
-def _job_gpus(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, pod: bool) -> list[dict[str, Any]]:
+def _job_gpus(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, held: bool) -> list[dict[str, Any]]:
     """``job_series``'s GPU rows: each GPU's utilisation and memory over the window, whether
     it was active, what the job's own processes used of it and how many others held it."""
     # the GPUs of the job's nodes over the window: allocated, and which of them really worked
     # (a TPU VM's cores in the same table: duty cycle as utilisation, HBM as memory)
     # (a pod's job: the GPUs its pod held, and every process on them is the pod's)
-    mine = f"job = $j AND {HELD}" if pod else f"node IN (SELECT DISTINCT node FROM steps {w})"
+    mine = f"job = $j AND {HELD}" if held else f"node IN (SELECT DISTINCT node FROM steps {w})"
     gpus = con.execute(
         f"""SELECT * FROM (
               SELECT node, "index" AS gpu, any_value(name) AS name,
@@ -357,9 +357,9 @@ def _job_gpus(con: duckdb.DuckDBPyConnection, p: dict[str, Any], w: str, pod: bo
     gpu_rows = [dict(zip(gcols, r, strict=True)) for r in gpus.fetchall()]
     # what the job's own processes used of each GPU (their PIDs as its ranks declared them,
     # the GPU's process list from NVML), and how many other processes held it
-    cond = ((f"job = $j AND {HELD}" if pod else "node IN (SELECT node FROM jobs WHERE job = $j)")
+    cond = ((f"job = $j AND {HELD}" if held else "node IN (SELECT node FROM jobs WHERE job = $j)")
             + " AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)")
-    declared = ("SELECT DISTINCT node, pid FROM pp" if pod else
+    declared = ("SELECT DISTINCT node, pid FROM pp" if held else
                 "SELECT DISTINCT node, pid FROM jobs WHERE job = $j AND pid IS NOT NULL")
     use = {(n, i): (sm, own, other) for n, i, sm, own, other in con.execute(
         f"""WITH pp AS ({processes.process_rows(cond)}),

@@ -432,7 +432,7 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
                strftime(a.t1, '%Y-%m-%d %H:%M:%S') AS last_step, coalesce(js.state, 'running') AS state,
                strftime(js.ended_at, '%Y-%m-%d %H:%M:%S') AS ended
         FROM agg a FULL OUTER JOIN decl d ON a.job = d.job LEFT JOIN jstate js ON js.job = coalesce(a.job, d.job)
-        {_POD_JOBS if has_column(con, "gpu_5m", "slurm_job") else ""}
+        {_HELD_JOBS if has_column(con, "gpu_5m", "slurm_job") else ""}
         ORDER BY 1""",
         {"since": cutoff},
     )
@@ -443,7 +443,7 @@ def jobs(con: duckdb.DuckDBPyConnection, cutoff: dt.datetime | None = None) -> R
 # rollup, in one of SCHED_STATES
 POD_STATE, SLURM_STATE = "pod (no steps)", "slurm job (no steps)"
 SCHED_STATES = (POD_STATE, SLURM_STATE)
-_POD_JOBS = """UNION ALL
+_HELD_JOBS = """UNION ALL
         SELECT job, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, count(DISTINCT node), 0, NULL, NULL, NULL, NULL,
                NULL, CASE WHEN max(namespace) IS NOT NULL THEN '""" + POD_STATE + """' ELSE '""" + SLURM_STATE + """' END,
                NULL
