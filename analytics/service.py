@@ -102,8 +102,11 @@ class Service:
     """The API of one collector process over its database connection ``con``."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, db: str | Path, cfg: HttpConfig,
-                 totals: Callable[[], Any] | None = None) -> None:
+                 totals: Callable[[], Any] | None = None, database: Database | None = None) -> None:
+        """``database``: what the requests read when it is not ``con``'s file (a lake's
+        replica, analytics/lakeserve.py: no service file is written for it)."""
         self.db = str(db)
+        self.announce = database is None  # DB.service.json: analyze finds a file's collector by it
         self.cfg = cfg
         self.totals = totals
         self.ready = False
@@ -113,13 +116,15 @@ class Service:
                   "python_enable_replacements"):
             con.execute(f"SET {k} = false")
         con.execute(f"SET memory_limit = '{_memory_limit()}'")
-        self.database = Database.served(con, db)  # made here, in the caller's (ingest) thread
+        # made here, in the caller's (ingest) thread
+        self.database = database if database is not None else Database.served(con, db)
         self.server: Any = None
         self.thread: threading.Thread | None = None
         self.url = ""
         self.requests = 0
         self.throttle = Throttle()  # failed sign-ins, per address and overall (the API and the login form)
         self.alerting: Any = None  # the rule evaluation (Alerting), when --rules
+        self.extra_metrics: Callable[[], Iterator[Any]] | None = None  # a lake server's own series
         self._conclusions: tuple[float, dict[str, Any]] | None = None
 
     def app(self) -> Any:
@@ -213,8 +218,13 @@ class Service:
                                           value=svc.throttle.throttled)
                 yield GaugeMetricFamily("cmdare_collector_ready", "1 once ingest runs", value=1.0 if svc.ready else 0.0)
 
+        class Extra:
+            def collect(self) -> Iterator[Any]:
+                yield from (svc.extra_metrics() if svc.extra_metrics else ())
+
         reg = CollectorRegistry(auto_describe=False)
         reg.register(Totals())  # type: ignore[arg-type]
+        reg.register(Extra())  # type: ignore[arg-type]
         return generate_latest(reg)
 
     def conclusion_metrics(self) -> Iterator[Any]:
@@ -283,6 +293,8 @@ class Service:
         if self.cfg.host in ("0.0.0.0", "::"):
             host = "127.0.0.1" if self.cfg.host == "0.0.0.0" else "[::1]"
         self.url = f"{scheme}://{host}:{port}"
+        if not self.announce:
+            return self.url
         f = service_file(self.db)
         tmp = f.with_name(f.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -308,7 +320,7 @@ class Service:
     def stop(self) -> None:
         with contextlib.suppress(OSError):
             f = service_file(self.db)
-            if f.exists() and json.loads(f.read_text()).get("pid") == os.getpid():
+            if self.announce and f.exists() and json.loads(f.read_text()).get("pid") == os.getpid():
                 f.unlink()
         if self.server is not None:
             self.server.should_exit = True

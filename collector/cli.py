@@ -139,6 +139,59 @@ def token_hash(name: str, scope: str) -> None:
     click.echo(f'[[token]]\nname = "{name}"\nscope = "{scope}"\nsha256 = "{digest(secret)}"\n')
 
 
+@cli.command()
+@click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", required=True,
+              help="the lake to serve: its directory, or an object-store URI with --catalog ($CMDARE_LAKE)")
+@click.option("--catalog", envvar="CMDARE_LAKE_CATALOG", metavar="URL", help=config.BY_KEY["catalog"].option.help)
+@click.option("--http", envvar="CMDARE_HTTP", default="127.0.0.1:8765", show_default=True, metavar="ADDR:PORT",
+              help="where to serve the API and the pages (port 0: any free port, said on stderr)")
+@click.option("--http-token-file", help=config.BY_KEY["http_token_file"].option.help)
+@click.option("--http-tls-cert", help=config.BY_KEY["http_tls_cert"].option.help)
+@click.option("--http-tls-key", help=config.BY_KEY["http_tls_key"].option.help)
+@click.option("--ui-url", envvar="CMDARE_UI_URL", metavar="URL", help=config.BY_KEY["ui_url"].option.help)
+@click.option("--session-ttl", default="12h", show_default=True, help=config.BY_KEY["session_ttl"].option.help)
+@click.option("--refresh", default="2s", show_default=True,
+              help="how often to read what the ingest collectors committed (data is visible --commit-every "
+                   "plus this late)")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="where to keep what was read (a DuckDB file, rebuilt from the lake at each start; default: "
+                   "a private temporary directory, removed at exit)")
+def serve(lake: str, catalog: str | None, http: str, http_token_file: str | None, http_tls_cert: str | None,
+          http_tls_key: str | None, ui_url: str | None, session_ttl: str, refresh: str,
+          cache_dir: Path | None) -> None:
+    """Serve the API, the pages and /metrics over an Iceberg lake (--lake): the server tier
+    past one machine. Ingest collectors (cmdare-collector kafka URL --lake) write the lake;
+    any number of servers read it, each stateless apart from the lake and its catalog, and
+    answer as a collector serving a database file does (docs/scale.md).
+
+    \b
+    Examples:
+      cmdare-collector serve --lake /srv/cmdare-lake --http 127.0.0.1:8765
+      cmdare-collector serve --lake s3://telemetry/cmdare --catalog postgresql+psycopg2://cmdare@pg/cmdare \\
+          --http 0.0.0.0:8765 --http-token-file /etc/cmdare/tokens.toml
+      analyze --server http://127.0.0.1:8765 bottlenecks --since 1h
+    """
+    from cmdare.wire.units import parse_duration
+
+    from . import serve as serving
+
+    try:
+        every = parse_duration("--refresh", refresh)
+        if not 0.1 <= every <= 3600:
+            raise ConfigError(f"--refresh: {refresh[:20]!r} must be from 100ms to 1h")
+        ttl = config.parse_value(config.BY_KEY["session_ttl"], "--session-ttl", session_ttl)
+        if not lake.strip():
+            raise ConfigError("--lake: empty: give the lake's directory or object-store URI")
+        cfg = serving.ServeConfig(lake, catalog, serving.http_config(http, http_token_file, http_tls_cert,
+                                                                     http_tls_key, ui_url, ttl), every, cache_dir)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    try:
+        serving.run(cfg, lambda line: click.echo(line, err=True))
+    except serving.ServeError as e:
+        raise click.ClickException(str(e)) from None
+
+
 cli.add_command(lakecli.maintain)
 cli.add_command(lakecli.to_lake)
 

@@ -1,0 +1,329 @@
+"""The server tier over a lake (``cmdare-collector serve --lake``): the API, the pages and
+``/metrics`` of a database file, answered from an Apache Iceberg lake by any number of
+replicas, each stateless apart from the lake, its catalog and a cache it rebuilds.
+
+A replica keeps what it has read (``LakeReplica``): a DuckDB database (a file in a private
+cache directory) with the schema of a database file, where
+
+- each table the collectors append holds the rows of the Parquet files its current
+  snapshot plans; a new snapshot that only added files (what collectors' commits do) is
+  read incrementally: the added files' rows are inserted, nothing else is read again; one
+  that removed files (compaction, retention, a replaced table) reloads that table;
+- ``nodes`` aggregates the collectors' per-round node rows (``lakedb.NODES_SQL``);
+- the tables ``analyze`` writes (findings, fits, alerts ...) and the rollup tables
+  ``maintain`` builds are reloaded whole when their snapshot changes (they are small);
+- ``rollup_dirty`` is made again from the days whose rollups do not hold the source's
+  current files (collector/lakerollup.py), so the rollup views read exactly as on a file.
+
+``refresh()`` asks the catalog for every table's metadata location in one query and reads
+only the tables whose location moved, then applies the change in one transaction: a
+request sees the lake as of one refresh or the next, never half of one. The Parquet files
+are read with pyarrow: the served connection has DuckDB's external access off (as a
+collector's), so no query it answers can open a file.
+
+``LakeServed`` is that database as the HTTP service sees a collector's (cursors in
+read-only transactions, label-filtered scopes); its ``write()`` (fits, stored findings)
+writes the lake's table as ``analyze --lake`` does. Liveness is judged as of the lake's
+own horizon (``lake_horizon``): never ``lost`` for an agent whose events are merely not
+yet committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from cmdare.collector import lakerollup, rollup
+from cmdare.collector.ingest import storage
+from cmdare.collector.lake import APPENDED, DERIVED, MARKER, NAMESPACE, Lake, LakeError, _path, time_column
+
+from .db import AnalyticsError, Database, _q, _unscoped
+from .lakedb import NODES_SQL
+
+log = logging.getLogger("cmdare.analytics.lakeserve")
+NODE_ROWS = "lake_node_rounds"  # the collectors' per-round node rows (``nodes`` aggregates them)
+WHOLE = (*DERIVED, *rollup.TABLES, MARKER)  # reloaded whole when their snapshot changes
+# sources whose newest commit is this much older than the newest of any are left out of the
+# horizon: a partition no agent writes to any more would otherwise hold it back forever
+HORIZON_QUIET = 600.0
+
+
+def lake_horizon(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) -> dt.datetime | None:
+    """Up to when the lake holds everything sent: the oldest of each source's (Kafka
+    partition's, spool's) newest commit, among the sources committed within
+    ``HORIZON_QUIET`` seconds of the newest commit. None: nothing committed yet."""
+    row = con.execute(f"""WITH newest AS (SELECT source, max(committed_at) AS t FROM {MARKER} GROUP BY source)
+        SELECT min(t) FILTER (WHERE t >= (SELECT max(t) FROM newest) - to_seconds({HORIZON_QUIET}))
+        FROM newest""").fetchone()
+    return row[0] if row else None
+
+
+class LakeReplica:
+    """What one server has read of a lake, kept current by ``refresh()``."""
+
+    def __init__(self, lake: Lake, cache_dir: Path | None = None) -> None:
+        from cmdare.collector import views
+        from cmdare.collector.db import migrate
+
+        self.lake = lake
+        self._own_dir = cache_dir is None
+        self.dir = Path(tempfile.mkdtemp(prefix="cmdare-serve-")) if cache_dir is None else cache_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "replica.duckdb"
+        for p in (self.path, self.path.with_name(self.path.name + ".wal")):
+            p.unlink(missing_ok=True)  # a cache: what a previous run left is read again from the lake
+        self.con = duckdb.connect(str(self.path))
+        migrate(self.con)
+        self._restructure()
+        views.apply(self.con)
+        self.locations: dict[str, str] = {}  # table -> metadata location as last applied
+        self.files: dict[str, dict[str, str | None]] = {}  # table -> data file path -> its day ("" none)
+        self.rolled: dict[str, dict[str, str]] = {}  # rollup table -> day -> fingerprint
+        self.refreshed_at: float | None = None  # monotonic time of the last refresh that ran whole
+        self.loaded_files = 0  # data files read since start (the incremental reads' count)
+        self.horizon: dt.datetime | None = None
+        self._lock = threading.Lock()  # one refresh at a time
+        self.write_lock = threading.Lock()  # a refresh's apply and the service's writes, one at a time
+
+    def _restructure(self) -> None:
+        """Tables of the lake's shape: every field by name (no packed column), the nodes'
+        per-round rows under ``nodes``' aggregate, the commit marker."""
+        con = self.con
+        for t in APPENDED:
+            if t == "nodes":
+                con.execute(f"CREATE TABLE {NODE_ROWS} AS SELECT * FROM nodes LIMIT 0")
+                con.execute("DROP TABLE nodes")
+                con.execute(f"CREATE VIEW nodes AS {NODES_SQL.format(src=f'SELECT * FROM {NODE_ROWS}')}")
+            elif t in storage.STORED:
+                con.execute(f"CREATE TABLE _lake_{t} AS SELECT * FROM {t} LIMIT 0")
+                con.execute(f"DROP VIEW {t}")
+                con.execute(f"DROP TABLE {storage.stored(t)}")
+                con.execute(f"ALTER TABLE _lake_{t} RENAME TO {t}")
+        con.execute("DROP TABLE rollup_dirty")
+        con.execute("CREATE TABLE rollup_dirty (node VARCHAR, lo TIMESTAMP, hi TIMESTAMP, src VARCHAR)")
+        con.execute(f"CREATE TABLE {MARKER} (committed_at TIMESTAMP, writer VARCHAR, source VARCHAR, "
+                    '"start" BIGINT[], "end" BIGINT[], rows BIGINT)')
+
+    # -- refresh ---------------------------------------------------------------------------
+    def catalog_locations(self) -> dict[str, str]:
+        """Every table's metadata location, in one catalog query."""
+        from sqlalchemy import text
+
+        with self.lake.catalog.engine.connect() as c:
+            rows = c.execute(text("SELECT table_name, metadata_location FROM iceberg_tables "
+                                  "WHERE catalog_name = :c AND table_namespace = :n"),
+                             {"c": NAMESPACE, "n": NAMESPACE}).fetchall()
+        return {str(n): str(loc) for n, loc in rows if loc}
+
+    def refresh(self) -> int:
+        """Read what changed in the lake since the last refresh; the tables changed."""
+        with self._lock:
+            try:
+                locs = self.catalog_locations()
+            except Exception as e:  # noqa: BLE001  (a catalog away: keep serving what was read)
+                raise AnalyticsError(f"lake catalog: {str(e).splitlines()[0][:200]}") from None
+            changed = sorted(t for t, loc in locs.items() if loc != self.locations.get(t) and self._known(t))
+            if changed:
+                with self.write_lock:
+                    self._apply(changed, locs)
+            self.refreshed_at = time.monotonic()
+            return len(changed)
+
+    def _known(self, t: str) -> bool:
+        return t in APPENDED or t in WHOLE
+
+    def _apply(self, changed: list[str], locs: dict[str, str]) -> None:
+        plans: dict[str, tuple[Any, dict[str, str | None]]] = {}
+        for t in changed:
+            tbl = self.lake.table(t)
+            plans[t] = (tbl, _plan(tbl))
+        cur = self.con.cursor()
+        try:
+            cur.execute("BEGIN TRANSACTION")
+            for t in changed:
+                tbl, files = plans[t]
+                self._load(cur, t, files)
+                if t in rollup.TABLES:
+                    self.rolled[t] = lakerollup.rolled(tbl)
+            if any(t in rollup.SOURCES or t in rollup.TABLES for t in changed):
+                self._dirty(cur, {**self.files, **{t: plans[t][1] for t in changed}})
+            if MARKER in changed:
+                self.horizon = lake_horizon(cur)
+            cur.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):
+                cur.execute("ROLLBACK")
+            raise
+        finally:
+            cur.close()
+        for t in changed:
+            self.locations[t] = locs[t]
+            self.files[t] = plans[t][1]
+
+    def _load(self, cur: duckdb.DuckDBPyConnection, t: str, files: dict[str, str | None]) -> None:
+        target = NODE_ROWS if t == "nodes" else t
+        old = self.files.get(t, {})
+        if t in WHOLE or any(f not in files for f in old):
+            cur.execute(f"DELETE FROM {target}")
+            new = list(files)
+        else:
+            new = [f for f in files if f not in old]
+        _insert(cur, target, new)
+        self.loaded_files += len(new)
+
+    def _dirty(self, cur: duckdb.DuckDBPyConnection, files: dict[str, dict[str, str | None]]) -> None:
+        """``rollup_dirty``: per source and node, the span of the days some rollup does not
+        hold as the source's files now are (read from the raw rows, as a file reads rows its
+        rollups have not caught up with)."""
+        cur.execute("DELETE FROM rollup_dirty")
+        for src in rollup.SOURCES:
+            days: dict[str, list[str]] = {}
+            for f, d in files.get(src, {}).items():
+                if d:
+                    days.setdefault(d, []).append(f)
+            todo: set[str] = set()
+            for r in (r for r in rollup.ROLLUPS if r.source == src):
+                state = self.rolled.get(r.table, {})
+                todo |= {d for d, fs in days.items() if state.get(d) != lakerollup.fingerprint(fs)}
+            if todo:
+                col = _q(time_column(src) or "ts")
+                cur.execute(f"""INSERT INTO rollup_dirty SELECT node, min({col}), max({col}), '{src}' FROM {src}
+                    WHERE CAST({col} AS DATE) IN (SELECT unnest($days::DATE[])) GROUP BY node""",
+                            {"days": sorted(todo)})
+
+    def close(self) -> None:
+        with contextlib.suppress(duckdb.Error):
+            self.con.close()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _plan(tbl: Any) -> dict[str, str | None]:
+    """A table's current data files (path -> its day partition, "YYYY-MM-DD"; None for an
+    unpartitioned table)."""
+    out: dict[str, str | None] = {}
+    if tbl.current_snapshot() is None:
+        return out
+    parted = bool(tbl.spec().fields)
+    for task in tbl.scan().plan_files():
+        day = task.file.partition[0] if parted else None
+        out[_path(task.file.file_path)] = (
+            (dt.date(1970, 1, 1) + dt.timedelta(days=int(day))).isoformat() if day is not None else None)
+    return out
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, table: str, paths: list[str]) -> None:
+    """Parquet files' rows into ``table``, columns matched by name (a column a file lacks,
+    written before a migration added it, is null), typed as the table is; files of the
+    same columns in one INSERT."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not paths:
+        return
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    for path in paths:
+        try:
+            data = pq.read_table(path)
+        except (OSError, ValueError, pa.ArrowException) as e:  # (a truncated or foreign file: ArrowInvalid)
+            why = str(e).splitlines()[0].replace(path, "it")[:160] if str(e) else type(e).__name__
+            raise AnalyticsError(f"...{path[-100:]}: cannot read: {why}") from None
+        groups.setdefault(tuple(data.column_names), []).append(data)
+    cols = cur.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
+                       "AND table_catalog = current_database() ORDER BY ordinal_position", [table]).fetchall()
+    for names, parts in groups.items():
+        have = set(names)
+        sel = ", ".join((f"CAST(_f.{_q(c)} AS {ty})" if c in have else f"NULL::{ty}") for c, ty in cols)
+        cur.register("_f", pa.concat_tables(parts, promote_options="permissive"))
+        try:
+            cur.execute(f"INSERT INTO {table} SELECT {sel} FROM _f")
+        finally:
+            cur.unregister("_f")
+
+
+class LakeServed(Database):
+    """A replica of the lake served as a collector serves its file: reads are cursors of
+    the replica's connection in read-only transactions (label-filtered scopes apply),
+    writes (fits, stored findings, imported records) replace the lake's tables."""
+
+    def __init__(self, replica: LakeReplica, name: str) -> None:
+        super().__init__(name)
+        self.replica = replica
+        con = replica.con
+        self._catalog = _q(con.execute("SELECT current_database()").fetchall()[0][0])
+        self._live = con.cursor()
+        from .scoping import Made
+
+        self._scopes = Made()
+        self._write_lock = replica.write_lock  # type: ignore[assignment]
+        self.horizon = lambda: replica.horizon
+
+    @property
+    def lake(self) -> Lake:
+        return self.replica.lake
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor of the replica under the write lock; the tables analyze writes that it
+        changed are then replaced in the lake (the next refresh reads them back)."""
+        from .lakedb import _digest
+
+        _unscoped("write")
+        with self._write_lock:
+            cur = self._cursor()
+            try:
+                before = {t: _digest(cur, t) for t in DERIVED}
+                yield cur
+                for t in DERIVED:
+                    if _digest(cur, t) != before[t]:
+                        self.lake.replace(t, cur.sql(f"SELECT * FROM {t}").to_arrow_table())
+            except LakeError as e:
+                raise AnalyticsError(str(e)) from None
+            finally:
+                cur.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(duckdb.Error):
+            self._live.close()
+
+
+class Refresher:
+    """``replica.refresh()`` every ``every`` seconds on a thread of its own; a failed
+    refresh is said once per new reason and tried again (what was read keeps serving)."""
+
+    def __init__(self, replica: LakeReplica, every: float, say: Callable[[str], None] | None = None) -> None:
+        self.replica, self.every = replica, every
+        self.say = say or (lambda line: log.warning("%s", line))
+        self._stop = threading.Event()
+        self._last_error = ""
+        self.thread = threading.Thread(target=self._run, name="cmdare-lake-refresh", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.replica.refresh()
+                if self._last_error:
+                    self.say("cmdare-collector: lake readable again")
+                self._last_error = ""
+            except Exception as e:  # noqa: BLE001  (serve what was read; say why once)
+                msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                if msg != self._last_error:
+                    self.say(f"cmdare-collector: lake refresh failed (serving what was read): {msg}")
+                self._last_error = msg
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=30)

@@ -1,0 +1,342 @@
+"""The server tier over a lake (``cmdare-collector serve --lake``): the same recording
+served from a database file by a collector and from a lake by a server answers every API
+resource, every golden ``analyze --server`` command and every page with the same bytes;
+what collectors commit later is read incrementally and seen within the refresh; stored
+findings written through one server are read by another; what a hostile client or a
+broken lake does costs only its own request or refresh."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cmdare.analytics.cli import cli
+from cmdare.analytics.client import Remote
+from cmdare.analytics.resources import RESOURCES
+from cmdare.analytics.service import HttpConfig
+from cmdare.collector import serve
+from cmdare.collector.cli import cli as collector_cli
+from cmdare.collector.lake import Lake
+from cmdare.collector.lakeingest import LakeSpoolIngest
+from cmdare.wire.events import encode_many
+from cmdare.wire.spool import seg_name
+from tests.analytics.test_resources import EXAMPLES, WRITES
+from tests.conftest import serving
+from tests.fixtures.analyze_golden.cases import CASES
+from tests.lake.test_lake_equivalence import both, norm  # noqa: F401  (the module fixture: a file and a lake)
+
+
+@contextlib.contextmanager
+def lake_server(lake: Path, refresh: float = 0.2, token: str | None = None, **kw) -> Iterator[str]:
+    """``cmdare-collector serve --lake`` in a thread of this process: its URL."""
+    lines: list[str] = []
+    stop = threading.Event()
+    cfg = serve.ServeConfig(str(lake), None, HttpConfig("127.0.0.1", 0, token), refresh, **kw)
+    t = threading.Thread(target=serve.run, args=(cfg, lines.append, stop), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not any(" on http" in x for x in lines):
+        assert t.is_alive() and time.monotonic() < deadline, lines
+        time.sleep(0.05)
+    url = re.search(r" on (http://\S+)", next(x for x in lines if " on http" in x)).group(1)
+    try:
+        yield url
+    finally:
+        stop.set()
+        t.join(30)
+
+
+class Raw(Remote):
+    """A client that keeps every answer's bytes."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.answers: list[tuple[str, int, bytes]] = []
+
+    def request(self, method, route, params=None, body=None):
+        import urllib.parse
+
+        q = {k: v for k, v in (params or {}).items() if v is not None and v != [] and v != ()}
+        url = self.url + route + ("?" + urllib.parse.urlencode(q, doseq=True) if q else "")
+        req = urllib.request.Request(url, method=method, headers={"Accept": "application/json"},
+                                     data=None if body is None else json.dumps(body, default=str).encode())
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                data, code = r.read(), r.status
+        except urllib.error.HTTPError as e:
+            data, code = e.read(), e.code
+        self.answers.append((route, code, data))
+        d = json.loads(data)
+        if code != 200:
+            from cmdare.analytics.db import AnalyticsError
+
+            raise AnalyticsError(d.get("error", f"HTTP {code}"))
+        return d
+
+
+def _get(url: str, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url + path, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _walk(url: str, job: str) -> list[tuple[str, int, bytes]]:
+    """Every resource that reads (the examples of tests/analytics/test_resources.py), the
+    OpenAPI document and the pages, as bytes."""
+    front = Raw(url)
+    for r in RESOURCES:
+        if r.name in WRITES:
+            continue
+        kw = {k: (v.replace("{job}", job) if isinstance(v, str) else v) for k, v in EXAMPLES[r.name].items()}
+        with contextlib.suppress(Exception):
+            front.call(r.name, **kw)
+    out = list(front.answers)
+    for path in ("/openapi.json", "/ui", f"/ui/jobs/{job}", "/ui/findings", "/ui/alerts", "/healthz"):
+        out.append((path, *_get(url, path)))
+    return out
+
+
+def test_the_api_and_the_pages_answer_from_the_lake_with_the_file_modes_bytes(both, tmp_path: Path) -> None:  # noqa: F811
+    db, lake = both
+    job = "sim-input-6"
+    with serving(db, tmp_path / "served.duckdb") as file_url, lake_server(lake) as lake_url:
+        a, b = _walk(file_url, job), _walk(lake_url, job)
+        assert len(a) == len(b) >= 30
+        differ = [(ra, ca, da[:300], cb, db_[:300]) for (ra, ca, da), (_, cb, db_) in zip(a, b, strict=True)
+                  if (ca, da) != (cb, db_)]
+        assert not differ, differ[:3]
+        assert sum(c == 200 for _, c, _ in b) >= 28
+
+
+def test_every_golden_command_answers_the_same_through_a_lake_server(both, tmp_path: Path) -> None:  # noqa: F811
+    """Both ways: the write commands of the golden cases (fits, stored findings) go through
+    each server in the same order, and what each later command reads follows."""
+    db, lake = both
+    work = fresh_lake(lake, tmp_path)  # (the fixture's lake stays as the other tests read it)
+    runner = CliRunner()
+    differ = []
+    with serving(db, tmp_path / "served.duckdb") as file_url, lake_server(work) as lake_url:
+        for argv in CASES:
+            a = runner.invoke(cli, ["--server", file_url, *argv], env={"CMDARE_LAKE": ""})
+            b = runner.invoke(cli, ["--server", lake_url, *argv], env={"CMDARE_LAKE": ""})
+            na = (a.exit_code, norm(a.stdout, tmp_path / "served.duckdb", db), norm(a.stderr, tmp_path / "served.duckdb"))
+            nb = (b.exit_code, norm(b.stdout, work), norm(b.stderr, work))
+            if na != nb:
+                differ.append((argv, na[0], nb[0], na[1][:400] + na[2][:200], nb[1][:400] + nb[2][:200]))
+    assert not differ, "\n\n".join(map(str, differ[:3])) + f"\n({len(differ)} of {len(CASES)} differ)"
+
+
+def fresh_lake(lake: Path, tmp_path: Path) -> Path:
+    """Another lake of the fixture's recording (its spool loaded again): one a test may write."""
+    import shutil
+
+    spool = tmp_path / "spool"
+    shutil.copytree(lake.parent / "spool", spool, ignore=shutil.ignore_patterns("cursor.*"))
+    lk = Lake(str(tmp_path / "lake"))
+    lk.ensure()
+    ing = LakeSpoolIngest(lk, spool, max_skew=None)
+    ing.load_available()
+    ing.stager.close()
+    return tmp_path / "lake"
+
+
+def _spool(d: Path, events: list[dict]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    n = len(list(d.glob("*.ndjson"))) + 1
+    (d / seg_name(n)).write_bytes(encode_many(events))
+
+
+def _hb(node: str, n: int, t0: float) -> list[dict]:
+    return [{"v": 1, "type": "heartbeat", "id": f"{node}-hb-{i}", "ts": t0 + 10 * i, "node": node, "role": "worker",
+             "job": "j", "labels": {}, "data": {"seq": i + 1}} for i in range(n)]
+
+
+def _metric(url: str, name: str) -> float:
+    text = _get(url, "/metrics")[1].decode()
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def _nodes(url: str) -> dict[str, dict]:
+    d = Remote(url).request("GET", "/api/v1/nodes")
+    cols = d["columns"]
+    return {r[cols.index("node")]: dict(zip(cols, r, strict=True)) for r in d["rows"]}
+
+
+def test_new_commits_are_read_incrementally_and_seen_within_the_refresh(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"))
+    lake.ensure()
+    spool = tmp_path / "spool"
+    t0 = time.time() - 60
+    _spool(spool, _hb("n1", 5, t0))
+    ing = LakeSpoolIngest(lake, spool, max_skew=None, commit_every=0.05)
+    ing.load_available()
+    with lake_server(tmp_path / "lake", refresh=0.2) as url:
+        assert set(_nodes(url)) == {"n1"}
+        read = _metric(url, "cmdare_server_lake_files_read_total")
+        _spool(spool, _hb("n2", 5, t0 + 1))
+        ing.load_available()
+        t = time.monotonic()
+        while "n2" not in _nodes(url):
+            assert time.monotonic() - t < 5, "a commit not seen within the refresh"
+            time.sleep(0.05)
+        seen = time.monotonic() - t
+        # only the files the commit added were read: heartbeats, nodes, lake_commits
+        # (tables read whole: the commit marker, small)
+        added = _metric(url, "cmdare_server_lake_files_read_total") - read
+        assert added <= 2 + len(Lake(str(tmp_path / "lake"), create=False).files("lake_commits")), added
+        assert seen < 2.0
+        hb = Remote(url).request("POST", "/api/v1/sql", body={"query": "SELECT count(*) FROM heartbeats"})
+        assert hb["rows"] == [[10]]
+    ing.stager.close()
+
+
+def test_a_compacted_table_is_read_again_whole_with_the_same_rows(tmp_path: Path) -> None:
+    from cmdare.analytics.lakeserve import LakeReplica
+    from cmdare.collector.lakemaint import maintain
+
+    lk = Lake(str(tmp_path / "lake"))
+    lk.ensure()
+    spool = tmp_path / "spool"
+    t0 = time.time() - 600
+    ing = LakeSpoolIngest(lk, spool if spool.exists() else spool, max_skew=None, commit_every=0.05)
+    for i in range(4):
+        _spool(spool, _hb(f"n{i}", 6, t0 + i))
+        ing.load_available()
+    ing.stager.close()
+    rep = LakeReplica(Lake(str(tmp_path / "lake"), create=False))
+    try:
+        rep.refresh()
+        assert len(rep.files["heartbeats"]) == 4
+        before = rep.con.execute("SELECT count(*), count(DISTINCT id) FROM heartbeats").fetchone()
+        maintain(Lake(str(tmp_path / "lake"), create=False), compact_files=2)
+        assert rep.refresh() >= 1
+        assert len(rep.files["heartbeats"]) == 1  # the compacted day: one file, read whole again
+        assert rep.con.execute("SELECT count(*), count(DISTINCT id) FROM heartbeats").fetchone() == before == (24, 24)
+    finally:
+        rep.close()
+
+
+def test_findings_stored_through_one_server_are_read_by_another(both, tmp_path: Path) -> None:  # noqa: F811
+    _, lake = both
+    work = fresh_lake(lake, tmp_path)
+    with lake_server(work) as one, lake_server(work) as two:
+        assert Remote(two).request("GET", "/api/v1/findings")["rows"] == []
+        stored = Remote(one).request("POST", "/api/v1/findings/run", body={"store": True})
+        assert len(stored["findings"]) >= 5
+        t = time.monotonic()
+        while not Remote(two).request("GET", "/api/v1/findings")["rows"]:
+            assert time.monotonic() - t < 10
+            time.sleep(0.1)
+        assert Remote(two).request("GET", "/api/v1/findings") == Remote(one).request("GET", "/api/v1/findings")
+
+
+def test_a_broken_commit_costs_that_refresh_and_nothing_already_served(tmp_path: Path) -> None:
+    """A data file that cannot be read (a truncated upload, a disk error): the refresh fails
+    in one line, the replica keeps every row it had, and the refresh after the file is
+    readable again reads it."""
+    from cmdare.analytics.db import AnalyticsError
+    from cmdare.analytics.lakeserve import LakeReplica
+
+    lk = Lake(str(tmp_path / "lake"))
+    lk.ensure()
+    spool = tmp_path / "spool"
+    ing = LakeSpoolIngest(lk, spool, max_skew=None, commit_every=0.05)
+    _spool(spool, _hb("n1", 5, time.time() - 60))
+    ing.load_available()
+    rep = LakeReplica(Lake(str(tmp_path / "lake"), create=False))
+    try:
+        rep.refresh()
+        _spool(spool, _hb("n2", 5, time.time() - 50))
+        ing.load_available()
+        new = [f for f in Lake(str(tmp_path / "lake"), create=False).files("heartbeats") if f not in rep.files["heartbeats"]]
+        (good,) = new
+        kept = Path(good).read_bytes()
+        Path(good).write_bytes(b"PAR1 not parquet at all" * 3)
+        with pytest.raises(AnalyticsError) as e:
+            rep.refresh()
+        assert "\n" not in str(e.value) and "cannot read" in str(e.value)
+        assert rep.con.execute("SELECT count(*) FROM heartbeats").fetchone() == (5,)
+        assert rep.con.execute("SELECT count(*) FROM nodes").fetchone() == (1,)  # all of the commit, or none
+        Path(good).write_bytes(kept)
+        rep.refresh()
+        assert rep.con.execute("SELECT count(*) FROM heartbeats").fetchone() == (10,)
+    finally:
+        rep.close()
+        ing.stager.close()
+
+
+def test_a_lake_server_refuses_what_a_collector_refuses(both, tmp_path: Path) -> None:  # noqa: F811
+    """User SQL cannot read the lake's files or any other (external access is off for the
+    whole replica), nor write; a label-filtered token sees its nodes only."""
+    _, lake = both
+    parquet = next(iter(Lake(str(lake), create=False).files("heartbeats")))
+    with lake_server(lake) as url:
+        for q in (f"SELECT * FROM read_parquet('{parquet}')", "SELECT * FROM read_csv('/etc/passwd')",
+                  "DELETE FROM heartbeats", "COPY heartbeats TO '/tmp/x.csv'"):
+            code, body = _post(url, "/api/v1/sql", {"query": q})
+            assert code == 400, (q, body)
+            assert "\n" not in json.loads(body)["error"]
+        assert Remote(url).request("POST", "/api/v1/sql", body={"query": "SELECT count(*) FROM heartbeats"})["rows"][0][0] > 0
+
+
+def test_a_scoped_token_sees_only_its_labels_on_a_lake_server(both, tmp_path: Path) -> None:  # noqa: F811
+    from cmdare.analytics.tokens import Tokens, digest
+
+    _, lake = both
+    f = tmp_path / "tokens.toml"
+    f.write_text(f'[[token]]\nname = "sim"\nscope = "read"\nsha256 = "{digest("s" * 32)}"\n'
+                 f'labels = {{ simulated = "true" }}\n'
+                 f'[[token]]\nname = "ops"\nscope = "admin"\nsha256 = "{digest("o" * 32)}"\n')
+    with lake_server(lake, token=Tokens.load(str(f))) as url:
+        def nodes(secret: str) -> int:
+            req = urllib.request.Request(url + "/api/v1/nodes", headers={"Authorization": f"Bearer {secret}"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return len(json.loads(r.read())["rows"])
+
+        assert nodes("o" * 32) == 120
+        assert nodes("s" * 32) == 36
+        assert _get(url, "/api/v1/nodes")[0] == 401
+
+
+def _post(url: str, path: str, body: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(url + path, method="POST", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["serve"], "Missing option '--lake'"),
+    (["serve", "--lake", " "], "--lake: empty"),
+    (["serve", "--lake", "/nonexistent/lake"], "no such lake"),
+    (["serve", "--lake", "LAKE", "--http", "off"], "a server serves the API"),
+    (["serve", "--lake", "LAKE", "--http", "0.0.0.0:0"], "off loopback the API needs a bearer token"),
+    (["serve", "--lake", "LAKE", "--refresh", "0s"], "--refresh"),
+    (["serve", "--lake", "LAKE", "--refresh", "nan"], "--refresh"),
+    (["serve", "--lake", "LAKE", "--catalog", "mysql://u:secret@h/db"], "--catalog"),
+])
+def test_serve_refuses_bad_settings_in_one_line(both, argv: list[str], words: str) -> None:  # noqa: F811
+    _, lake = both
+    r = CliRunner().invoke(collector_cli, [a.replace("LAKE", str(lake)) for a in argv],
+                           env={"CMDARE_HTTP_TOKEN": "", "CMDARE_LAKE": ""})
+    assert r.exit_code != 0
+    assert words in r.output, r.output
+    assert "secret" not in r.output
+    assert len(r.output.strip().splitlines()) <= 4  # usage lines, then the one error
