@@ -19,6 +19,7 @@ database file, where
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +27,7 @@ import duckdb
 
 from cmdare.collector import lakerollup, rollup
 from cmdare.collector.ingest import storage
-from cmdare.collector.lake import APPENDED, DERIVED, Lake, LakeError, lake_io
+from cmdare.collector.lake import APPENDED, DERIVED, MARKER, NAMESPACE, Lake, LakeError, lake_io
 
 from .db import AnalyticsError, Database, _q
 
@@ -34,6 +35,22 @@ NODES_SQL = """SELECT node, arg_max(role, last_seen) AS role,
     arg_max(job, last_seen) FILTER (WHERE job IS NOT NULL) AS job, arg_max(labels, last_seen) AS labels,
     min(first_seen) AS first_seen, max(last_seen) AS last_seen
 FROM ({src}) GROUP BY node"""
+
+
+# sources whose newest commit is this much older than the newest of any are left out of the
+# horizon: a partition no agent writes to any more would otherwise hold it back forever
+HORIZON_QUIET = 600.0
+
+
+def lake_horizon(con: duckdb.DuckDBPyConnection, commits: str = MARKER) -> dt.datetime | None:
+    """Up to when the lake holds everything sent (liveness is judged as of it, as a
+    collector judges it as of its ingest horizon): the oldest of each source's (Kafka
+    partition's, spool's) newest commit, among the sources committed within
+    ``HORIZON_QUIET`` seconds of the newest commit. None: nothing committed yet."""
+    row = con.execute(f"""WITH newest AS (SELECT source, max(committed_at) AS t FROM {commits} GROUP BY source)
+        SELECT min(t) FILTER (WHERE t >= (SELECT max(t) FROM newest) - to_seconds({HORIZON_QUIET}))
+        FROM newest""").fetchone()
+    return row[0] if row else None
 
 
 class LakeDatabase(Database):
@@ -45,6 +62,15 @@ class LakeDatabase(Database):
             self.lake = Lake(uri, catalog, create=False)
         except LakeError as e:
             raise AnalyticsError(str(e)) from None
+        self._horizon: dt.datetime | None = None
+        self.horizon = self._lake_horizon
+
+    def _lake_horizon(self) -> dt.datetime | None:
+        """The lake's horizon as of the planned connection (planned here when no read has)."""
+        if self._live is None:
+            with self.read():
+                pass
+        return self._horizon
 
     def exists(self) -> bool:
         return True
@@ -153,9 +179,14 @@ class LakeDatabase(Database):
                         "SELECT NULL::VARCHAR AS node, NULL::TIMESTAMP AS lo, NULL::TIMESTAMP AS hi, "
                         "NULL::VARCHAR AS src WHERE false"))
             views.apply(con)
+            if config is None:  # (liveness as of the lake's horizon: never lost for want of a commit)
+                commits = self.lake.files(MARKER) if MARKER in present else []
+                self._horizon = lake_horizon(con, _read(commits)) if commits else None
             if closed:
                 loc = self.lake.location
-                where = str(loc.local) + "/" if loc.local is not None else loc.warehouse.rstrip("/") + "/"
+                # the tables' files only (NAMESPACE/...): not the catalog file beside them
+                base = str(loc.local) if loc.local is not None else loc.warehouse.rstrip("/")
+                where = f"{base}/{NAMESPACE}/"
                 con.execute("SET allowed_directories = $d", {"d": [where]})
                 con.execute("SET enable_external_access = false")
             if lock:

@@ -45,29 +45,14 @@ import duckdb
 
 from cmdare.collector import lakerollup, rollup
 from cmdare.collector.ingest import storage
-from cmdare.collector.lake import APPENDED, DERIVED, MARKER, NAMESPACE, Lake, LakeError, _path, time_column
+from cmdare.collector.lake import APPENDED, DERIVED, MARKER, Lake, LakeError, _path, time_column
 
 from .db import AnalyticsError, Database, _q, _unscoped
-from .lakedb import NODES_SQL
+from .lakedb import NODES_SQL, lake_horizon
 
 log = logging.getLogger("cmdare.analytics.lakeserve")
 NODE_ROWS = "lake_node_rounds"  # the collectors' per-round node rows (``nodes`` aggregates them)
 WHOLE = (*DERIVED, *rollup.TABLES, MARKER)  # reloaded whole when their snapshot changes
-# sources whose newest commit is this much older than the newest of any are left out of the
-# horizon: a partition no agent writes to any more would otherwise hold it back forever
-HORIZON_QUIET = 600.0
-
-
-def lake_horizon(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) -> dt.datetime | None:
-    """Up to when the lake holds everything sent: the oldest of each source's (Kafka
-    partition's, spool's) newest commit, among the sources committed within
-    ``HORIZON_QUIET`` seconds of the newest commit. None: nothing committed yet."""
-    row = con.execute(f"""WITH newest AS (SELECT source, max(committed_at) AS t FROM {MARKER} GROUP BY source)
-        SELECT min(t) FILTER (WHERE t >= (SELECT max(t) FROM newest) - to_seconds({HORIZON_QUIET}))
-        FROM newest""").fetchone()
-    return row[0] if row else None
-
-
 class LakeReplica:
     """What one server has read of a lake, kept current by ``refresh()``."""
 
@@ -115,21 +100,11 @@ class LakeReplica:
                     '"start" BIGINT[], "end" BIGINT[], rows BIGINT)')
 
     # -- refresh ---------------------------------------------------------------------------
-    def catalog_locations(self) -> dict[str, str]:
-        """Every table's metadata location, in one catalog query."""
-        from sqlalchemy import text
-
-        with self.lake.catalog.engine.connect() as c:
-            rows = c.execute(text("SELECT table_name, metadata_location FROM iceberg_tables "
-                                  "WHERE catalog_name = :c AND table_namespace = :n"),
-                             {"c": NAMESPACE, "n": NAMESPACE}).fetchall()
-        return {str(n): str(loc) for n, loc in rows if loc}
-
     def refresh(self) -> int:
         """Read what changed in the lake since the last refresh; the tables changed."""
         with self._lock:
             try:
-                locs = self.catalog_locations()
+                locs = self.lake.locations()
             except Exception as e:  # noqa: BLE001  (a catalog away: keep serving what was read)
                 raise AnalyticsError(f"lake catalog: {str(e).splitlines()[0][:200]}") from None
             changed = sorted(t for t, loc in locs.items() if loc != self.locations.get(t) and self._known(t))
@@ -266,6 +241,7 @@ class LakeServed(Database):
 
         self._scopes = Made()
         self._write_lock = replica.write_lock  # type: ignore[assignment]
+        self.sql_pool: Any = None  # user SQL's worker processes (analytics/sqlpool.py), when given
         self.horizon = lambda: replica.horizon
 
     @property
@@ -293,6 +269,8 @@ class LakeServed(Database):
                 cur.close()
 
     def close(self) -> None:
+        if self.sql_pool is not None:
+            self.sql_pool.close()
         with contextlib.suppress(duckdb.Error):
             self._live.close()
 

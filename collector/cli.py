@@ -156,9 +156,12 @@ def token_hash(name: str, scope: str) -> None:
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
               help="where to keep what was read (a DuckDB file, rebuilt from the lake at each start; default: "
                    "a private temporary directory, removed at exit)")
+@click.option("--sql-workers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="worker processes that run user SQL (POST /api/v1/sql, analyze sql), each capped at "
+                   "$CMDARE_SQL_WORKER_MEMORY of address space (default 2GiB), a CPU-time and a wall deadline")
 def serve(lake: str, catalog: str | None, http: str, http_token_file: str | None, http_tls_cert: str | None,
           http_tls_key: str | None, ui_url: str | None, session_ttl: str, refresh: str,
-          cache_dir: Path | None) -> None:
+          cache_dir: Path | None, sql_workers: int) -> None:
     """Serve the API, the pages and /metrics over an Iceberg lake (--lake): the server tier
     past one machine. Ingest collectors (cmdare-collector kafka URL --lake) write the lake;
     any number of servers read it, each stateless apart from the lake and its catalog, and
@@ -171,11 +174,16 @@ def serve(lake: str, catalog: str | None, http: str, http_token_file: str | None
           --http 0.0.0.0:8765 --http-token-file /etc/cmdare/tokens.toml
       analyze --server http://127.0.0.1:8765 bottlenecks --since 1h
     """
+    from cmdare.analytics.sqlpool import memory_cap
     from cmdare.wire.units import parse_duration
 
     from . import serve as serving
 
     try:
+        try:
+            cap = memory_cap()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         every = parse_duration("--refresh", refresh)
         if not 0.1 <= every <= 3600:
             raise ConfigError(f"--refresh: {refresh[:20]!r} must be from 100ms to 1h")
@@ -183,7 +191,8 @@ def serve(lake: str, catalog: str | None, http: str, http_token_file: str | None
         if not lake.strip():
             raise ConfigError("--lake: empty: give the lake's directory or object-store URI")
         cfg = serving.ServeConfig(lake, catalog, serving.http_config(http, http_token_file, http_tls_cert,
-                                                                     http_tls_key, ui_url, ttl), every, cache_dir)
+                                                                     http_tls_key, ui_url, ttl), every, cache_dir,
+                                    sql_workers, cap)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     try:

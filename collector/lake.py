@@ -271,6 +271,17 @@ class Lake:
         """The tables the lake has (one catalog query)."""
         return {n for _, n in self.catalog.list_tables(NAMESPACE)}
 
+    def locations(self) -> dict[str, str]:
+        """Every table's metadata location, in one catalog query: a table whose location
+        did not move has not changed (what a reader keeping what it read asks first)."""
+        from sqlalchemy import text
+
+        with self.catalog.engine.connect() as c:
+            rows = c.execute(text("SELECT table_name, metadata_location FROM iceberg_tables "
+                                  "WHERE catalog_name = :c AND table_namespace = :n"),
+                             {"c": NAMESPACE, "n": NAMESPACE}).fetchall()
+        return {str(n): str(loc) for n, loc in rows if loc}
+
     def exists(self, name: str) -> bool:
         return self.catalog.table_exists(f"{NAMESPACE}.{name}")
 

@@ -35,6 +35,8 @@ class ServeConfig:
     http: Any  # analytics.service.HttpConfig
     refresh: float = REFRESH
     cache_dir: Path | None = None
+    sql_workers: int = 2  # user SQL's worker processes (analytics/sqlpool.py)
+    sql_memory: int | None = None  # each one's address-space cap (default: sqlpool.memory_cap())
 
 
 def http_config(http: str, token_file: str | None, tls_cert: str | None, tls_key: str | None,
@@ -56,6 +58,7 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
     from cmdare.analytics.db import AnalyticsError
     from cmdare.analytics.lakeserve import LakeReplica, LakeServed, Refresher
     from cmdare.analytics.service import Service
+    from cmdare.analytics.sqlpool import SqlPool
 
     from .lake import Lake, LakeError
 
@@ -79,8 +82,10 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
             raise ServeError(f"{lk.name}: cannot read the lake: {str(e).splitlines()[0][:200]}") from None
         say(f"cmdare-collector: read the lake {lk.name} ({replica.loaded_files} files) in "
             f"{time.monotonic() - t:.1f} s")
-        svc = Service(replica.con, lk.name, cfg.http, database=LakeServed(replica, lk.name))
-        svc.extra_metrics = lambda: _metrics(replica)
+        served = LakeServed(replica, lk.name)
+        served.sql_pool = SqlPool(cfg.lake, cfg.catalog, cfg.sql_workers, cfg.sql_memory)
+        svc = Service(replica.con, lk.name, cfg.http, database=served)
+        svc.extra_metrics = lambda: _metrics(replica, served.sql_pool)
         try:
             url = svc.start()
         except OSError as e:
@@ -99,13 +104,15 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
         replica.close()
 
 
-def _metrics(replica: Any) -> Iterator[Any]:
+def _metrics(replica: Any, pool: Any) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     if replica.refreshed_at is not None:
         yield GaugeMetricFamily("cmdare_server_lake_refresh_age_seconds",
                                 "seconds since the lake's catalog was last read whole",
                                 value=time.monotonic() - replica.refreshed_at)
+    yield CounterMetricFamily("cmdare_server_sql_workers_stopped", "user SQL workers stopped past a memory, CPU or "
+                              "time cap", value=pool.killed)
     yield CounterMetricFamily("cmdare_server_lake_files_read", "data files read from the lake since start",
                               value=replica.loaded_files)
     if replica.horizon is not None:

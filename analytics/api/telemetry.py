@@ -98,6 +98,11 @@ def sql(db: Database, query: str, max_rows: int | None = None, timeout: float | 
     """One read-only SELECT within row, byte and time limits (cmdare.analytics.safesql)."""
     from .. import safesql
 
+    rows, secs, size = max_rows or safesql.MAX_ROWS, timeout or safesql.TIMEOUT, max_bytes or safesql.MAX_BYTES
+    pool = getattr(db, "sql_pool", None)
+    if pool is not None:  # a lake server: in a worker process (analytics/sqlpool.py)
+        from ..scoping import current
+
+        return pool.run(query, rows, secs, size, current())
     with db.read(safesql.CONFIG) as con:
-        return safesql.run(con, query, max_rows or safesql.MAX_ROWS, timeout or safesql.TIMEOUT,
-                           max_bytes or safesql.MAX_BYTES)
+        return safesql.run(con, query, rows, secs, size)

@@ -280,13 +280,15 @@ def test_a_broken_commit_costs_that_refresh_and_nothing_already_served(tmp_path:
 
 
 def test_a_lake_server_refuses_what_a_collector_refuses(both, tmp_path: Path) -> None:  # noqa: F811
-    """User SQL cannot read the lake's files or any other (external access is off for the
-    whole replica), nor write; a label-filtered token sees its nodes only."""
+    """User SQL (in a worker over the lake's files, as analyze --lake sql) reads the tables'
+    files and no other: not the catalog beside them, nothing else on the host; it writes
+    nothing."""
     _, lake = both
     parquet = next(iter(Lake(str(lake), create=False).files("heartbeats")))
     with lake_server(lake) as url:
-        for q in (f"SELECT * FROM read_parquet('{parquet}')", "SELECT * FROM read_csv('/etc/passwd')",
-                  "DELETE FROM heartbeats", "COPY heartbeats TO '/tmp/x.csv'"):
+        assert _post(url, "/api/v1/sql", {"query": f"SELECT count(*) FROM read_parquet('{parquet}')"})[0] == 200
+        for q in (f"SELECT * FROM read_csv('{lake}/catalog.db')", "SELECT * FROM read_csv('/etc/passwd')",
+                  "DELETE FROM heartbeats", "COPY heartbeats TO '/tmp/x.csv'", "ATTACH '/tmp/x.duckdb' AS x"):
             code, body = _post(url, "/api/v1/sql", {"query": q})
             assert code == 400, (q, body)
             assert "\n" not in json.loads(body)["error"]
@@ -340,3 +342,169 @@ def test_serve_refuses_bad_settings_in_one_line(both, argv: list[str], words: st
     assert words in r.output, r.output
     assert "secret" not in r.output
     assert len(r.output.strip().splitlines()) <= 4  # usage lines, then the one error
+
+
+def test_agents_are_judged_as_of_the_lakes_horizon_never_lost_for_want_of_a_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Collectors that stopped committing 10 minutes ago: the agents whose heartbeats reach
+    up to their last commit are not lost (a file with no collector judges as of now, and
+    calls them lost); an agent silent long before the horizon is lost on both."""
+    import datetime as real_dt
+
+    import cmdare.collector.lake as lake_mod
+
+    class Past(real_dt.datetime):
+        @classmethod
+        def now(cls, tz=None):  # the collectors' clock when they committed: 10 minutes ago
+            return real_dt.datetime.now(tz) - real_dt.timedelta(seconds=600)
+
+    shim = type("dt", (), {"datetime": Past, "timezone": real_dt.timezone, "timedelta": real_dt.timedelta,
+                           "date": real_dt.date})
+    monkeypatch.setattr(lake_mod, "dt", shim)
+    end = time.time() - 605
+    events = []
+    for node, last in (("live", end), ("gone", end - 3600)):
+        events.append({"v": 1, "type": "lifecycle", "id": f"{node}-start", "ts": last - 300, "node": node,
+                       "role": "worker", "job": "j", "labels": {},
+                       "data": {"event": "agent_start", "boot_time": last - 400, "interval_seconds": 10.0}})
+        events += [{"v": 1, "type": "heartbeat", "id": f"{node}-hb-{i}", "ts": last - 300 + 10 * i, "node": node,
+                    "role": "worker", "job": "j", "labels": {}, "data": {"seq": i + 1}} for i in range(31)]
+    spool = tmp_path / "spool"
+    _spool(spool, events)
+    lk = Lake(str(tmp_path / "lake"))
+    lk.ensure()
+    ing = LakeSpoolIngest(lk, spool, max_skew=None)
+    ing.load_available()
+    ing.stager.close()
+    monkeypatch.undo()
+    r = CliRunner().invoke(cli, ["--lake", str(tmp_path / "lake"), "nodes", "--json"])
+    assert r.exit_code == 0, r.output
+    state = {x["node"]: x["state"] for x in map(json.loads, r.stdout.splitlines())} if r.stdout.lstrip()[:1] == "{" \
+        else {x["node"]: x["state"] for x in json.loads(r.stdout)}
+    assert state["gone"] == "lost"
+    assert state["live"] != "lost", state
+    with lake_server(tmp_path / "lake") as url:
+        assert _nodes(url)["live"]["state"] == state["live"]
+        assert _nodes(url)["gone"]["state"] == "lost"
+    # the same events in a file no collector fills: judged as of now, both lost
+    from cmdare.collector.consumer import SpoolIngest
+    from cmdare.collector.db import connect
+
+    (spool / "cursor.collected").unlink()
+    con = connect(tmp_path / "f.duckdb")
+    SpoolIngest(con, spool, max_skew=None).load_available()
+    con.close()
+    r = CliRunner().invoke(cli, ["--db", str(tmp_path / "f.duckdb"), "nodes", "--json"], env={"CMDARE_LAKE": ""})
+    out = json.loads(r.stdout) if r.stdout.lstrip()[:1] == "[" else list(map(json.loads, r.stdout.splitlines()))
+    assert {x["node"]: x["state"] for x in out} == {"live": "lost", "gone": "lost"}
+
+
+def test_the_horizon_is_the_oldest_recent_sources_newest_commit() -> None:
+    import datetime as dt
+
+    import duckdb
+
+    from cmdare.analytics.lakedb import HORIZON_QUIET, lake_horizon
+
+    con = duckdb.connect()
+    t = dt.datetime(2026, 5, 1, 12)
+    con.execute("CREATE TABLE lake_commits (committed_at TIMESTAMP, source VARCHAR)")
+    assert lake_horizon(con) is None
+    rows = [(t, "k/0"), (t - dt.timedelta(seconds=30), "k/0"), (t - dt.timedelta(seconds=20), "k/1"),
+            (t - dt.timedelta(seconds=HORIZON_QUIET + 1), "k/2")]  # k/2: no agent writes there any more
+    con.executemany("INSERT INTO lake_commits VALUES (?, ?)", rows)
+    assert lake_horizon(con) == t - dt.timedelta(seconds=20)
+
+
+def test_a_memory_attack_in_user_sql_costs_only_its_worker(both) -> None:  # noqa: F811
+    """The query that grew a collector past 6 GB: refused in one line from its worker; the
+    server's own memory stays flat and its other requests keep answering; the next query
+    gets a fresh worker."""
+    import psutil
+
+    _, lake = both
+    me = psutil.Process()
+    with lake_server(lake) as url:
+        assert _post(url, "/api/v1/sql", {"query": "SELECT 1"})[0] == 200  # (the workers started)
+        base = me.memory_info().rss
+        peak, lat, stop = [base], [], threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                peak.append(me.memory_info().rss)
+                t = time.monotonic()
+                assert _get(url, "/api/v1/nodes")[0] == 200
+                lat.append(time.monotonic() - t)
+                time.sleep(0.02)
+
+        w = threading.Thread(target=watch, daemon=True)
+        w.start()
+        code, body = _post(url, "/api/v1/sql", {"query": "SELECT string_agg(repeat('x', 100000000), '') FROM range(20)"})
+        stop.set()
+        w.join(10)
+        err = json.loads(body)["error"]
+        assert code == 400 and "\n" not in err and ("memory" in err or "byte limit" in err or "size limit" in err), err
+        assert max(peak) - base < 300 << 20, (max(peak) - base) >> 20
+        assert lat and sorted(lat)[int(0.99 * (len(lat) - 1))] < 1.0, lat
+        code, body = _post(url, "/api/v1/sql", {"query": "SELECT count(*) AS n FROM heartbeats"})
+        assert code == 200 and json.loads(body)["rows"][0][0] > 0
+
+
+def test_a_worker_killed_past_its_cap_is_replaced_and_said_in_one_line(both) -> None:  # noqa: F811
+    from cmdare.analytics.safesql import SqlRefused
+    from cmdare.analytics.sqlpool import SqlPool
+
+    _, lake = both
+    pool = SqlPool(str(lake), None, size=1)
+    try:
+        assert pool.run("SELECT count(*) FROM heartbeats", 10, 30, 1 << 20).rows[0][0] > 0
+        w = pool._idle[0]
+        with pytest.raises(SqlRefused) as e:  # a list too big for the cap, built in Python's own memory
+            pool.run("SELECT list(repeat('y', 1000)) FROM range(3000000)", 10, 60, 1 << 40)
+        assert "\n" not in str(e.value)
+        with pytest.raises(SqlRefused) as e:  # interrupted inside the worker at its time limit
+            pool.run("SELECT count(*) FROM range(1000000000000) a", 10, 0.5, 1 << 20)
+        assert "time limit" in str(e.value)
+        assert pool.run("SELECT 41 + 1", 10, 30, 1 << 20).rows == [(42,)]
+        import os
+        import signal
+
+        (w,) = pool._idle
+        os.kill(w.proc.pid, signal.SIGSTOP)  # a wedged worker: stopped at the wall deadline, replaced
+        t = time.monotonic()
+        with pytest.raises(SqlRefused) as e:
+            pool.run("SELECT 1", 10, 0.5, 1 << 20)
+        assert "time limit" in str(e.value) and time.monotonic() - t < 0.5 + 5 + 2
+        assert pool.killed == 1 and w.proc.wait(5) == -signal.SIGKILL
+        assert pool.run("SELECT 2", 10, 30, 1 << 20).rows == [(2,)]
+        (w,) = pool._idle
+        os.kill(w.proc.pid, signal.SIGKILL)  # died while idle: the next query gets a fresh worker
+        w.proc.wait(5)
+        assert pool.run("SELECT 3", 10, 30, 1 << 20).rows == [(3,)]
+        assert pool._idle[0] is not w
+    finally:
+        pool.close()
+
+
+def test_a_scoped_tokens_sql_in_a_worker_sees_its_labels_only(both, tmp_path: Path) -> None:  # noqa: F811
+    from cmdare.analytics.tokens import Tokens, digest
+
+    _, lake = both
+    f = tmp_path / "tokens.toml"
+    f.write_text(f'[[token]]\nname = "sim"\nscope = "read"\nsha256 = "{digest("s" * 32)}"\n'
+                 f'labels = {{ simulated = "true" }}\n')
+    with lake_server(lake, token=Tokens.load(str(f))) as url:
+        def sql(q: str) -> tuple[int, dict]:
+            req = urllib.request.Request(url + "/api/v1/sql", method="POST", data=json.dumps({"query": q}).encode(),
+                                         headers={"Content-Type": "application/json", "Authorization": "Bearer " + "s" * 32})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        code, body = sql("SELECT count(*) FROM nodes")
+        assert (code, body["rows"]) == (200, [[36]])  # of 120
+        parquet = next(iter(Lake(str(lake), create=False).files("heartbeats")))
+        code, body = sql(f"SELECT count(*) FROM read_parquet('{parquet}')")
+        assert code == 400 and "sees its labels" in body["error"], body
