@@ -58,7 +58,7 @@ class LakeReplica:
 
     def __init__(self, lake: Lake, cache_dir: Path | None = None) -> None:
         from cmdare.collector import views
-        from cmdare.collector.db import migrate
+        from cmdare.collector.db import connect
 
         self.lake = lake
         self._own_dir = cache_dir is None
@@ -67,8 +67,8 @@ class LakeReplica:
         self.path = self.dir / "replica.duckdb"
         for p in (self.path, self.path.with_name(self.path.name + ".wal")):
             p.unlink(missing_ok=True)  # a cache: what a previous run left is read again from the lake
-        self.con = duckdb.connect(str(self.path))
-        migrate(self.con)
+        self.con = connect(self.path)  # (migrated, with the views)
+        self.catalog = _q(self.con.execute("SELECT current_database()").fetchall()[0][0])  # (cursors start elsewhere)
         self._restructure()
         views.apply(self.con)
         self.locations: dict[str, str] = {}  # table -> metadata location as last applied
@@ -124,6 +124,7 @@ class LakeReplica:
             plans[t] = (tbl, _plan(tbl))
         cur = self.con.cursor()
         try:
+            cur.execute(f"USE {self.catalog}")
             cur.execute("BEGIN TRANSACTION")
             for t in changed:
                 tbl, files = plans[t]

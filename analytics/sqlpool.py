@@ -193,9 +193,12 @@ def _serve(conn: Any) -> None:
     """A worker's loop: limits first, then the lake, then one query per message."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the server stops its workers itself)
     uri, catalog, memory = conn.recv()
-    with contextlib.suppress(ValueError, OSError):
+    try:  # (a seccomp filter without @resources refuses it: no worker runs uncapped)
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ValueError, OSError) as e:
+        conn.send(("error", f"an SQL worker cannot cap its memory ({e}): allow setrlimit (@resources)"))
+        return
     try:
         src = _Lake(uri, catalog, memory)
     except Exception as e:  # noqa: BLE001  (said to the server in one line)

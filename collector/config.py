@@ -322,7 +322,7 @@ def _check(cfg: CollectorConfig) -> None:
                 raise ConfigError(f"{BY_KEY[k].flag}: a lake's retention is cmdare-collector maintain's")
         if refused:
             raise ConfigError(f"--lake: {', '.join(refused)} belong to a database file; in lake mode the collector "
-                              "only ingests (query with analyze --lake)")
+                              "only ingests (serve the lake with cmdare-collector serve --lake; query with analyze --lake)")
         return
     if cfg.receivers and not cfg.rules:
         raise ConfigError("--alertmanager / --alert-webhook / --alert-kafka: give the rules to evaluate with --rules")

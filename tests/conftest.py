@@ -44,7 +44,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 # costly session fixtures: on two workers (scripts/test-fast: pytest -n 2 --dist loadgroup)
 # the tests that share one run on one worker, so each is made once
-SHARED = {"kafka_broker": "kafka", "real_db": "real_db", "postgres": "postgres", "browser": "browser"}
+SHARED = {"kafka_broker": "kafka", "real_db": "real_db", "postgres": "postgres", "browser": "browser",
+          "both": "lake_eq"}  # (both: tests/lake/test_lake_equivalence.py's file and lake of one recording)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads xdist_group to place each test

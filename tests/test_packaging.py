@@ -23,6 +23,7 @@ DATA = {
     "cmdare/analytics/rules/cmdare.yml",
     "cmdare/analytics/rules/cmdare.test.yml",
     "cmdare/collector/packaging/cmdare-collector.service",
+    "cmdare/collector/packaging/cmdare-server.service",
     "cmdare/collector/packaging/cmdare-collector.sysusers",
     "cmdare/dashboards/static/app.js",
     "cmdare/dashboards/static/style.css",

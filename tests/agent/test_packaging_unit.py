@@ -17,6 +17,7 @@ from tests.conftest import BIN, ROOT
 UNITS = {
     "cmdare-agent": (ROOT / "agent" / "packaging" / "cmdare-agent.service", "/opt/cmdare/bin/cmdare-agent"),
     "cmdare-collector": (ROOT / "collector" / "packaging" / "cmdare-collector.service", "/opt/cmdare/bin/cmdare-collector"),
+    "cmdare-server": (ROOT / "collector" / "packaging" / "cmdare-server.service", "/opt/cmdare/bin/cmdare-collector"),
 }
 pytestmark = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
 
@@ -36,7 +37,7 @@ def test_verify_passes_with_exec_start_at_the_installed_command(name: str, tmp_p
     text = unit.read_text()
     assert f"ExecStart={documented} " in text and "python3 -m venv /opt/cmdare" in text
     installed = tmp_path / f"{name}.service"
-    installed.write_text(text.replace(documented, str(BIN / name)))
+    installed.write_text(text.replace(documented, str(BIN / Path(documented).name)))
     r = subprocess.run(["systemd-analyze", "verify", str(installed)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
     # the documented steps make the config readable by the service's group

@@ -122,6 +122,7 @@ def test_the_api_and_the_pages_answer_from_the_lake_with_the_file_modes_bytes(bo
         assert sum(c == 200 for _, c, _ in b) >= 28
 
 
+@pytest.mark.slow  # (every golden command twice: the full run's)
 def test_every_golden_command_answers_the_same_through_a_lake_server(both, tmp_path: Path) -> None:  # noqa: F811
     """Both ways: the write commands of the golden cases (fits, stored findings) go through
     each server in the same order, and what each later command reads follows."""
