@@ -110,12 +110,10 @@ class LakeDatabase(Database):
         with self._write_lock:
             con = self._open(None)
             try:
-                before = {t: _digest(con, t) for t in DERIVED}
-                yield con
-                for t in DERIVED:
-                    if _digest(con, t) != before[t]:
-                        self.lake.replace(t, con.sql(f"SELECT * FROM {t}").to_arrow_table())
-                        self.forget()
+                with written(self.lake, con) as changed:
+                    yield con
+                if changed:
+                    self.forget()
             except LakeError as e:
                 raise AnalyticsError(str(e)) from None
             finally:
@@ -198,6 +196,20 @@ class LakeDatabase(Database):
             con.close()
             raise
         return con
+
+
+@contextlib.contextmanager
+def written(lake: Lake, con: duckdb.DuckDBPyConnection) -> Iterator[list[str]]:
+    """Replace in ``lake`` each table analyze writes (``DERIVED``) that the block changed on
+    ``con`` (``analyze --lake``'s connection, or a lake server's replica); the list yielded
+    holds them afterwards."""
+    before = {t: _digest(con, t) for t in DERIVED}
+    changed: list[str] = []
+    yield changed
+    for t in DERIVED:
+        if _digest(con, t) != before[t]:
+            lake.replace(t, con.sql(f"SELECT * FROM {t}").to_arrow_table())
+            changed.append(t)
 
 
 def _digest(con: duckdb.DuckDBPyConnection, table: str) -> Any:

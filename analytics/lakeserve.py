@@ -9,7 +9,8 @@ cache directory) with the schema of a database file, where
   snapshot plans; a new snapshot that only added files (what collectors' commits do) is
   read incrementally: the added files' rows are inserted, nothing else is read again; one
   that removed files (compaction, retention, a replaced table) reloads that table;
-- ``nodes`` aggregates the collectors' per-round node rows (``lakedb.NODES_SQL``);
+- ``nodes`` aggregates the collectors' per-round node rows (``lakedb.NODES_SQL``), and
+  ``lake_commits`` (a row per commit and source: the horizon's input) is read the same way;
 - the tables ``analyze`` writes (findings, fits, alerts ...) and the rollup tables
   ``maintain`` builds are reloaded whole when their snapshot changes (they are small);
 - ``rollup_dirty`` is made again from the days whose rollups do not hold the source's
@@ -52,7 +53,10 @@ from .lakedb import NODES_SQL, lake_horizon
 
 log = logging.getLogger("cmdare.analytics.lakeserve")
 NODE_ROWS = "lake_node_rounds"  # the collectors' per-round node rows (``nodes`` aggregates them)
-WHOLE = (*DERIVED, *rollup.TABLES, MARKER)  # reloaded whole when their snapshot changes
+WHOLE = (*DERIVED, *rollup.TABLES)  # reloaded whole when their snapshot changes
+# appended and read incrementally: the event tables, nodes' rounds, and the commit marker (a
+# file per commit: read whole each time, a week's markers would be read every refresh)
+INCREMENTAL = (*APPENDED, MARKER)
 class LakeReplica:
     """What one server has read of a lake, kept current by ``refresh()``."""
 
@@ -115,7 +119,7 @@ class LakeReplica:
             return len(changed)
 
     def _known(self, t: str) -> bool:
-        return t in APPENDED or t in WHOLE
+        return t in INCREMENTAL or t in WHOLE
 
     def _apply(self, changed: list[str], locs: dict[str, str]) -> None:
         plans: dict[str, tuple[Any, dict[str, str | None]]] = {}
@@ -186,7 +190,8 @@ class LakeReplica:
 
 def _plan(tbl: Any) -> dict[str, str | None]:
     """A table's current data files (path -> its day partition, "YYYY-MM-DD"; None for an
-    unpartitioned table)."""
+    unpartitioned table, or a file whose partition value is null). Not lake.day_partitions:
+    it leaves such files out, and every file's rows must be served."""
     out: dict[str, str | None] = {}
     if tbl.current_snapshot() is None:
         return out
@@ -253,17 +258,14 @@ class LakeServed(Database):
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A cursor of the replica under the write lock; the tables analyze writes that it
         changed are then replaced in the lake (the next refresh reads them back)."""
-        from .lakedb import _digest
+        from .lakedb import written
 
         _unscoped("write")
         with self._write_lock:
             cur = self._cursor()
             try:
-                before = {t: _digest(cur, t) for t in DERIVED}
-                yield cur
-                for t in DERIVED:
-                    if _digest(cur, t) != before[t]:
-                        self.lake.replace(t, cur.sql(f"SELECT * FROM {t}").to_arrow_table())
+                with written(self.lake, cur):
+                    yield cur
             except LakeError as e:
                 raise AnalyticsError(str(e)) from None
             finally:
