@@ -161,10 +161,14 @@ class DetectorSchedule:
         scope = Scope(None, window_start(now, self.window), now)
         t0 = time.perf_counter()
         out = findings.run(self.cur, scope)
-        res = retry_conflicts(lambda: track(self.cur, out.ran, out.findings, scope, now), SAVE_TRIES)
+        res = self.keep(lambda cur: track(cur, out.ran, out.findings, scope, now))
         self.rounds += 1
         self.last, self.last_seconds = res, time.perf_counter() - t0
         return res
+
+    def keep(self, store: Callable[[duckdb.DuckDBPyConnection], tuple[int, int, int]]) -> tuple[int, int, int]:
+        """Store a round's findings (a lake's ruler: into the lake, lakeruler.LakeDetectors)."""
+        return retry_conflicts(lambda: store(self.cur), SAVE_TRIES)
 
     def _loop(self) -> None:
         while not self.stop_event.is_set():

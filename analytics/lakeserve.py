@@ -57,6 +57,13 @@ WHOLE = (*DERIVED, *rollup.TABLES)  # reloaded whole when their snapshot changes
 # appended and read incrementally: the event tables, nodes' rounds, and the commit marker (a
 # file per commit: read whole each time, a week's markers would be read every refresh)
 INCREMENTAL = (*APPENDED, MARKER)
+# tables a lake's ruler also reads straight from Kafka (analytics/lakeruler.py FastPath):
+# the lake's rows in lake_<t>, the rows read ahead of a commit in fast_<t>, and <t> the view
+# of both (a row in both, by its event id, once)
+FAST = ("revocations", "lifecycle_events")
+FAST_MAX_ROWS = 100_000  # rows read ahead that a lake commit has not caught up with, at most
+
+
 class LakeReplica:
     """What one server has read of a lake, kept current by ``refresh()``."""
 
@@ -81,6 +88,8 @@ class LakeReplica:
         self.refreshed_at: float | None = None  # monotonic time of the last refresh that ran whole
         self.loaded_files = 0  # data files read since start (the incremental reads' count)
         self.horizon: dt.datetime | None = None
+        self.elsewhere: set[str] = set()  # tables kept elsewhere (the alert state: the ruler's, in the catalog)
+        self.after_refresh: list[Callable[[set[str]], None]] = []  # called with the tables each refresh changed
         self._lock = threading.Lock()  # one refresh at a time
         self.write_lock = threading.Lock()  # a refresh's apply and the service's writes, one at a time
 
@@ -98,6 +107,11 @@ class LakeReplica:
                 con.execute(f"DROP VIEW {t}")
                 con.execute(f"DROP TABLE {storage.stored(t)}")
                 con.execute(f"ALTER TABLE _lake_{t} RENAME TO {t}")
+        for t in FAST:
+            con.execute(f"ALTER TABLE {t} RENAME TO lake_{t}")
+            con.execute(f"CREATE TABLE fast_{t} AS SELECT * FROM lake_{t} LIMIT 0")
+            con.execute(f"CREATE VIEW {t} AS SELECT * FROM lake_{t} UNION ALL BY NAME "
+                        f"SELECT * FROM fast_{t} WHERE id NOT IN (SELECT id FROM lake_{t})")
         con.execute("DROP TABLE rollup_dirty")
         con.execute("CREATE TABLE rollup_dirty (node VARCHAR, lo TIMESTAMP, hi TIMESTAMP, src VARCHAR)")
         con.execute(f"CREATE TABLE {MARKER} (committed_at TIMESTAMP, writer VARCHAR, source VARCHAR, "
@@ -116,10 +130,51 @@ class LakeReplica:
                 with self.write_lock:
                     self._apply(changed, locs)
             self.refreshed_at = time.monotonic()
-            return len(changed)
+        for hook in self.after_refresh:
+            hook(set(changed))
+        return len(changed)
 
     def _known(self, t: str) -> bool:
-        return t in INCREMENTAL or t in WHOLE
+        return (t in INCREMENTAL or t in WHOLE) and t not in self.elsewhere
+
+    def positions(self) -> dict[str, int]:
+        """How far the lake has stored each Kafka partition ("topic/partition" -> the
+        offset after its last stored record), from the commits read."""
+        cur = self.con.cursor()
+        try:
+            cur.execute(f"USE {self.catalog}")
+            return {s: int(e) for s, e in cur.execute(
+                f'SELECT source, max("end"[1]) FROM {MARKER} WHERE len("end") = 1 GROUP BY source').fetchall()
+                if e is not None}
+        finally:
+            cur.close()
+
+    def add_fast(self, table: str, rows: Any) -> int:
+        """Rows of a ``FAST`` table read from Kafka ahead of the lake (an Arrow table of its
+        columns): those not yet in the lake nor read before are added; how many."""
+        assert table in FAST
+        with self.write_lock:
+            cur = self.con.cursor()
+            try:
+                cur.execute(f"USE {self.catalog}")
+                cur.register("_fast", rows)
+                cur.execute("BEGIN TRANSACTION")
+                before = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchone()[0]
+                cur.execute(f"INSERT INTO fast_{table} BY NAME SELECT * FROM _fast WHERE id NOT IN "
+                            f"(SELECT id FROM lake_{table} UNION ALL SELECT id FROM fast_{table}) "
+                            "QUALIFY row_number() OVER (PARTITION BY id) = 1")
+                after = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchone()[0]
+                if after > FAST_MAX_ROWS:  # the lake far behind: the oldest read ahead go (the lake has them later)
+                    cur.execute(f"DELETE FROM fast_{table} WHERE ts < (SELECT ts FROM fast_{table} ORDER BY ts DESC "
+                                f"LIMIT 1 OFFSET {FAST_MAX_ROWS - 1})")
+                cur.execute("COMMIT")
+                return max(0, after - before)
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    cur.execute("ROLLBACK")
+                raise
+            finally:
+                cur.close()
 
     def _apply(self, changed: list[str], locs: dict[str, str]) -> None:
         plans: dict[str, tuple[Any, dict[str, str | None]]] = {}
@@ -139,6 +194,9 @@ class LakeReplica:
                 self._dirty(cur, {**self.files, **{t: plans[t][1] for t in changed}})
             if MARKER in changed:
                 self.horizon = lake_horizon(cur)
+            for t in FAST:  # read ahead, now in the lake
+                if t in changed:
+                    cur.execute(f"DELETE FROM fast_{t} WHERE id IN (SELECT id FROM lake_{t})")
             cur.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(duckdb.Error):
@@ -151,7 +209,7 @@ class LakeReplica:
             self.files[t] = plans[t][1]
 
     def _load(self, cur: duckdb.DuckDBPyConnection, t: str, files: dict[str, str | None]) -> None:
-        target = NODE_ROWS if t == "nodes" else t
+        target = NODE_ROWS if t == "nodes" else f"lake_{t}" if t in FAST else t
         old = self.files.get(t, {})
         if t in WHOLE or any(f not in files for f in old):
             cur.execute(f"DELETE FROM {target}")
@@ -264,7 +322,7 @@ class LakeServed(Database):
         with self._write_lock:
             cur = self._cursor()
             try:
-                with written(self.lake, cur):
+                with written(self.lake, cur, self.replica.elsewhere):
                     yield cur
             except LakeError as e:
                 raise AnalyticsError(str(e)) from None

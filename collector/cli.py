@@ -159,26 +159,46 @@ def token_hash(name: str, scope: str) -> None:
 @click.option("--sql-workers", type=click.IntRange(1, 64), default=2, show_default=True,
               help="worker processes that run user SQL (POST /api/v1/sql, analyze sql), each capped at "
                    "$CMDARE_SQL_WORKER_MEMORY of address space (default 2GiB), a CPU-time and a wall deadline")
-def serve(lake: str, catalog: str | None, http: str, http_token_file: str | None, http_tls_cert: str | None,
-          http_tls_key: str | None, ui_url: str | None, session_ttl: str, refresh: str,
-          cache_dir: Path | None, sql_workers: int) -> None:
+@click.option("--notices", metavar="URL", envvar="CMDARE_NOTICES",
+              help="kafka://host:port/topic: the ruler reads revocation notices and lifecycle events from the "
+                   "agents' topic itself, ahead of the lake's commits (alerts within seconds); with --rules")
+@click.option("--notices-group", default="cmdare-ruler", show_default=True,
+              help="the Kafka consumer group of --notices (one per lake)")
+@click.option("--commit-every", default="10s", show_default=True,
+              help="the ingest collectors' --commit-every: how far the lake's horizon trails when they keep up")
+@config.click_options("serve")
+@click.pass_context
+def serve(ctx: click.Context, config_file: str | None, **params: Any) -> None:
     """Serve the API, the pages and /metrics over an Iceberg lake (--lake): the server tier
     past one machine. Ingest collectors (cmdare-collector kafka URL --lake) write the lake;
     any number of servers read it, each stateless apart from the lake and its catalog, and
     answer as a collector serving a database file does (docs/scale.md).
+
+    With --rules (or the detectors, --detect-every), the servers elect one ruler through
+    the catalog (a PostgreSQL advisory lock; a lock file beside a SQLite catalog): it
+    evaluates the rules, sends the alerts and keeps the findings current; its alert state
+    lives in the catalog, so another server takes over within seconds of its death,
+    sending nothing twice and losing nothing.
 
     \b
     Examples:
       cmdare-collector serve --lake /srv/cmdare-lake --http 127.0.0.1:8765
       cmdare-collector serve --lake s3://telemetry/cmdare --catalog postgresql+psycopg2://cmdare@pg/cmdare \\
           --http 0.0.0.0:8765 --http-token-file /etc/cmdare/tokens.toml
+      cmdare-collector serve --lake /srv/cmdare-lake --rules default --alertmanager http://am:9093 \
+          --notices kafka://b1:9092/cmdare.events
       analyze --server http://127.0.0.1:8765 bottlenecks --since 1h
     """
     from cmdare.analytics.sqlpool import memory_cap
+    from cmdare.wire.kafka import parse_kafka_url
     from cmdare.wire.units import parse_duration
 
     from . import serve as serving
 
+    own = ("lake", "catalog", "http", "http_token_file", "http_tls_cert", "http_tls_key", "ui_url", "session_ttl",
+           "refresh", "cache_dir", "sql_workers", "notices", "notices_group", "commit_every")
+    lake, catalog, http, http_token_file, http_tls_cert, http_tls_key, ui_url, session_ttl, refresh, cache_dir, \
+        sql_workers, notices, notices_group, commit_every = (params.pop(k) for k in own)
     try:
         try:
             cap = memory_cap()
@@ -190,13 +210,29 @@ def serve(lake: str, catalog: str | None, http: str, http_token_file: str | None
         ttl = config.parse_value(config.BY_KEY["session_ttl"], "--session-ttl", session_ttl)
         if not lake.strip():
             raise ConfigError("--lake: empty: give the lake's directory or object-store URI")
+        given = {k for k in params if ctx.get_parameter_source(k) in (click.core.ParameterSource.COMMANDLINE,
+                                                                        click.core.ParameterSource.ENVIRONMENT)}
+        settings = config.build("serve", "", params, given, config_file)
+        url = None
+        if notices is not None:
+            if not settings.rules:
+                raise ConfigError("--notices: the ruler reads notices for its rules: give them with --rules")
+            url = parse_kafka_url("--notices", notices)
+            url.security = settings.security
+        if not 1 <= len(notices_group) <= 200 or any(ord(c) < 32 for c in notices_group):
+            raise ConfigError("--notices-group: 1 to 200 printable characters")
+        commit = parse_duration("--commit-every", commit_every)
+        if not 0.1 <= commit <= 3600:
+            raise ConfigError(f"--commit-every: {commit_every[:20]!r} must be from 100ms to 1h")
         cfg = serving.ServeConfig(lake, catalog, serving.http_config(http, http_token_file, http_tls_cert,
                                                                      http_tls_key, ui_url, ttl), every, cache_dir,
-                                    sql_workers, cap)
+                                    sql_workers, cap, settings, url, notices_group, commit)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     try:
         serving.run(cfg, lambda line: click.echo(line, err=True))
+    except ConfigError as e:  # (a rule file that does not hold against the lake)
+        raise click.UsageError(str(e)) from None
     except serving.ServeError as e:
         raise click.ClickException(str(e)) from None
 

@@ -27,6 +27,8 @@ else:  # pragma: no cover
 MAX_CONFIG_BYTES = 1 << 20
 EXCERPT = 20  # characters of a refused value quoted in its error
 BOTH, KAFKA, SPOOL = ("kafka", "spool"), ("kafka",), ("spool",)
+ALL = ("kafka", "spool", "serve")  # serve: a lake's server (its ruler evaluates the rules, runs the detectors)
+KAFKA_SERVE = ("kafka", "serve")  # (a server's --notices consumer uses the brokers' security settings)
 
 
 @dataclass(frozen=True)
@@ -104,40 +106,40 @@ SETTINGS: tuple[Setting, ...] = (
        "API's own address", envvar="CMDARE_UI_URL", metavar="URL"),
     _s("kafka", "security_protocol", "str", None,
        "PLAINTEXT | SSL | SASL_SSL | SASL_PLAINTEXT (default: PLAINTEXT; SASL_SSL once a user is given; SSL once a "
-       "TLS file is given)", commands=KAFKA, envvar="CMDARE_KAFKA_SECURITY_PROTOCOL"),
+       "TLS file is given)", commands=KAFKA_SERVE, envvar="CMDARE_KAFKA_SECURITY_PROTOCOL"),
     _s("kafka", "sasl_mechanism", "str", None, "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (default with a user: "
-       "SCRAM-SHA-512)", commands=KAFKA, envvar="CMDARE_KAFKA_SASL_MECHANISM"),
-    _s("kafka", "sasl_username", "str", None, "SASL user name", commands=KAFKA, envvar="CMDARE_KAFKA_USERNAME"),
+       "SCRAM-SHA-512)", commands=KAFKA_SERVE, envvar="CMDARE_KAFKA_SASL_MECHANISM"),
+    _s("kafka", "sasl_username", "str", None, "SASL user name", commands=KAFKA_SERVE, envvar="CMDARE_KAFKA_USERNAME"),
     _s("kafka", "sasl_password_file", "str", None,
-       "file holding the SASL password (or $CMDARE_KAFKA_PASSWORD); never logged", commands=KAFKA,
+       "file holding the SASL password (or $CMDARE_KAFKA_PASSWORD); never logged", commands=KAFKA_SERVE,
        envvar="CMDARE_KAFKA_PASSWORD_FILE"),
     _s("kafka", "ssl_cafile", "str", None,
-       "CA certificates (PEM) that sign the brokers' certificates (default: the system's)", commands=KAFKA,
+       "CA certificates (PEM) that sign the brokers' certificates (default: the system's)", commands=KAFKA_SERVE,
        envvar="CMDARE_KAFKA_SSL_CAFILE"),
     _s("kafka", "ssl_certfile", "str", None, "client certificate (PEM), for brokers that require one",
-       commands=KAFKA, envvar="CMDARE_KAFKA_SSL_CERTFILE"),
-    _s("kafka", "ssl_keyfile", "str", None, "client private key (PEM)", commands=KAFKA,
+       commands=KAFKA_SERVE, envvar="CMDARE_KAFKA_SSL_CERTFILE"),
+    _s("kafka", "ssl_keyfile", "str", None, "client private key (PEM)", commands=KAFKA_SERVE,
        envvar="CMDARE_KAFKA_SSL_KEYFILE"),
     _s("kafka", "ssl_no_check_hostname", "bool", False,
-       "do not check that the broker's certificate names the host (not recommended)", commands=KAFKA, is_flag=True),
+       "do not check that the broker's certificate names the host (not recommended)", commands=KAFKA_SERVE, is_flag=True),
     _s("alerting", "rules", "list", [],
        "alerting rule file, evaluated live (repeatable; 'default': the shipped pack; $CMDARE_RULES: "
-       "space-separated); docs/alerts.md", envvar="CMDARE_RULES", metavar="FILE", multiple=True),
+       "space-separated); docs/alerts.md", envvar="CMDARE_RULES", metavar="FILE", multiple=True, commands=ALL),
     _s("alerting", "inhibit_window", "duration", 1800.0,
        "after a revocation notice, how long rules marked inhibit_on_revocation stay quiet for that node and its job",
-       shown="30m"),
+       shown="30m", commands=ALL),
     _s("alerting", "liveness_grace", "duration", 45.0,
        "after the collector was behind (a restart, a Kafka outage, a backlog), node-loss verdicts wait this long "
-       "once it has caught up, for agents to re-send what they spooled", shown="45s"),
+       "once it has caught up, for agents to re-send what they spooled", shown="45s", commands=ALL),
     _s("alerting", "resend", "duration", 60.0, "re-send firing alerts to the receivers this often",
-       flag="--alert-resend", shown="1m"),
+       flag="--alert-resend", shown="1m", commands=ALL),
     _s("findings", "detect_every", "duration", 60.0,
        "run every detector over the last --detect-window this often and keep the findings table current (goodput, "
        "the pages and /metrics read it); off: only analyze bottlenecks stores findings", shown="1m", off=True,
-       least=5),
+       least=5, commands=ALL),
     _s("findings", "detect_window", "duration", 900.0,
        "the sliding window each scheduled detector round reads (its start moved back to a 5-minute boundary)",
-       shown="15m"),
+       shown="15m", commands=ALL),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 # receivers' secrets by receiver name (the file's [[receivers]] tables name them directly)
@@ -300,7 +302,7 @@ def build(command: str, target: str, flags: Mapping[str, Any], given_flags: set[
     if receivers:
         given.add("receivers")
     security = None
-    if command == "kafka":
+    if command in KAFKA_SERVE:
         sec = {k: values[k] for k in ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password_file",
                                       "ssl_cafile", "ssl_certfile", "ssl_keyfile") if values.get(k) is not None}
         if values.get("ssl_no_check_hostname"):
@@ -313,6 +315,10 @@ def build(command: str, target: str, flags: Mapping[str, Any], given_flags: set[
 
 def _check(cfg: CollectorConfig) -> None:
     """What the settings mean together."""
+    if cfg.command == "serve":
+        if cfg.receivers and not cfg.rules:
+            raise ConfigError("--alertmanager / --alert-webhook / --alert-kafka: give the rules to evaluate with --rules")
+        return
     if cfg.lake:
         refused = [BY_KEY[k].flag for k in sorted(cfg.given & {"db", "http", "rules"}) if cfg.values.get(k)]
         if "receivers" in cfg.given:
@@ -332,7 +338,7 @@ def _check(cfg: CollectorConfig) -> None:
 
 def click_options(command: str) -> Callable[[Any], Any]:
     """A decorator adding the flags of ``command``'s settings (and the receiver flags, and
-    ``--config``) to a click command."""
+    ``--config``; and ``--db``, but to ``serve``) to a click command."""
     import click
 
     from cmdare.analytics.alerting.notify.receivers import kinds
@@ -357,6 +363,8 @@ def click_options(command: str) -> Callable[[Any], Any]:
             f = click.option(s.flag, s.key, **kw)(f)
         f = click.option("--config", "config_file", type=click.Path(dir_okay=False), metavar="FILE",
                          help="a TOML file of these settings and [[receivers]] (flags beat it; docs/collector.md)")(f)
+        if command == "serve":
+            return f
         s = BY_KEY["db"]
         return click.option("--db", "db", envvar=s.envvar, default=s.shown, show_default=True, help=s.option.help)(f)
 

@@ -37,6 +37,11 @@ class ServeConfig:
     cache_dir: Path | None = None
     sql_workers: int = 2  # user SQL's worker processes (analytics/sqlpool.py)
     sql_memory: int | None = None  # each one's address-space cap (default: sqlpool.memory_cap())
+    # the ruler's settings (rules, receivers, detectors; collector/config.py, command "serve")
+    settings: Any = None
+    notices: Any = None  # the fast path's topic (KafkaURL), or None
+    notices_group: str = "cmdare-ruler"
+    commit_every: float = 10.0  # the ingest collectors' --commit-every (how far the horizon may trail)
 
 
 def http_config(http: str, token_file: str | None, tls_cert: str | None, tls_key: str | None,
@@ -73,7 +78,9 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     replica = LakeReplica(lk, cfg.cache_dir)
-    svc = refresher = None
+    replica.elsewhere = {"alerts", "alert_rules"}  # the ruler's alert state: in the catalog (lakeruler.AlertStore)
+    svc = refresher = ruler = None
+    lost: list[str] = []
     try:
         t = time.monotonic()
         try:
@@ -83,29 +90,93 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
         say(f"cmdare-collector: read the lake {lk.name} ({replica.loaded_files} files) in "
             f"{time.monotonic() - t:.1f} s")
         served = LakeServed(replica, lk.name)
+        alerting = _alerting(replica, cfg)  # (bad rule files stop every server at once, standbys too)
         served.sql_pool = SqlPool(cfg.lake, cfg.catalog, cfg.sql_workers, cfg.sql_memory)
         svc = Service(replica.con, lk.name, cfg.http, database=served)
-        svc.extra_metrics = lambda: _metrics(replica, served.sql_pool)
         try:
             url = svc.start()
         except OSError as e:
             raise ServeError(str(e)) from None
+        if alerting is not None:
+            alerting.link_base(svc.pages_url())
+
+        def on_lost(why: str) -> None:
+            lost.append(why)
+            stop.set()
+
+        ruler = _ruler(lk, served, alerting, cfg, say, on_lost)
+        ruler.service = svc
+        svc.extra_metrics = lambda: _metrics(replica, served.sql_pool, ruler)
+        replica.after_refresh.append(ruler.on_refresh)
+        ruler.start()
         svc.ready = True
         refresher = Refresher(replica, cfg.refresh, say)
         refresher.start()
         say(f"cmdare-collector: serving the lake {lk.name} on {url} (pages on {url}/ui; analyze --server {url}); "
-            f"reading new commits every {cfg.refresh:g} s")
+            f"reading new commits every {cfg.refresh:g} s"
+            + ("; asking to rule it" if ruler.wants else ""))
         stop.wait()
     finally:
         if refresher is not None:
             refresher.stop()
+        if ruler is not None:
+            ruler.stop()
         if svc is not None:
             svc.stop()
         replica.close()
+    if lost:
+        raise ServeError(f"lost the ruler's lease ({lost[0]}): exiting, so that another server rules and this one "
+                         "starts again as a standby")
 
 
-def _metrics(replica: Any, pool: Any) -> Iterator[Any]:
+def _alerting(replica: Any, cfg: ServeConfig) -> Any:
+    """The rule evaluation, validated against what the server has read (not started: the
+    ruler starts it once it holds the lease); None without rules."""
+    from cmdare.analytics.alerting import RuleError
+    from cmdare.analytics.alerting.schedule import load
+
+    st = cfg.settings
+    if st is None or not st.rules:
+        return None
+    try:
+        al = load(replica.con, tuple(st.rules), st.inhibit_window, st.receivers, st.resend, security=st.security)
+    except RuleError as e:
+        raise ConfigError(str(e)) from None
+    al.grace = st.liveness_grace
+    return al
+
+
+def _ruler(lk: Any, served: Any, alerting: Any, cfg: ServeConfig, say: Say, on_lost: Callable[[str], None]) -> Any:
+    """This server's part in ruling the lake (analytics/lakeruler.py)."""
+    from cmdare.analytics.alerting.schedule import GAP
+    from cmdare.analytics.lakeruler import AlertStore, FastPath, Ruler, lake_detectors, pg_fence
+
+    from .lease import Lease
+
+    lease = Lease(lk)
+    store = AlertStore(lk.catalog.engine, pg_fence(lease) if lease.kind == "postgresql" else None)
+    try:
+        store.ensure()
+    except Exception as e:  # noqa: BLE001
+        raise ServeError(f"{lk.name}: cannot keep the alert state in the catalog: {str(e).splitlines()[0][:200]}") from None
+    st = cfg.settings
+    every = st.detect_every if st is not None else None
+    detectors = (lambda: lake_detectors(served, every, st.detect_window)) if every is not None else None
+    fast = None
+    if cfg.notices is not None and alerting is not None:
+        fast = FastPath(served.replica, cfg.notices, cfg.notices_group, lambda tables: None)
+    return Ruler(served, lease, store, alerting, detectors, fast, say, on_lost,
+                 gap=cfg.commit_every + cfg.refresh + GAP)
+
+
+def _metrics(replica: Any, pool: Any, ruler: Any) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    yield GaugeMetricFamily("cmdare_server_ruler", "1 while this server holds the lake's ruler lease (evaluates "
+                            "the rules, runs the detectors)", value=1 if ruler.leading else 0)
+    if ruler.fast is not None:
+        yield CounterMetricFamily("cmdare_server_ruler_read_ahead_rows", "revocation and lifecycle rows the ruler "
+                                  "read from Kafka ahead of the lake's commits (--notices)", value=ruler.fast.added)
 
     if replica.refreshed_at is not None:
         yield GaugeMetricFamily("cmdare_server_lake_refresh_age_seconds",

@@ -122,6 +122,12 @@ class Alerting:
         self._gap_from: float | None = None  # the horizon when the gap began (epoch seconds)
         self._settle_until: float | None = None  # when the grace after a gap ends (None: not settling)
         self._hlock = threading.Lock()
+        # how far the caught-up time may trail before it counts as a gap (a lake's horizon
+        # trails by its collectors' commit interval)
+        self.gap = GAP
+        # where a round's state is kept durably before anything is sent (a lake's ruler:
+        # the catalog, analytics/lakeruler.py); None: the connection's alerts table only
+        self.store: Any = None
 
     def on_batch(self, result: Any) -> None:
         """Called by ingest after each committed batch (its thread: cheap)."""
@@ -179,7 +185,7 @@ class Alerting:
             if self.start_horizon is not None and self._gap_from is None:
                 self._gap_from = self.start_horizon.replace(tzinfo=dt.timezone.utc).timestamp()
             return self.start_horizon
-        if now - t > GAP:
+        if now - t > self.gap:
             if self._gap_from is None:
                 self._gap_from = t
             self._settle_until = None
@@ -200,7 +206,10 @@ class Alerting:
         self.engine.eval_group(con, group, at, self.horizon(), self.lag())
         due = [(r, r.due(self.engine, ids)) for r in self.senders]
         self.engine.mark_notified([it.key for _, items in due for it in items if not it.resolved])
-        retry_conflicts(lambda: self.engine.save(con, group, at), SAVE_TRIES)  # another group's save: again
+        state = self.engine.rows(group, at)
+        if self.store is not None:  # durable first: a failed save sends nothing (the next round does)
+            self.store.save(*state)
+        retry_conflicts(lambda: self.engine.save(con, group, at, state), SAVE_TRIES)  # another group's save: again
         for r, items in due:
             r.send(items)
         self.log.round(self.engine, ids)

@@ -114,7 +114,9 @@ class Engine:
                 n += 1
         return n
 
-    def save(self, con: duckdb.DuckDBPyConnection, group: Group, at: dt.datetime) -> None:
+    def rows(self, group: Group, at: dt.datetime) -> tuple[list[str], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """The group's state as saved: its rule ids, its alerts' rows (``alerts``' columns)
+        and its rules' health rows (``alert_rules``')."""
         ids = [r.id for r in group.rules]
         with self.lock:
             rows = [
@@ -125,17 +127,12 @@ class Engine:
             ]
             health = [(rid, group.name, group.file, h.health, h.last_error, h.last_eval, h.eval_seconds, h.instances)
                       for rid, h in self.health.items() if rid in ids]
-        con.execute("BEGIN")
-        try:
-            con.execute(f"DELETE FROM alerts WHERE rule IN ({','.join('?' * len(ids))})", ids)
-            if rows:
-                con.executemany("INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            con.execute(f"DELETE FROM alert_rules WHERE rule IN ({','.join('?' * len(ids))})", ids)
-            con.executemany("INSERT INTO alert_rules VALUES (?, ?, ?, ?, ?, ?, ?, ?)", health)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+        return ids, rows, health
+
+    def save(self, con: duckdb.DuckDBPyConnection, group: Group, at: dt.datetime,
+             state: tuple[list[str], list[tuple[Any, ...]], list[tuple[Any, ...]]] | None = None) -> None:
+        """Write the group's state (``state``: as ``rows`` gave it) into ``con``'s tables."""
+        write_rows(con, *(state or self.rows(group, at)))
 
     # evaluation
     def eval_group(self, con: duckdb.DuckDBPyConnection, group: Group, at: dt.datetime,
@@ -239,3 +236,25 @@ class Engine:
     def snapshot(self) -> list[Alert]:
         with self.lock:
             return sorted(self.alerts.values(), key=lambda a: (a.rule, sorted(a.labels.items())))
+
+
+def write_rows(con: duckdb.DuckDBPyConnection, ids: list[str] | None, rows: list[tuple[Any, ...]],
+               health: list[tuple[Any, ...]]) -> None:
+    """Replace these rules' rows of ``alerts`` and ``alert_rules`` (``ids`` None: every
+    rule's: a copy of another process's state) in one transaction."""
+    con.execute("BEGIN")
+    try:
+        if ids is None:
+            con.execute("DELETE FROM alerts")
+            con.execute("DELETE FROM alert_rules")
+        elif ids:
+            con.execute(f"DELETE FROM alerts WHERE rule IN ({','.join('?' * len(ids))})", ids)
+            con.execute(f"DELETE FROM alert_rules WHERE rule IN ({','.join('?' * len(ids))})", ids)
+        if rows:
+            con.executemany("INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        if health:
+            con.executemany("INSERT INTO alert_rules VALUES (?, ?, ?, ?, ?, ?, ?, ?)", health)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise

@@ -139,11 +139,11 @@ def test_a_save_meeting_a_write_conflict_is_tried_three_times(con, tmp_path, con
     al.start(run=False)
     real, calls = al.engine.save, []
 
-    def save(c, g, at):
+    def save(c, g, at, *state):
         calls.append(at)
         if len(calls) <= conflicts:
             raise duckdb.TransactionException("Conflict on tuple deletion!")
-        return real(c, g, at)
+        return real(c, g, at, *state)
 
     al.engine.save = save  # type: ignore[method-assign]
     try:
