@@ -140,6 +140,9 @@ class LakeDatabase(Database):
         lock = bool(cfg.pop("lock_configuration", False))
         con = duckdb.connect(":memory:", config=cfg)
         try:
+            # each query re-reads the footers of every file its views name, without this: a
+            # detector run names the rollups' files some 30 times (bench/findings.py --lake)
+            con.execute("SET parquet_metadata_cache = true")
             migrate(con)
             present = self.lake.names()
             for t in (*APPENDED, *DERIVED):
