@@ -298,3 +298,95 @@ def test_a_rule_file_that_does_not_hold_against_the_lake_stops_the_server(tmp_pa
 
     with pytest.raises(ConfigError, match="no_such_table"):
         serve.run(cfg, lambda line: None, stop)
+
+
+def test_a_ruler_whose_catalog_session_ends_stops_and_exits(postgres, tmp_path: Path, hook) -> None:
+    """A flapping network between the ruler and a PostgreSQL catalog: its lease's session is
+    ended (as PostgreSQL ends it when the client vanishes). The ruler saves nothing more
+    (the fence) and exits, so that a standby rules; nothing is sent after."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    db = f"fence_{uuid.uuid4().hex[:6]}"
+    eng = create_engine(postgres.url, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f"CREATE DATABASE {db}"))
+    eng.dispose()
+    catalog = postgres.url.rsplit("/", 1)[0] + "/" + db
+    hook_url, posts = hook
+    rules = tmp_path / "rules.yml"
+    rules.write_text(RULES)
+    lk = Lake(str(tmp_path / "lake"), catalog)
+    lk.ensure()
+    _spool(tmp_path / "spool", _hb("n1", 3, time.time() - 30) + [_revocation("n1", time.time() - 5)])
+    ing = LakeSpoolIngest(lk, tmp_path / "spool", max_skew=None, commit_every=0.05)
+    ing.load_available()
+    ing.stager.close()
+    lines: list[str] = []
+    stop = threading.Event()
+    cfg = serve.ServeConfig(str(tmp_path / "lake"), catalog, HttpConfig("127.0.0.1", 0, None), 0.2,
+                            settings=settings(rules, hook_url))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve.run(cfg, lines.append, stop)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    wait_for(lambda: firing(posts, "n1"), 30, "the ruler's first delivery")
+    assert any("PostgreSQL advisory lock" in x for x in lines)
+    eng = create_engine(catalog, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:  # every session holding the lease ends
+        ended = c.execute(text("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                               "AND granted")).fetchall()
+    eng.dispose()
+    assert ended
+    t.join(20)
+    assert not t.is_alive()
+    assert errors and "lost the ruler's lease" in str(errors[0]) and len(str(errors[0]).splitlines()) == 1
+    sent = len(posts)
+    time.sleep(2)
+    assert len(posts) == sent
+
+
+def test_the_fence_refuses_a_save_once_the_lease_is_gone(postgres, tmp_path: Path) -> None:
+    """The save's own transaction checks the lease: a ruler that lost it writes nothing,
+    even before it notices (the deliberate race: the check between two saves)."""
+    import datetime as dt
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    from cmdare.analytics.lakeruler import AlertStore, LeaseLost, pg_fence
+
+    db = f"fence_{uuid.uuid4().hex[:6]}"
+    eng = create_engine(postgres.url, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f"CREATE DATABASE {db}"))
+    eng.dispose()
+    lk = Lake(str(tmp_path / "lake"), postgres.url.rsplit("/", 1)[0] + "/" + db)
+    lk.ensure(("lake_commits",))
+    lease = Lease(lk)
+    assert lease.kind == "postgresql" and lease.try_acquire()
+    other = Lease(Lake(str(tmp_path / "lake"), postgres.url.rsplit("/", 1)[0] + "/" + db, create=False))
+    assert not other.try_acquire()
+    store = AlertStore(lk.catalog.engine, pg_fence(lease))
+    store.ensure()
+    now = dt.datetime(2026, 11, 29, 3, 0)
+    row = ("g/R", "fp1", '{"node": "n1"}', "{}", "firing", float("nan"), now, now, now, None, None, 0, None, now, 1)
+    store.save(["g/R"], [row], [("g/R", "g", "r.yml", "ok", None, now, 0.01, 1)])
+    alerts, rules = store.load()
+    assert alerts[0][:5] == ("g/R", "fp1", '{"node": "n1"}', "{}", "firing") and alerts[0][5] is None  # (NaN: null)
+    with lease.engine.connect() as c:  # the lease's session ends behind its back
+        c.execute(text("SELECT pg_terminate_backend(:p)"), {"p": lease.backend_pid})
+        c.commit()
+    with pytest.raises(LeaseLost):
+        store.save(["g/R"], [], [])
+    assert store.load()[0] == alerts  # nothing changed
+    assert not lease.held()
+    assert other.try_acquire()
+    other.release()
