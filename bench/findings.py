@@ -12,7 +12,8 @@ with SQL straight into the collector's tables (the ingest path has its own bench
 then the rollups are built once, as a collector keeps them while data arrives.  With
 ``--lake`` the same rows are also copied into an Iceberg lake next to the database (an
 hour of each table per commit), ``maintain`` builds its rollups, and every measurement is
-repeated through ``analyze --lake``'s ``LakeDatabase``.
+repeated through ``analyze --lake``'s ``LakeDatabase``, then over a lake server's replica
+(``serve --lake``: what its ruler's scheduled detector rounds read).
 
 Each measurement runs in a fresh child process (cold process, warm OS page cache),
 alternating scan, bound and detectors, ``runs`` times each; prints the medians, the ratio
@@ -185,7 +186,18 @@ def child(what: str, db: str, lake: str | None = None) -> None:
         to_lake(Path(db), Path(lake))
         return
     opened = 0.0
-    if lake:
+    if lake and lake.startswith("replica:"):  # a lake server's replica (what its ruler's detectors read)
+        from cmdare.analytics.lakeserve import LakeReplica
+        from cmdare.collector.lake import Lake
+
+        t = time.perf_counter()
+        rep = LakeReplica(Lake(lake.removeprefix("replica:"), create=False))
+        rep.refresh()
+        con = rep.con.cursor()
+        con.execute(f"USE {rep.catalog}")
+        opened = time.perf_counter() - t
+        ctx = contextlib.nullcontext()
+    elif lake:
         from cmdare.analytics.lakedb import LakeDatabase
 
         t = time.perf_counter()
@@ -254,7 +266,7 @@ def main() -> None:
     if lake is not None and not lake.exists():
         subprocess.run([sys.executable, __file__, "--child", "to-lake", "--db", str(db), "--lake-dir", str(lake)],
                        check=True)
-    for where in ([None, lake] if lake else [None]):
+    for where in ([None, lake, Path(f"replica:{lake}")] if lake else [None]):
         scans, bounds, finds = [], [], []
         for _ in range(a.runs):
             scans.append(measure("scan", db, where))
@@ -263,7 +275,10 @@ def main() -> None:
         b = statistics.median(x["seconds"] for x in bounds)
         s = statistics.median(x["seconds"] for x in scans)
         f = statistics.median(x["seconds"] for x in finds)
-        if where is not None:
+        if where is not None and str(where).startswith("replica:"):
+            print(f"-- a lake server's replica (serve --lake: its ruler's detector rounds; reading the lake into "
+                  f"it: {statistics.median(x['opened'] for x in finds):.2f} s before each, not counted)")
+        elif where is not None:
             print(f"-- lake mode (analyze --lake; planning the lake and opening: "
                   f"{statistics.median(x['opened'] for x in finds):.2f} s before each, not counted)")
         print(f"GROUP BY node, gpu scan of gpu_samples: {s:.2f} s (runs: {runs(scans)}), "

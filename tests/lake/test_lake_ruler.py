@@ -390,3 +390,52 @@ def test_the_fence_refuses_a_save_once_the_lease_is_gone(postgres, tmp_path: Pat
     assert not lease.held()
     assert other.try_acquire()
     other.release()
+
+
+@pytest.mark.kafka
+def test_the_fast_path_takes_each_good_notice_and_a_hostile_producer_costs_only_its_records(
+        kafka_broker, tmp_path: Path) -> None:
+    """On the real broker: garbage that names a revocation, a revocation with a non-finite
+    time, a flood of heartbeats (skipped unread) and two good notices in the same polls;
+    the good ones are added once and the rules poked; nothing else is."""
+    import uuid
+
+    from kafka import KafkaProducer
+
+    from cmdare.analytics.lakeruler import FastPath
+    from cmdare.analytics.lakeserve import LakeReplica
+    from cmdare.wire.events import encode_many
+    from cmdare.wire.kafka import parse_kafka_url
+
+    lake, ing = make_lake(tmp_path, _hb("n1", 3, time.time() - 30))
+    ing.stager.close()
+    rep = LakeReplica(Lake(str(lake), create=False))
+    rep.refresh()
+    topic = f"fast-{uuid.uuid4().hex[:6]}"
+    poked: list[set[str]] = []
+    fast = FastPath(rep, parse_kafka_url("t", kafka_broker.url(topic)), f"g-{topic}", poked.append)
+    prod = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+    try:
+        prod.send(topic, b"warm-up")  # (the topic exists before the group starts at its end)
+        prod.flush()
+        fast.start()
+        wait_for(lambda: fast.consumer.assignment(), 30, "the fast path's partitions")
+        time.sleep(1)
+        now = time.time()
+        bad_ts = json.dumps({"v": 1, "type": "revocation", "id": "bad-ts", "ts": "NaN", "node": "evil",
+                             "role": "worker", "job": "j", "labels": {}, "data": {"revokes": True}})
+        for value in (b"revocation\x00\xff{{{", bad_ts.encode(), encode_many(_hb("n9", 200, now - 300)),
+                      encode_many([_revocation("n1", now - 1)] + _hb("n1", 50, now - 60)),
+                      encode_many([_revocation("n2", now - 1), {"type": "lifecycle"}])):
+            prod.send(topic, value)
+        prod.flush()
+        wait_for(lambda: fast.added >= 2, 20, "the two good notices")
+        time.sleep(1)
+    finally:
+        fast.stop()
+        prod.close()
+    assert _ids(rep) == ["n1-rev-0", "n2-rev-0"]
+    assert {"revocations"} in poked
+    assert fast.read == 5 and fast.decoded == 4  # the heartbeats-only message was skipped unread (the warm-up: before)
+    assert rep.con.execute("SELECT count(*) FROM heartbeats WHERE node = 'n9'").fetchone()[0] == 0
+    rep.close()
