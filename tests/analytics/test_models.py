@@ -416,3 +416,27 @@ def test_the_knorm_bends_to_the_ps_limit_and_solves_back_for_the_single_worker_t
         v = models.predict_cluster(fit, [t1] * w, 1, params)["steps_per_second"]
         assert single_worker_seconds(fit, v, w, 1, params) == pytest.approx(t1, rel=1e-6)
     assert single_worker_seconds(fit, 40.0, 8, 1, params) is None  # past the PS limit: no T1 gives it
+
+
+@pytest.mark.parametrize("ps", [2, 4])
+def test_from_job_on_a_multi_ps_job_derives_the_single_worker_time_through_g(monkeypatch, ps: int) -> None:
+    """Issue 65's defect: a job with 2 or 4 PS, on a fit with g = 0.5 (two PS serve sqrt(2)
+    what one does). --from-job's anchor solves the fit for the single-worker time the job's
+    measured speed implies, with P^g (0.100 s; with P^1 it came out 0.164 s at 2 PS and 8
+    workers), and a prediction from that anchor at another size follows the law."""
+    import datetime as dt
+
+    from cmdare.analytics.models import fromjob
+    from cmdare.analytics.models.steady import JobSpeed
+
+    fit = _knorm_fit(1.0, 1e-9, 0.3, 1e-9, 4.0, 0.5)
+    params, t1, w = 25e6, 0.1, 8
+    speed = models.predict_cluster(fit, [t1] * w, ps, params)["steps_per_second"]
+    now = dt.datetime(2026, 11, 29)
+    job = JobSpeed("j", "m", "k80", w, ps, 1e12, params, 100.0, 32, speed, now, now)
+    monkeypatch.setattr(fromjob, "measured", lambda con, name: job)
+    a = fromjob.anchor(None, "j", fit)  # type: ignore[arg-type]
+    assert a.derived and a.t1 == pytest.approx(t1, rel=1e-6)
+    for w2 in (2, 16):
+        want = models.predict_cluster(fit, [t1] * w2, ps, params)["steps_per_second"]
+        assert models.predict_cluster(fit, [a.t1] * w2, ps, params)["steps_per_second"] == pytest.approx(want, rel=1e-6)
