@@ -64,6 +64,7 @@ class LakeDatabase(Database):
             raise AnalyticsError(str(e)) from None
         self._horizon: dt.datetime | None = None
         self.horizon = self._lake_horizon
+        self._ruled = False  # the alert state read from a ruler's tables in the catalog
 
     def _lake_horizon(self) -> dt.datetime | None:
         """The lake's horizon as of the planned connection (planned here when no read has)."""
@@ -110,7 +111,8 @@ class LakeDatabase(Database):
         with self._write_lock:
             con = self._open(None)
             try:
-                with written(self.lake, con) as changed:
+                # (the ruler's alert state is the catalog's: never written back as a lake table)
+                with written(self.lake, con, ("alerts", "alert_rules") if self._ruled else ()) as changed:
                     yield con
                 if changed:
                     self.forget()
@@ -145,7 +147,13 @@ class LakeDatabase(Database):
             con.execute("SET parquet_metadata_cache = true")
             migrate(con)
             present = self.lake.names()
+            ruled = _ruler_state(self.lake)  # the servers' ruler keeps the alert state in the catalog
+            self._ruled = ruled is not None
             for t in (*APPENDED, *DERIVED):
+                if ruled is not None and t in ruled:
+                    if ruled[t]:
+                        con.executemany(f"INSERT INTO {t} VALUES ({', '.join('?' * len(ruled[t][0]))})", ruled[t])
+                    continue
                 files = self.lake.files(t) if t in present else []
                 if not files:
                     continue  # the empty table stays
@@ -214,6 +222,20 @@ def written(lake: Lake, con: duckdb.DuckDBPyConnection, skip: Any = ()) -> Itera
         if _digest(con, t) != before[t]:
             lake.replace(t, con.sql(f"SELECT * FROM {t}").to_arrow_table())
             changed.append(t)
+
+
+def _ruler_state(lake: Lake) -> dict[str, list[tuple[Any, ...]]] | None:
+    """The alert state a lake's ruler keeps in the catalog (analytics/lakeruler.py), as the
+    ``alerts`` and ``alert_rules`` rows; None when no ruler ever ran over this lake."""
+    from sqlalchemy import inspect
+
+    from .lakeruler import AlertStore
+
+    engine = lake.catalog.engine
+    if not inspect(engine).has_table(AlertStore.ALERTS):
+        return None
+    alerts, rules = AlertStore(engine).load()
+    return {"alerts": alerts, "alert_rules": rules}
 
 
 def _digest(con: duckdb.DuckDBPyConnection, table: str) -> Any:

@@ -439,3 +439,28 @@ def test_the_fast_path_takes_each_good_notice_and_a_hostile_producer_costs_only_
     assert fast.read == 5 and fast.decoded == 4  # the heartbeats-only message was skipped unread (the warm-up: before)
     assert rep.con.execute("SELECT count(*) FROM heartbeats WHERE node = 'n9'").fetchone()[0] == 0
     rep.close()
+
+
+def test_analyze_lake_shows_the_rulers_alerts(tmp_path: Path, hook) -> None:
+    """analyze --lake reads the alert state where the ruler keeps it (the catalog), as every
+    server shows it."""
+    from click.testing import CliRunner
+
+    from cmdare.analytics.cli import cli as analyze
+
+    hook_url, posts = hook
+    rules = tmp_path / "rules.yml"
+    rules.write_text(RULES)
+    lake, ing = make_lake(tmp_path, _hb("n1", 3, time.time() - 30) + [_revocation("n1", time.time() - 5)])
+    ing.stager.close()
+    before = CliRunner().invoke(analyze, ["--lake", str(lake), "alerts", "--json"])
+    assert before.exit_code == 0 and "n1" not in before.stdout
+    with ruled_server(lake, settings(rules, hook_url)) as (url, _, _):
+        wait_for(lambda: firing(posts, "n1"), 30, "the ruler's alert")
+        time.sleep(1.5)
+        served = alerts_of(url)
+    r = CliRunner().invoke(analyze, ["--lake", str(lake), "alerts", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert [(a["rule"], a["state"]) for a in got["alerts"]] == [(s[0], s[1]) for s in served] == [("g/Revoked", "firing")]
+    assert got["rules"][0]["rule"] == "g/Revoked" and got["rules"][0]["health"] == "ok"
