@@ -165,6 +165,14 @@ def fit(f: api.FitResult, as_json_: bool) -> None:
             "families tried (held-out MAPE): "
             + ", ".join(f"{k} {v['cv_mape'] * 100:.1f}%" for k, v in sorted(fams.items(), key=lambda x: x[1]["cv_mape"]))
         )
+    if f.cv.get("law_choice"):  # the cluster fit: which law, why, and the nested error of that choice
+        ch, nested = f.cv["law_choice"], f.cv.get("nested") or {}
+        tried = ", ".join(f"{law} {v['mape'] * 100:.1f}%" for law, v in ch["compared"].items() if v["mape"] is not None)
+        click.echo(f"law: {f.cv['law']} ({ch['why']}); multi-worker runs held out by architecture: {tried or 'none'}")
+        if nested.get("mape") is not None:
+            per = ", ".join(f"{a} {v['mape'] * 100:.1f}% ({v['law']})" for a, v in nested["by_architecture"].items())
+            click.echo(f"nested held-out error (the law chosen inside each fold, on the others only): "
+                       f"MAPE {nested['mape'] * 100:.1f}% [{per}]")
     if f.cv.get("worst"):
         click.echo("predicted worst (held out): " + ", ".join(f"{w['group']} {w['ape'] * 100:.1f}%" for w in f.cv["worst"]))
     if f.cv.get("in_range"):

@@ -253,7 +253,8 @@ class Fit:
             "cv_mape": self.cv.get("mape"),
             "cv_r2": self.cv.get("r2"),
             "cv_worst": self.cv.get("worst", []),
-            **{f"cv_{k}": self.cv[k] for k in ("in_range", "extrapolated") if k in self.cv},
+            **{f"cv_{k}": self.cv[k] for k in ("in_range", "extrapolated", "nested_mape", "law", "law_choice", "nested")
+               if k in self.cv},
             "data_from": self.data_from.isoformat(sep=" ") if self.data_from else None,
             "data_to": self.data_to.isoformat(sep=" ") if self.data_to else None,
             "coefficients": self.model.get("coefficients", {}),

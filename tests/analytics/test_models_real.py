@@ -104,27 +104,45 @@ def test_cluster_speed_from_a_measured_run_and_from_the_declaration(real) -> Non
         assert mape <= target and covered >= 0.9, (from_job, mape, covered)
 
 
-def test_the_fits_knee_sits_at_the_plateau_the_runs_reached(fitted: Path, real) -> None:
-    """P100 resnet15 with one PS: the measured series knees at 5 workers (92 steps/s) and
-    reaches 106 at 8. The fit's knee is within one worker of it and its PS limit is the
-    plateau the runs reached (the k-norm: a linear sum put the asymptote at 315 steps/s and
-    the knee at 9)."""
+def test_the_cluster_law_is_chosen_by_nested_error_and_says_so(fitted: Path, real) -> None:
+    """Issue 65: the k-norm was chosen by looking at the shared half's two multi-worker
+    architectures and did worse than the linear sum on the ones kept for acceptance (17.2 %
+    against 13.9 %). Chosen by held-out error with its spread, on two architectures it
+    cannot beat the simpler law by enough: the linear sum serves, and the fit says so, with
+    the nested error (the choice made inside each fold) beside the in-sample one."""
+    r = CliRunner().invoke(cli, ["fit", "cluster", "--db", str(fitted), "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["cv_law"] == "linear-sum"
+    assert s["cv_nested_mape"] <= 0.10
+    choice = s["cv_law_choice"]
+    assert choice["architectures"] == 2 and choice["improvement_lower_bound"] <= 0
+    assert set(choice["compared"]) == {"linear-sum", "ps-knorm"}
+    assert set(s["cv_nested"]["by_architecture"]) == {"resnet15", "shakeshake_w32_d26"}
+    # each fold, seeing one multi-worker architecture, falls back to the simpler law
+    assert {v["law"] for v in s["cv_nested"]["by_architecture"].values()} == {"linear-sum"}
+    text = CliRunner().invoke(cli, ["fit", "cluster", "--db", str(fitted)]).stdout
+    assert "law: linear-sum (the k-norm is not better by more than the spread" in text
+    assert "nested held-out error (the law chosen inside each fold, on the others only): MAPE" in text
+    # P100 resnet15, 1 PS: the 8-worker run (106 steps/s) inside the interval predicted from
+    # the 1-worker run (the linear sum over-predicts it: 117; its knee and PS limit lie past
+    # anything measured, which is why advice stays with the measured runs)
     speeds = {j.job: j.speed for j in models.job_speeds(real)[0]}
     best = max(v for k, v in speeds.items() if k.startswith("cmdare-cluster_size-p100-ps1-") and k.endswith("-resnet15"))
     out = _predict(fitted, "cluster", "--from-job", P100_1, "--workers", "8", "--ps", "1")
-    assert 0.9 * best <= out["ps_limit_steps_per_second"] <= 1.25 * best
-    assert 0.85 * best <= out["knee_steps_per_second"] <= 1.1 * best and 4 <= out["knee_workers"] <= 6
-    assert out["workers_at_90pct_of_limit"] == pytest.approx(6.9, abs=1.5)
+    lo, hi = out["interval"]
+    assert lo <= best <= hi and abs(out["prediction"] / best - 1) <= 0.15
 
 
 def test_the_fits_knee_is_within_one_worker_of_every_measured_knee(real) -> None:
-    """Issue 51: every shared-half series measured at three or more worker counts (1 and 2
-    PS, K80 and P100) has the fit's knee (Cachew's 7 % rule over the fit's speeds from the
+    """Issue 51, for the k-norm (which serves where held-out error prefers it): every
+    shared-half series measured at three or more worker counts (1 and 2 PS, K80 and P100)
+    has the fit's knee (Cachew's 7 % rule over the fit's speeds from the
     series' measured single-worker time) within one worker of the measured one."""
     from cmdare.analytics.recommend.cluster import knee
 
     jobs, _ = models.job_speeds(real)
-    fit = {"model": models.fit_cluster(jobs, None).model}
+    fit = {"model": models.fit_cluster(jobs, None, law="ps-knorm").model}  # (the law that can knee; not the one served)
     single = {(j.model, j.accelerator): 1 / j.speed for j in jobs if j.workers == 1}
     series: dict[tuple[str, str, int], dict[int, list[float]]] = {}
     for j in jobs:
