@@ -70,19 +70,26 @@ def _best_measured(meas: dict[int, dict[int, float]], th: float) -> tuple[int, i
 
 
 def _with_evidence(meas: dict[int, dict[int, float]], knees: dict[int, dict[str, Any]], k: dict[str, Any], w: int,
-                   p: int, interval: dict[str, Any], th: float) -> tuple[int, int, dict[str, Any], dict[str, Any]] | None:
-    """Advice stays with the evidence: when the chosen (w, p) was never measured and its
-    interval does not lie wholly above the best measured configuration, that one instead
-    (workers, ps, its knee, and the experiment that would settle the rest); else None."""
+                   p: int, interval: dict[str, Any], th: float,
+                   beyond: str = "") -> tuple[int, int, dict[str, Any], dict[str, Any]] | None:
+    """Advice stays with the evidence: when the chosen (w, p) was never measured and either
+    its interval does not lie wholly above the best measured configuration, or the fit
+    extrapolates to it (``beyond``: why; an interval there rests on no run like it), the
+    best measured one instead (workers, ps, its knee) and the unmeasured one named as the
+    experiment to run next, with its predicted gain and interval; else None."""
     stay = _best_measured(meas, th) if w not in meas.get(p, {}) else None
-    if stay is None or (interval and interval["steps_per_second"][0] > stay[2]):
+    above = bool(interval) and interval["steps_per_second"][0] > (stay[2] if stay else 0)
+    if stay is None or (above and not beyond):
         return None
     mw, mp, ms = stay
+    band = (f"; interval {interval['steps_per_second'][0]:.3g} .. {interval['steps_per_second'][1]:.3g}"
+            if interval else "")
     evidence = {"stays_with_measured": True,
-                "experiment": f"measure {w} workers with {p} PS: the fit predicts {k['speed'] / ms - 1:+.0%} "
-                              f"({k['speed']:.3g} vs {ms:.3g} steps/s measured)"}
-    knee_ = {**knees.get(mp, {}), "workers": mw, "speed": ms, "from": "measured",
-             "settled": knees.get(mp, {}).get("settled", True)}
+                "experiment": f"measure {w} workers with {p} PS next: the fit predicts {k['speed'] / ms - 1:+.0%} "
+                              f"({k['speed']:.3g} vs {ms:.3g} steps/s measured{band})"
+                              + (f", past what it was fitted on ({beyond})" if beyond else "")}
+    _, settled, nxt = knee_next(meas[mp], th)  # (the measured series' own: still scaling where it ends so)
+    knee_ = {**knees.get(mp, {}), "workers": mw, "speed": ms, "from": "measured", "settled": settled, "next": nxt}
     return mw, mp, knee_, evidence
 
 
@@ -358,9 +365,11 @@ class Cluster(Recommender):
         interval = {"steps_per_second": tuple(round(x, 4) for x in k["interval"])} if "interval" in k else {}
         evidence: dict[str, Any] = {}
         shown = interval  # the interval as it will be reported: widened past the fit, none past the limit
+        beyond = ""
         if fitted[0] is not None and w in pred.get(p, {}) and w not in meas.get(p, {}):
-            shown = _extrapolation(fitted, w, p, predicted, interval)[1]
-        if (stay := _with_evidence(meas, knees, k, w, p, shown, th)) is not None:
+            ex, shown = _extrapolation(fitted, w, p, predicted, interval)
+            beyond = ex.get("extrapolated_because", "") if ex.get("extrapolated") else ""
+        if (stay := _with_evidence(meas, knees, k, w, p, shown, th, beyond)) is not None:
             w, p, k, evidence = stay
             predicted, interval = {"steps_per_second": round(k["speed"], 4)}, {}
         price = w * o["worker_price"] + p * o["ps_price"]

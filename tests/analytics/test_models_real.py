@@ -313,16 +313,25 @@ def test_a_fit_stored_before_ranges_were_kept_says_it_cannot_tell(fitted: Path, 
     assert out["extrapolated"] is None and "refit to check extrapolation" in out["extrapolation"][0]
 
 
-def test_a_cluster_recommendation_past_the_fitted_workers_says_it_extrapolates(fitted: Path) -> None:
+def test_a_cluster_recommendation_past_the_fitted_workers_names_it_as_the_experiment(fitted: Path) -> None:
+    """Issue 65: resnet15 on K80 still scales at its 8 measured workers (1 PS); the fit's
+    knee lies past them (13 workers x 3 PS), its interval above the best measured, but the
+    fit extrapolates there (1.6x the workers, 1.5x the PS it saw): no run like it backs the
+    interval. The answer is the measured 8 x 1 (still scaling); 13 x 3 is the experiment to
+    run next, with its gain, its interval and why it is past the fit."""
     k80 = "cmdare-cluster_size-k80-ps1-w4-resnet15"
     res = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", k80, "--db", str(fitted), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     a = out["assumptions"]
-    # resnet15 on K80 still scales at 8 measured workers (1 PS): the fit's knee lies past
-    # them, its interval wholly above the best measured (P100's answer stays with 8 x 2)
-    assert a["knee_from"] == "cluster fit" and out["action"]["workers"] > 8
-    assert a["extrapolated"] is True and "the largest fitted (8)" in a["extrapolated_because"]
+    assert out["action"] == {"workers": 8, "ps": 1} and a["stays_with_measured"] is True and out["interval"] == {}
+    assert a["knee_from"] == "measured" and a["knee_settled"] is False  # (still scaling where the runs end)
+    num = r"[0-9.]+"
+    assert re.match(rf"measure (1[0-9]) workers with [2-4] PS next: the fit predicts \+\d+% \({num} vs {num} steps/s "
+                    rf"measured; interval {num} \.\. {num}\), past what it was fitted on \(workers \d+ is [0-9.]+x the "
+                    r"largest fitted \(8\)", a["experiment"]), a["experiment"]
+    text = CliRunner().invoke(cli, ["recommend", "cluster", "--from-job", k80, "--db", str(fitted)]).stdout
+    assert "the best measured configuration, 8 workers x 1 PS; to settle the rest, measure" in text
 
 
 def test_the_scaling_curve_puts_the_measured_runs_beside_the_cluster_fit(fitted: Path) -> None:
@@ -356,5 +365,5 @@ def test_a_cluster_answer_on_real_runs_stays_with_the_best_measured(fitted: Path
     out = json.loads(r.stdout.splitlines()[0])
     assert out["action"] == {"workers": 8, "ps": 2} and out["assumptions"]["stays_with_measured"] is True
     assert out["interval"] == {} and out["assumptions"]["knee_from"] == "measured"
-    assert re.match(r"measure \d+ workers with [3-9] PS: the fit predicts \+\d+% \(\d+ vs 176 steps/s measured\)$",
-                    out["assumptions"]["experiment"]), out["assumptions"]
+    assert re.match(r"measure \d+ workers with [3-9] PS next: the fit predicts \+\d+% \(\d+ vs 176 steps/s measured; "
+                    r"interval \d+ \.\. \d+\)", out["assumptions"]["experiment"]), out["assumptions"]

@@ -225,7 +225,8 @@ def test_advice_stays_with_the_best_measured_unless_the_fit_is_surely_better() -
     assert rec.action == {"workers": 7, "ps": 2}
     assert rec.predicted == {"steps_per_second": 80.0} and rec.interval == {}
     assert rec.assumptions["stays_with_measured"] is True
-    assert rec.assumptions["experiment"] == "measure 8 workers with 4 PS: the fit predicts +8% (86.6 vs 80 steps/s measured)"
+    assert rec.assumptions["experiment"] == ("measure 8 workers with 4 PS next: the fit predicts +8% (86.6 vs 80 steps/s "
+                                             "measured; interval 63.2 .. 130)")
     assert rec.why.startswith("the best measured configuration, 7 workers x 2 PS; to settle the rest, measure 8 workers")
     # the fit's whole interval above the best measured: its configuration is worth recommending
     sure = c._answer({"from_job": "j"}, MEASURED, _pred(0.93), ["cluster-1"], {})
