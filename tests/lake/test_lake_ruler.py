@@ -140,6 +140,7 @@ def make_lake(tmp_path: Path, events: list[dict]) -> tuple[Path, LakeSpoolIngest
     return tmp_path / "lake", ing
 
 
+@pytest.mark.slow  # (waits for a lease to pass on purpose: the full run's)
 def test_one_server_rules_every_server_shows_its_alerts_and_a_standby_takes_over(tmp_path: Path, hook) -> None:
     hook_url, posts = hook
     rules = tmp_path / "rules.yml"
@@ -300,6 +301,7 @@ def test_a_rule_file_that_does_not_hold_against_the_lake_stops_the_server(tmp_pa
         serve.run(cfg, lambda line: None, stop)
 
 
+@pytest.mark.slow  # (waits for a lease to pass on purpose: the full run's)
 def test_a_ruler_whose_catalog_session_ends_stops_and_exits(postgres, tmp_path: Path, hook) -> None:
     """A flapping network between the ruler and a PostgreSQL catalog: its lease's session is
     ended (as PostgreSQL ends it when the client vanishes). The ruler saves nothing more
