@@ -255,8 +255,16 @@ def _read(files: list[str]) -> str:
 
 def _casts(con: duckdb.DuckDBPyConnection, table: str, files: list[str]) -> str:
     """The SELECT list that reads a table's Parquet columns as the migrations' types (null
-    for a column none of the files has)."""
-    have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {_read(files)}").fetchall()}
-    return ", ".join((f'CAST("{c}" AS {ty})' if c in have else f"NULL::{ty}") + f' AS "{c}"' for c, ty in con.execute(
-        "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
-        "ORDER BY ordinal_position", [table]).fetchall())
+    for a column none of the files has). A column already of its type is read as it is: a
+    cast in the view would keep a filter on it (a time range) from pruning row groups."""
+    have = {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM {_read(files)}").fetchall()}
+    out = []
+    for c, ty in con.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
+                             "ORDER BY ordinal_position", [table]).fetchall():
+        if c not in have:
+            out.append(f'NULL::{ty} AS "{c}"')
+        elif have[c] == ty:
+            out.append(f'"{c}"')
+        else:
+            out.append(f'CAST("{c}" AS {ty}) AS "{c}"')
+    return ", ".join(out)
