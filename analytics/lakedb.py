@@ -229,7 +229,7 @@ def _ruler_state(lake: Lake) -> dict[str, list[tuple[Any, ...]]] | None:
     ``alerts`` and ``alert_rules`` rows; None when no ruler ever ran over this lake."""
     from sqlalchemy import inspect
 
-    from .lakeruler import AlertStore
+    from .alertstore import AlertStore
 
     engine = lake.catalog.engine
     if not inspect(engine).has_table(AlertStore.ALERTS):
