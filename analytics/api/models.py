@@ -203,9 +203,32 @@ def cluster_prediction(con: duckdb.DuckDBPyConnection, gpus: list[tuple[str, int
     accs = sorted({catalog.lookup(n).name if n else a.job.acc.name for n, _ in gpus if n or a.job.acc})
     _extrapolation(out, cfit, workers=len(ws), ps=ps, workers_per_ps=len(ws) / max(ps, 1), params=params,
                    accelerator=accs)
+    if model is not None:  # the single-worker time came from the speed fit: its rule holds too (issue 66)
+        _also(out, sfit, **models.range_inputs(model.flops_per_step, model.params, model.tensors), accelerator=accs)
     if bs:
         out["examples_per_second"] = out["prediction"] * bs
     return out
+
+
+def _also(out: dict[str, Any], fit: dict[str, Any], **inputs: Any) -> None:
+    """A second fit's extrapolation rule over the same prediction (the cluster's from a
+    declaration rests on the speed fit too): its reasons added, its interval widening
+    applied on top, no interval (``rough``) when either fit is past its limit."""
+    second: dict[str, Any] = {"prediction": out["prediction"], "interval": out["interval"] or [0.0, 0.0]}
+    _extrapolation(second, fit, **inputs)
+    reasons = [*out.get("extrapolation", []), *(r for r in second.get("extrapolation", [])
+                                                 if r not in out.get("extrapolation", []))]
+    if reasons:
+        out["extrapolation"] = reasons
+    if second["extrapolated"]:
+        out["extrapolated"] = True
+    if "rough" in second or out.get("interval") is None:
+        out["interval"] = None
+        out["rough"] = "; ".join(dict.fromkeys(x for x in (out.get("rough"), second.get("rough")) if x))
+        return
+    out["interval"] = second["interval"]
+    if "interval_widened" in second:
+        out["interval_widened"] = round(out.get("interval_widened", 1.0) * second["interval_widened"], 3)
 
 
 def _extrapolation(out: dict[str, Any], fit: dict[str, Any], **inputs: Any) -> None:

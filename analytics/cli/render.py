@@ -237,7 +237,7 @@ def prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
         widened = f", widened {out['interval_widened']:g}x in log space" if out.get("interval_widened") else ""
         click.echo(f"{out['prediction']:.4g} {unit} (95% interval {lo:.4g} .. {hi:.4g}{widened}; fit {out['fit_id']})")
     if out.get("extrapolated"):
-        click.echo("  extrapolates: " + "; ".join(out.get("extrapolation") or []))
+        click.echo(_wrap("extrapolates: " + "; ".join(out.get("extrapolation") or []), "  "))
     elif out.get("extrapolated") is None and out.get("extrapolation"):
         click.echo("  note: " + "; ".join(out["extrapolation"]))
     for k, v in out.items():

@@ -367,3 +367,18 @@ def test_a_cluster_answer_on_real_runs_stays_with_the_best_measured(fitted: Path
     assert out["interval"] == {} and out["assumptions"]["knee_from"] == "measured"
     assert re.match(r"measure \d+ workers with [3-9] PS next: the fit predicts \+\d+% \(\d+ vs 176 steps/s measured; "
                     r"interval \d+ \.\. \d+\)", out["assumptions"]["experiment"]), out["assumptions"]
+
+
+def test_a_cluster_prediction_from_a_declaration_follows_the_speed_fits_rule(fitted: Path) -> None:
+    """Issue 66: 3.1e12 FLOPs a step is 304x the largest the speed fit saw; predict speed
+    gives no interval there, and predict cluster, whose single-worker time comes from the
+    same speed fit, now gives none either (it gave a 95 % interval)."""
+    argv = ["--gpus", "k80:4", "--ps", "1", "--flops-per-step", "3.1e12", "--params", "25.6e6"]
+    out = _predict(fitted, "cluster", *argv)
+    assert out["interval"] is None and "flops_per_step is 304x the largest fitted" in out["rough"]
+    assert out["extrapolated"] is True and any("flops_per_step" in r for r in out["extrapolation"])
+    speed = _predict(fitted, "speed", "--gpu-type", "k80", "--flops-per-step", "3.1e12", "--params", "25.6e6")
+    assert speed["interval"] is None
+    # inside the speed fit's ranges the cluster keeps its interval
+    ok = _predict(fitted, "cluster", "--gpus", "k80:4", "--ps", "1", "--flops-per-step", "5e9", "--params", "5e6")
+    assert ok["interval"] is not None and ok["interval"][0] < ok["prediction"] < ok["interval"][1]
