@@ -21,7 +21,8 @@ from .common import call, cli, database_or_remote, db_option, json_option
 
 @cli.group(name="import")
 def import_() -> None:
-    """Load historical runs into the database (read-write; not while a collector runs on it).
+    """Load historical runs into the database: into the file itself, or, while a collector
+    serves it, through that collector's API (analyze finds it; an admin-scope token).
 
     \b
     Examples:
