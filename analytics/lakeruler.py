@@ -52,7 +52,8 @@ class FastPath:
     their rows of ``lakeserve.FAST`` added to the replica; ``on_rows`` is called with the
     tables that got rows. Everything else is skipped unread."""
 
-    def __init__(self, replica: Any, url: Any, group: str, on_rows: Callable[[set[str]], None]) -> None:
+    def __init__(self, replica: Any, url: Any, group: str,
+                 on_rows: Callable[[set[str]], None] = lambda tables: None) -> None:
         self.replica, self.url, self.group, self.on_rows = replica, url, group, on_rows
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name="cmdare-ruler-fast", daemon=True)
@@ -222,12 +223,8 @@ class Ruler:
         if stamp == self._stamp:
             return False
         alerts, rules = self.store.load()
-        cur = self.replica.con.cursor()
-        try:
-            cur.execute(f"USE {self.replica.catalog}")
+        with self.replica.cursor() as cur:
             write_rows(cur, None, alerts, rules)
-        finally:
-            cur.close()
         self._stamp = stamp
         return True
 

@@ -138,54 +138,60 @@ class LakeReplica:
     def _known(self, t: str) -> bool:
         return (t in INCREMENTAL or t in WHOLE) and t not in self.elsewhere
 
-    def positions(self) -> dict[str, int]:
-        """How far the lake has stored each Kafka partition ("topic/partition" -> the
-        offset after its last stored record), from the commits read."""
+    @contextlib.contextmanager
+    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor of the replica in its own catalog (a new cursor starts elsewhere)."""
         cur = self.con.cursor()
         try:
             cur.execute(f"USE {self.catalog}")
+            yield cur
+        finally:
+            cur.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """``cursor()`` in one transaction: committed when the block ends, rolled back when
+        it raises."""
+        with self.cursor() as cur:
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                yield cur
+                cur.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    cur.execute("ROLLBACK")
+                raise
+
+    def positions(self) -> dict[str, int]:
+        """How far the lake has stored each Kafka partition ("topic/partition" -> the
+        offset after its last stored record), from the commits read."""
+        with self.cursor() as cur:
             return {s: int(e) for s, e in cur.execute(
                 f'SELECT source, max("end"[1]) FROM {MARKER} WHERE len("end") = 1 GROUP BY source').fetchall()
                 if e is not None}
-        finally:
-            cur.close()
 
     def add_fast(self, table: str, rows: Any) -> int:
         """Rows of a ``FAST`` table read from Kafka ahead of the lake (an Arrow table of its
         columns): those not yet in the lake nor read before are added; how many."""
         assert table in FAST
-        with self.write_lock:
-            cur = self.con.cursor()
-            try:
-                cur.execute(f"USE {self.catalog}")
-                cur.register("_fast", rows)
-                cur.execute("BEGIN TRANSACTION")
-                before = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchone()[0]
-                cur.execute(f"INSERT INTO fast_{table} BY NAME SELECT * FROM _fast WHERE id NOT IN "
-                            f"(SELECT id FROM lake_{table} UNION ALL SELECT id FROM fast_{table}) "
-                            "QUALIFY row_number() OVER (PARTITION BY id) = 1")
-                after = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchone()[0]
-                if after > FAST_MAX_ROWS:  # the lake far behind: the oldest read ahead go (the lake has them later)
-                    cur.execute(f"DELETE FROM fast_{table} WHERE ts < (SELECT ts FROM fast_{table} ORDER BY ts DESC "
-                                f"LIMIT 1 OFFSET {FAST_MAX_ROWS - 1})")
-                cur.execute("COMMIT")
-                return max(0, after - before)
-            except BaseException:
-                with contextlib.suppress(duckdb.Error):
-                    cur.execute("ROLLBACK")
-                raise
-            finally:
-                cur.close()
+        with self.write_lock, self.transaction() as cur:
+            cur.register("_fast", rows)
+            before = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchone()[0]
+            cur.execute(f"INSERT INTO fast_{table} BY NAME SELECT * FROM _fast WHERE id NOT IN "
+                        f"(SELECT id FROM lake_{table} UNION ALL SELECT id FROM fast_{table}) "
+                        "QUALIFY row_number() OVER (PARTITION BY id) = 1")
+            after = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchone()[0]
+            if after > FAST_MAX_ROWS:  # the lake far behind: the oldest read ahead go (the lake has them later)
+                cur.execute(f"DELETE FROM fast_{table} WHERE ts < (SELECT ts FROM fast_{table} ORDER BY ts DESC "
+                            f"LIMIT 1 OFFSET {FAST_MAX_ROWS - 1})")
+            return max(0, after - before)
 
     def _apply(self, changed: list[str], locs: dict[str, str]) -> None:
         plans: dict[str, tuple[Any, dict[str, str | None]]] = {}
         for t in changed:
             tbl = self.lake.table(t)
             plans[t] = (tbl, _plan(tbl))
-        cur = self.con.cursor()
-        try:
-            cur.execute(f"USE {self.catalog}")
-            cur.execute("BEGIN TRANSACTION")
+        with self.transaction() as cur:
             for t in changed:
                 tbl, files = plans[t]
                 self._load(cur, t, files)
@@ -198,13 +204,6 @@ class LakeReplica:
             for t in FAST:  # read ahead, now in the lake
                 if t in changed:
                     cur.execute(f"DELETE FROM fast_{t} WHERE id IN (SELECT id FROM lake_{t})")
-            cur.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(duckdb.Error):
-                cur.execute("ROLLBACK")
-            raise
-        finally:
-            cur.close()
         for t in changed:
             self.locations[t] = locs[t]
             self.files[t] = plans[t][1]

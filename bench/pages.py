@@ -170,33 +170,17 @@ def main() -> None:
 
 def _lake_server(db: Path) -> tuple[str, object]:
     """The database copied into a lake beside it (kept for the next invocation), served by
-    ``cmdare-collector serve --lake`` in a thread: its URL and its stop."""
-    import re
-    import threading
-
-    from cmdare.analytics.service import HttpConfig
-    from cmdare.collector import serve
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    from findings import to_lake
+    ``cmdare-collector serve --lake`` in a thread (bench/lake_serve.py's): its URL and its stop."""
+    from bench.findings import to_lake
+    from bench.lake_serve import server
 
     lake = db.with_suffix(".lake")
     if not lake.exists():
         t = time.perf_counter()
         to_lake(db, lake)
         print(f"copied into a lake and its rollups built by maintain in {time.perf_counter() - t:.1f} s")
-    lines: list[str] = []
-    stop = threading.Event()
-    cfg = serve.ServeConfig(str(lake), None, HttpConfig("127.0.0.1", 0), cache_dir=lake.with_suffix(".cache"))
-    t = time.perf_counter()
-    th = threading.Thread(target=serve.run, args=(cfg, lines.append, stop), daemon=True)
-    th.start()
-    while not any(" on http" in x for x in lines):
-        if not th.is_alive():
-            raise SystemExit(f"the server stopped: {lines}")
-        time.sleep(0.2)
-    print(f"serve --lake: read the lake and serving in {time.perf_counter() - t:.1f} s ({lines[0]})")
-    url = re.search(r" on (http://[0-9.]+:\d+)", next(x for x in lines if " on http" in x)).group(1)
+    url, stop, th, started = server(lake)
+    print(f"serve --lake: read the lake and serving in {started:.1f} s")
 
     def stop_server() -> None:
         stop.set()

@@ -164,7 +164,7 @@ def _ruler(lk: Any, served: Any, alerting: Any, cfg: ServeConfig, say: Say, on_l
     detectors = (lambda: lake_detectors(served, every, st.detect_window)) if every is not None else None
     fast = None
     if cfg.notices is not None and alerting is not None:
-        fast = FastPath(served.replica, cfg.notices, cfg.notices_group, lambda tables: None)
+        fast = FastPath(served.replica, cfg.notices, cfg.notices_group)  # (the ruler hands it its rules' poke)
     return Ruler(served, lease, store, alerting, detectors, fast, say, on_lost,
                  gap=cfg.commit_every + cfg.refresh + GAP)
 

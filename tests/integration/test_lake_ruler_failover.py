@@ -17,13 +17,14 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from cmdare.wire.events import encode_many
 from tests.conftest import BIN, KafkaBroker, Postgres, free_port, go_tool, wait_for
+from tests.lake.test_lake_ruler import Hook, catalog_db
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.serial]
 
@@ -41,19 +42,6 @@ groups:
         annotations: {summary: "{{ $labels.node }} is being revoked"}
 """
 FAILOVER_BOUND = 30.0  # seconds from the ruler's SIGKILL to a notice sent meanwhile at Alertmanager
-
-
-class Hook(BaseHTTPRequestHandler):
-    notes: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).notes.append(json.loads(body))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *a: object) -> None:
-        pass
 
 
 def alertmanager(binary: Path, d: Path, hook_url: str) -> tuple[subprocess.Popen, str]:
@@ -130,25 +118,19 @@ def test_two_collectors_two_servers_a_killed_ruler_and_alertmanager(kafka_broker
                                                                    tmp_path: Path) -> None:
     from kafka import KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
-    from sqlalchemy import create_engine, text
 
     topic = f"ruler-{uuid.uuid4().hex[:6]}"
     admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
     admin.create_topics([NewTopic(topic, 2, 1)])
     admin.close()
     url = kafka_broker.url(topic)
-    db = f"ruler_{uuid.uuid4().hex[:6]}"  # a catalog of its own (the session's server holds others)
-    eng = create_engine(postgres.url, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f"CREATE DATABASE {db}"))
-    eng.dispose()
-    catalog = postgres.url.rsplit("/", 1)[0] + "/" + db
+    catalog = catalog_db(postgres)
     lake = tmp_path / "lake"
     rules = tmp_path / "rules.yml"
     rules.write_text(RULES)
 
     class H(Hook):
-        notes: list[dict] = []
+        posts: list[dict] = []
 
     hook = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
@@ -216,7 +198,7 @@ def test_two_collectors_two_servers_a_killed_ruler_and_alertmanager(kafka_broker
         first_latency = time.time() - sent
         assert _metric(urls[leader], "cmdare_server_ruler_read_ahead_rows_total") >= 1  # read ahead of the lake
         starts = am_alerts(am, "n1")[0]["startsAt"]
-        wait_for(lambda: any(a["labels"].get("node") == "n1" for n in H.notes for a in n["alerts"]), 10,
+        wait_for(lambda: any(a["labels"].get("node") == "n1" for n in H.posts for a in n["alerts"]), 10,
                  what="Alertmanager's notification of n1")
         time.sleep(6)  # a round after the delivery: last_sent saved in the catalog
 
@@ -229,12 +211,12 @@ def test_two_collectors_two_servers_a_killed_ruler_and_alertmanager(kafka_broker
         wait_for(lambda: ruler_of([urls[other]]) or None, FAILOVER_BOUND, what="the standby ruling")
         wait_for(lambda: am_alerts(am, "n2"), FAILOVER_BOUND, interval=0.1, what="n2's notice after the failover")
         failover = time.time() - killed
-        wait_for(lambda: any(a["labels"].get("node") == "n2" for n in H.notes for a in n["alerts"]), 10,
+        wait_for(lambda: any(a["labels"].get("node") == "n2" for n in H.posts for a in n["alerts"]), 10,
                  what="Alertmanager's notification of n2")
         time.sleep(8)  # the new ruler's re-sends, if any, would be notified by now
-        notified = {node: sum(1 for n in H.notes for a in n["alerts"] if a["labels"].get("node") == node
+        notified = {node: sum(1 for n in H.posts for a in n["alerts"] if a["labels"].get("node") == node
                               and a["status"] == "firing") for node in ("n1", "n2")}
-        assert notified == {"n1": 1, "n2": 1}, H.notes
+        assert notified == {"n1": 1, "n2": 1}, H.posts
         assert am_alerts(am, "n1")[0]["startsAt"] == starts  # the same episode, not a new one
         print(f"\nnotice->Alertmanager through the fast path {first_latency:.2f} s; failover to n2's notice "
               f"{failover:.1f} s")

@@ -81,13 +81,9 @@ def settings(rules: Path, hook_url: str, **extra: object) -> config.CollectorCon
     return config.build("serve", "", flags, set(flags))
 
 
-@contextlib.contextmanager
-def ruled_server(lake: Path, st: config.CollectorConfig, lines: list[str] | None = None,
-                 **kw: object) -> Iterator[tuple[str, threading.Event, list[str]]]:
-    """A server with the ruler's settings, in a thread: its URL, its stop event, its lines."""
-    lines = [] if lines is None else lines
-    stop = threading.Event()
-    cfg = serve.ServeConfig(str(lake), None, HttpConfig("127.0.0.1", 0, None), 0.2, settings=st, **kw)
+def serve_thread(cfg: serve.ServeConfig, lines: list[str],
+                 stop: threading.Event) -> tuple[threading.Thread, list[BaseException]]:
+    """``serve.run(cfg)`` started in a thread: the thread, and what it raised (once ended)."""
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -98,6 +94,31 @@ def ruled_server(lake: Path, st: config.CollectorConfig, lines: list[str] | None
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
+    return t, errors
+
+
+def catalog_db(postgres) -> str:
+    """A PostgreSQL catalog of its own on the session's server (which holds other lakes')."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    db = f"lake_{uuid.uuid4().hex[:8]}"
+    eng = create_engine(postgres.url, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f"CREATE DATABASE {db}"))
+    eng.dispose()
+    return postgres.url.rsplit("/", 1)[0] + "/" + db
+
+
+@contextlib.contextmanager
+def ruled_server(lake: Path, st: config.CollectorConfig, lines: list[str] | None = None,
+                 **kw: object) -> Iterator[tuple[str, threading.Event, list[str]]]:
+    """A server with the ruler's settings, in a thread: its URL, its stop event, its lines."""
+    lines = [] if lines is None else lines
+    stop = threading.Event()
+    cfg = serve.ServeConfig(str(lake), None, HttpConfig("127.0.0.1", 0, None), 0.2, settings=st, **kw)
+    t, errors = serve_thread(cfg, lines, stop)
     deadline = time.monotonic() + 60
     while not any(" on http" in x for x in lines):
         assert t.is_alive() and time.monotonic() < deadline, (lines, errors)
@@ -306,16 +327,9 @@ def test_a_ruler_whose_catalog_session_ends_stops_and_exits(postgres, tmp_path: 
     """A flapping network between the ruler and a PostgreSQL catalog: its lease's session is
     ended (as PostgreSQL ends it when the client vanishes). The ruler saves nothing more
     (the fence) and exits, so that a standby rules; nothing is sent after."""
-    import uuid
-
     from sqlalchemy import create_engine, text
 
-    db = f"fence_{uuid.uuid4().hex[:6]}"
-    eng = create_engine(postgres.url, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f"CREATE DATABASE {db}"))
-    eng.dispose()
-    catalog = postgres.url.rsplit("/", 1)[0] + "/" + db
+    catalog = catalog_db(postgres)
     hook_url, posts = hook
     rules = tmp_path / "rules.yml"
     rules.write_text(RULES)
@@ -326,19 +340,9 @@ def test_a_ruler_whose_catalog_session_ends_stops_and_exits(postgres, tmp_path: 
     ing.load_available()
     ing.stager.close()
     lines: list[str] = []
-    stop = threading.Event()
     cfg = serve.ServeConfig(str(tmp_path / "lake"), catalog, HttpConfig("127.0.0.1", 0, None), 0.2,
                             settings=settings(rules, hook_url))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            serve.run(cfg, lines.append, stop)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t, errors = serve_thread(cfg, lines, threading.Event())
     wait_for(lambda: firing(posts, "n1"), 30, "the ruler's first delivery")
     assert any("PostgreSQL advisory lock" in x for x in lines)
     eng = create_engine(catalog, isolation_level="AUTOCOMMIT")
@@ -359,22 +363,17 @@ def test_the_fence_refuses_a_save_once_the_lease_is_gone(postgres, tmp_path: Pat
     """The save's own transaction checks the lease: a ruler that lost it writes nothing,
     even before it notices (the deliberate race: the check between two saves)."""
     import datetime as dt
-    import uuid
 
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import text
 
-    from cmdare.analytics.lakeruler import AlertStore, LeaseLost, pg_fence
+    from cmdare.analytics.alertstore import AlertStore, LeaseLost, pg_fence
 
-    db = f"fence_{uuid.uuid4().hex[:6]}"
-    eng = create_engine(postgres.url, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f"CREATE DATABASE {db}"))
-    eng.dispose()
-    lk = Lake(str(tmp_path / "lake"), postgres.url.rsplit("/", 1)[0] + "/" + db)
+    catalog = catalog_db(postgres)
+    lk = Lake(str(tmp_path / "lake"), catalog)
     lk.ensure(("lake_commits",))
     lease = Lease(lk)
     assert lease.kind == "postgresql" and lease.try_acquire()
-    other = Lease(Lake(str(tmp_path / "lake"), postgres.url.rsplit("/", 1)[0] + "/" + db, create=False))
+    other = Lease(Lake(str(tmp_path / "lake"), catalog, create=False))
     assert not other.try_acquire()
     store = AlertStore(lk.catalog.engine, pg_fence(lease))
     store.ensure()
