@@ -1,5 +1,5 @@
 """A clone with no ``../shared`` beside it runs the same tests: every file of the shared
-data the tests read has its vendored copy under ``tests/fixtures`` (issue 66: without
+data the tests read (or will: the HTA traces) has its vendored copy under ``tests/fixtures`` (issue 66: without
 ``lifetimes/lives.csv`` a clean clone had 97 errors), byte for byte, and the tests' data
 lookups fall back to those copies."""
 
@@ -12,9 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
-# shared folder -> its vendored copy (what the tests read; other shared data, e.g. the HTA
-# traces, no test reads yet)
-VENDORED = {"data/cmdare": "tests/fixtures/cmdare", "ecosystem/dcgm-exporter": "tests/fixtures/dcgm-exporter"}
+# shared folder -> its vendored copy (the HTA traces too: the data-parallel work will read them)
+VENDORED = {"data/cmdare": "tests/fixtures/cmdare", "ecosystem/dcgm-exporter": "tests/fixtures/dcgm-exporter",
+            "data/hta": "tests/fixtures/hta"}
 
 
 def _files(d: Path) -> set[str]:
