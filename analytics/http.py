@@ -136,18 +136,19 @@ class Guard:
 
             presented = headers.get(b"authorization", b"").strip()
             address = (scope.get("client") or (None,))[0]
-            wait = self.throttle.wait(address) if presented else 0.0
+            scheme, _, got = presented.decode("latin-1").partition(" ")
+            got = got.strip()
+            wait = self.throttle.wait(address, got) if presented else 0.0
             if wait > 0:  # failed too often: not even looked at
                 secs = str(math.ceil(wait))
                 await JSONResponse({"error": f"too many failed sign-ins from this address: try again in {secs} s"},
                                    429, {"Retry-After": secs})(scope, receive, send)
                 return
-            scheme, _, got = presented.decode("latin-1").partition(" ")
-            bearer = self.token.match(got.strip()) if scheme.lower() == "bearer" else None
+            bearer = self.token.match(got) if scheme.lower() == "bearer" else None
             sid = session_id(headers)
             who = bearer
             if bearer:
-                self.throttle.succeeded(address)
+                self.throttle.succeeded(address, got)
                 if bearer.scope != "admin" and needs_admin(scope["method"], path):
                     await JSONResponse({"error": f"token {bearer.name}: its scope is {bearer.scope}; "
                                                  f"{scope['method']} {path[:80]} needs an admin token"},

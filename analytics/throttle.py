@@ -1,22 +1,33 @@
-"""Failed sign-ins, slowed per client address and overall.
+"""Failed sign-ins, slowed per client address and overall, with no way around it for a
+client that holds one valid token.
 
 A wrong bearer token or a wrong token typed into ``/ui/login`` is a failure of the client's
 address (IPv6: its /64, the block one host is given). After ``free`` failures in a row the
 address waits before its next attempt is even looked at, the wait doubling with each
-further failure up to ``cap``; a success clears it. Across every address, failures are a
-token bucket (``rate`` a second, ``burst`` at once): while it is empty, addresses that have
-not signed in successfully lately get the same answer (429, ``Retry-After``) without their
-credentials being checked, so guessing from many addresses gains nothing, and clients that
-did sign in keep working. A request without credentials is no failure (a browser sent to
+further failure up to ``cap``; failures are forgotten only after a further ``cap`` seconds with none.
+A success never clears them: it makes *that credential* trusted from that address a while
+(as OWASP's device cookies do), so the client that signed in keeps working through its
+address's waits, while every other credential presented from there still waits, unchecked.
+(An attacker holding one valid token learns nothing by presenting it: its answer was known.)
+
+Across every address, failures are a token bucket (``rate`` a second, ``burst`` at once):
+while it is empty, a failure costs its address the whole ``cap`` at once instead of ``free``
+tries, so guessing from many addresses gets one guess per address per ``cap``; an attempt
+from a fresh address is still looked at, so a client presenting a valid credential is never
+starved by others' failures. A request without credentials is no failure (a browser sent to
 the login page), nor is a stale page cookie (a restart ends sessions; a session id is 256
 random bits, not guessable): both are counted apart. Tables are bounded (the oldest entry
-goes first); nothing here ever holds a token.
+goes first); nothing here holds a token: trust is kept as a keyed hash (a random key of
+this process) of the credential.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import logging
+import secrets
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -32,6 +43,7 @@ HOW = ("bearer", "login", "cookie")  # what failed: a bearer token, the login fo
 class _Client:
     failures: int = 0
     until: float = 0.0  # no attempt looked at before this (monotonic seconds)
+    last: float = 0.0  # the latest failure
 
 
 class Throttle:
@@ -41,7 +53,8 @@ class Throttle:
         self.free, self.base, self.cap, self.rate, self.burst = free, base, cap, rate, burst
         self.trusted_for, self.max_clients, self.clock = trusted_for, max_clients, clock
         self._clients: OrderedDict[str, _Client] = OrderedDict()
-        self._trusted: OrderedDict[str, float] = OrderedDict()  # address -> until when
+        self._trusted: OrderedDict[tuple[str, bytes], float] = OrderedDict()  # (address, credential) -> until
+        self._key = secrets.token_bytes(32)  # credentials are kept as HMACs under it, never as themselves
         self._tokens, self._filled = burst, clock()
         self._overall_said = False
         self._lock = threading.Lock()
@@ -63,19 +76,22 @@ class Throttle:
             return str(ipaddress.ip_network(f"{ip}/64", strict=False))
         return str(ip)
 
-    def wait(self, address: str | None) -> float:
-        """Seconds before an attempt from ``address`` is looked at (0: now)."""
+    def _mark(self, credential: str | None) -> bytes:
+        return hmac.new(self._key, (credential or "").encode("utf-8", "replace"), hashlib.sha256).digest()
+
+    def wait(self, address: str | None, credential: str | None = None) -> float:
+        """Seconds before an attempt from ``address`` presenting ``credential`` (the token's
+        text) is looked at (0: now). A credential that succeeded from this address lately
+        is looked at through the address's wait."""
         k, now = self.key(address), self.clock()
         with self._lock:
             c = self._clients.get(k)
-            if c is not None and c.until > now:
-                self.throttled += 1
-                return c.until - now
-            self._refill(now)
-            if self._tokens < 1 and self._trusted.get(k, 0.0) <= now:
-                self.throttled += 1
-                return (1 - self._tokens) / self.rate
-        return 0.0
+            if c is None or c.until <= now:
+                return 0.0
+            if credential and self._trusted.get((k, self._mark(credential)), 0.0) > now:
+                return 0.0
+            self.throttled += 1
+            return c.until - now
 
     def failed(self, address: str | None, how: str) -> None:
         """A failed sign-in from ``address`` (``how``: one of HOW)."""
@@ -88,28 +104,35 @@ class Throttle:
             self._clients[k] = c  # most recent last
             while len(self._clients) > self.max_clients:
                 self._clients.popitem(last=False)
-            c.failures += 1
+            if c.failures and now - max(c.until, c.last) >= self.cap:
+                c.failures = 0  # none for a cap after its wait: a new row
+            c.failures, c.last = c.failures + 1, now
+            self._refill(now)
+            self._tokens = max(0.0, self._tokens - 1)
             over = c.failures - self.free + 1  # the free-th failure in a row starts the waits
-            if over > 0:
+            if self._tokens < 1:  # failures from everywhere: no free tries, the longest wait
+                c.until = max(c.until, now + self.cap)
+                if not self._overall_said:
+                    self._overall_said = True
+                    log.warning("API: over %.0f failed sign-ins a second from all addresses: each further failure "
+                                "makes its address wait %.0f s", self.rate, self.cap)
+            elif over > 0:
                 c.until = now + min(self.cap, self.base * 2.0 ** min(over - 1, 30))
                 if over == 1:
                     log.warning("API: %d failed sign-ins in a row from %s: each further attempt waits (up to %.0f s)",
                                 c.failures, k, self.cap)
-            self._refill(now)
-            self._tokens = max(0.0, self._tokens - 1)
-            if self._tokens < 1 and not self._overall_said:
-                self._overall_said = True
-                log.warning("API: over %.0f failed sign-ins a second from all addresses: attempts from addresses "
-                            "without a recent sign-in wait", self.rate)
 
-    def succeeded(self, address: str | None) -> None:
-        """A sign-in that worked: the address's failures forgotten, and it is trusted a while."""
+    def succeeded(self, address: str | None, credential: str | None = None) -> None:
+        """A sign-in with ``credential`` that worked: that credential is trusted from this
+        address a while (its failures stay: they are other credentials')."""
+        if not credential:
+            return
         k, now = self.key(address), self.clock()
+        t = (k, self._mark(credential))
         with self._lock:
-            self._clients.pop(k, None)
-            if self._trusted.get(k, 0.0) - now < self.trusted_for / 2:  # renewed now and then, not each request
-                self._trusted.pop(k, None)
-                self._trusted[k] = now + self.trusted_for
+            if self._trusted.get(t, 0.0) - now < self.trusted_for / 2:  # renewed now and then, not each request
+                self._trusted.pop(t, None)
+                self._trusted[t] = now + self.trusted_for
                 while len(self._trusted) > self.max_clients:
                     self._trusted.popitem(last=False)
 

@@ -215,7 +215,7 @@ def mount(app: Any, token: Any, sessions: Sessions | None = None, throttle: Any 
         if not token:
             return RedirectResponse(nxt, 303)
         address = request.client.host if request.client else None
-        wait = throttle.wait(address)
+        wait = throttle.wait(address, got)
         if wait > 0:  # not even looked at
             return HTMLResponse(login_page(nxt, False, wait), 429,
                                 headers={**headers, "Retry-After": str(math.ceil(wait))})
@@ -226,7 +226,7 @@ def mount(app: Any, token: Any, sessions: Sessions | None = None, throttle: Any 
             throttle.failed(address, "login")
             await asyncio.sleep(LOGIN_DELAY)  # a guess costs time (each connection; the throttle bounds them)
             return HTMLResponse(login_page(nxt, True), 401, headers=headers)
-        throttle.succeeded(address)
+        throttle.succeeded(address, got)
         r = RedirectResponse(nxt, 303)
         r.set_cookie(COOKIE, sessions.open(who), max_age=int(sessions.ttl), httponly=True, samesite="strict",
                      path="/", secure=request.url.scheme == "https")

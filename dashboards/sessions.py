@@ -6,8 +6,10 @@ the fingerprint of the token it signed in with and when it expires.
   out (``POST /ui/logout``), when the token it signed in with is no longer the collector's
   (removed from the token file or given a new secret: analytics/tokens.py), and when the
   collector restarts (the store is memory: sign in again);
-- the store is bounded (``MAX_SESSIONS``; the oldest session goes first), so sign-ins
-  cannot grow the collector;
+- the store is bounded per token (``MAX_PER_TOKEN``: a token's oldest session goes first,
+  never another token's) and in all (``MAX_SESSIONS``: the oldest session of the token
+  holding the most goes first), so sign-ins cannot grow the collector, and signing in
+  over and over with one token ends no session of another;
 - the session id is never stored: the store is keyed by its SHA-256, and a cookie is
   compared by that digest, so neither a memory dump nor a timing difference gives one out.
 """
@@ -24,7 +26,8 @@ from typing import Any
 
 COOKIE = "cmdare_session"
 SESSION_TTL = 12 * 3600.0  # seconds a sign-in lasts
-MAX_SESSIONS = 10_000  # sessions kept at once; the oldest goes first
+MAX_SESSIONS = 10_000  # sessions kept at once; the oldest of the token holding the most goes first
+MAX_PER_TOKEN = 100  # sessions one token may hold; its oldest goes first
 MAX_COOKIE_HEADER = 8192  # bytes of a Cookie header looked at
 
 
@@ -56,11 +59,13 @@ class Sessions:
     """The signed-in browsers of one collector (thread-safe: the API's threads share it)."""
 
     def __init__(self, ttl: float = SESSION_TTL, max_sessions: int = MAX_SESSIONS,
-                 clock: Callable[[], float] = time.time) -> None:
-        if not ttl > 0 or max_sessions < 1:
+                 clock: Callable[[], float] = time.time, max_per_token: int = MAX_PER_TOKEN) -> None:
+        if not ttl > 0 or max_sessions < 1 or max_per_token < 1:
             raise ValueError("a session lasts more than 0 s and the store holds at least one")
         self.ttl, self.max_sessions, self.clock = ttl, max_sessions, clock
+        self.max_per_token = max_per_token
         self._by_key: OrderedDict[str, tuple[tuple[str, str], float]] = OrderedDict()  # key -> (who, expiry)
+        self._of: dict[str, OrderedDict[str, None]] = {}  # token name -> its sessions' keys, oldest first
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -74,10 +79,27 @@ class Sessions:
         now = self.clock()
         with self._lock:
             self._prune(now)
+            mine = self._of.setdefault(who[0], OrderedDict())
+            while len(mine) >= self.max_per_token:
+                self._drop(next(iter(mine)))
             while len(self._by_key) >= self.max_sessions:
-                self._by_key.popitem(last=False)
-            self._by_key[_key(sid)] = (who, now + self.ttl)
+                most = max(self._of.values(), key=len)
+                self._drop(next(iter(most)))
+            k = _key(sid)
+            self._by_key[k] = (who, now + self.ttl)
+            self._of.setdefault(who[0], OrderedDict())[k] = None
         return sid
+
+    def _drop(self, k: str) -> None:
+        got = self._by_key.pop(k, None)
+        if got is None:
+            return
+        name = got[0][0]
+        mine = self._of.get(name)
+        if mine is not None:
+            mine.pop(k, None)
+            if not mine:
+                del self._of[name]
 
     def check(self, sid: str | None, tokens: Any) -> bool:
         """Whether ``sid`` is a live session signed in with a token ``tokens`` still holds
@@ -98,7 +120,7 @@ class Sessions:
                 return None
             (name, sha), expiry = got
             if self.clock() >= expiry:
-                del self._by_key[k]
+                self._drop(k)
                 return None
         held = Tokens.of(tokens)
         return held.held(name, sha) if held is not None else None
@@ -107,8 +129,11 @@ class Sessions:
         """Sign-out: the session ends (True when there was one)."""
         if not sid:
             return False
+        k = _key(sid)
         with self._lock:
-            return self._by_key.pop(_key(sid), None) is not None
+            there = k in self._by_key
+            self._drop(k)
+            return there
 
     def _prune(self, now: float) -> None:
         """Expired sessions dropped (they are in order of expiry: one TTL for all)."""
@@ -116,4 +141,4 @@ class Sessions:
             k, (_, expiry) = next(iter(self._by_key.items()))
             if expiry > now:
                 break
-            del self._by_key[k]
+            self._drop(k)

@@ -41,8 +41,16 @@ def test_an_address_waits_after_five_failures_and_the_wait_doubles_to_its_cap() 
         th.failed("10.0.0.1", "bearer")
     assert waits == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]
     assert th.wait("10.0.0.2") == 0  # another address is not slowed
-    th.succeeded("10.0.0.1")
-    assert th.wait("10.0.0.1") == 0 and th.failures["bearer"] == 17
+    th.succeeded("10.0.0.1", "the-token")  # (a success, say, just before the last failure)
+    assert th.wait("10.0.0.1", "the-token") == 0  # that credential is trusted from there
+    assert th.wait("10.0.0.1", "another-guess") == 300  # the success cleared nothing for the others
+    assert th.failures["bearer"] == 17
+    clock.t += 299
+    th.failed("10.0.0.1", "bearer")  # still in the same row: the longest wait again
+    assert th.wait("10.0.0.1") == 300
+    clock.t += 300 + 300  # a whole cap with no failure after the wait: the row is forgotten
+    th.failed("10.0.0.1", "bearer")
+    assert th.wait("10.0.0.1") == 0
 
 
 def test_an_ipv6_host_is_throttled_by_its_64() -> None:
@@ -52,18 +60,20 @@ def test_an_ipv6_host_is_throttled_by_its_64() -> None:
     assert Throttle.key("testclient") == "testclient" and len(Throttle.key("x" * 500)) == 64
 
 
-def test_guessing_from_many_addresses_stops_all_but_the_trusted() -> None:
+def test_guessing_from_many_addresses_costs_each_a_cap_and_never_starves_a_valid_client() -> None:
     clock = Clock()
     th = Throttle(rate=10, burst=100, clock=clock)
-    th.succeeded("10.9.9.9")  # signed in before the attack
-    for i in range(100):
-        th.failed(f"10.1.{i // 250}.{i % 250}", "bearer")  # one guess from each of 100 addresses
-    assert th.wait("10.2.0.1") == pytest.approx(0.1)  # a new address waits for the bucket
-    assert th.wait("10.9.9.9") == 0  # the trusted one does not
-    clock.t += 0.1
-    assert th.wait("10.2.0.1") == 0  # one attempt a tenth of a second, overall
-    clock.t += 3600.1
-    assert th.wait("10.9.9.9") == 0  # the bucket is full again; the trust has ended, nothing waits
+    for i in range(99):
+        th.failed(f"10.1.{i // 250}.{i % 250}", "bearer")  # one guess from each of 99 addresses
+    assert th.wait("10.1.0.0") == 0  # one free guess each while the bucket holds
+    th.failed("10.1.9.9", "bearer")  # the 100th empties it
+    assert th.wait("10.1.9.9") == 300  # from now on a failure costs its address the longest wait
+    assert th.wait("10.2.0.1", "whatever") == 0  # a fresh address is still looked at (a valid client gets in)
+    th.failed("10.2.0.1", "bearer")
+    assert th.wait("10.2.0.1", "guess") == 300  # ... but a wrong guess from it is its last for a cap
+    clock.t += 10.0  # the bucket refills: ordinary rules again
+    th.failed("10.3.0.1", "bearer")
+    assert th.wait("10.3.0.1") == 0
 
 
 def test_a_stale_cookie_is_counted_not_throttled_and_the_tables_are_bounded() -> None:
@@ -162,3 +172,33 @@ def test_failures_are_on_the_collectors_metrics(tmp_path: Path) -> None:
         con.close()
     assert 'cmdare_collector_auth_failures_total{how="bearer"} 5.0' in text
     assert "cmdare_collector_auth_throttled_total 2.0" in text
+
+
+def test_a_valid_token_between_guesses_buys_no_more_guesses(served) -> None:
+    """The bypass of the second hostile round: four wrong guesses, then one valid request,
+    on one connection, over and over. The valid requests keep working; the guesses are
+    looked at five times, then once per doubling wait, however many valid requests come."""
+    guard, th, clock = served
+    c = client(guard, "10.0.0.9")
+    checked = ok = 0
+    for _ in range(200):  # 10 s in 1/20 s steps
+        for i in range(4):
+            r = c.get("/api/v1/nodes", headers={"Authorization": f"Bearer guess-{i}"})
+            checked += r.status_code == 401
+            assert r.status_code in (401, 429)
+        r = c.get("/api/v1/nodes", headers={"Authorization": f"Bearer {TOKEN}"})
+        ok += r.status_code == 200
+        clock.t += 0.05
+    assert ok >= 195  # the first valid request came after four guesses: it was checked, then trusted
+    assert checked <= 5 + 4  # five free, then one after each wait of 1, 2, 4 s (10 s in all)
+
+
+def test_fresh_addresses_with_the_valid_token_get_in_while_others_guess(served) -> None:
+    guard, th, clock = served
+    for i in range(150):  # a guess from each of 150 addresses: the overall bucket (100) empties
+        client(guard, f"10.5.0.{i}").get("/api/v1/nodes", headers={"Authorization": "Bearer nope"})
+    for i in range(20):  # new, legitimate clients
+        r = client(guard, f"10.6.0.{i}").get("/api/v1/nodes", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200
+    r = client(guard, "10.5.0.149").get("/api/v1/nodes", headers={"Authorization": "Bearer nope-again"})
+    assert r.status_code == 429 and r.headers["retry-after"] == "300"

@@ -102,6 +102,31 @@ def test_the_store_is_bounded_the_oldest_going_first_and_expired_ones_pruned() -
     assert not one.check(a, TOKEN) and one.check(b, TOKEN)
 
 
+def test_sign_ins_with_one_token_end_only_that_tokens_sessions() -> None:
+    """The second hostile round: 10,000 sign-ins with the team token ended the admin's
+    session. Now a token's own oldest session goes; another token's never does."""
+    from cmdare.analytics.tokens import Tokens, digest
+
+    toml = (f'[[token]]\nname = "ops"\nscope = "admin"\nsha256 = "{digest("admin-secret")}"\n'
+            f'[[token]]\nname = "vision"\nscope = "read"\nsha256 = "{digest("team-secret")}"\n'
+            'labels = { team = "vision" }\n'
+            f'[[token]]\nname = "nlp"\nscope = "read"\nsha256 = "{digest("nlp-secret")}"\n')
+    from cmdare.analytics.tokens import parse
+
+    tokens = Tokens(parse(toml, "tokens.toml"))
+    ops, vision, nlp = tokens.all()
+    s = Sessions(max_per_token=100, max_sessions=200)
+    admin = s.open(ops)
+    team = [s.open(vision) for _ in range(10_000)]
+    assert s.token(admin, tokens) == ops  # still signed in
+    assert sum(s.check(x, tokens) for x in team) == 100 and s.check(team[-1], tokens)  # the newest 100
+    others = [s.open(nlp) for _ in range(99)]  # 200 sessions in all: the store is full
+    s.open(nlp)  # the token holding the most (vision, 100) gives up its oldest
+    assert s.check(admin, tokens) and len(s) == 200 and all(s.check(x, tokens) for x in others)
+    assert sum(s.check(x, tokens) for x in team) == 99
+    assert s.close(admin) and not s.close(admin) and "ops" not in s._of  # noqa: SLF001
+
+
 def test_a_huge_cookie_header_is_read_only_to_its_bound() -> None:
     from cmdare.dashboards.sessions import MAX_COOKIE_HEADER
 
