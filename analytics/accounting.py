@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
+from .codec import json_object
 from .db import AnalyticsError, has_column, has_view
 from .goodput import Goodput, goodput, goodput_many
 
@@ -342,11 +342,7 @@ def _groups(nodes: list[tuple], declared_acc: str | None) -> dict[str, str]:
         out["accelerator"] = declared_acc
     labels: dict[str, list[str]] = {}
     for n in nodes:
-        try:
-            d = json.loads(n[6])
-        except ValueError:
-            continue
-        for k, v in (d if isinstance(d, dict) else {}).items():
+        for k, v in json_object(n[6]).items():
             labels.setdefault(str(k), []).append(str(v))
     for k, vs in labels.items():
         out["label:" + k] = most(vs)
@@ -364,12 +360,10 @@ def stored_findings(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, t0: 
             ORDER BY job, coalesce(window_start, first_detected), kind, evidence::VARCHAR""",  # overlaps: one order
         [*DETECTORS, t0, t1, *([jobs] if jobs is not None else [])]).fetchall()
     out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for job, kind, ev in rows:
-        try:
-            out.setdefault(job, []).append((kind, json.loads(ev) or {}))
-        except ValueError:
-            continue
+    for job, kind, ev in rows:  # evidence that is no object (NULL, a list): a finding with no figures
+        out.setdefault(job, []).append((kind, json_object(ev)))
     return out
+
 
 
 def _uncovered(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime) -> list[str]:

@@ -24,6 +24,16 @@ from typing import Any
 from .units import Finding, Recommendation
 
 
+def json_object(text: str | None) -> dict[str, Any]:
+    """A stored JSON object (evidence, labels), or {} for NULL, bad JSON or any other value:
+    a hand-made or older row costs only itself."""
+    try:
+        got = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 def _tag(v: Any) -> str:
     if v is None:
         return ""

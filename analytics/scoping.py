@@ -23,8 +23,9 @@ attached catalog); the views of one label set are shared by its reads for ``FRES
 seconds, then made again, the old catalog dropped by its last reader. User SQL under a scope may not name a catalog or a schema other than
 ``main``, ``information_schema`` and ``pg_catalog``, nor call a table function outside
 ``TABLE_FUNCTIONS`` or name one's catalog or schema (``query_table``, ``duckdb_views()``,
-``"db".main.instance_lives()`` ...): each is a way around the views (analytics/safesql.py
-refuses them).
+``"db".main.instance_lives()`` ...), nor name DuckDB's catalogue views that count every
+catalog's rows (``pg_class``, ``duckdb_tables``, ``duckdb_*``): each is a way around the
+views (analytics/safesql.py refuses them).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ OPEN = frozenset({"schema_migrations", "rollup_horizon", "alert_rules", "checkpo
 # table functions that read no table, and cmdare's table macros (made again in the scope's catalog)
 TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "json_each", "json_tree", "instance_lives", "runs"})
 SCHEMAS = frozenset({"", "main", "information_schema", "pg_catalog"})
+# DuckDB's own catalogue views that show every catalog's row counts, sizes, paths or log
+# (``pg_class.reltuples``, ``duckdb_tables.estimated_size``): the table functions they wrap
+# are refused already; named as tables they are refused too
+STATS_VIEWS = frozenset({"pg_class", "pg_stats", "pg_statistic"})
+STATS_PREFIXES = ("duckdb_", "pragma_")
 PREFIX = "cmdare_scope_"
 
 
@@ -218,6 +224,9 @@ def refused(tree: object) -> str | None:
                 if x.get("catalog_name") or (x.get("schema_name") or "") not in SCHEMAS:
                     path = ".".join(p for p in (x.get("catalog_name"), x.get("schema_name"), x.get("table_name")) if p)
                     return f"the table {str(path)[:80]!r} (name tables without a database or schema)"
+                name = str(x.get("table_name") or "").lower()
+                if name in STATS_VIEWS or name.startswith(STATS_PREFIXES):
+                    return f"the catalogue view {name[:60]!r} (it counts every team's rows)"
             elif t == "TABLE_FUNCTION":
                 f = x.get("function") or {}
                 fn = str(f.get("function_name", "")).lower() if isinstance(f, dict) else ""

@@ -154,6 +154,11 @@ def test_api_routes_and_pages_see_the_same(url: str) -> None:
     ("SELECT * FROM main.range(3)", "the table function 'range'"),  # a function named with its schema
     ("SELECT * FROM " + "q" * 70 + "()", "the table function '" + "q" * 60 + "'"),
     ('SELECT * FROM "' + "c" * 90 + '".main.t', "the table '" + ("c" * 90 + ".main.t")[:80] + "' (name tables"),
+    # the second hostile round: catalogue views that count every team's rows
+    ("SELECT relname, reltuples FROM pg_class", "the catalogue view 'pg_class'"),
+    ("SELECT reltuples FROM pg_catalog.pg_class", "the catalogue view 'pg_class'"),
+    ("SELECT table_name, estimated_size FROM duckdb_tables", "the catalogue view 'duckdb_tables'"),
+    ("SELECT * FROM Duckdb_Logs", "the catalogue view 'duckdb_logs'"),
 ])
 def test_reading_around_the_filter_is_refused_in_one_line(url: str, query: str, words: str) -> None:
     code, body = sql(url, "vision-secret", query)
