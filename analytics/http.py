@@ -253,6 +253,12 @@ def create_app(db: Database, token: Tokens | str | None = None, limits: Limits |
 
 
 def _error_handlers(app: FastAPI) -> None:
+    from .safesql import SqlBusy
+
+    @app.exception_handler(SqlBusy)
+    async def _busy(_: Request, e: SqlBusy) -> Response:
+        return JSONResponse({"error": one_line(str(e))}, 503, {"Retry-After": str(e.retry_after)})
+
     @app.exception_handler(AnalyticsError)
     async def _analytics(_: Request, e: AnalyticsError) -> Response:
         return JSONResponse({"error": one_line(str(e))}, 400)

@@ -22,15 +22,30 @@ the database and nothing else.
   the collector past 6 GB). Rows under it are summed as they are fetched and the result is
   cut at ``max_bytes`` (``cut_by: bytes``).
 - A memory limit: while the query runs and its rows are fetched, the process's resident
-  memory is sampled every 20 ms, and a query that grows it by more than ``MEMORY`` (1 GiB)
+  memory is sampled every 5 ms, and a query that grows it by more than ``MEMORY`` (1 GiB)
   is interrupted (one line). DuckDB cannot be read by a second process while the collector
-  writes it, so queries run in the collector's process; this is their bound there.
+  writes it, so queries run in the collector's process; this is their bound there. DuckDB
+  looks at an interrupt between vectors only: one operator call on one vector
+  (``string_agg`` over 85 rows of 10 MB) can pass the limit before it is stopped (measured
+  +1.8 GiB for that query).
+- One budget for all queries together (``Budget``, ``$CMDARE_SQL_MEMORY_TOTAL``, default
+  ``TOTAL`` = 2 GiB): a query is admitted only while the budgets of those running plus its
+  own fit the total; otherwise it waits (at most its own time limit) and then gets one line
+  (``SqlBusy``: 503 with ``Retry-After``), and while queries run, the process's growth over
+  what it held when they started is watched against the total: past it, every running
+  query is stopped. Six parallel attacks cost two queries' memory, not six.
+- The answer's size counts what is sent: a string's bytes as the API's JSON writes them
+  (a control character is six: ``\u0001``), so ``repeat(chr(1), 600)`` rows are cut at
+  the limit of what is sent, not at six times it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +65,11 @@ CONFIG: dict[str, object] = {
 }
 MAX_ROWS = 10_000
 TIMEOUT = 30.0
-MAX_BYTES = 64 << 20  # a result's size (strings by their length, other values 8 bytes)
+MAX_BYTES = 64 << 20  # a result's size as sent (sent_size: JSON-escaped strings, other values 8 bytes)
 MAX_QUERY = 100_000  # characters of SQL text
 MEMORY = 1 << 30  # bytes a query may grow the process by while it runs and is fetched
+TOTAL = 2 << 30  # bytes all running queries together may grow it by (Budget)
+SAMPLE = 0.005  # seconds between looks at the process's memory
 _FIXED = ("BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
           "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "DECIMAL", "DATE", "TIME", "TIMESTAMP", "INTERVAL", "UUID")
 _TOO_BIG = "cmdare: a row of the result is over the byte limit"
@@ -62,6 +79,111 @@ READ_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NO
 
 class SqlRefused(AnalyticsError):
     """A query that is not one read-only SELECT, or that ran past its limits."""
+
+
+class SqlBusy(SqlRefused):
+    """A query not admitted: the memory budget was in use by others until its deadline."""
+
+    retry_after = 5
+
+
+def total_budget() -> int:
+    """$CMDARE_SQL_MEMORY_TOTAL (bytes, or with K/M/G), else TOTAL."""
+    v = os.environ.get("CMDARE_SQL_MEMORY_TOTAL", "").strip()
+    if not v:
+        return TOTAL
+    from cmdare.wire.units import parse_size
+
+    try:
+        n = int(parse_size("$CMDARE_SQL_MEMORY_TOTAL", v))
+    except Exception:  # noqa: BLE001  (one line, whatever the parser raised)
+        raise ValueError(f"$CMDARE_SQL_MEMORY_TOTAL: expected a size like 2GiB, got {v[:40]!r}") from None
+    if not 64 << 20 <= n <= 1 << 40:
+        raise ValueError(f"$CMDARE_SQL_MEMORY_TOTAL: {v[:40]!r} must be from 64MiB to 1TiB")
+    return n
+
+
+class Budget:
+    """The memory all user queries of one process may take together: admission (a query
+    waits while the running ones' budgets and its own pass ``total``) and one watcher of the
+    process's growth over what it held when the first of them started (past ``total``:
+    every running query interrupted)."""
+
+    def __init__(self, total: int | None = None) -> None:
+        self.total = total if total is not None else total_budget()
+        self._cond = threading.Condition()
+        self._held = 0
+        self._running: dict[int, tuple[duckdb.DuckDBPyConnection, threading.Event]] = {}
+        self._base = 0
+        self._watcher: threading.Thread | None = None
+        self.refused = 0  # queries not admitted (a metric)
+        self.stopped = 0  # queries interrupted by the total
+
+    @contextlib.contextmanager
+    def admit(self, con: duckdb.DuckDBPyConnection, need: int, wait: float) -> Iterator[threading.Event]:
+        """Hold ``need`` bytes of the budget while ``con`` runs a query (waiting at most
+        ``wait`` seconds for them); the event yielded is set when the total stopped it."""
+        need = min(need, self.total)
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while self._held + need > self.total:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.refused += 1
+                    raise SqlBusy(f"the server is busy: {len(self._running)} queries hold its SQL memory budget "
+                                  f"({self.total >> 20:,} MiB); try again shortly")
+                self._cond.wait(left)
+            if not self._running:
+                import psutil
+
+                self._base = psutil.Process().memory_info().rss
+            self._held += need
+            fired = threading.Event()
+            self._running[id(fired)] = (con, fired)
+            if self._watcher is None or not self._watcher.is_alive():
+                self._watcher = threading.Thread(target=self._watch, name="cmdare-sql-budget", daemon=True)
+                self._watcher.start()
+        try:
+            yield fired
+        finally:
+            with self._cond:
+                self._held -= need
+                self._running.pop(id(fired), None)
+                self._cond.notify_all()
+
+    def _watch(self) -> None:
+        import psutil
+
+        proc = psutil.Process()
+        while True:
+            time.sleep(SAMPLE)
+            with self._cond:
+                if not self._running:
+                    self._watcher = None
+                    return
+                over = proc.memory_info().rss - self._base > self.total
+                if over:
+                    for con, fired in self._running.values():
+                        if not fired.is_set():
+                            fired.set()
+                            self.stopped += 1
+                            con.interrupt()
+
+
+BUDGET = Budget(TOTAL)  # the process's; Service sets its total from $CMDARE_SQL_MEMORY_TOTAL
+
+
+def sent_size(v: Any) -> int:
+    """About what a value costs in the API's JSON answer: a string as written between its
+    quotes (UTF-8, escapes included: ``chr(1)`` is six), bytes as hex (two a byte), anything
+    else 8."""
+    if isinstance(v, str):
+        if v.isascii() and v.isprintable() and '"' not in v and "\\" not in v:
+            return len(v)
+        return len(json.dumps(v, ensure_ascii=False).encode("utf-8", "surrogatepass")) - 2
+    if isinstance(v, bytes):
+        return 2 * len(v)
+    return 8
 
 
 @dataclass
@@ -158,8 +280,8 @@ def interrupt_after(con: duckdb.DuckDBPyConnection, timeout: float) -> Iterator[
 @contextlib.contextmanager
 def memory_guard(con: duckdb.DuckDBPyConnection, budget: int = MEMORY) -> Iterator[threading.Event]:
     """Interrupt what ``con`` runs once the process's resident memory has grown by more than
-    ``budget`` bytes since it started (sampled every 20 ms); the event yielded is set when
-    it did."""
+    ``budget`` bytes since it started (sampled every SAMPLE s); the event yielded is set
+    when it did."""
     import psutil
 
     proc = psutil.Process()
@@ -167,7 +289,7 @@ def memory_guard(con: duckdb.DuckDBPyConnection, budget: int = MEMORY) -> Iterat
     fired, done = threading.Event(), threading.Event()
 
     def watch() -> None:
-        while not done.wait(0.02):
+        while not done.wait(SAMPLE):
             if proc.memory_info().rss - start > budget:
                 fired.set()
                 con.interrupt()
@@ -222,10 +344,14 @@ def _body(query: str) -> str:
 
 
 def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, timeout: float = TIMEOUT,
-        max_bytes: int = MAX_BYTES, memory: int = MEMORY) -> SqlResult:
-    """Run one checked SELECT on a connection that cannot write, within the limits."""
+        max_bytes: int = MAX_BYTES, memory: int = MEMORY, budget: Budget | None = None) -> SqlResult:
+    """Run one checked SELECT on a connection that cannot write, within the limits (and,
+    given ``budget``, admitted by it: waiting at most ``timeout`` for it)."""
     check(con, query)
-    with interrupt_after(con, timeout) as fired, memory_guard(con, memory) as grown:
+    t0 = time.monotonic()
+    held = budget.admit(con, memory, timeout) if budget is not None else contextlib.nullcontext(threading.Event())
+    with held as total, interrupt_after(con, max(0.001, timeout - (time.monotonic() - t0))) as fired, \
+            memory_guard(con, memory) as grown:
         try:
             cur = con.execute(sized(con, query, max_bytes))
             cols = [d[0] for d in cur.description or []]
@@ -236,11 +362,15 @@ def run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int = MAX_ROWS, ti
                 if not chunk:
                     break
                 for r in chunk:
-                    size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in r)
+                    size += sum(sent_size(v) for v in r)
                     if size > max_bytes:
                         return SqlResult(cols, rows, True, "bytes")
                     rows.append(r)
         except duckdb.Error as e:
+            if total.is_set():
+                raise SqlRefused(f"query stopped: the queries running together needed more than "
+                                 f"{budget.total >> 20 if budget else 0:,} MiB of memory (the server's SQL budget; "
+                                 "try again, or narrow it with WHERE or LIMIT)") from None
             if grown.is_set():
                 raise SqlRefused(f"query stopped: it needed more than {memory >> 20:,} MiB of memory "
                                  "(narrow it with WHERE, LIMIT or fewer columns)") from None

@@ -116,6 +116,9 @@ class Service:
                   "python_enable_replacements"):
             con.execute(f"SET {k} = false")
         con.execute(f"SET memory_limit = '{_memory_limit()}'")
+        from . import safesql
+
+        safesql.BUDGET.total = safesql.total_budget()  # user SQL's memory, all queries together
         # made here, in the caller's (ingest) thread
         self.database = database if database is not None else Database.served(con, db)
         self.server: Any = None

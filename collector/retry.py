@@ -1,5 +1,6 @@
-"""Storing a batch again while the database's storage fails in a way that can pass (full,
-read-only, over quota): nothing is acknowledged until it is stored, and it is stored once."""
+"""Storing a batch again while the database fails in a way that can pass (storage full,
+read-only, over quota; memory taken by queries running beside ingest): nothing is
+acknowledged until it is stored, and it is stored once."""
 
 from __future__ import annotations
 
@@ -19,8 +20,12 @@ _STORAGE = ("no space left on device", "read-only file system", "disk quota exce
 
 
 def storage_problem(e: BaseException) -> str | None:
-    """The cause in one line when ``e`` is the database's storage failing in a way that can
-    pass (full, read-only, over quota); None for any other error."""
+    """The cause in one line when ``e`` is the database failing in a way that can pass
+    (storage full, read-only, over quota; out of memory while queries hold it: the batch's
+    transaction was rolled back whole); None for any other error."""
+    if isinstance(e, MemoryError | duckdb.OutOfMemoryException):
+        first = (str(e).strip().splitlines() or ["out of memory"])[0]
+        return f"out of memory ({first[:160]})"
     if not isinstance(e, duckdb.Error | OSError):
         return None
     text = str(e)

@@ -71,8 +71,29 @@ def test_bytes_count_strings_by_length_and_other_values_as_eight(con) -> None:
     assert (len(r.rows), r.truncated) == (1, False)
     r = run(con, "SELECT NULL AS a, 1.5::DOUBLE AS b LIMIT 1", max_bytes=15)
     assert (len(r.rows), r.cut_by) == (0, "bytes")
-    r = run(con, "SELECT 'abc'::BLOB AS b", max_bytes=3)
+    r = run(con, "SELECT 'abc'::BLOB AS b", max_bytes=6)  # sent as hex
     assert (len(r.rows), r.truncated) == (1, False)
+    r = run(con, "SELECT 'abc'::BLOB AS b", max_bytes=5)
+    assert (len(r.rows), r.cut_by) == (0, "bytes")
+
+
+@pytest.mark.parametrize(("value", "sent"), [
+    ("abc", 3), ("", 0), (chr(1), 6), ('a"b', 4), ("a\\b", 4), ("\n", 2), ("é", 2), ("😀", 4), (b"\x00\xff", 4),
+    (1, 8), (None, 8), (1.5, 8),
+])
+def test_a_value_costs_what_the_json_answer_writes(value, sent: int) -> None:
+    import json
+
+    assert safesql.sent_size(value) == sent
+    if isinstance(value, str):
+        assert len(json.dumps(value, ensure_ascii=False).encode()) - 2 == sent
+
+
+def test_control_characters_are_cut_at_the_bytes_sent_not_at_their_count(con) -> None:
+    # the attack: 600 chr(1) a row is 600 characters and 3,600 bytes of JSON
+    r = run(con, "SELECT repeat(chr(1), 600) AS s FROM range(100000)", max_rows=100_000, max_bytes=1 << 20)
+    assert r.cut_by == "bytes" and len(r.rows) == (1 << 20) // 3600
+    assert sum(safesql.sent_size(x[0]) for x in r.rows) <= 1 << 20
 
 
 def test_the_text_is_bounded_at_max_query(con) -> None:

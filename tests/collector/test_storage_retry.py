@@ -79,6 +79,38 @@ def test_what_counts_as_storage_trouble(text: str, why: str | None) -> None:
     assert (got is None) if why is None else (got is not None and why in got and "Failed to commit" not in got)
 
 
+def test_a_batch_that_fails_for_memory_is_stored_again_not_the_end_of_the_process(tmp_path: Path) -> None:
+    """The second hostile round: parallel queries took the collector's memory, an ingest
+    batch failed with DuckDB's "Out of Memory Error" and the collector exited. The batch is
+    now tried again (its transaction was rolled back whole) and stored once. Here DuckDB
+    really runs out: its limit is 2 MB until the second wait, as if the queries ended."""
+    from cmdare.collector.db import connect
+    from cmdare.collector.ingest.batch import Batch
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import EventFactory, encode_many
+
+    assert storage_problem(MemoryError()) == "out of memory (out of memory)"
+    con = connect(tmp_path / "m.duckdb")
+    w = Writer(con, max_skew=None)
+    f = EventFactory("n", "worker", "j")
+    batch = Batch()
+    for m in range(20):
+        batch.add(f"m{m}", encode_many(f.make("gpu", {"index": i % 8, "util_gpu_ratio": 0.5}) for i in range(5000)))
+
+    class Freed(Clock):
+        def wait(self, timeout: float | None = None) -> bool:
+            if len(self.waits) == 1:
+                con.execute("SET memory_limit = '2GB'")
+            return super().wait(timeout)
+
+    con.execute("SET memory_limit = '2MB'")
+    stop = Freed()
+    r = StorageRetry(stop)(lambda: w.write_batch(batch))
+    assert r.inserted == 100_000 and stop.waits == [1, 2]
+    assert con.execute("SELECT count(*) FROM gpu_samples").fetchone() == (100_000,)
+    con.close()
+
+
 @pytest.mark.kafka
 def test_kafka_offsets_are_not_committed_past_what_was_stored(kafka_broker, tmp_path: Path, monkeypatch) -> None:
     """The database refuses commits (as a full disk does) from the third batch on: the
