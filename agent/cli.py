@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ examples:
 Config precedence: defaults < TOML file < CMDARE_AGENT_* environment
 (CMDARE_AGENT_SPOOL__DIR=/x sets spool.dir) < flags.
 """
+
+log = logging.getLogger("cmdare.agent")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -212,9 +215,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(once(cfg))
     from .runtime import Agent
 
+    signals = Signals()  # before Agent: every thread it starts inherits the blocked signals
     agent = Agent(cfg)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _frame: agent.stop(signal.Signals(signum).name))
+    signals.start(agent)
     try:
         agent.run(duration=a.duration)
     except RuntimeError as e:  # e.g. the spool is locked by another agent
@@ -228,7 +231,43 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:  # e.g. prometheus.listen's port is taken
         print(f"cmdare-agent: {e}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        signals.done.set()
     sys.exit(0)
+
+
+STOP_DEADLINE = 4.5  # seconds from SIGTERM to the process's end, whatever a source does (systemd: 5 s)
+
+
+class Signals:
+    """SIGTERM and SIGINT taken by a thread of their own (``sigwait``; blocked in every
+    other thread), so a stop is seen even while the sampling loop is stuck in a call that
+    never returns (a driver's ioctl, a file system that does not answer): the agent is
+    told to stop, and if it has not ended ``STOP_DEADLINE`` seconds later the process
+    exits without it (what was spooled stays on disk for the next start)."""
+
+    SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+    def __init__(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+        self.done = threading.Event()
+
+    def start(self, agent: Any) -> None:
+        for sig in self.SIGNALS:  # a thread started before the mask (none is, today) would run this instead
+            signal.signal(sig, lambda signum, _frame: agent.stop(signal.Signals(signum).name))
+        threading.Thread(target=self._wait, args=(agent,), name="cmdare-signals", daemon=True).start()
+
+    def _wait(self, agent: Any) -> None:
+        sig = signal.sigwait(self.SIGNALS)
+        t0 = time.monotonic()
+        agent.stop(signal.Signals(sig).name)
+        if self.done.wait(STOP_DEADLINE):
+            return
+        log.error("stopping: the sampling loop has not returned %.1f s after %s (a source is stuck); exiting "
+                  "without it (spooled events are kept)", time.monotonic() - t0, signal.Signals(sig).name)
+        for h in logging.getLogger().handlers:
+            h.flush()
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,14 @@ class Writer:
         if self.max_skew is not None:
             skew = dt.timedelta(seconds=self.max_skew)
             self._window = (now - skew, now + skew)
-        con.execute("BEGIN")
+        try:
+            con.execute("BEGIN")
+        except duckdb.TransactionException as e:
+            # a transaction left open by a ROLLBACK that failed (out of memory while queries
+            # held it, here or in a rollup): it stored nothing; end it and begin this one
+            log.warning("ingest: ending a transaction a failed rollback left open (%s)", str(e)[:120])
+            con.execute("ROLLBACK")
+            con.execute("BEGIN")
         try:
             if batch.lines or batch.blocks:
                 self._check(batch, s, res)
@@ -150,11 +157,14 @@ class Writer:
         except BaseException:
             try:
                 con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass  # a failed COMMIT ends the transaction itself: its error is the one to report
+            except duckdb.Error:  # the error raised below is the one to report
+                pass  # a failed COMMIT ends the transaction itself; one left open is ended at the next BEGIN
+            try:
+                s.drop(con)
+            except duckdb.Error:  # in a transaction left aborted: its tables end with it; never mask the cause
+                pass
             raise
-        finally:
-            s.drop(con)
+        s.drop(con)
         if self.rollup_every is not None and time.monotonic() - self._rolled_at >= self.rollup_every:
             self.rollup()
         r = self.retention

@@ -199,6 +199,33 @@ def test_a_malformed_answer_is_said_and_the_last_good_one_kept(kube, raw: bytes,
     assert any("malformed" in m for m in caplog.messages)
 
 
+def test_an_answer_of_700k_device_ids_is_refused_at_the_bound_and_the_last_good_one_kept(kube, caplog) -> None:
+    """Issue 69: a hostile kubelet answer (700k device ids under the byte cap) took the agent
+    to 949 MiB and 15 s a refresh. Device ids are counted as they are decoded: the answer is
+    refused at MAX_DEVICE_IDS, said in one line, the last good answer kept."""
+    import resource
+    import time
+
+    k, sock = kube
+    g = _uuids()
+    k.pods = [FakePod("a", "p", {"c": [g[0]]})]
+    r = kubelet.PodResolver(str(sock), labels=None)
+    assert r.refresh()
+    k.pods = [FakePod("a", "evil", {"c": [f"GPU-{i:08x}" for i in range(300_000)]})]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, "cmdare.agent.gpu"):
+        assert not r.refresh()
+    assert time.monotonic() - t0 < 3.0  # the gRPC transfer of ~4 MB; the decoding stops at 4,096 ids
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) << 10 < 100 << 20
+    assert r.get(g[0]).pod == "p"
+    said = [m for m in caplog.messages if "device ids" in m]
+    assert len(said) == 1 and "more than 4,096 device ids listed" in said[0] and "\n" not in said[0]
+    ok = [FakePod("a", f"p{i}", {"c": [f"GPU-{i:04d}-{j}" for j in range(8)]}) for i in range(512)]
+    k.pods = ok  # 4,096 ids exactly: answered
+    assert r.refresh() and r.get("GPU-0511-7").pod == "p511"
+
+
 def test_hostile_names_are_bounded_and_printable_and_too_many_pods_refused(kube) -> None:
     k, sock = kube
     g = _uuids()

@@ -45,3 +45,5 @@ def test_verify_passes_with_exec_start_at_the_installed_command(name: str, tmp_p
     assert "Restart=on-failure" in text and "ProtectSystem=strict" in text
     if name == "cmdare-agent":
         assert "Type=notify" in text and "WatchdogSec=" in text and "User=cmdare" in text
+        # issue 69: a hostile kubelet answer took the agent to 949 MiB with no cap
+        assert "\nMemoryMax=512M\n" in text and "\nTasksMax=128\n" in text and "\nMemoryHigh=384M\n" in text

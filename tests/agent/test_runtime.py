@@ -330,3 +330,24 @@ def test_a_hanging_metadata_service_never_holds_up_the_other_sources(tmp_path: P
     errors = [d for d in cloud if d["state"] == "error"]
     assert errors and "timed out after 0.3s" in errors[0]["message"]
     assert not any(e["type"] == "instance" for e in evs)
+
+
+def test_sigterm_ends_the_agent_even_while_a_source_never_returns(tmp_path: Path) -> None:
+    """Issue 69: a call that never returns in the sampling loop (here NVML's utilisation
+    read, as a driver stuck in an ioctl; before, a FIFO in the Slurm GPU map) kept the agent
+    past SIGTERM for 10 s and more. The signal is taken by a thread of its own: the process
+    ends within 5 s, says why in one line, and what it spooled before stays."""
+    env = {**agent_env(), "CMDARE_FAKE_NVML": "gpus=1,scenario=hang,lost_after=3"}
+    p = _start_agent(tmp_path, env=env)
+    wait_for(lambda: list((tmp_path / "sp").glob("*.ndjson")), 20, what="the agent's first spool segment")
+    wait_for(lambda: sum(e["type"] == "gpu" for e in spool_events(tmp_path / "sp")) >= 3, 20,
+             what="three GPU samples (then the read hangs)")
+    time.sleep(1.0)  # stuck in the fourth read by now
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=15)
+    took = time.monotonic() - t0
+    err = p.stderr.read()
+    assert took < 5.0, f"exit {rc} after {took:.1f}s: {err[-500:]}"
+    assert rc == 1 and "has not returned 4.5 s after SIGTERM (a source is stuck)" in err
+    assert sum(e["type"] == "gpu" for e in spool_events(tmp_path / "sp")) >= 3

@@ -134,6 +134,8 @@ def test_a_prologs_gpu_map_names_each_gpus_job_even_idle(tmp_path: Path) -> None
     (m / "2").write_text("77\n78\n")  # two jobs share GPU 2: neither is named
     src = GpuSource(GpuSource.parse_config("sources.gpu", {"slurm_gpu_map": str(m)}), nvml=nv)
     src.slurm = slurm.Resolver(tmp_path / "noproc")  # its processes are in no Slurm job
+    src.collect(lambda *a, **k: None)  # the first tick asks for the GPUs' files: read in a thread
+    assert src.slurm_map is not None and src.slurm_map.read_done.wait(5)
     got: dict[int, tuple] = {}
     src.collect(lambda t, d, job=None: got.__setitem__(d["index"], (d.get("slurm_job"), d.get("slurm_user"), job))
                 if t == "gpu" else None)
@@ -147,7 +149,7 @@ def test_the_gpu_map_is_bounded_and_reread(tmp_path: Path) -> None:
     m = tmp_path / "map"
     m.mkdir()
     now = [0.0]
-    gm = slurm.GpuMap(m, recheck=10.0, clock=lambda: now[0])
+    gm = slurm.GpuMap(m, recheck=10.0, clock=lambda: now[0], background=False)
     assert gm.get(0, "GPU-x") is None  # empty: no prolog ran yet
     (m / "0").write_text("4242\n")
     assert gm.get(0, "GPU-x") is None  # read at most every 10 s ...
@@ -168,8 +170,73 @@ def test_the_gpu_map_is_bounded_and_reread(tmp_path: Path) -> None:
     assert gm.get(5, "") == ("55", None) and gm.get(6, "") is None
     assert len(gm.jobs) <= slurm.MAX_MAP_FILES
     assert gm.get(0, "GPU-x") == ("4242", None)  # the others cost only themselves
-    missing = slurm.GpuMap(tmp_path / "absent")
+    missing = slurm.GpuMap(tmp_path / "absent", background=False)
     assert missing.get(0, "GPU-x") is None
+
+
+def test_no_file_in_the_map_folder_can_hang_the_tick_or_empty_the_map(tmp_path: Path) -> None:
+    """Issue 69's attacks on the folder: a FIFO (one swapped in after a stat too: the type
+    is checked on the opened descriptor), a symlink to a blocking file, 300 junk names that
+    sort before the GPUs' files. Each costs its own GPU at most; no read blocks."""
+    import os
+    import time
+
+    m, elsewhere = tmp_path / "map", tmp_path / "elsewhere"
+    m.mkdir()
+    elsewhere.mkdir()
+    os.mkfifo(m / "0")
+    os.mkfifo(elsewhere / "fifo")
+    (elsewhere / "job").write_text("999\n")
+    os.symlink(elsewhere / "fifo", m / "1")
+    os.symlink(elsewhere / "job", m / "3")  # a link, even to a good file: refused (O_NOFOLLOW)
+    for i in range(300):
+        (m / f"!{i:03d}").write_text("666\n")  # sort first; were the first 256 names read
+        (m / f"{i:04d}").write_text("666\n")  # a GPU's name, but of no GPU here
+    (m / "2").write_text("4242\n")
+    (m / "GPU-aaaa").write_text("4343\n")
+    gm = slurm.GpuMap(m)
+    t0 = time.monotonic()
+    for i, uuid in enumerate(("GPU-zero", "GPU-one", "GPU-two", "GPU-three", "GPU-aaaa")):
+        gm.get(i, uuid)
+    assert time.monotonic() - t0 < 0.5
+    assert gm.read_done.wait(5)
+    assert [gm.get(i, u) for i, u in enumerate(("GPU-zero", "GPU-one", "GPU-two", "GPU-three", "GPU-aaaa"))] == [
+        None, None, ("4242", None), None, ("4343", None)]
+    assert set(gm.jobs) == {"2", "GPU-aaaa"}  # 0000..0299 and the junk were never read
+    assert slurm._read_regular(m / "0", 4096) is None and slurm._read_regular(m / "1", 4096) is None
+
+
+def test_a_map_read_that_hangs_never_holds_the_tick(tmp_path: Path, monkeypatch) -> None:
+    """A file system that does not answer (a hung NFS mount): the read waits in its own
+    thread, the tick reads the last map, and no second read piles up behind the first."""
+    import threading
+    import time
+
+    m = tmp_path / "map"
+    m.mkdir()
+    (m / "0").write_text("4242\n")
+    now = [0.0]
+    gm = slurm.GpuMap(m, recheck=10.0, clock=lambda: now[0])
+    gm.get(0, "GPU-x")
+    assert gm.read_done.wait(5) and gm.get(0, "GPU-x") == ("4242", None)
+    release, calls = threading.Event(), []
+
+    def hung(path, limit):
+        calls.append(path)
+        release.wait(30)
+        return b"77\n"
+
+    monkeypatch.setattr(slurm, "_read_regular", hung)
+    gm.read_done.clear()
+    for step in range(1, 6):
+        now[0] = 10.0 * step
+        t0 = time.monotonic()
+        assert gm.get(0, "GPU-x") == ("4242", None)  # the last map, at once
+        assert time.monotonic() - t0 < 0.1
+    time.sleep(0.1)
+    assert len(calls) == 1  # one read in flight, however many ticks passed
+    release.set()
+    assert gm.read_done.wait(5) and gm.get(0, "GPU-x") == ("77", None)
 
 
 def test_a_bad_gpu_map_option_is_one_line() -> None:

@@ -178,3 +178,47 @@ def test_kafka_offsets_are_not_committed_past_what_was_stored(kafka_broker, tmp_
     assert committed() == 30
     admin.close()
     con.close()
+
+
+def test_a_rollback_that_fails_for_memory_costs_no_later_batch(tmp_path: Path) -> None:
+    """bench/hostile_load.py found it: under six parallel memory attacks an ingest batch
+    failed for memory and so did its ROLLBACK, leaving the connection in an aborted
+    transaction; every later batch then failed ("Current transaction is aborted") and 334
+    of 338 were lost. The next batch now ends that transaction and is stored."""
+    from cmdare.collector.db import connect
+    from cmdare.collector.ingest.batch import Batch
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import EventFactory, encode_many
+
+    con = connect(tmp_path / "r.duckdb")
+    f = EventFactory("n", "worker", "j")
+
+    def batch(k: int) -> Batch:
+        b = Batch()
+        b.add(f"m{k}", encode_many(f.make("gpu", {"index": i % 8, "util_gpu_ratio": 0.5}) for i in range(100)))
+        return b
+
+    class Con:  # the collector's connection: its first batch fails inside DuckDB, and so does its ROLLBACK
+        began = failed = False
+
+        def execute(self, sql: str, *a):
+            if sql == "BEGIN":
+                Con.began = True
+            elif Con.began and not Con.failed and sql != "ROLLBACK":
+                con.execute("SELECT CAST('x' AS INTEGER)")  # fails inside DuckDB: the transaction is aborted
+            if sql == "ROLLBACK" and not Con.failed:
+                Con.failed = True
+                raise duckdb.OutOfMemoryException("Out of Memory Error: could not allocate block")
+            return con.execute(sql, *a)
+
+        def __getattr__(self, k: str):
+            return getattr(con, k)
+
+    w = Writer(Con(), max_skew=None, rollup_every=None)  # type: ignore[arg-type]
+    with pytest.raises(duckdb.ConversionException):
+        w.write_batch(batch(-1))
+    assert Con.failed
+    for k in range(3):
+        assert w.write_batch(batch(k)).inserted == 100
+    assert con.execute("SELECT count(*) FROM gpu_samples").fetchone() == (300,)
+    con.close()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -66,6 +67,7 @@ SCENARIOS = (
     "nvlink_errors",
     "row_remap",
     "retired_pages",
+    "hang",  # after lost_after samples a utilisation read never returns (a driver stuck in an ioctl)
 )
 
 
@@ -179,6 +181,9 @@ class FakeNvml:
         d = self._dev(h, mig_ok=False)
         if self.nmig:
             raise self._err(_real.NVML_ERROR_NOT_SUPPORTED)  # no GPU_UTIL in MIG mode
+        if self.scenario == "hang" and d.samples >= self.lost_after:
+            while True:  # signals and all: as a call blocked in the kernel would
+                time.sleep(3600)
         d.samples += 1
         if self.scenario == "xid" and d.samples == 3:
             d.ecc[0] += 5

@@ -17,7 +17,8 @@ The lookups run in a thread of their own every ``interval``: a tick reads a dict
 that does not answer (no socket: not a Kubernetes node; permission denied; a restart) is
 said in one log line per new reason and tried again; the last answer holds for ``3 x
 interval``, then the GPUs are named by no pod. Every value is bounded: an answer up to
-``MAX_ANSWER`` bytes, names up to 253 printable characters, at most 1,024 pods.
+``MAX_ANSWER`` bytes, names up to 253 printable characters, at most 1,024 pods and 4,096
+device ids (an answer past either is refused, the last good one kept).
 
 The messages are decoded with ``cmdare.wire.protowire`` (grpcio, no protobuf), as the TPU
 source decodes libtpu's.
@@ -55,6 +56,7 @@ JOB_LABELS = ("training.kubeflow.org/job-name", "jobset.sigs.k8s.io/jobset-name"
               "job-name")
 MAX_ANSWER = 8 << 20  # a node's List answer (every pod's CPUs, memory and devices): far below this
 MAX_PODS = 1024
+MAX_DEVICE_IDS = 4096  # 16 GPUs x 7 MIG instances x time-slicing replicas and other plugins' devices, with room
 MAX_NAME = 253  # a DNS subdomain, Kubernetes's longest object name
 MAX_LABEL_ANSWER = 1 << 20
 _PRINTABLE = re.compile(r"[^\x20-\x7e]")
@@ -95,8 +97,10 @@ def decode_list(buf: bytes) -> list[tuple[str, str, str, str, str]]:
     """A ``ListPodResourcesResponse`` as (namespace, pod, container, resource name, device id)
     per device assigned (field numbers of the kubelet's v1 ``api.proto``: pod_resources 1;
     PodResources name 1, namespace 2, containers 3; ContainerResources name 1, devices 2;
-    ContainerDevices resource_name 1, device_ids 2). ValueError: not such a message."""
-    out = []
+    ContainerDevices resource_name 1, device_ids 2). ValueError: not such a message, or one
+    past ``MAX_PODS`` pods or ``MAX_DEVICE_IDS`` device ids (refused as soon as it passes,
+    before the rest is decoded: a hostile answer costs its first ids only)."""
+    out: list[tuple[str, str, str, str, str]] = []
     for i, pod in enumerate(_strings(buf, 1)):
         if i >= MAX_PODS:
             raise ValueError(f"more than {MAX_PODS} pods listed")
@@ -120,9 +124,16 @@ def decode_list(buf: bytes) -> list[tuple[str, str, str, str, str]]:
                 elif n == 2 and wt == 2:
                     devices.append(v)
             for d in devices:
-                res = b"".join(_strings(d, 1)[:1])
-                for dev in _strings(d, 2):
-                    out.append((_name(ns), _name(name), _name(cname), _name(res), _name(dev)))
+                res = b""
+                for n, wt, v in fields(d):
+                    if wt != 2:
+                        continue
+                    if n == 1 and not res:
+                        res = v
+                    elif n == 2:
+                        if len(out) >= MAX_DEVICE_IDS:
+                            raise ValueError(f"more than {MAX_DEVICE_IDS:,} device ids listed")
+                        out.append((_name(ns), _name(name), _name(cname), _name(res), _name(v)))
     return out
 
 

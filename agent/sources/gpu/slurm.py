@@ -25,6 +25,7 @@ import math
 import os
 import re
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -164,39 +165,64 @@ class GpuMap:
     """The Slurm job holding each GPU, from the files a prolog writes for dcgm-exporter's
     ``--hpc-job-mapping-dir``: one file per GPU, named by its index (or its GPU / MIG UUID),
     holding the job id (one per line; the uid after it, as Princeton's jobstats writes it,
-    is read where present). A file naming two jobs (a shared GPU) names none. The folder is
-    read again at most every ``recheck`` seconds; each file up to 4 KiB, at most 256 files."""
+    is read where present). A file naming two jobs (a shared GPU) names none.
 
-    def __init__(self, folder: str | Path, recheck: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.folder, self.recheck, self.clock = Path(folder), recheck, clock
+    Only the files of this node's GPUs are read (the names ``get`` was asked for, at most
+    ``MAX_MAP_FILES``), never a listing: other names in the folder, however many and
+    however they sort, change nothing. Each is opened with ``O_NONBLOCK | O_NOFOLLOW``
+    (a FIFO cannot block the open, a symlink is refused) and read only when the opened
+    descriptor is a regular file, up to 4 KiB. The reads run in a thread of their own at
+    most every ``recheck`` seconds (``background``): a sampling tick reads a dict, whatever
+    the folder's file system does."""
+
+    def __init__(self, folder: str | Path, recheck: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 background: bool = True) -> None:
+        self.folder, self.recheck, self.clock, self.background = Path(folder), recheck, clock, background
         self.read_at = -math.inf
         self.jobs: dict[str, tuple[str, str | None]] = {}  # file name -> (job id, user)
+        self.wanted: set[str] = set()  # the names asked for: this node's GPU indexes and UUIDs
+        self._reading: threading.Thread | None = None
+        self.read_done = threading.Event()  # set after each read (tests wait on it)
 
     def get(self, index: int, uuid: str) -> tuple[str, str | None] | None:
+        new = [n for n in (str(index), uuid) if n and n not in self.wanted and _MAP_NAME.fullmatch(n)]
+        if new and len(self.wanted) + len(new) <= MAX_MAP_FILES:
+            self.wanted.update(new)
+            self.read_at = -math.inf  # a GPU not read yet: read now
         now = self.clock()
         if now - self.read_at >= self.recheck:
             self.read_at = now
-            self.jobs = self._read()
+            self._refresh()
         return self.jobs.get(uuid) or self.jobs.get(str(index))
 
-    def _read(self) -> dict[str, tuple[str, str | None]]:
+    def _refresh(self) -> None:
+        names = sorted(self.wanted)
+        if not self.background:
+            self.jobs = self._read(names)
+            self.read_done.set()
+            return
+        if self._reading is not None and self._reading.is_alive():
+            return  # the last read still hangs on the folder: the map stays as it was
+
+        def read() -> None:
+            asked = names
+            while True:  # GPUs asked for while it read: read again for them
+                self.jobs = self._read(asked)
+                if sorted(self.wanted) == asked:
+                    break
+                asked = sorted(self.wanted)
+            self.read_done.set()
+
+        self._reading = threading.Thread(target=read, name="cmdare-slurm-gpu-map", daemon=True)
+        self._reading.start()
+
+    def _read(self, names: list[str]) -> dict[str, tuple[str, str | None]]:
         out: dict[str, tuple[str, str | None]] = {}
-        try:
-            names = sorted(os.listdir(self.folder))[:MAX_MAP_FILES]
-        except OSError:  # no prolog ran yet, or no such folder: no GPU is mapped
-            return out
         for name in names:
-            if not _MAP_NAME.fullmatch(name):
-                continue
-            try:
-                if not stat.S_ISREG(os.stat(self.folder / name).st_mode):
-                    continue  # a FIFO would block the tick, a folder answers nothing
-            except OSError:
-                continue
-            raw = _read(self.folder / name)
+            raw = _read_regular(self.folder / name, 4096)
             if not raw:
                 continue
-            lines = [ln.split() for ln in raw[:4096].decode("ascii", "replace").splitlines() if ln.strip()]
+            lines = [ln.split() for ln in raw.decode("ascii", "replace").splitlines() if ln.strip()]
             jobs = {ln[0] for ln in lines}
             if len(jobs) != 1:
                 continue
@@ -206,3 +232,21 @@ class GpuMap:
             uid = lines[0][1] if len(lines[0]) > 1 else ""
             out[name] = (job, _user(int(uid)) if uid.isdigit() and len(uid) <= 10 else None)
         return out
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of ``path`` when it is a regular file, checked on the opened
+    descriptor (no race with a swap after a stat); None for anything else: a FIFO, a
+    device, a folder, a symlink (``O_NOFOLLOW``), or a file that is not there."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
