@@ -8,9 +8,15 @@ name, filtered, and makes it the cursor's default (``USE``); the library's queri
 user's SQL name tables unqualified and so read the views. What each view keeps:
 
 - a table with a ``node`` column: the rows of visible nodes (and, where it has a ``job``
-  column too, rows with no node of a visible job: a job-wide finding);
-- with a ``job`` column only: the rows of visible jobs;
-- ``alerts``: those whose labels name a visible node or job;
+  column too, rows with no node of an owned job: a job-wide finding);
+- with a ``job`` column only (goodput hours, finding coverage): the rows of owned jobs;
+- ``alerts``: those whose labels name a visible node, or no node and an owned job;
+
+A job is visible when a visible node ran it, and owned when every node that ran it is
+visible. Job names are declared by training processes, so a job seen on nodes of two
+teams (a trainer that named its job after another team's) is shown to each for its own
+nodes only: its job-wide rows, computed over every node, belong to neither (an admin
+token sees them).
 - reference tables that hold no team's telemetry (``OPEN``): all of it;
 - anything else (fleet-wide fits built from every team's jobs, delivery bookkeeping,
   dead letters): nothing.
@@ -104,7 +110,13 @@ def _build(cur: duckdb.DuckDBPyConnection, served: str, scope: Scope) -> str:
         cur.execute(f"CREATE TABLE {name}.main.cmdare_visible_jobs AS SELECT DISTINCT job FROM ("
                     f"SELECT job FROM {src}.main.jobs WHERE node IN {nodes} UNION ALL "
                     f"SELECT job FROM {src}.main.nodes WHERE node IN {nodes}) WHERE job IS NOT NULL")
-        jobs = f"(SELECT job FROM {name}.main.cmdare_visible_jobs)"
+        # a job-wide row (a finding with no node, goodput hours, an alert naming the job and no
+        # node) is the team's only where every node that ran the job is visible: a trainer on a
+        # vision node that names its job after nlp's does not make nlp's job-wide rows vision's
+        cur.execute(f"CREATE TABLE {name}.main.cmdare_owned_jobs AS SELECT job FROM {name}.main.cmdare_visible_jobs v "
+                    f"WHERE NOT EXISTS (SELECT 1 FROM (SELECT job, node FROM {src}.main.jobs UNION ALL "
+                    f"SELECT job, node FROM {src}.main.nodes) a WHERE a.job = v.job AND a.node NOT IN {nodes})")
+        jobs = f"(SELECT job FROM {name}.main.cmdare_owned_jobs)"
         rels = cur.execute("SELECT table_name, list(column_name) FROM information_schema.columns "
                            "WHERE table_catalog = ? AND table_schema = 'main' GROUP BY table_name",
                            [served]).fetchall()
@@ -115,7 +127,8 @@ def _build(cur: duckdb.DuckDBPyConnection, served: str, scope: Scope) -> str:
                 keep = f"job IN {jobs}"
             elif table == "alerts":
                 keep = (f"json_extract_string(labels, '$.node') IN {nodes} "
-                        f"OR json_extract_string(labels, '$.job') IN {jobs}")
+                        f"OR (json_extract_string(labels, '$.node') IS NULL "
+                        f"AND json_extract_string(labels, '$.job') IN {jobs})")
             elif table in OPEN:
                 keep = "true"
             else:

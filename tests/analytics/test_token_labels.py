@@ -326,3 +326,56 @@ def test_rule_checks_under_a_filter_read_the_views_too(url: str) -> None:
     assert code == 400 and "token vision sees" in body["error"], body  # type: ignore[index]
     code, body = check("SELECT node, 1 AS value FROM nodes")
     assert code == 200, body
+
+
+def test_a_trainer_cannot_claim_another_teams_job_by_its_name(tmp_path: Path) -> None:
+    """Issue 69: a trainer on a vision node that calls ``track.init('nlp-secret-job')`` made
+    the vision token see nlp's job-wide finding, goodput hours and alerts. Job-wide rows are
+    a team's only where every node that ran the job is the team's; a job seen on both
+    teams' nodes is shown to each for its own nodes."""
+    db = tmp_path / "f.duckdb"
+    events = []
+    for node, team, job in (("v1", "vision", "vis-a"), ("n1", "nlp", "nlp-secret-job"),
+                            ("v9", "vision", "nlp-secret-job")):  # the claim, from a vision node
+        events.append(ev(0, node, team, "train_job", {"run": "r", "rank": 0}, job))
+        for i in range(1, 4):
+            events.append(ev(i, node, team, "heartbeat", {"seq": i}, job))
+    con = connect(db)
+    Writer(con, max_skew=None).write([("x", encode_many(events))])
+    con.execute("""INSERT INTO findings (kind, job, node, severity, confidence, summary, first_detected, detected_at)
+                   VALUES ('gpu_idle', 'nlp-secret-job', NULL, 'warning', 0.9, 'nlp secret idle', now(), now()),
+                          ('gpu_idle', 'vis-a', NULL, 'warning', 0.9, 'vision job idle', now(), now())""")
+    con.execute("""INSERT INTO goodput_hours VALUES ('nlp-secret-job', '2026-12-01 10:00', 'x', true, 3600, 0, 0, 0, 0, 0),
+                   ('vis-a', '2026-12-01 10:00', 'y', true, 1800, 0, 0, 0, 0, 0)""")
+    con.execute("""INSERT INTO alerts (rule, fingerprint, labels, state, active_at, updated_at) VALUES
+                   ('JobSlow', 'f1', '{"job": "nlp-secret-job"}', 'firing', now(), now()),
+                   ('JobSlow', 'f2', '{"job": "vis-a"}', 'firing', now(), now()),
+                   ('NodeLost', 'f3', '{"node": "v9", "job": "nlp-secret-job"}', 'firing', now(), now())""")
+    con.close()
+    f = tmp_path / "tokens.toml"
+    f.write_text(table("ops", "admin", "admin-secret") + table("vision", "read", "vision-secret", '{ team = "vision" }')
+                 + table("nlp", "read", "nlp-secret", '{ team = "nlp" }'))
+    con = connect(db)
+    svc = Service(con, db, HttpConfig("127.0.0.1", 0, Tokens.load(f)))
+    url = svc.start()
+    svc.ready = True
+    try:
+        for q, vision in (
+            ("SELECT summary FROM findings ORDER BY 1", [("vision job idle",)]),
+            ("SELECT job, productive FROM goodput_hours ORDER BY 1", [("vis-a", 1800.0)]),
+            ("SELECT fingerprint FROM alerts ORDER BY 1", [("f2",), ("f3",)]),  # its own node's alert stays
+            ("SELECT DISTINCT node FROM heartbeats WHERE job = 'nlp-secret-job'", [("v9",)]),
+        ):
+            code, body = sql(url, "vision-secret", q)
+            assert code == 200 and rows(body) == vision, (q, body)
+        code, body = sql(url, "admin-secret", "SELECT count(*) FROM findings")
+        assert rows(body) == [(2,)]  # nothing stored changed; an admin sees the job-wide rows
+        code, body = sql(url, "nlp-secret", "SELECT DISTINCT node FROM heartbeats WHERE job = 'nlp-secret-job'")
+        assert rows(body) == [("n1",)]  # nlp sees its own nodes of the job, never vision's
+        code, body = get(url, "/api/v1/jobs/nlp-secret-job", "vision-secret")
+        assert code in (200, 400, 404) and "nlp secret idle" not in json.dumps(body), body
+        code, body = get(url, "/api/v1/alerts", "vision-secret")
+        assert code == 200 and '"f1"' not in json.dumps(body)
+    finally:
+        svc.stop()
+        con.close()
