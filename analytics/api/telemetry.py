@@ -104,5 +104,9 @@ def sql(db: Database, query: str, max_rows: int | None = None, timeout: float | 
         from ..scoping import current
 
         return pool.run(query, rows, secs, size, current())
-    with db.read(safesql.CONFIG) as con:  # every query of the process admitted by one memory budget
-        return safesql.run(con, query, rows, secs, size, budget=safesql.BUDGET)
+
+    def read() -> Any:
+        with db.read(safesql.CONFIG) as con:  # every query of the process admitted by one memory budget
+            return safesql.run(con, query, rows, secs, size, budget=safesql.BUDGET)
+
+    return safesql.answered_by(read, secs)
