@@ -73,6 +73,8 @@ def test_two_slurm_jobs_sharing_a_node_with_no_track(tmp_path: Path) -> None:
     src = GpuSource(GpuSource.parse_config("sources.gpu", {"slurm_gpu_map": str(gmap), "kubernetes": False}),
                     nvml=IdleAbove(2, gpus=4, model="a100"))
     src.slurm = slurm.Resolver(proc)
+    src.collect(lambda *a, **k: None)  # the GPU map is read in a thread of its own from the first tick
+    assert src.slurm_map is not None and src.slurm_map.read_done.wait(5)
     agent = EventFactory("slurm-n0", "worker", "", rows=True)
     lines: list[bytes] = []
     for i in range(TICKS):

@@ -182,6 +182,8 @@ class GpuMap:
         self.jobs: dict[str, tuple[str, str | None]] = {}  # file name -> (job id, user)
         self.wanted: set[str] = set()  # the names asked for: this node's GPU indexes and UUIDs
         self._reading: threading.Thread | None = None
+        self._pending = False
+        self._lock = threading.Lock()
         self.read_done = threading.Event()  # set after each read (tests wait on it)
 
     def get(self, index: int, uuid: str) -> tuple[str, str | None] | None:
@@ -196,25 +198,28 @@ class GpuMap:
         return self.jobs.get(uuid) or self.jobs.get(str(index))
 
     def _refresh(self) -> None:
-        names = sorted(self.wanted)
         if not self.background:
-            self.jobs = self._read(names)
+            self.jobs = self._read(sorted(self.wanted))
             self.read_done.set()
             return
-        if self._reading is not None and self._reading.is_alive():
-            return  # the last read still hangs on the folder: the map stays as it was
+        with self._lock:
+            self._pending = True  # the reader (this one, or one already running) reads what is wanted now
+            self.read_done.clear()
+            if self._reading is not None:
+                return  # a read in flight (or hung on the folder): it reads again when it returns
+            self._reading = threading.Thread(target=self._reader, name="cmdare-slurm-gpu-map", daemon=True)
+            self._reading.start()
 
-        def read() -> None:
-            asked = names
-            while True:  # GPUs asked for while it read: read again for them
-                self.jobs = self._read(asked)
-                if sorted(self.wanted) == asked:
-                    break
-                asked = sorted(self.wanted)
-            self.read_done.set()
-
-        self._reading = threading.Thread(target=read, name="cmdare-slurm-gpu-map", daemon=True)
-        self._reading.start()
+    def _reader(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._reading = None
+                    self.read_done.set()
+                    return
+                self._pending = False
+                names = sorted(self.wanted)
+            self.jobs = self._read(names)
 
     def _read(self, names: list[str]) -> dict[str, tuple[str, str | None]]:
         out: dict[str, tuple[str, str | None]] = {}
