@@ -141,8 +141,11 @@ def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: f
                    ran: dict[str, str] | None = None) -> dict[str, JobAccount]:
     """The accounts of the jobs a scheduler gave GPUs to (a Kubernetes pod's, a Slurm job's)
     with GPU time in [since, until) and no steps (``stepped``: the jobs that stepped): their
-    GPU time from the 5-minute GPU rollup (whole buckets overlapping the window, each GPU's
-    sampling interval from its fullest bucket), ``idle_accelerators`` where a bucket's
+    GPU time from the 5-minute GPU rollup (whole buckets overlapping the window): each
+    bucket's samples times the GPU's sampling interval, measured from its samples' own
+    times (the span over the intervals within buckets; a GPU with one sample a bucket takes
+    its node's, else the bucket width over its fullest bucket's count), so a 20-second pod
+    is billed 21 s a GPU, not the bucket's 300; ``idle_accelerators`` where a bucket's
     mean utilisation is under ``idle_util`` (gpu_idle's default), ``productive`` (busy)
     elsewhere; ``only``: that job's alone. A pod or Slurm job that ran a tracked job
     (``ran``: ``tracked_holders``, read here where not given) is that job: its time is
@@ -165,7 +168,10 @@ def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: f
         f"""WITH b AS (SELECT job, node, "index", samples AS n, first_ts, last_ts, namespace, slurm_job, slurm_user,
                               coalesce(gr_sum / nullif(gr_n, 0), util_sum / nullif(util_samples, 0)) AS util
                        {held}),
-                 e AS (SELECT node, "index", {evidence.BUCKET_SECONDS} / max(n) AS every FROM b GROUP BY ALL)
+                 g AS (SELECT node, "index", sum(epoch(last_ts) - epoch(first_ts)) / nullif(sum(n - 1), 0) AS every,
+                              {evidence.BUCKET_SECONDS} / max(n) AS widest FROM b GROUP BY ALL),
+                 e AS (SELECT node, "index", coalesce(every, max(every) OVER (PARTITION BY node), widest) AS every
+                       FROM g)
             SELECT job, max(namespace), max(slurm_job), max(slurm_user), count(DISTINCT (node, "index")),
                    sum(n * every), coalesce(sum(n * every) FILTER (WHERE util < $idle), 0), min(first_ts), max(last_ts)
             FROM b JOIN e USING (node, "index") GROUP BY job ORDER BY job""",
