@@ -1,4 +1,9 @@
-"""gpu_throttled: GPUs that spend a share of their time throttled, and what it costs the job."""
+"""gpu_throttled: GPUs that spend a share of their time throttled, and what it costs the job.
+
+Throttled means a reason bit in NVML's clocks-event mask (the idle bit aside) *and*, where
+the GPU also ran unthrottled in the window, an SM clock at least ``min_clock_drop`` below
+its clock then: a reason bit alone (``sw_power_cap`` set while the clock stays at 100 %)
+is no slowdown and no finding."""
 
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ class GpuThrottled(Detector):
         "min_share": Option("float", 0.2, "share of a GPU's samples throttled at which it is reported", lo=0, hi=1),
         "min_samples": Option("int", 30, "samples with a throttle mask a GPU needs before it is judged", lo=1),
         "critical_slowdown": Option("float", 1.3, "step-time slowdown while throttled that makes it critical", lo=1),
+        "min_clock_drop": Option("float", 0.05, "how far the SM clock while throttled must fall below its clock "
+                                 "while not (a share) for a reason bit to count as throttling", lo=0, hi=1),
     }
     REQUIRES = (Requirement("table", "gpu_samples"), Requirement("table", "steps"))
 
@@ -61,6 +68,8 @@ class GpuThrottled(Detector):
             mask = functools.reduce(operator.or_, (r[5] for r in rs))  # each GPU here was throttled
             clk = [clocks[(node, r[2])] for r in rs if all(clocks.get((node, r[2]), (None, None)))]
             clock_ratio = sum(a / b for a, b in clk) / len(clk) if clk else None
+            if clock_ratio is not None and clock_ratio > 1 - o["min_clock_drop"]:
+                continue  # a reason bit (sw_power_cap at the limit it never reaches) with the clock where it was
             why = reasons(mask) or "unknown reason"
             effect = f"; steps {slow:.2f}x slower than {slow_from}" if slow is not None else ""
             out.append(

@@ -91,3 +91,24 @@ def test_figures_are_kept_to_three_places_and_a_gpu_never_throttled_is_never_rep
     assert found(con, "gpu_throttled", min_samples="31") == {}
     # min_share 0: every throttled GPU, however briefly; one never throttled is not (it crashed)
     assert [x.node for x in found(con, "gpu_throttled", min_share="0")["digits"]] == ["digits-n0"]
+
+
+def test_a_reason_bit_with_the_clock_where_it_was_is_no_finding(fleet) -> None:
+    """Issue 66: ``sw_power_cap`` set while the SM clock stayed at 100 % was reported as
+    throttling. A reason bit counts only with the clock at least ``min_clock_drop`` (5 %)
+    below its unthrottled clock; 96 % is not throttled, 94 % is."""
+    cap = 0x4 | 0x1
+
+    def node(clock: float):
+        return lambda s: (_node(s, "cap", "cap-n0", [(cap, clock, 1.0), (cap, clock, 1.0), (0, 1.6e9, 1.0),
+                                                       (0, 1.6e9, 1.0)]))
+
+    con, _ = fleet(node(1.6e9))
+    assert found(con, "gpu_throttled").get("cap", []) == []
+    con, _ = fleet(node(0.96 * 1.6e9))
+    assert found(con, "gpu_throttled").get("cap", []) == []
+    con, _ = fleet(node(0.94 * 1.6e9))
+    (f,) = found(con, "gpu_throttled")["cap"]
+    assert f.evidence["sm_clock_ratio"] == pytest.approx(0.94, abs=1e-3)
+    con, _ = fleet(node(1.6e9))
+    assert len(found(con, "gpu_throttled", min_clock_drop="0")["cap"]) == 1  # the option turns it off
