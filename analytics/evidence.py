@@ -167,6 +167,36 @@ def gpu_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     return _temp(con, scope, "gpu_buckets", *_bucket_rows(con, scope))
 
 
+def held_by(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
+    """The condition under which a GPU bucket ``g`` on a stepping job ``s``'s node, in its
+    span, is that job's: no scheduler holds the GPU (``gjob`` NULL), or its holder is the
+    job itself, or a pod or Slurm job that ran it (a rank's declared PID on its GPUs:
+    ``accounting.tracked_holders``; where no process links the job to any holder, a node's
+    only holder during its span). Another job's GPU on a shared node (a Slurm job beside a
+    tracked one) is never the tracked job's evidence."""
+    name = scope.cache.get("held_ran")
+    if name is None:
+        from .accounting import tracked_holders
+
+        ran = tracked_holders(con, scope.since, scope.until)
+        pairs = set((ran or {}).items())
+        if ran is not None and has_view(con, "gpu_5m"):
+            # where no process evidence links a stepping job to a holder on a node (NVML lists no
+            # processes there) and the job has no GPU there that no scheduler holds, the node's
+            # one holder during its span is taken to be its own (the job runs inside it)
+            sp = spans(con, scope)
+            held = "(g.namespace IS NOT NULL OR g.slurm_job IS NOT NULL) AND nullif(g.job, '') IS NOT NULL"
+            for job, holders, unheld in con.execute(
+                    f"""SELECT s.job, list(DISTINCT g.job) FILTER ({held}), bool_or(NOT ({held}))
+                        FROM {sp} s JOIN gpu_5m g ON g.node = s.node AND g.last_ts >= s.t0 AND g.first_ts <= s.t1
+                        GROUP BY s.job, s.node""").fetchall():
+                if not unheld and len(holders or []) == 1 and not any(j == job for _, j in pairs):
+                    pairs.add((holders[0], job))
+        name = _temp(con, scope, "held_ran", "SELECT unnest($h::VARCHAR[]) AS h, unnest($j::VARCHAR[]) AS j",
+                     {"h": [h for h, _ in sorted(pairs)], "j": [j for _, j in sorted(pairs)]})
+    return f"(g.gjob IS NULL OR g.gjob = s.job OR EXISTS (SELECT 1 FROM {name} r WHERE r.h = g.gjob AND r.j = s.job))"
+
+
 IDLE_UTIL = 0.05  # gpu_idle's defaults, at which gpu_summary counts idle time in the same pass
 MIN_MEM = 1 << 30
 
@@ -193,7 +223,7 @@ def gpu_summary(con: duckdb.DuckDBPyConnection, scope: Scope, idle_util: float =
         src = f"""SELECT coalesce(s.job, CASE WHEN g.gjob NOT IN (SELECT job FROM {s}) THEN {own} END) AS job,
                          s.rank AS job_rank, g.* EXCLUDE (gjob)
                   FROM ({rows}) g LEFT JOIN {s} s ON g.node = s.node
-                  AND g.b + INTERVAL {BUCKET_SECONDS} SECOND > s.t0 AND g.b <= s.t1"""
+                  AND g.b + INTERVAL {BUCKET_SECONDS} SECOND > s.t0 AND g.b <= s.t1 AND {held_by(con, scope)}"""
     else:
         src = f"SELECT {own} AS job, NULL::BIGINT AS job_rank, g.* EXCLUDE (gjob) FROM ({rows}) g"
     idle = f"util < {float(idle_util)}"
@@ -269,7 +299,7 @@ def job_gpus(con: duckdb.DuckDBPyConnection, scope: Scope, nodes: list[str]) -> 
         scope,
         f"job_gpus_{abs(hash(tuple(sorted(nodes))))}",
         f"""SELECT s.job, s.rank AS job_rank, g.* FROM ({rows}) g JOIN {s} s ON g.node = s.node
-            AND g.b + INTERVAL {BUCKET_SECONDS} SECOND > s.t0 AND g.b <= s.t1
+            AND g.b + INTERVAL {BUCKET_SECONDS} SECOND > s.t0 AND g.b <= s.t1 AND {held_by(con, scope)}
             WHERE g.node IN (SELECT unnest($nodes::VARCHAR[]))""",
         {**params, "nodes": sorted(nodes)},
     )
