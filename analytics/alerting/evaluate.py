@@ -112,6 +112,9 @@ class Instance:
     labels: dict[str, str]
     value: float
     summary: str = ""
+    # a finding still open that does not stand this round (its job between two records, the
+    # schedule's round late): it keeps its alert as it is, never starts one (no flapping)
+    hold: bool = False
 
 
 def evaluate(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, timeout: float = 30.0,
@@ -176,18 +179,20 @@ def _instance(cols: list[str], vi: int | None, row: tuple[Any, ...], n: int) -> 
 _SEV = {s: i for i, s in enumerate(SEVERITIES)}
 
 
-def _stored(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, fresh: float) -> list[Any]:
-    """The findings of the rule's kind the detector schedule found within ``fresh`` seconds
-    of ``at`` and has not resolved, standing on the rule's window."""
+def _stored(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, fresh: float) -> list[tuple[Any, bool]]:
+    """The findings of the rule's kind the detector schedule has not resolved, each with
+    whether it stands now: found within ``fresh`` seconds of ``at``, on the rule's window
+    (one open but not standing holds its alert: ``Instance.hold``)."""
     from ..units import Finding
 
     rows = con.execute(
-        """SELECT kind, job, summary, severity, confidence, node, subject, rank FROM findings
-           WHERE kind = $k AND resolved_at IS NULL AND detected_at >= $fresh AND window_end >= $since
-             AND ($job IS NULL OR job = $job)""",
+        """SELECT kind, job, summary, severity, confidence, node, subject, rank,
+                  detected_at >= $fresh AND window_end >= $since FROM findings
+           WHERE kind = $k AND resolved_at IS NULL AND ($job IS NULL OR job = $job)""",
         {"k": rule.finding, "fresh": at - dt.timedelta(seconds=fresh),
          "since": at - dt.timedelta(seconds=rule.window), "job": rule.filters.get("job")}).fetchall()
-    return [Finding(k, j, s, sev, conf, node=n, subject=sub, rank=r) for k, j, s, sev, conf, n, sub, r in rows]
+    return [(Finding(k, j, s, sev, conf, node=n, subject=sub, rank=r), bool(ok))
+            for k, j, s, sev, conf, n, sub, r, ok in rows]
 
 
 def _findings(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, fresh: float | None = None) -> list[Instance]:
@@ -204,16 +209,17 @@ def _findings(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, fresh
             check_requirements(DETECTORS, rule.finding, con)
         except AnalyticsError:
             return []  # nothing to detect from yet (e.g. no rows in checkpoints): no instances
-        found = run_unit(DETECTORS, rule.finding, con, scope, {})
+        found = [(x, True) for x in run_unit(DETECTORS, rule.finding, con, scope, {})]
     live_jobs, live_nodes = _live(con, at, rule.window)
     out = []
-    for x in found:
+    for x, stands in found:
         # a finding whose job stopped stepping, or whose node went quiet, has lost its
-        # cause: its alert resolves instead of firing on the window's old telemetry
-        if x.job and x.job not in live_jobs:
-            continue
-        if getattr(x, "node", None) and x.node not in live_nodes:
-            continue
+        # cause: its alert resolves instead of firing on the window's old telemetry, unless
+        # the schedule still holds the finding open (then it resolves with the finding)
+        if x.job and x.job not in live_jobs or getattr(x, "node", None) and x.node not in live_nodes:
+            if fresh is None:
+                continue
+            stands = False
         if "node" in f and x.node != f["node"]:
             continue
         if "min_severity" in f and _SEV.get(x.severity, 0) < _SEV[f["min_severity"]]:
@@ -223,7 +229,7 @@ def _findings(con: duckdb.DuckDBPyConnection, rule: Rule, at: dt.datetime, fresh
         labels = {"kind": x.kind, "job": x.job or "", "node": getattr(x, "node", None) or "",
                   "rank": "" if getattr(x, "rank", None) is None else str(x.rank),
                   "subject": getattr(x, "subject", None) or "", "severity": x.severity}
-        out.append(Instance(labels, float(x.confidence), x.summary))
+        out.append(Instance(labels, float(x.confidence), x.summary, hold=not stands))
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 
-from .evaluate import Instance, _first, evaluate, fingerprint, render
+from .evaluate import _SEV, Instance, _first, evaluate, fingerprint, render
 from .rulefmt import Group, Rule, RuleError
 
 RESOLVED_RETENTION = 900.0  # a resolved alert is kept (and its resolution re-sent) this long
@@ -163,7 +163,9 @@ class Engine:
             labels = {**inst.labels, **rule.labels, "alertname": rule.name}
             labels = {k: render(v, inst.labels, inst.value, inst.summary) if k in rule.labels else v
                       for k, v in labels.items()}
-            fp = fingerprint(rule, labels)
+            # a finding's alert is the finding (kind, job, node, rank, subject): its severity
+            # moving between rounds neither ends it nor starts another (it keeps the highest)
+            fp = fingerprint(rule, {k: v for k, v in labels.items() if not (rule.finding and k == "severity")})
             if fp in items:
                 continue  # one instance per rule and label set
             ann = {k: render(v, labels, inst.value, inst.summary) for k, v in rule.annotations.items()}
@@ -174,9 +176,18 @@ class Engine:
         with self.lock:
             for fp, (inst, labels, ann) in items.items():
                 a = self.alerts.get((rule.id, fp))
+                if inst.hold:  # an open finding not standing this round: its alert as it is
+                    if a is None or a.state == "resolved":
+                        seen.discard(fp)
+                        continue
+                    a.last_seen = at
+                    continue
                 if a is None or a.state == "resolved":
                     a = Alert(rule.id, fp, labels, ann, "pending", inst.value, at)
                     self.alerts[(rule.id, fp)] = a
+                elif rule.finding and _SEV.get(a.labels.get("severity", ""), 0) > _SEV.get(labels.get("severity", ""), 0):
+                    labels = {**labels, "severity": a.labels["severity"]}
+                a.labels = labels
                 a.value, a.annotations, a.last_seen = inst.value, ann, at
                 if a.state == "pending" and (at - a.active_at).total_seconds() >= rule.for_:
                     a.state, a.fired_at = "firing", at
