@@ -3,8 +3,10 @@ GPU and host samples once their rollups are built (``rollup_horizon``), so a buc
 ``analyze gpu`` / ``host`` over an older window read nothing there (1 bucket shown where
 ``gpu_5m`` held 7). Buckets that start before the horizon are read from the exact 5-minute
 (or, for an ``every`` that is a whole number of minutes but not of five, 1-minute) views,
-aggregated to ``every``; columns the rollups do not keep (a host's network and disk rates,
-its process count, a MIG profile) are empty there."""
+aggregated to ``every``; columns the rollups do not keep (a host's process count, a MIG
+profile) are empty there. A host's network and disk rates come from the counters the
+rollups keep at each bucket's first and last sample (migration 025; buckets rolled before
+it have none)."""
 
 from __future__ import annotations
 
@@ -49,7 +51,15 @@ SELECT strftime(time_bucket(INTERVAL {us} MICROSECONDS, bucket), '%Y-%m-%d %H:%M
        sum(samples) AS samples, round(sum(cpu_sum) / nullif(sum(cpu_samples), 0) * 100, 1) AS cpu_pct,
        round(max(cpu_max) * 100, 1) AS cpu_max_pct,
        round(sum(load1_sum) / nullif(sum(load1_samples), 0), 2) AS load1,
-       round(max(mem_used_max) / 2^30, 2) AS mem_used_gib, round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib
+       round(max(mem_used_max) / 2^30, 2) AS mem_used_gib, round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
+       round((arg_max(net_rx_last, last_ts) FILTER (WHERE net_rx_last IS NOT NULL) - arg_min(net_rx_first, first_ts) FILTER (WHERE net_rx_first IS NOT NULL))
+              / nullif(epoch(max(last_ts) - min(first_ts)), 0) / 1e6, 3) AS net_rx_mb_s,
+       round((arg_max(net_tx_last, last_ts) FILTER (WHERE net_tx_last IS NOT NULL) - arg_min(net_tx_first, first_ts) FILTER (WHERE net_tx_first IS NOT NULL))
+              / nullif(epoch(max(last_ts) - min(first_ts)), 0) / 1e6, 3) AS net_tx_mb_s,
+       round((arg_max(disk_read_last, last_ts) FILTER (WHERE disk_read_last IS NOT NULL) - arg_min(disk_read_first, first_ts) FILTER (WHERE disk_read_first IS NOT NULL))
+              / nullif(epoch(max(last_ts) - min(first_ts)), 0) / 1e6, 3) AS disk_read_mb_s,
+       round((arg_max(disk_write_last, last_ts) FILTER (WHERE disk_write_last IS NOT NULL) - arg_min(disk_write_first, first_ts) FILTER (WHERE disk_write_first IS NOT NULL))
+              / nullif(epoch(max(last_ts) - min(first_ts)), 0) / 1e6, 3) AS disk_write_mb_s
 FROM {view} WHERE bucket < $h {cond}
 GROUP BY ALL ORDER BY 1, node"""
 

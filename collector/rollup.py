@@ -95,6 +95,19 @@ GPU = (
     ("slurm_job", "VARCHAR", "max(slurm_job)", "max(slurm_job)"),
     ("slurm_user", "VARCHAR", "max(slurm_user)", "max(slurm_user)"),
 )
+def _counter(name: str, js: str, field: str) -> tuple[tuple[str, str, str, str], ...]:
+    """A host counter summed over its NICs or disks (``js``: the sample's JSON list) at the
+    bucket's first and last sample reporting it, so rates after retention read as from the
+    raw samples (first to last of the bucket; a counter reset in between is not corrected)."""
+    total = (f"list_sum(list_transform(from_json({js}, '[{{\"{field}\":\"UBIGINT\"}}]'), "
+             f"lambda x: x.{field}))::DOUBLE")
+    has = f"FILTER (WHERE {js} IS NOT NULL)"
+    return ((f"{name}_first", "DOUBLE", f"arg_min({total}, ts) {has}",
+             f"arg_min({name}_first, first_ts) FILTER (WHERE {name}_first IS NOT NULL)"),
+            (f"{name}_last", "DOUBLE", f"arg_max({total}, ts) {has}",
+             f"arg_max({name}_last, last_ts) FILTER (WHERE {name}_last IS NOT NULL)"))
+
+
 HOST = (
     ("job", "VARCHAR", "any_value(job)", "any_value(job)"),
     ("samples", "BIGINT", "count(*)", "sum(samples)"),
@@ -109,6 +122,9 @@ HOST = (
     ("load1_samples", "BIGINT", "count(load1)", "sum(load1_samples)"),
     ("first_ts", "TIMESTAMP", "min(ts)", "min(first_ts)"),
     ("last_ts", "TIMESTAMP", "max(ts)", "max(last_ts)"),
+    *(col for name, js, field in (("net_rx", "net", "rx_bytes_total"), ("net_tx", "net", "tx_bytes_total"),
+                                  ("disk_read", "disk", "read_bytes_total"), ("disk_write", "disk", "write_bytes_total"))
+      for col in _counter(name, js, field)),
 )
 # per (job, run, rank, node): what job spans, stragglers, input wait and step times read
 STEPS = (

@@ -43,7 +43,12 @@ def host(node: str, start: float, n: int, every: float = 10.0, rows: bool = Fals
     f = EventFactory(node, "worker", "job-1", {}, rows=rows)
     return b"".join(
         f.line("host", {"cpu_util_ratio": (i * 3 % 11) / 10, "load1": 1.0 + i % 4, "mem_total_bytes": 1 << 34,
-                        "mem_used_bytes": (1 << 32) + 1000 * i}, start + every * i)
+                        "mem_used_bytes": (1 << 32) + 1000 * i,
+                        "net": [{"nic": "eth0", "rx_bytes_total": 10**9 + 7_000_000 * i, "tx_bytes_total": 3_000 * i},
+                                {"nic": "ib0", "rx_bytes_total": 5_000_000 * i * i, "tx_bytes_total": 11 * i}],
+                        "disk": [{"disk": "nvme0n1", "read_bytes_total": 9_000_000 * i,
+                                  "write_bytes_total": 2**40 + 13 * i}]} if i % 7 else
+               {"cpu_util_ratio": 0.5, "mem_used_bytes": 1 << 32}, start + every * i)  # (some samples without)
         for i in range(n))
 
 
@@ -245,3 +250,39 @@ def test_every_reads_the_rollups_where_retention_deleted_the_raw_samples(con, ev
     hk = [before_h[0].index(k) for k in ("bucket", "node", "samples", "cpu_pct", "cpu_max_pct", "mem_used_gib")]
     assert [[r[i] for i in hk] for r in after_h[1]] == [[r[i] for i in hk] for r in before_h[1]]
     assert all(len(r[0]) == 19 for r in after_g[1])  # bucket times whole: YYYY-MM-DD HH:MM:SS
+
+
+def test_host_network_and_disk_rates_read_the_same_after_retention(tmp_path) -> None:
+    """Issue 66: after --retain-raw, `analyze host --every 5m` lost network and disk (the
+    host rollups kept no such columns): 897.9 MB/s became blank. The rollups keep each
+    bucket's counters at its first and last sample: the rates read the same."""
+    from click.testing import CliRunner
+
+    from cmdare.analytics.cli import cli
+    from cmdare.collector.db import connect
+
+    db = tmp_path / "h.duckdb"
+    c = connect(db)
+    w = Writer(c, max_skew=None, rollup_every=None)
+    w.write([("m", host("a", T0, 180) + host("b", T0 + 3, 180, every=7.0))])  # 30 minutes
+    c.close()
+
+    def table() -> list[dict]:
+        r = CliRunner().invoke(cli, ["host", "--every", "5m", "--since", "2000d", "--json", "--db", str(db)])
+        assert r.exit_code == 0, r.output
+        import json
+
+        return json.loads(r.output)
+
+    before = table()
+    assert len(before) == 12 and all(x["net_rx_mb_s"] and x["disk_read_mb_s"] for x in before)
+    c = connect(db)
+    rollup.run(c)
+    out = rollup.retain(c, 600, None)  # the raw host samples of the first 20 minutes go
+    assert out["host_samples"] > 0
+    c.close()
+    after = table()
+    assert len(after) == len(before)
+    for x, y in zip(before, after, strict=True):
+        for k in ("net_rx_mb_s", "net_tx_mb_s", "disk_read_mb_s", "disk_write_mb_s"):
+            assert y[k] == x[k] or abs(y[k] - x[k]) <= 0.0015, (x["bucket"], k, x[k], y[k])
