@@ -103,6 +103,24 @@ class Database:
     def is_served(self) -> bool:
         return self._live is not None
 
+    OFFLINE_AFTER = 120.0  # seconds a file's newest event may lie behind now before it is judged as of then
+    judges_offline = True  # a plain file read here (a lake has its own horizon)
+
+    def file_end(self) -> dt.datetime | None:
+        """Where a file no collector is filling ends: its newest event time (``nodes.last_seen``)
+        when that is more than OFFLINE_AFTER seconds ago; None for a served database, a lake,
+        a file still current, or one with no node. Liveness in such a file is judged as of
+        its end: an agent is never ``lost`` for a gap the file cannot see."""
+        if self._live is not None or not self.judges_offline or not Path(self.path).exists():
+            return None
+        try:
+            with self.read() as con:
+                (t,) = con.execute("SELECT max(last_seen) FROM nodes").fetchone() or (None,)
+        except (duckdb.Error, AnalyticsError):
+            return None
+        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        return t if t is not None and (now - t).total_seconds() > self.OFFLINE_AFTER else None
+
     def exists(self) -> bool:
         return self._live is not None or Path(self.path).exists()
 

@@ -56,6 +56,8 @@ def lake_horizon(con: duckdb.DuckDBPyConnection, commits: str = MARKER) -> dt.da
 class LakeDatabase(Database):
     """An Iceberg lake seen as a database (``path``: the lake's URI)."""
 
+    judges_offline = False  # liveness as of the lake's own horizon
+
     def __init__(self, uri: str, catalog: str | None = None) -> None:
         super().__init__(uri)
         try:

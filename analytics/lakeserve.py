@@ -294,6 +294,8 @@ class LakeServed(Database):
     the replica's connection in read-only transactions (label-filtered scopes apply),
     writes (fits, stored findings, imported records) replace the lake's tables."""
 
+    judges_offline = False  # liveness as of the lake's horizon
+
     def __init__(self, replica: LakeReplica, name: str) -> None:
         super().__init__(name)
         self.replica = replica

@@ -31,7 +31,7 @@ def needs_schema(con: duckdb.DuckDBPyConnection, version: int, what: str) -> Non
 
 
 def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[str, str] | None = None,
-          horizon: dt.datetime | None = None) -> Result:
+          horizon: dt.datetime | None = None, ends: dt.datetime | None = None) -> Result:
     """Every node seen: role, job, cloud identity and state of its latest life (alive, or
     how it ended: revoked / stopped / lost after ``lost_after`` silent heartbeat
     intervals), first/last seen, agent version and counters from its latest heartbeat,
@@ -39,9 +39,10 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[st
     (count, latest skew in seconds; ``clock skew``: a node seen only through those).
     ``horizon``: up to when the database holds everything sent (a collector behind: Kafka
     away, a backlog); a node lost now but alive as of then is ``unknown (collector
-    behind)``, as the NodeLost rule judges it."""
+    behind)``, as the NodeLost rule judges it. ``ends``: where a file no collector fills
+    ends (``Database.file_end``): every state is as of then."""
     needs_schema(con, 7, "analyze nodes")
-    behind = horizon is not None and horizon < dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    behind = ends is None and horizon is not None and horizon < dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     # GPUs seen: from the 5-minute rollups where they are (exact: rolled rows and the raw rows
     # pending; 5x-30x fewer rows than the samples, and kept past the samples' retention)
     gpus = "gpu_5m" if has_view(con, "gpu_5m") else "gpu_samples"
@@ -68,7 +69,7 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[st
             SELECT node, arg_max(cloud, boot_time) AS cloud, arg_max(zone, boot_time) AS zone,
                    arg_max(instance_type, boot_time) AS instance_type, arg_max(spot, boot_time) AS spot,
                    arg_max(coalesce(end_reason, state), boot_time) AS state, count(*) AS lives
-            FROM instance_lives(lost_after := $lost) GROUP BY node)
+            FROM instance_lives(lost_after := $lost{", asof_ts := $ends" if ends else ""}) GROUP BY node)
         SELECT n.node, n.role, n.job, life.cloud, life.zone, life.instance_type, life.spot,
                coalesce({"CASE WHEN life.state = 'lost' AND past.state = 'alive' THEN 'unknown (collector behind)' "
                          "ELSE life.state END" if behind else "life.state"},
@@ -82,7 +83,7 @@ def nodes(con: duckdb.DuckDBPyConnection, lost_after: float = 3, label: tuple[st
         LEFT JOIN life USING (node) LEFT JOIN sk USING (node){" LEFT JOIN past USING (node)" if behind else ""}
         {"WHERE json_extract_string(n.labels, $lk) = $lv" if label else ""}
         ORDER BY n.node""",
-        {"lost": lost_after, **({"horizon": horizon} if behind else {}),
+        {"lost": lost_after, **({"horizon": horizon} if behind else {}), **({"ends": ends} if ends else {}),
          **({"lk": f'$."{label[0]}"', "lv": label[1]} if label else {})},
     )
 
@@ -453,9 +454,11 @@ _HELD_JOBS = """UNION ALL
         GROUP BY job"""
 
 
-def runs(con: duckdb.DuckDBPyConnection, job: str | None = None, cutoff: dt.datetime | None = None) -> Result:
+def runs(con: duckdb.DuckDBPyConnection, job: str | None = None, cutoff: dt.datetime | None = None,
+         ends: dt.datetime | None = None) -> Result:
     """Every run and rank (of one job, or all) with how it stands: running, finished,
-    failed (the error or exit code), interrupted, crashed, or its node's end (``runs()``)."""
+    failed (the error or exit code), interrupted, crashed, or its node's end (``runs()``);
+    ``ends``: where a file no collector fills ends: nodes judged alive as of then."""
     return _run(
         con,
         """
@@ -464,10 +467,10 @@ def runs(con: duckdb.DuckDBPyConnection, job: str | None = None, cutoff: dt.date
                strftime(last_step_at, '%Y-%m-%d %H:%M:%S') AS last_step,
                strftime(ended_at, '%Y-%m-%d %H:%M:%S') AS ended, steps,
                coalesce(left(error, 120), CAST(exit_code AS VARCHAR), signal) AS why
-        FROM runs(since := $since)
+        FROM runs(since := $since, horizon := $ends)
         WHERE $job IS NULL OR job = $job
         ORDER BY job, first_seen, run, rank""",
-        {"job": job, "since": cutoff},
+        {"job": job, "since": cutoff, "ends": ends},
     )
 
 

@@ -14,7 +14,9 @@ from .base import Table, _table
 def nodes(db: Database, lost_after: float = 3, label: str | None = None) -> Table:
     """Every node seen (cmdare.analytics.queries.nodes); ``label``: KEY=VALUE. A serving
     collector judges liveness as of its ingest horizon (``db.horizon``)."""
-    return _table(db, queries.nodes, lost_after, queries.parse_label(label), db.horizon())
+    ends = db.file_end()
+    t = _table(db, queries.nodes, lost_after, queries.parse_label(label), db.horizon(), ends)
+    return _ended(t, ends)
 
 
 def instances(db: Database, lost_after: float = 3, since: dt.datetime | None = None, region: str | None = None,
@@ -61,7 +63,16 @@ def jobs(db: Database, since: dt.datetime | None = None) -> Table:
 
 def runs(db: Database, job: str | None = None, since: dt.datetime | None = None) -> Table:
     """Every run and rank (of one job, or all) and how it stands or ended."""
-    return _table(db, queries.runs, job, since)
+    ends = db.file_end()
+    return _ended(_table(db, queries.runs, job, since, ends), ends)
+
+
+def _ended(t: Table, ends: dt.datetime | None) -> Table:
+    """``t`` with the note that a file no collector is filling ends at ``ends``."""
+    if ends is not None:
+        t.notes = [*t.notes, f"this database ends at {ends:%Y-%m-%d %H:%M:%S} UTC (no collector is writing it): "
+                   "nodes and runs are judged as of then, never lost for the time after it"]
+    return t
 
 
 def steps(db: Database, job: str, node: str | None = None, since: dt.datetime | None = None) -> Table:

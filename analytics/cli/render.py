@@ -50,6 +50,8 @@ def rows(t: api.Table, as_json_: bool, columns: str | None = None, default: tupl
         if hidden and not columns:
             how = "--wide, or --columns" if default else "--json has them all"
             click.echo(_wrap(f"({len(hidden)} more columns: {', '.join(hidden)}: {how})"), err=True)
+    for n in t.notes:  # what the rows leave out, or how they are judged (stderr: JSON stays whole)
+        click.echo(_wrap(f"note: {n}"), err=True)
 
 
 WIDTH = 120  # characters: the widest line a default text output prints

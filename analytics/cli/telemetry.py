@@ -157,8 +157,6 @@ def goodput(job: str | None, fleet: bool, by: str, detect: bool, since: str | No
         heavy = sorted(busy, key=lambda c: -sum(r[t.columns.index(c)] or 0 for r in t.rows))  # the largest first
         default = ("window", by, "jobs", "gpu_hours", "goodput_pct", "dollars", "badput_dollars", *heavy)
     render.rows(t, as_json_, columns, default, wide)
-    for n in t.notes:
-        click.echo(render._wrap(f"note: {n}"), err=True)
 
 
 @cli.command()

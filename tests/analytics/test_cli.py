@@ -122,6 +122,9 @@ def test_nodes_table(db: Path) -> None:
         "-----  ------  ------  -----  ----  -------------  ----  -------  -----  -------------------  -------------------  -------------  ----------  ----  -------------  -------  ---------------  ------------  -------------",
         "gpu-1  worker  resnet                                    unknown      0  2026-09-21 14:13:20  2026-09-21 14:13:40  0.1.0                   3     2              0        0                                             0",
         "ps-0   ps      resnet                                    unknown      0  2026-09-21 14:13:20  2026-09-21 14:13:20                                0                          gpu=unavailable                            0",
+        # a file no collector is writing (its newest event months ago): judged as of its end
+        "note: this database ends at 2026-09-21 14:13:40 UTC (no collector is writing it): nodes and runs are judged as of then,",
+        "  never lost for the time after it",
     ]
 
 

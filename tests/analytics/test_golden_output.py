@@ -52,6 +52,16 @@ def fleet_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("golden") / "base.duckdb")
 
 
+@pytest.fixture(autouse=True)
+def _judged_as_of_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same output read from the file and through a live collector: the file (made an
+    hour ago) is judged as of now here, as the collector judges it, not as of its end
+    (a file no collector writes: tests/analytics/test_offline_liveness.py)."""
+    from cmdare.analytics.db import Database
+
+    monkeypatch.setattr(Database, "OFFLINE_AFTER", float("inf"))
+
+
 FIT_ID = re.compile(r"\b(speed|cluster|overhead|lifetime)-\d{14}-[0-9a-f]{6}\b")
 LONG_FLOAT = re.compile(r"-?\d+\.\d{9,}(e[-+]?\d+)?")  # DuckDB's parallel sums differ in the last bits
 

@@ -359,8 +359,8 @@ def test_serve_refuses_bad_settings_in_one_line(both, argv: list[str], words: st
 def test_agents_are_judged_as_of_the_lakes_horizon_never_lost_for_want_of_a_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Collectors that stopped committing 10 minutes ago: the agents whose heartbeats reach
-    up to their last commit are not lost (a file with no collector judges as of now, and
-    calls them lost); an agent silent long before the horizon is lost on both."""
+    up to their last commit are not lost (nor in a file no collector fills: judged as of its
+    end); an agent silent long before the horizon is lost on both."""
     import datetime as real_dt
 
     import cmdare.collector.lake as lake_mod
@@ -398,7 +398,8 @@ def test_agents_are_judged_as_of_the_lakes_horizon_never_lost_for_want_of_a_comm
     with lake_server(tmp_path / "lake") as url:
         assert _nodes(url)["live"]["state"] == state["live"]
         assert _nodes(url)["gone"]["state"] == "lost"
-    # the same events in a file no collector fills: judged as of now, both lost
+    # the same events in a file no collector fills: judged as of its own end (its newest
+    # event), as the lake is: the live agent is not lost there either, and a note says so
     from cmdare.collector.consumer import SpoolIngest
     from cmdare.collector.db import connect
 
@@ -408,7 +409,8 @@ def test_agents_are_judged_as_of_the_lakes_horizon_never_lost_for_want_of_a_comm
     con.close()
     r = CliRunner().invoke(cli, ["--db", str(tmp_path / "f.duckdb"), "nodes", "--json"], env={"CMDARE_LAKE": ""})
     out = json.loads(r.stdout) if r.stdout.lstrip()[:1] == "[" else list(map(json.loads, r.stdout.splitlines()))
-    assert {x["node"]: x["state"] for x in out} == {"live": "lost", "gone": "lost"}
+    assert {x["node"]: x["state"] for x in out} == {"live": "alive", "gone": "lost"}  # alive as of its end
+    assert "note: this database ends at" in r.stderr
 
 
 def test_the_horizon_is_the_oldest_recent_sources_newest_commit() -> None:
