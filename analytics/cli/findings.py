@@ -107,7 +107,8 @@ def alerts_(ctx: click.Context, rule_filter: str | None, db: str, as_json_: bool
 @alerts_.command(name="check")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @db_option
-def alerts_check(files: tuple[str, ...], db: str) -> None:
+@json_option
+def alerts_check(files: tuple[str, ...], db: str, as_json_: bool) -> None:
     """Validate rule FILES: YAML shape, durations, labels, templates, and each rule's SQL
     against the database's tables (--db; without one, an empty database of the current
     schema). Exit 1 with one line naming the file, group, rule and problem.
@@ -136,12 +137,19 @@ def alerts_check(files: tuple[str, ...], db: str) -> None:
             r = api.check_rules(None, texts)
         except AnalyticsError as e:
             raise click.ClickException(str(e)) from None
+    if as_json_:
+        import json
+
+        click.echo(json.dumps({"ok": True, "files": list(files), "groups": r.groups, "rules": r.rules,
+                               "skipped": tests}))
+        return
     click.echo(f"{len(files)} file(s), {r.groups} group(s), {r.rules} rule(s): ok")
 
 
 @alerts_.command(name="test")
 @click.argument("file", type=click.Path(dir_okay=False))
-def alerts_test(file: str) -> None:
+@json_option
+def alerts_test(file: str, as_json_: bool) -> None:
     """Run the unit tests of FILE against the rules it names, as `promtool test rules`
     does: each test loads its input rows into an empty database (times as offsets: 0s, 90s,
     5m), evaluates the rules every evaluation_interval, and compares the firing alerts at each
@@ -157,12 +165,17 @@ def alerts_test(file: str) -> None:
         results = alerts.run_tests(file, api.empty_db)
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
-    failed = 0
-    for r in results:
-        click.echo(f"{'ok  ' if not r.failures else 'FAIL'} {r.name}")
-        for f in r.failures:
-            click.echo(f"     {f}")
-        failed += bool(r.failures)
-    click.echo(f"{len(results)} test(s), {failed} failed")
+    failed = sum(bool(r.failures) for r in results)
+    if as_json_:
+        import json
+
+        click.echo(json.dumps({"tests": [{"name": r.name, "ok": not r.failures, "failures": list(r.failures)}
+                                         for r in results], "failed": failed}))
+    else:
+        for r in results:
+            click.echo(f"{'ok  ' if not r.failures else 'FAIL'} {r.name}")
+            for f in r.failures:
+                click.echo(f"     {f}")
+        click.echo(f"{len(results)} test(s), {failed} failed")
     if failed:
         raise SystemExit(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import cli, cutoff, db_option, since_option
+from .common import cli, cutoff, db_option, json_option, since_option
 
 
 @cli.command()
@@ -12,7 +12,8 @@ from .common import cli, cutoff, db_option, since_option
 @click.option("--job", help="only this job's page (default: the jobs with findings, then the most recent, at most 50)")
 @since_option
 @db_option
-def report(html_path: str, job: str | None, since: str | None, db: str) -> None:
+@json_option
+def report(html_path: str, job: str | None, since: str | None, db: str, as_json_: bool) -> None:
     """The fleet, jobs, each job, findings and alerts as one HTML file: the pages of the
     collector (/ui) with their data inlined, openable offline, for a postmortem or a CI
     artefact. The data are the collector API's answers: through the collector that holds
@@ -54,5 +55,10 @@ def report(html_path: str, job: str | None, since: str | None, db: str) -> None:
         n = rep.write(html_path, rep.render(data))
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
+    if as_json_:  # what was written, for a CI step to check
+        import json
+
+        click.echo(json.dumps({"html": html_path, "bytes": n, "jobs": list(data["$report"]["jobs"])}))
+        return
     click.echo(f"wrote {html_path} ({n / 1e6:.1f} MB, {len(data['$report']['jobs'])} job pages): "
                f"open it in a browser, no network needed")

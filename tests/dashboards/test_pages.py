@@ -370,6 +370,10 @@ def test_a_report_for_one_job_and_its_errors(fleet_db: Path, tmp_path: Path) -> 
     data = json.loads(out.read_text().split("window.CMDARE_DATA=", 1)[1].split(";</script>", 1)[0])
     assert data["$report"]["jobs"] == ["sim-ps-5"] and data["$report"]["since"]
     assert data["/api/v1/jobs/sim-ps-5/series"]["ranks"][0]["node"].startswith("sim-ps-5-n")
+    r = CliRunner().invoke(cli, ["report", "--html", str(out), "--job", "sim-ps-5", "--since", "7d", "--json",
+                                 "--db", str(fleet_db)])
+    assert r.exit_code == 0 and json.loads(r.stdout) == {"html": str(out), "bytes": out.stat().st_size,
+                                                         "jobs": ["sim-ps-5"]}
     before = out.read_bytes()
     r = CliRunner().invoke(cli, ["report", "--html", str(out), "--job", "nope", "--db", str(fleet_db)])
     assert r.exit_code == 1 and "no such job 'nope'" in r.output and len(r.output.strip().splitlines()[-1]) < 200

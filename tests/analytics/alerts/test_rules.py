@@ -72,6 +72,11 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
     assert r.exit_code == 0 and "4 group(s), 15 rule(s): ok" in r.output
     r = CliRunner().invoke(cli, ["alerts", "check", str(tmp_path / "missing.yml"), "--db", db])
     assert r.exit_code == 1 and "cannot read" in r.output
+    r = CliRunner().invoke(cli, ["alerts", "check", str(good), "--db", db, "--json"])  # issue 66: --json too
+    assert r.exit_code == 0 and json.loads(r.stdout) == {"ok": True, "files": [str(good)], "groups": 1, "rules": 1,
+                                                         "skipped": []}
+    r = CliRunner().invoke(cli, ["alerts", "check", str(good), str(bad), "--db", db, "--json"])
+    assert r.exit_code == 1 and r.stdout == "" and "rule 'B'" in r.stderr  # an error stays one line on stderr
 
 
 def test_the_shipped_pack_validates(con: duckdb.DuckDBPyConnection) -> None:
@@ -169,6 +174,11 @@ def test_unit_tests_of_rules_as_promtool_runs_them(tmp_path: Path) -> None:
     assert "FAIL not yet\n     at 30s: GpuHot: expected firing {'node': 'n1', 'gpu': '0', 'severity': 'warning'}; " \
            "got none" in r.output
     assert "2 test(s), 1 failed" in r.output
+    r = CliRunner().invoke(cli, ["alerts", "test", str(t), "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and doc["failed"] == 1
+    assert [(x["name"], x["ok"]) for x in doc["tests"]] == [("a hot GPU fires after 2 minutes", True), ("not yet", False)]
+    assert doc["tests"][1]["failures"][0].startswith("at 30s: GpuHot: expected firing")
     t.write_text(TEST_FILE.split("  - name: WRONG")[0])
     assert CliRunner().invoke(cli, ["alerts", "test", str(t)]).exit_code == 0
     t.write_text(TEST_FILE.replace("gpu_samples:\n        - {ts: 0s, node: n1, index: 0, temp_celsius: 90}\n        - {ts: 1m",
