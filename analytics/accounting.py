@@ -39,6 +39,7 @@ import duckdb
 from .codec import json_object
 from .db import AnalyticsError, has_column, has_view
 from .goodput import Goodput, goodput, goodput_many
+from .holders import _held_rows, _ran_tracked, tracked_holders  # noqa: F401  (tracked_holders: the API)
 
 BUCKETS = ("productive", "startup", "checkpoint_save", "checkpoint_restore", "input_wait", "ps_wait", "straggler",
            "idle_accelerators", "revocation", "other")
@@ -157,7 +158,7 @@ def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: f
     t0, t1 = (None if since is None else _stamp(since)), (None if until is None else _stamp(until))
     p = {"t0": t0, "t1": t1, "only": only}
     held = _held_rows("b")
-    if not con.execute(f"SELECT count(*) FROM (SELECT 1 {held} LIMIT 1)", p).fetchone()[0]:
+    if con.execute(f"SELECT 1 {held} LIMIT 1", p).fetchone() is None:
         return {}  # no scheduler named a GPU: nothing more to read
     if ran is None:
         ran = _ran_tracked(con, _held_rows("g"), p)
@@ -197,45 +198,8 @@ def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: f
     return out
 
 
-def _held_rows(a: str) -> str:
-    """The GPU rollup's rows (alias ``a``) a scheduler's pod or job held in [$t0, $t1) (``$only``:
-    that job's)."""
-    return f"""FROM gpu_5m {a} WHERE ({a}.namespace IS NOT NULL OR {a}.slurm_job IS NOT NULL)
-                 AND {a}.job IS NOT NULL AND {a}.job <> '' AND ($only::VARCHAR IS NULL OR {a}.job = $only)
-                 AND ($t0::TIMESTAMP IS NULL OR {a}.last_ts >= $t0) AND ($t1::TIMESTAMP IS NULL OR {a}.first_ts < $t1)"""
-
-
-def _ran_tracked(con: duckdb.DuckDBPyConnection, held: str, p: dict[str, Any]) -> dict[str, str]:
-    """The pods' and Slurm jobs (``held``: their GPU rollup rows, alias ``g``) that ran a
-    tracked job: a process on their GPUs in the first 10 minutes they held them on a node
-    is a PID a rank declared there (``track``). Those minutes only: the process lists are
-    read from the raw samples. Pod's or Slurm job -> the tracked job it ran."""
-    from . import evidence, processes
-
-    if not evidence.has_rows(con, "jobs"):
-        return {}
-    cand = f"SELECT g.job, g.node, min(g.first_ts) AS f {held} GROUP BY g.job, g.node"
-    cond = (f"EXISTS (SELECT 1 FROM ({cand}) c WHERE c.job = gpu_samples.job AND c.node = gpu_samples.node "
-            "AND gpu_samples.ts >= c.f AND gpu_samples.ts < c.f + INTERVAL 10 MINUTE)")
-    return dict(con.execute(
-        f"""SELECT pp.held_job, min(d.job) FROM ({processes.process_rows(cond)}) pp
-            JOIN jobs d ON d.node = pp.node AND d.pid = pp.pid
-            WHERE pp.held_job IS NOT NULL AND d.job IS NOT NULL AND d.job <> '' GROUP BY pp.held_job""", p).fetchall())
-
-
 def _sched_group(ns: str | None, sjob: str | None, user: str | None) -> dict[str, str]:
     return {k: v for k, v in (("namespace", ns), ("slurm_job", sjob), ("user", user)) if v}
-
-
-def tracked_holders(con: duckdb.DuckDBPyConnection, t0: dt.datetime | None, t1: dt.datetime | None
-                    ) -> dict[str, str] | None:
-    """Pods' and Slurm jobs in [t0, t1) that ran a tracked job -> it; None: no scheduler named a GPU."""
-    if not has_view(con, "gpu_5m") or not has_column(con, "gpu_rollup_5m", "slurm_job"):
-        return None
-    p = {"t0": t0, "t1": t1, "only": None}
-    if not con.execute(f"SELECT count(*) FROM (SELECT 1 {_held_rows('g')} LIMIT 1)", p).fetchone()[0]:
-        return None
-    return _ran_tracked(con, _held_rows("g"), p)
 
 
 def _sched_groups(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime,

@@ -171,12 +171,12 @@ def held_by(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     """The condition under which a GPU bucket ``g`` on a stepping job ``s``'s node, in its
     span, is that job's: no scheduler holds the GPU (``gjob`` NULL), or its holder is the
     job itself, or a pod or Slurm job that ran it (a rank's declared PID on its GPUs:
-    ``accounting.tracked_holders``; where no process links the job to any holder, a node's
+    ``holders.tracked_holders``; where no process links the job to any holder, a node's
     only holder during its span). Another job's GPU on a shared node (a Slurm job beside a
     tracked one) is never the tracked job's evidence."""
     name = scope.cache.get("held_ran")
     if name is None:
-        from .accounting import tracked_holders
+        from .holders import tracked_holders
 
         ran = tracked_holders(con, scope.since, scope.until)
         pairs = set((ran or {}).items())

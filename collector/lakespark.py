@@ -49,10 +49,22 @@ JARS = Path(os.environ.get("CMDARE_SPARK_JARS", Path(__file__).resolve().parents
 _TO_MICROS = re.compile(r"ts - to_microseconds\((CAST\(.+? AS BIGINT\))\)")
 
 
+# a host counter summed over the JSON list's entries (collector/rollup.py ``_counter``)
+_COUNTER = re.compile(r"""list_sum\(list_transform\(from_json\((\w+), '\[\{"(\w+)":"UBIGINT"\}\]'\), """
+                      r"""lambda x: x\.\w+\)\)::DOUBLE""")
+
+
 def spark_sql(expr: str) -> str:
     """One aggregate of collector/rollup.py in Spark SQL: identifiers quoted with backticks,
-    DuckDB's microsecond arithmetic on timestamps spelled with Spark's functions."""
-    out = _TO_MICROS.sub(r"timestamp_micros(unix_micros(CAST(ts AS TIMESTAMP)) - \1)", expr)
+    DuckDB's microsecond arithmetic on timestamps spelled with Spark's functions, a JSON
+    list's counter summed with Spark's higher-order functions, ``arg_min`` / ``arg_max`` as
+    ``min_by`` / ``max_by``."""
+    out = _COUNTER.sub(lambda m: (f"aggregate(transform(from_json({m[1]}, 'array<struct<{m[2]}:bigint>>'), "
+                                  f"x -> CAST(x.{m[2]} AS DOUBLE)), CAST(0 AS DOUBLE), (a, b) -> a + b)"), expr)
+    out = re.sub(r"\barg_min\(", "min_by(", re.sub(r"\barg_max\(", "max_by(", out))
+    if "lambda " in out or "list_sum" in out:
+        raise ValueError(f"no Spark spelling for {expr[:60]!r}")
+    out = _TO_MICROS.sub(r"timestamp_micros(unix_micros(CAST(ts AS TIMESTAMP)) - \1)", out)
     out = out.replace("epoch(ts)", "(unix_micros(CAST(ts AS TIMESTAMP)) / 1e6)")  # DuckDB's: micros / 1e6, a double
     if "to_microseconds" in out or "time_bucket" in out or "epoch(" in out:
         raise ValueError(f"no Spark spelling for {expr[:60]!r}")
