@@ -144,7 +144,7 @@ def test_the_collector_flags_skew_by_default_and_analyze_nodes_shows_it(tmp_path
     assert f"({2 * len(fleet['good'])} with clock skew)" in r.output
     r = CliRunner().invoke(analyze, ["nodes", "--db", str(db), "--json"])
     assert r.exit_code == 0, r.output
-    by = {x["node"]: x for x in json.loads(r.output)}
+    by = {x["node"]: x for x in json.loads(r.stdout)}
     assert {n: (x["state"], x["skewed_events"] > 0) for n, x in by.items()} == {
         "ahead": ("clock skew", True),
         "behind": ("clock skew", True),
