@@ -190,6 +190,7 @@ LONG_SCALAR = ("SELECT count(*) AS n FROM range(2000) "
                "WHERE regexp_matches(repeat('a', 1000000) || range::VARCHAR, '[ab]{1,100}c')")
 
 
+@pytest.mark.slow  # waits ~8 s for DuckDB to finish the call (fast tier: docs/testing.md)
 def test_a_scalar_function_duckdb_cannot_interrupt_is_answered_at_the_deadline(tmp_path: Path) -> None:
     """Issue 69: regular expressions asked to stop at 1-5 s ran 14.5-27 s (DuckDB looks at
     an interrupt between vectors; this one vector of 2,000 rows of 1 MB took 8.4 s). The

@@ -174,6 +174,7 @@ def test_failures_are_on_the_collectors_metrics(tmp_path: Path) -> None:
     assert "cmdare_collector_auth_throttled_total 2.0" in text
 
 
+@pytest.mark.slow  # 20 s of interleaved requests (fast tier: docs/testing.md)
 def test_a_valid_token_between_guesses_buys_no_more_guesses(served) -> None:
     """The bypass of the second hostile round: four wrong guesses, then one valid request,
     on one connection, over and over. The valid requests keep working; the guesses are

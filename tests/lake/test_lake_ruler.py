@@ -382,8 +382,10 @@ def test_the_fence_refuses_a_save_once_the_lease_is_gone(postgres, tmp_path: Pat
     store.save(["g/R"], [row], [("g/R", "g", "r.yml", "ok", None, now, 0.01, 1)])
     alerts, rules = store.load()
     assert alerts[0][:5] == ("g/R", "fp1", '{"node": "n1"}', "{}", "firing") and alerts[0][5] is None  # (NaN: null)
-    with lease.engine.connect() as c:  # the lease's session ends behind its back
-        c.execute(text("SELECT pg_terminate_backend(:p)"), {"p": lease.backend_pid})
+    with lease.engine.connect() as c:  # the lease's session ends behind its back (waited for: up to
+        # 5 s; without the wait the terminated backend could still hold the lock at the save, so the
+        # save rightly went through and the test failed by chance, 1 fast-tier run in ~10)
+        c.execute(text("SELECT pg_terminate_backend(:p, 5000)"), {"p": lease.backend_pid})
         c.commit()
     with pytest.raises(LeaseLost):
         store.save(["g/R"], [], [])
