@@ -87,20 +87,26 @@ class SqlBusy(SqlRefused):
     retry_after = 5
 
 
-def total_budget() -> int:
-    """$CMDARE_SQL_MEMORY_TOTAL (bytes, or with K/M/G), else TOTAL."""
-    v = os.environ.get("CMDARE_SQL_MEMORY_TOTAL", "").strip()
+def env_size(name: str, default: int, lo: int, hi: int, lo_text: str) -> int:
+    """A size from environment variable ``name`` (bytes, or with K/M/G), else ``default``;
+    a one-line ValueError naming the variable for anything else or outside [lo, hi]."""
+    v = os.environ.get(name, "").strip()
     if not v:
-        return TOTAL
+        return default
     from cmdare.wire.units import parse_size
 
     try:
-        n = int(parse_size("$CMDARE_SQL_MEMORY_TOTAL", v))
+        n = int(parse_size(f"${name}", v))
     except Exception:  # noqa: BLE001  (one line, whatever the parser raised)
-        raise ValueError(f"$CMDARE_SQL_MEMORY_TOTAL: expected a size like 2GiB, got {v[:40]!r}") from None
-    if not 64 << 20 <= n <= 1 << 40:
-        raise ValueError(f"$CMDARE_SQL_MEMORY_TOTAL: {v[:40]!r} must be from 64MiB to 1TiB")
+        raise ValueError(f"${name}: expected a size like 2GiB, got {v[:40]!r}") from None
+    if not lo <= n <= hi:
+        raise ValueError(f"${name}: {v[:40]!r} must be from {lo_text} to 1TiB")
     return n
+
+
+def total_budget() -> int:
+    """$CMDARE_SQL_MEMORY_TOTAL (bytes, or with K/M/G), else TOTAL."""
+    return env_size("CMDARE_SQL_MEMORY_TOTAL", TOTAL, 64 << 20, 1 << 40, "64MiB")
 
 
 class Budget:

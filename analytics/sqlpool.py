@@ -21,7 +21,6 @@ the pool's size wait for a worker (at most the query's own deadline)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
 import signal
 import socket
@@ -43,18 +42,9 @@ STARTUP = 120.0  # seconds a worker may take to start (imports, the first planni
 def memory_cap() -> int:
     """The workers' address-space cap: $CMDARE_SQL_WORKER_MEMORY (bytes, or with K/M/G), else
     MEMORY_CAP."""
-    v = os.environ.get("CMDARE_SQL_WORKER_MEMORY", "").strip()
-    if not v:
-        return MEMORY_CAP
-    from cmdare.wire.units import parse_size
+    from .safesql import env_size
 
-    try:
-        n = int(parse_size("$CMDARE_SQL_WORKER_MEMORY", v))
-    except Exception:  # noqa: BLE001  (one line, whatever the parser raised)
-        raise ValueError(f"$CMDARE_SQL_WORKER_MEMORY: expected a size like 2GiB, got {v[:40]!r}") from None
-    if not 256 << 20 <= n <= 1 << 40:
-        raise ValueError(f"$CMDARE_SQL_WORKER_MEMORY: {v[:40]!r} must be from 256MiB to 1TiB")
-    return n
+    return env_size("CMDARE_SQL_WORKER_MEMORY", MEMORY_CAP, 256 << 20, 1 << 40, "256MiB")
 
 
 class SqlPool:
