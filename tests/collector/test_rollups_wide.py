@@ -286,3 +286,18 @@ def test_host_network_and_disk_rates_read_the_same_after_retention(tmp_path) -> 
     for x, y in zip(before, after, strict=True):
         for k in ("net_rx_mb_s", "net_tx_mb_s", "disk_read_mb_s", "disk_write_mb_s"):
             assert y[k] == x[k] or abs(y[k] - x[k]) <= 0.0015, (x["bucket"], k, x[k], y[k])
+
+
+def test_hostile_counters_cost_their_own_bucket_never_the_rollup_run(con) -> None:
+    """A broken agent's network list (negative, text, 1e30, 2^70, not a list): the rollup run
+    that rebuilds every node's buckets still runs; those counters are empty, others exact."""
+    f = EventFactory("n", "worker", "j", {})
+    bad = [[{"nic": "a", "rx_bytes_total": -5}], [{"nic": "a", "rx_bytes_total": "abc"}],
+           [{"nic": "a", "rx_bytes_total": 1e30}], [{"nic": "a", "rx_bytes_total": 2**70}], {"nic": "a"}, "junk"]
+    lines = [f.line("host", {"cpu_util_ratio": 0.5, "net": b}, T0 + 10 * i) for i, b in enumerate(bad)]
+    lines += [f.line("host", {"cpu_util_ratio": 0.5, "net": [{"nic": "a", "rx_bytes_total": 100 + k}]}, T0 + 600 + k)
+              for k in range(2)]
+    Writer(con, max_skew=None, rollup_every=None).write([("x", b"".join(lines))])
+    assert rollup.run(con)["host_rollup_5m"] >= 2
+    rows = con.execute("SELECT net_rx_first, net_rx_last FROM host_rollup_5m ORDER BY bucket").fetchall()
+    assert rows[0] == (None, None) and rows[-1] == (100.0, 101.0)
