@@ -25,6 +25,9 @@ since_option = click.option("--since", help="only samples newer than this (e.g. 
 json_option = click.option(
     "--json", "as_json_", is_flag=True, help="machine-readable output (a JSON array of rows)"
 )
+json_object_option = click.option(
+    "--json", "as_json_", is_flag=True, help="machine-readable output (one JSON object)"
+)
 lost_after_option = click.option(
     "--lost-after",
     type=click.FloatRange(1),

@@ -9,7 +9,7 @@ import click
 from .. import api
 from ..db import AnalyticsError
 from . import render
-from .common import call, cli, cutoff, db_option, json_option, since_option, where
+from .common import call, cli, cutoff, db_option, json_object_option, json_option, since_option, where
 
 
 def _detector_names() -> list[str]:
@@ -107,7 +107,7 @@ def alerts_(ctx: click.Context, rule_filter: str | None, db: str, as_json_: bool
 @alerts_.command(name="check")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @db_option
-@json_option
+@json_object_option
 def alerts_check(files: tuple[str, ...], db: str, as_json_: bool) -> None:
     """Validate rule FILES: YAML shape, durations, labels, templates, and each rule's SQL
     against the database's tables (--db; without one, an empty database of the current
@@ -148,7 +148,7 @@ def alerts_check(files: tuple[str, ...], db: str, as_json_: bool) -> None:
 
 @alerts_.command(name="test")
 @click.argument("file", type=click.Path(dir_okay=False))
-@json_option
+@json_object_option
 def alerts_test(file: str, as_json_: bool) -> None:
     """Run the unit tests of FILE against the rules it names, as `promtool test rules`
     does: each test loads its input rows into an empty database (times as offsets: 0s, 90s,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import cli, cutoff, db_option, json_option, since_option
+from .common import cli, cutoff, db_option, json_object_option, since_option
 
 
 @cli.command()
@@ -12,7 +12,7 @@ from .common import cli, cutoff, db_option, json_option, since_option
 @click.option("--job", help="only this job's page (default: the jobs with findings, then the most recent, at most 50)")
 @since_option
 @db_option
-@json_option
+@json_object_option
 def report(html_path: str, job: str | None, since: str | None, db: str, as_json_: bool) -> None:
     """The fleet, jobs, each job, findings and alerts as one HTML file: the pages of the
     collector (/ui) with their data inlined, openable offline, for a postmortem or a CI
