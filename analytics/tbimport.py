@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,10 +70,16 @@ def find_files(paths: Sequence[str | Path]) -> list[tuple[Path, str, str]]:
                 raise AnalyticsError(
                     f"{p}: no TensorBoard event files (events.out.tfevents.*) or CSV exports"
                 )
+            csvs = Counter(f.parent for f in found if "tfevents" not in f.name)
             for f in found:
                 rel = f.parent.relative_to(p).as_posix()
                 kind = "event" if "tfevents" in f.name else "csv"
-                run = (csv_run(f) if kind == "csv" else None) or rel
+                # a directory of event files is one run (TensorBoard's layout), as is one CSV
+                # export alone in its directory; a CSV beside others is the run its
+                # run-<run>-tag-<tag>.csv name gives, else its own path under the directory
+                # without .csv (so a folder of exports is that many runs, not one named ".")
+                run = rel if kind == "event" else csv_run(f) or (
+                    rel if csvs[f.parent] == 1 else f.relative_to(p).with_suffix("").as_posix())
                 out.append((f, kind, run))
         elif "tfevents" in p.name:
             out.append((p, "event", "."))
@@ -141,19 +147,20 @@ def prepare_tensorboard(
     examples_tag: str = EXAMPLES_TAG,
     declare: dict[str, Any] | None = None,
     progress: Callable[[Path], None] | None = None,
+    files: list[tuple[Path, str, str]] | None = None,
 ) -> tuple[list[bytes], ImportResult]:
-    """Read and check every file: the wire-format events to store (JSON lines) and the
-    counts so far (files, points, runs); AnalyticsError (one line) for a bad file."""
+    """Read and check every file (``files`` as find_files gives them, else those under
+    ``paths``): the wire-format events to store (JSON lines) and the counts so far (files,
+    points, runs); AnalyticsError (one line) for a bad file. ``progress`` is called with
+    each file once it is read."""
     if not job:
         raise AnalyticsError("--job must not be empty")
     if role not in ROLES:
         raise AnalyticsError(f"--role must be one of {', '.join(ROLES)}, got {role!r}")
-    files = find_files(paths)
+    files = find_files(paths) if files is None else files
     res = ImportResult(files=len(files))
     per_run: dict[str, list[tuple[Point, str]]] = defaultdict(list)
     for path, kind, file_run in files:
-        if progress:
-            progress(path)
         try:
             with csvstream.open_regular(path, MAX_FILE, "a TensorBoard event file or CSV export") as fh:
                 if kind == "event":
@@ -168,6 +175,8 @@ def prepare_tensorboard(
             raise AnalyticsError(str(e)) from None
         except OSError as e:
             raise AnalyticsError(f"{path}: cannot read: {e.strerror or e}") from None
+        if progress:
+            progress(path)
         source = path.name  # ids depend on the file's name, not where it sits now
         per_run[run or file_run] += [(p, source) for p in pts]
         res.points += len(pts)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from .alerts import Alerts, RulesChecked, alerts, check_rules, empty_db
 from .base import Table
 from .findings import Bottlenecks, bottlenecks, detector_options, job_detail, stored_findings
-from .imports import IMPORT_TYPES, import_events
+from .imports import IMPORT_TYPES, import_events, import_jobs
 from .models import (
     FIT_KINDS,
     PREDICTIONS,
@@ -73,6 +73,7 @@ __all__ = [
     "gpu_processes",
     "host",
     "import_events",
+    "import_jobs",
     "import_overheads",
     "instances",
     "job_advice",

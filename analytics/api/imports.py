@@ -13,6 +13,13 @@ def import_events(db: Database, job: str, lines: list[bytes]) -> dict[str, Any]:
     """Store prepared import events (wire-format JSON lines of ``job``: train_job,
     train_steps, train_scalar only) through the collector's writer (writes); the counts
     stored. Anything else is refused whole, with nothing written."""
+    return import_jobs(db, [(job, lines)])[0]
+
+
+def import_jobs(db: Database, jobs: list[tuple[str, list[bytes]]]) -> list[dict[str, Any]]:
+    """import_events for several jobs on one connection (``analyze import tensorboard
+    --manifest``): every job's events are checked before any is stored; then each job is
+    one transaction, in order. The counts stored, a dict per job."""
     import json
 
     if getattr(db, "lake", None) is not None:
@@ -21,21 +28,27 @@ def import_events(db: Database, job: str, lines: list[bytes]) -> dict[str, Any]:
 
     from cmdare.collector.writer import Writer
 
-    for i, line in enumerate(lines):
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            raise AnalyticsError(f"import: event {i + 1} is not JSON") from None
-        if not isinstance(ev, dict) or ev.get("type") not in IMPORT_TYPES or ev.get("job") != job:
-            raise AnalyticsError(f"import: event {i + 1} is not a {'/'.join(IMPORT_TYPES)} event of job {job!r}")
+    for job, lines in jobs:
+        for i, line in enumerate(lines):
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                raise AnalyticsError(f"import: event {i + 1} is not JSON") from None
+            if not isinstance(ev, dict) or ev.get("type") not in IMPORT_TYPES or ev.get("job") != job:
+                raise AnalyticsError(f"import: event {i + 1} is not a {'/'.join(IMPORT_TYPES)} event of job {job!r}")
+    out = []
     with db.write() as con:
-        if not lines:  # only open it (the CLI checks the database before reading files)
-            return {"steps": 0, "scalars": 0, "duplicates": 0}
-        from ..tbimport import drop_stored
+        for job, lines in jobs:
+            if not lines:  # only open it (the CLI checks the database before reading files)
+                out.append({"steps": 0, "scalars": 0, "duplicates": 0})
+                continue
+            from ..tbimport import drop_stored
 
-        lines, stored = drop_stored(con, job, lines)
-        w = Writer(con).write([(f"import:{job}", b"".join(x if x.endswith(b"\n") else x + b"\n" for x in lines))])
-    if w.dead:
-        raise AnalyticsError(f"{w.dead} imported events were rejected by the writer; see dead_letters")
-    return {"steps": w.rows.get("steps", 0), "scalars": w.rows.get("scalars", 0),
-            "duplicates": w.duplicates + stored}
+            kept, stored = drop_stored(con, job, lines)
+            w = Writer(con).write([(f"import:{job}", b"".join(x if x.endswith(b"\n") else x + b"\n" for x in kept))])
+            if w.dead:
+                raise AnalyticsError(f"{w.dead} imported events of job {job!r} were rejected by the writer; "
+                                     "see dead_letters")
+            out.append({"steps": w.rows.get("steps", 0), "scalars": w.rows.get("scalars", 0),
+                        "duplicates": w.duplicates + stored})
+    return out

@@ -16,6 +16,7 @@ from .. import api
 from ..client import Remote
 from ..db import AnalyticsError
 from ..overheads import FORMATS
+from ..tbplan import is_pattern
 from .common import call, cli, database_or_remote, db_option, json_option
 
 
@@ -34,11 +35,13 @@ def import_() -> None:
 
 
 @import_.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("--job", required=True, help="job id the runs are stored under")
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--job", help="job the runs are stored under; with {run} in it, one job per run (see below)")
+@click.option("--manifest", type=click.Path(dir_okay=False),
+              help="CSV naming each file's job and declaration (see below); instead of PATHS")
 @click.option("--node", default="import", show_default=True, help="node the runs ran on")
 @click.option("--role", type=click.Choice(ROLES), default="worker", show_default=True)
-@click.option("--run", help="run id for all files (default: each file's directory under PATH)")
+@click.option("--run", help="run id for all files (default: each file's run, see below)")
 @click.option("--rank", type=click.IntRange(0), default=0, show_default=True)
 @click.option("--gpu-type", help="accelerator type, e.g. v100, k80, tpu-v3")
 @click.option("--workers", type=click.IntRange(1), help="number of workers")
@@ -55,9 +58,10 @@ def import_() -> None:
 @click.option("--examples-tag", default=EXAMPLES_TAG, show_default=True, help="scalar holding examples/s")
 @db_option
 @json_option
-def tensorboard(paths: tuple[str, ...], job: str, db: str, as_json_: bool, **o: Any) -> None:
+def tensorboard(paths: tuple[str, ...], job: str | None, manifest: str | None, db: str, as_json_: bool,
+                **o: Any) -> None:
     """Import TensorBoard event files or UI CSV exports (Wall time,Step,Value) from PATHS
-    (files or directories, walked) as step telemetry of JOB.
+    (files or directories, walked) as step telemetry of a job, or of one job per run.
 
     global_step/sec becomes step intervals (analyze jobs / steps use them); every other
     scalar goes to the scalars table. Every file is checked before anything is written: a
@@ -65,43 +69,82 @@ def tensorboard(paths: tuple[str, ...], job: str, db: str, as_json_: bool, **o: 
     stored. Importing the same points again stores nothing twice.
 
     \b
-    Example:
+    Runs: a directory of event files, or of one CSV export, is one run named by its path
+    under PATH ("." right in PATH); a CSV export beside others is the run its
+    run-<run>-tag-<tag>.csv name gives, else its own path under PATH without .csv, so a
+    folder of exports is that many runs.
+
+    \b
+    Many jobs in one command:
+      --job 'cmdare-{run}'   one job per run; {run} is the run's name ("." becomes the
+                             directory's name, or the CSV file's stem)
+      --manifest jobs.csv    one job per row: columns file (relative to the manifest),
+                             job (or --job with {run}), and optionally run, node, role,
+                             rank, gpu_type, workers, ps, model, params, tensors,
+                             flops_per_step, batch_size (the flags' names); others ignored.
+                             Flags given apply to every row; a row's cells override them.
+
+    \b
+    Examples:
       analyze import tensorboard runs/resnet50-k80x4 --job resnet50-k80x4 \\
           --gpu-type k80 --workers 4 --ps 1 --model resnet50 --batch-size 32
+      analyze import tensorboard logs/ --job 'sweep-{run}' --gpu-type v100
+      analyze import tensorboard --manifest cmdare/jobs.csv
     """
-    from ..tbimport import prepare_tensorboard
+    from .. import tbimport
+    from ..tbplan import plan
 
-    declare = {"accelerator": o["gpu_type"], "world_size": o["workers"], "ps": o["ps"], "model": o["model"],
-               "params": o["params"], "tensors": o["tensors"], "flops_per_step": o["flops_per_step"],
-               "batch_size": o["batch_size"]}
-    call(db, api.import_events, job=job, lines=[])  # the database first: a bad --db says so before any reading
-    try:  # read and check every file here; then one call stores them (locally, or in the collector)
-        lines, res = prepare_tensorboard(
-            paths, job, node=o["node"], role=o["role"], run=o["run"], rank=o["rank"], csv_tag_=o["csv_tag_"],
-            steps_tag=o["steps_tag"], examples_tag=o["examples_tag"], declare=declare,
-            progress=lambda p: (
-                click.echo(f"reading {p}", err=True) if len(paths) > 1 or Path(paths[0]).is_dir() else None
-            ),
-        )
+    declare = {"accelerator": o.pop("gpu_type"), "world_size": o.pop("workers"), "ps": o.pop("ps"),
+               "model": o.pop("model"), "params": o.pop("params"), "tensors": o.pop("tensors"),
+               "flops_per_step": o.pop("flops_per_step"), "batch_size": o.pop("batch_size")}
+    call(db, api.import_events, job="import", lines=[])  # the database first: a bad --db says so before reading
+    try:
+        jobs = plan(list(paths), job, manifest, declare=declare, **o)
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
-    stored = call(db, api.import_events, job=job, lines=lines)
-    out = {
-        "job": job,
-        "files": res.files,
-        "points": res.points,
-        "runs": res.runs,
-        "steps": stored["steps"],
-        "scalars": stored["scalars"],
-        "duplicates": stored["duplicates"],
-    }
+    prepared = []
+    try:  # read and check every file here; then one call a job stores them (locally, or in the collector)
+        files = [f for j in jobs for f, _, _ in j.files]
+        with Progress("reading", files) as shown:
+            points = 0
+            for j in jobs:
+                lines, res = tbimport.prepare_tensorboard(
+                    (), j.job, files=j.files, progress=lambda p: shown(p, shown.sizes[p]), **j.options)
+                points += res.points
+                if points > tbimport.MAX_POINTS:  # every job's events are held until all are checked
+                    raise AnalyticsError(f"import: more than {tbimport.MAX_POINTS:,} scalar points: import fewer files at once")
+                prepared.append((j.job, lines, res))
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    target = database_or_remote(db)
+    try:
+        if isinstance(target, Remote):  # one call a job; the jobs before a failed one stay stored
+            got = []
+            for i, (name, lines, _) in enumerate(prepared):
+                try:
+                    got.append(target.call("import_events", job=name, lines=lines))
+                except AnalyticsError as e:
+                    raise AnalyticsError(f"{e} (jobs stored before it: {i} of {len(prepared)}; importing again "
+                                         "stores nothing twice)" if i else str(e)) from None
+        else:
+            got = api.import_jobs(target, [(name, lines) for name, lines, _ in prepared])
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    outs = [{"job": name, "files": res.files, "points": res.points, "runs": res.runs, "steps": g["steps"],
+             "scalars": g["scalars"], "duplicates": g["duplicates"]} for (name, _, res), g in zip(prepared, got, strict=True)]
+    if len(outs) == 1 and not manifest and not is_pattern(job or ""):
+        out: dict[str, Any] = outs[0]
+    else:
+        out = {"jobs": outs, **{k: sum(x[k] for x in outs) for k in ("files", "points", "steps", "scalars", "duplicates")}}
     if as_json_:
         click.echo(json.dumps(out))
-    else:
-        click.echo(
-            f"imported job {job}: {res.files} file(s), runs {', '.join(res.runs)}: {out['steps']} step intervals, "
-            f"{out['scalars']} scalars stored ({out['duplicates']} already there)"
-        )
+        return
+    for x in outs:
+        click.echo(f"imported job {x['job']}: {x['files']} file(s), runs {', '.join(x['runs'])}: {x['steps']} step "
+                   f"intervals, {x['scalars']} scalars stored ({x['duplicates']} already there)")
+    if "jobs" in out:
+        click.echo(f"{len(outs)} jobs, {out['files']} file(s): {out['steps']} step intervals, {out['scalars']} "
+                   f"scalars stored ({out['duplicates']} already there)")
 
 
 class Progress:

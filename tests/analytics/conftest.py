@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 
@@ -22,13 +21,9 @@ DATA = Path(os.environ.get("CMDARE_REAL_DATA")
 
 
 def _import_real(db: Path) -> None:
-    for r in csv.DictReader(open(DATA / "jobs.csv")):
-        args = ["import", "tensorboard", str(DATA / r["file"]), "--db", str(db), "--job", r["job"]]
-        args += ["--gpu-type", r["gpu_type"], "--workers", r["workers"], "--ps", r["ps"], "--model", r["model"]]
-        args += ["--flops-per-step", r["flops_per_step"], "--params", r["params"], "--tensors", r["tensors"]]
-        args += ["--batch-size", r["batch_size"]]
-        res = CliRunner().invoke(cli, args)
-        assert res.exit_code == 0, res.output
+    """jobs.csv is a manifest (file, job and each job's declaration): one command."""
+    res = CliRunner().invoke(cli, ["import", "tensorboard", "--manifest", str(DATA / "jobs.csv"), "--db", str(db)])
+    assert res.exit_code == 0, res.output
 
 
 @pytest.fixture(scope="session")

@@ -153,6 +153,12 @@ def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = next(r for r in rows if r["gpu_type"] == "K80" and r["workers"] == "4")
     (d / "runs" / "resnet50-k80x4").mkdir(parents=True)
     shutil.copy(DATA / run["file"], d / "runs" / "resnet50-k80x4" / "events.csv")
+    (d / "cmdare").mkdir()  # CM-DARE's manifest and runs, for import tensorboard --manifest
+    shutil.copy(DATA / "jobs.csv", d / "cmdare" / "jobs.csv")
+    shutil.copytree(DATA / "runs", d / "cmdare" / "runs")
+    for i, r in enumerate(r for r in rows if r["workers"] == "2"):  # a sweep's log directory, a run each
+        (d / "logs" / f"lr-{i}").mkdir(parents=True)
+        shutil.copy(DATA / r["file"], d / "logs" / f"lr-{i}" / "steps.csv")
     return d
 
 
