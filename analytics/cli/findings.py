@@ -122,7 +122,7 @@ def alerts_check(files: tuple[str, ...], db: str, as_json_: bool) -> None:
 
     tests = [f for f in files if f.endswith((".test.yml", ".test.yaml"))]
     for f in tests:  # rules/*.yml takes in the unit test files beside the rules
-        click.echo(f"note: skipped {f}: a rule unit test file (run it with analyze alerts test)", err=True)
+        click.echo(render.fold(f"note: skipped {f}: a rule unit test file (run it with analyze alerts test)"), err=True)
     files = tuple(f for f in files if f not in tests)
     if not files:
         raise click.ClickException("alerts check: only rule unit test files given: name rule files")

@@ -18,6 +18,7 @@ from ..db import AnalyticsError
 from ..overheads import FORMATS
 from ..tbplan import is_pattern
 from .common import call, cli, database_or_remote, db_option, json_option
+from .render import fold
 
 
 @cli.group(name="import")
@@ -140,8 +141,8 @@ def tensorboard(paths: tuple[str, ...], job: str | None, manifest: str | None, d
         click.echo(json.dumps(out))
         return
     for x in outs:
-        click.echo(f"imported job {x['job']}: {x['files']} file(s), runs {', '.join(x['runs'])}: {x['steps']} step "
-                   f"intervals, {x['scalars']} scalars stored ({x['duplicates']} already there)")
+        click.echo(fold(f"imported job {x['job']}: {x['files']} file(s), runs {', '.join(x['runs'])}: {x['steps']} "
+                        f"step intervals, {x['scalars']} scalars stored ({x['duplicates']} already there)"))
     if "jobs" in out:
         click.echo(f"{len(outs)} jobs, {out['files']} file(s): {out['steps']} step intervals, {out['scalars']} "
                    f"scalars stored ({out['duplicates']} already there)")

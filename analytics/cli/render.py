@@ -49,15 +49,15 @@ def rows(t: api.Table, as_json_: bool, columns: str | None = None, default: tupl
         hidden = [c for c in t.columns if c not in cols]
         if hidden and not columns:
             how = "--wide, or --columns" if default else "--json has them all"
-            click.echo(_wrap(f"({len(hidden)} more columns: {', '.join(hidden)}: {how})"), err=True)
+            click.echo(fold(f"({len(hidden)} more columns: {', '.join(hidden)}: {how})"), err=True)
     for n in t.notes:  # what the rows leave out, or how they are judged (stderr: JSON stays whole)
-        click.echo(_wrap(f"note: {n}"), err=True)
+        click.echo(fold(f"note: {n}"), err=True)
 
 
 WIDTH = 120  # characters: the widest line a default text output prints
 
 
-def _wrap(text: str, indent: str = "") -> str:
+def fold(text: str, indent: str = "") -> str:
     """``text`` folded at WIDTH (continuation lines indented two more than ``indent``)."""
     import textwrap
 
@@ -113,16 +113,16 @@ def bottlenecks(out: api.Bottlenecks, as_json_: bool, db: str) -> None:
         click.echo("\n".join(lines[:2]))
         for line, f in zip(lines[2:], out.findings, strict=True):  # each finding, its summary under it
             click.echo(line)
-            click.echo(_wrap(f.summary, "    "))
+            click.echo(fold(f.summary, "    "))
         ok = [n for n in out.next if n.ok]
         if ok:  # each was run on this database: it answers
             click.echo("\nwhat to do about them:")
             width = max(len(n.command) for n in ok)
             for n in ok:
-                click.echo(_wrap(f"{n.command:<{width}}  # {n.answer}", "  "))
+                click.echo(fold(f"{n.command:<{width}}  # {n.answer}", "  "))
         for n in out.next:
             if not n.ok:
-                click.echo(_wrap(f"note: not suggested: {n.command}: {n.reason}"), err=True)
+                click.echo(fold(f"note: not suggested: {n.command}: {n.reason}"), err=True)
     if out.stored is not None:
         click.echo(f"stored {out.stored} finding{'s' if out.stored != 1 else ''} in {db} (table findings)", err=True)
     elif out.not_stored == "no-store":
@@ -154,63 +154,67 @@ def fit(f: api.FitResult, as_json_: bool) -> None:
     from ..models.store import clean
 
     out, kind = f.summary, f.kind
+
+    def echo(text: str) -> None:  # a line folded at WIDTH, its indent kept
+        click.echo(fold(text.lstrip(" "), " " * (len(text) - len(text.lstrip(" ")))))
+
     if as_json_:
         click.echo(json.dumps(clean(out), indent=1))
         return
     mape = "n/a" if out["cv_mape"] is None else f"{out['cv_mape'] * 100:.1f}%"
     r2 = "n/a" if out["cv_r2"] is None else f"{out['cv_r2']:.3f}"
-    click.echo(f"fit {out['fit_id']}: {kind} ({out['family']}) from {out['rows']} rows, {out['groups']} groups")
-    click.echo(f"held-out error (leave one group out): MAPE {mape}, R^2 {r2}")
+    echo(f"fit {out['fit_id']}: {kind} ({out['family']}) from {out['rows']} rows, {out['groups']} groups")
+    echo(f"held-out error (leave one group out): MAPE {mape}, R^2 {r2}")
     fams = f.cv.get("families")
     if fams:
-        click.echo(
+        echo(
             "families tried (held-out MAPE): "
             + ", ".join(f"{k} {v['cv_mape'] * 100:.1f}%" for k, v in sorted(fams.items(), key=lambda x: x[1]["cv_mape"]))
         )
     if f.cv.get("law_choice"):  # the cluster fit: which law, why, and the nested error of that choice
         ch, nested = f.cv["law_choice"], f.cv.get("nested") or {}
         tried = ", ".join(f"{law} {v['mape'] * 100:.1f}%" for law, v in ch["compared"].items() if v["mape"] is not None)
-        click.echo(f"law: {f.cv['law']} ({ch['why']}); multi-worker runs held out by architecture: {tried or 'none'}")
+        echo(f"law: {f.cv['law']} ({ch['why']}); multi-worker runs held out by architecture: {tried or 'none'}")
         if nested.get("mape") is not None:
             per = ", ".join(f"{a} {v['mape'] * 100:.1f}% ({v['law']})" for a, v in nested["by_architecture"].items())
-            click.echo(f"nested held-out error (the law chosen inside each fold, on the others only): "
+            echo(f"nested held-out error (the law chosen inside each fold, on the others only): "
                        f"MAPE {nested['mape'] * 100:.1f}% [{per}]")
     if f.cv.get("worst"):
-        click.echo("predicted worst (held out): " + ", ".join(f"{w['group']} {w['ape'] * 100:.1f}%" for w in f.cv["worst"]))
+        echo("predicted worst (held out): " + ", ".join(f"{w['group']} {w['ape'] * 100:.1f}%" for w in f.cv["worst"]))
     if f.cv.get("in_range"):
         parts = [f"{what} {'n/a' if p['mape'] is None else format(p['mape'] * 100, '.1f') + '%'} ({p['rows']} rows)"
                  for what, p in (("inside the fitted ranges", f.cv["in_range"]),
                                  ("extrapolated", f.cv["extrapolated"]))]
-        click.echo("held-out MAPE " + ", ".join(parts) + " (predictions past the ranges say so)")
+        echo("held-out MAPE " + ", ".join(parts) + " (predictions past the ranges say so)")
     for k, v in out["coefficients"].items():
-        click.echo(f"  {k} = {v:.6g}")
+        echo(f"  {k} = {v:.6g}")
     if kind == "overhead":
         for k in ("resume_after_revocation_seconds", "resume_after_restart_seconds"):
             if k in f.model:
                 m = f.model[k]
-                click.echo(f"  {k}: mean {m['mean']:.1f}{_ci(m)}, n={m['n']}")
+                echo(f"  {k}: mean {m['mean']:.1f}{_ci(m)}, n={m['n']}")
         for part, what in (("checkpoint_save", "checkpoint save"), ("vm_startup", "VM start-up (cloud phases)")):
             if part in f.model:
                 m = f.model[part]
                 fam = ", ".join(f"{k} {v * 100:.1f}%" for k, v in m["cv"]["families"].items())
-                click.echo(f"  {what}: {m['family']}, held-out MAPE {m['cv']['mape'] * 100:.1f}% over "
+                echo(f"  {what}: {m['family']}, held-out MAPE {m['cv']['mape'] * 100:.1f}% over "
                            f"{m['cv']['rows']} records ({m['cv']['imported']} imported, {m['cv']['live']} live); "
                            f"families tried: {fam}")
         for g, m in f.model.get("vm_startup_seconds", {}).items():
-            click.echo(f"  vm start-up {g}: mean {m['mean']:.1f}s{_ci(m)}, n={m['n']} "
+            echo(f"  vm start-up {g}: mean {m['mean']:.1f}s{_ci(m)}, n={m['n']} "
                        f"({m.get('covers', 'kernel boot to agent ready')})")
     if kind == "lifetime":
         cv = f.cv
         if "brier" in cv:
-            click.echo(
+            echo(
                 f"held-out (5 folds by VM) Brier score of P(revoked within {cv['horizon_hours']:.2f} h): "
                 f"{cv['brier']:.4f} (one pooled curve: {cv['brier_pooled']:.4f})"
             )
         for g, c in f.model["curves"].items():
             med = "not reached" if c["median_hours"] is None else f"{c['median_hours']:.2f} h"
-            click.echo(f"  {g}: {c['n']} lives, {c['events']} revoked, median lifetime {med}")
+            echo(f"  {g}: {c['n']} lives, {c['events']} revoked, median lifetime {med}")
     for n in out["notes"][:20]:
-        click.echo(_wrap(f"note: {n}", "  "))
+        echo(f"  note: {n}")
 
 
 def _ci(m: dict[str, Any]) -> str:
@@ -231,17 +235,15 @@ def prediction(out: dict[str, Any], as_json_: bool, unit: str) -> None:
         said = out.get("no_interval") or "a rough guide, no 95% interval"
         click.echo(f"{out['prediction']:.4g} {unit} ({said}; fit {out['fit_id']})")
         if out.get("rough"):
-            import textwrap
-
-            click.echo(textwrap.fill(out["rough"], 120, initial_indent="  why: ", subsequent_indent="    "))
+            click.echo(fold("why: " + out["rough"], "  "))
     else:
         lo, hi = out["interval"]
         widened = f", widened {out['interval_widened']:g}x in log space" if out.get("interval_widened") else ""
         click.echo(f"{out['prediction']:.4g} {unit} (95% interval {lo:.4g} .. {hi:.4g}{widened}; fit {out['fit_id']})")
     if out.get("extrapolated"):
-        click.echo(_wrap("extrapolates: " + "; ".join(out.get("extrapolation") or []), "  "))
+        click.echo(fold("extrapolates: " + "; ".join(out.get("extrapolation") or []), "  "))
     elif out.get("extrapolated") is None and out.get("extrapolation"):
-        click.echo("  note: " + "; ".join(out["extrapolation"]))
+        click.echo(fold("note: " + "; ".join(out["extrapolation"]), "  "))
     for k, v in out.items():
         if k in ("predicted", "prediction", "interval", "fit_id", "extrapolated", "extrapolation", "interval_widened",
                  "rough", "no_interval"):
@@ -263,8 +265,8 @@ def recommendation(rec: Any, as_json_: bool) -> None:
         f"{k} " + (", ".join(f"{n} x {t}" for t, n in v.items()) if isinstance(v, dict) else str(v))
         for k, v in rec.action.items()
     )
-    click.echo(_wrap(f"{rec.kind.replace('_', '-')}: {act}"))
-    click.echo(_wrap(f"why: {rec.why}", "  "))
+    click.echo(fold(f"{rec.kind.replace('_', '-')}: {act}"))
+    click.echo(fold(f"why: {rec.why}", "  "))
     for k, v in rec.predicted.items():
         iv = rec.interval.get(k)
         shown = iv and f"{iv[0]:.4g}" != f"{iv[1]:.4g}"  # a zero-width interval says nothing
@@ -272,7 +274,7 @@ def recommendation(rec: Any, as_json_: bool) -> None:
     for k, v in rec.cost.items():
         click.echo(f"  cost {k}: {v}")
     if rec.assumptions.get("extrapolated"):
-        click.echo(_wrap(f"extrapolates: {rec.assumptions.get('extrapolated_because') or 'outside what was measured or fitted'}", "  "))
+        click.echo(fold(f"extrapolates: {rec.assumptions.get('extrapolated_because') or 'outside what was measured or fitted'}", "  "))
     if rec.fit_ids:
         click.echo(f"  fits: {', '.join(rec.fit_ids)}")
-    click.echo(_wrap("assumptions: " + ", ".join(f"{k}={v}" for k, v in rec.assumptions.items() if v is not None), "  "))
+    click.echo(fold("assumptions: " + ", ".join(f"{k}={v}" for k, v in rec.assumptions.items() if v is not None), "  "))

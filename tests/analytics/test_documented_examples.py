@@ -251,6 +251,9 @@ def test_every_documented_example_runs_and_answers_in_physical_ranges(place: Pat
     res = CliRunner().invoke(cli, argv)
     assert res.exit_code == 0, (example, res.output[-800:])
     assert "Traceback" not in res.output
+    if not {"--json", "--csv", "--wide"} & set(argv):  # issue 66: every default output within 120 columns
+        wide = [x for x in res.output.splitlines() if len(x) > 120 and not x.lstrip().startswith(("{", "["))]
+        assert not wide, (example, wide[0])
     if argv[0] in ("predict", "recommend") and "--json" not in argv:
         res = CliRunner().invoke(cli, [*argv, "--json"])
         assert res.exit_code == 0, (example, res.output[-800:])
