@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -313,6 +314,6 @@ def lives(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
     _overheads("lives", paths, db, as_json_)
 
 
-checkpoints.help = (checkpoints.help or "").replace("{fmt}", _FORMAT_HELP["checkpoints"])
-lives.help = (lives.help or "").replace("{fmt}", _FORMAT_HELP["lives"])
-startups.help = (startups.help or "").replace("{fmt}", _FORMAT_HELP["startups"])
+checkpoints.help = inspect.cleandoc(checkpoints.help or "").replace("{fmt}", _FORMAT_HELP["checkpoints"])
+lives.help = inspect.cleandoc(lives.help or "").replace("{fmt}", _FORMAT_HELP["lives"])
+startups.help = inspect.cleandoc(startups.help or "").replace("{fmt}", _FORMAT_HELP["startups"])

@@ -216,3 +216,19 @@ def test_every_command_is_documented_with_an_example() -> None:
         assert "Example" in help_text, f"analyze {' '.join(args)} --help has no example"
         assert f"analyze {' '.join(args)}" in readme, f"README does not mention analyze {' '.join(args)}"
     assert ["import", "tensorboard"] in names
+
+
+def test_help_paragraphs_are_wrapped_as_prose() -> None:
+    """A help text edited after click read it (the import formats' column lists) kept its
+    docstring's indent, and click wrapped it into 'a row,   with' (issue 66: help texts that
+    read right). The opening paragraph of every command's help is prose: no run of spaces."""
+    import re
+
+    names = [[n] for n in cli.commands] + [[n, s] for n, c in cli.commands.items() for s in getattr(c, "commands", {})]
+    bad = []
+    for args in names:
+        out = CliRunner().invoke(cli, [*args, "--help"]).output.split("\n\n")
+        first = out[1] if len(out) > 1 else ""
+        if re.search(r"\S {2,}\S", first):
+            bad.append((args, first[:120]))
+    assert bad == []
