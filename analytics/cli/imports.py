@@ -91,7 +91,7 @@ def tensorboard(paths: tuple[str, ...], job: str | None, manifest: str | None, d
       analyze import tensorboard runs/resnet50-k80x4 --job resnet50-k80x4 \\
           --gpu-type k80 --workers 4 --ps 1 --model resnet50 --batch-size 32
       analyze import tensorboard logs/ --job 'sweep-{run}' --gpu-type v100
-      analyze import tensorboard --manifest cmdare/jobs.csv
+      analyze import tensorboard --manifest jobs.csv
     """
     from .. import tbimport
     from ..tbplan import plan

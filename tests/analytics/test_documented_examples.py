@@ -76,7 +76,6 @@ RENAME = {"sim-input-6": "resnet50-a", "sim-healthy-1-n0": "gpu-7"}
 
 @pytest.fixture(scope="module")
 def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.analytics.recommend.test_provision import SPOTDNN
     from tests.fakes.fleet import DemoFleet, Fleet
 
     d = tmp_path_factory.mktemp("documented")
@@ -115,33 +114,14 @@ def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     Writer(con).write([("demo", encode_many(demo.events)), ("lives", encode_many(lives.events)), ("pod", b"".join(pod))])
     con.close()
     for kind, f in (("checkpoints", "checkpoints.csv"), ("startups", "startup.csv")):  # CM-DARE's overheads
-        shutil.copy(DATA / "overheads" / f, d / f)
-        res = CliRunner().invoke(cli, ["import", kind, str(d / f), "--db", str(db)])
+        res = CliRunner().invoke(cli, ["import", kind, str(DATA / "overheads" / f), "--db", str(db)])
         assert res.exit_code == 0, res.output
-    (d / "startups").mkdir()
-    shutil.copy(DATA / "overheads" / "startup.csv", d / "startups" / "2026-11.csv")
-    shutil.copy(DATA / "lifetimes" / "lives.csv", d / "lives.csv")  # CM-DARE's spot lives
-    (d / "gce-instances").mkdir()
-    (d / "gce-instances" / "2026-11.csv").write_text(
-        "vm,zone,instance_type,accelerator,created,ended,ended_by\n"
-        "a-1,us-east1-b,n1-standard-8,v100,2026-11-01T00:00:00Z,2026-11-01T05:30:00Z,preempted\n"
-        "a-2,us-east1-c,n1-standard-8,v100,2026-11-01T00:00:00Z,2026-11-02T00:00:00Z,max_lifetime\n"
-        "a-3,us-east1-b,n1-standard-8,v100,2026-11-01T00:00:00Z,,running\n")
     for kind in ("speed", "cluster", "lifetime", "overhead"):
         res = CliRunner().invoke(cli, ["fit", kind, "--db", str(db)])
         assert res.exit_code == 0, (kind, res.output)
-    # the files the examples name
+    # the files the examples name: the ones docs/examples ships, and the database
+    shutil.copytree(ROOT / "docs" / "examples", d, dirs_exist_ok=True)
     shutil.copy(db, d / "fleet.duckdb")
-    (d / "resnet.toml").write_text(SPOTDNN)
-    (d / "batches.csv").write_text("remote,local,batch_ms\n1,0,120\n2,0,70\n3,0,62\n4,0,61\n4,1,60\n")
-    (d / "thresholds.toml").write_text("[detectors.straggler]\nmin_slowdown = 1.3\n")
-    rules = ROOT / "analytics" / "rules"
-    (d / "rules").mkdir()
-    shutil.copy(rules / "cmdare.yml", d / "rules" / "gpu.yml")
-    shutil.copy(rules / "cmdare.yml", d / "my-rules.yml")
-    test = (rules / "cmdare.test.yml").read_text().replace("cmdare.yml", "gpu.yml")
-    (d / "rules" / "gpu.test.yml").write_text(test)
-    (d / "my-rules.test.yml").write_text((rules / "cmdare.test.yml").read_text().replace("cmdare.yml", "my-rules.yml"))
     # the lake the --lake examples name, holding the same (cmdare-collector to-lake)
     from cmdare.collector.lake import Lake, load_database
 
@@ -150,15 +130,6 @@ def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     con = connect(db, read_only=True)
     load_database(lake, con, str(db))
     con.close()
-    run = next(r for r in rows if r["gpu_type"] == "K80" and r["workers"] == "4")
-    (d / "runs" / "resnet50-k80x4").mkdir(parents=True)
-    shutil.copy(DATA / run["file"], d / "runs" / "resnet50-k80x4" / "events.csv")
-    (d / "cmdare").mkdir()  # CM-DARE's manifest and runs, for import tensorboard --manifest
-    shutil.copy(DATA / "jobs.csv", d / "cmdare" / "jobs.csv")
-    shutil.copytree(DATA / "runs", d / "cmdare" / "runs")
-    for i, r in enumerate(r for r in rows if r["workers"] == "2"):  # a sweep's log directory, a run each
-        (d / "logs" / f"lr-{i}").mkdir(parents=True)
-        shutil.copy(DATA / r["file"], d / "logs" / f"lr-{i}" / "steps.csv")
     return d
 
 
