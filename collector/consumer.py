@@ -159,8 +159,10 @@ class KafkaIngest:
         return consumer_class(self.url.topic, **options)
 
     def _idle(self) -> None:
-        """Called when a poll brought nothing and nothing is being written (lake mode:
-        commit what is staged once it is due)."""
+        """Called when a poll brought nothing and nothing is being written: the rollups and
+        retention when due, on the writer's thread (lake mode: commit what is staged)."""
+        if self.writer.due():
+            self._pipe.submit(Batch(), {})  # an empty write: nothing stored, then housekeep()
 
     def _take(self, batch: Batch, offsets: dict[Any, int]) -> tuple[Batch, dict[Any, int]]:
         """The batch being filled, after a poll (lake mode drops it after a rebalance)."""
@@ -560,6 +562,7 @@ class SpoolIngest:
         self.following = True
         while not self.stop_event.is_set():
             self.load_available()
+            self.writer.housekeep()  # on schedule even while the spool stays empty
             self.stop_event.wait(interval)
         self.writer.rollup()
 

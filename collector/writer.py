@@ -165,12 +165,24 @@ class Writer:
                 pass
             raise
         s.drop(con)
+        self.housekeep()
+        return res
+
+    def due(self) -> bool:
+        """Whether a rollup or a retention run is due (see housekeep)."""
+        r, now = self.retention, time.monotonic()
+        return (self.rollup_every is not None and now - self._rolled_at >= self.rollup_every) or (
+            r is not None and (self._retained_at is None or now - self._retained_at >= r.every))
+
+    def housekeep(self) -> None:
+        """The rollups and the retention, each when its interval has passed: after every
+        write, and from the ingest loops while nothing arrives, so a fleet gone quiet
+        still has its old rows rolled up and deleted on schedule (on the writer's thread)."""
         if self.rollup_every is not None and time.monotonic() - self._rolled_at >= self.rollup_every:
             self.rollup()
         r = self.retention
         if r is not None and (self._retained_at is None or time.monotonic() - self._retained_at >= r.every):
             self.retain()
-        return res
 
     def retain(self) -> dict[str, int]:
         """Apply the retention now (rollups first; a failure is logged and retried at the
