@@ -5,7 +5,9 @@ resources, which the pages read, and ``analyze report --html``).
 A GPU's state over the window, one of (first that applies):
 ``failing``: lost, or any Xid or ECC event; ``throttled``: a throttle reason in at least
 ``THROTTLED_PCT`` of its samples; ``busy``: mean utilisation at least ``BUSY_PCT``;
-``idle`` otherwise.
+``idle`` otherwise. The stat strip counts each GPU that is not failing as busy or idle by
+its utilisation, and ``throttled`` among those: a GPU at 94 % with a throttle reason is
+busy and throttled, never neither (busy + idle + failing = the GPUs).
 """
 
 from __future__ import annotations
@@ -89,7 +91,12 @@ def summary(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt
             nodes[st] = nodes.get(st, 0) + 1
     gpus = {"busy": 0, "idle": 0, "throttled": 0, "failing": 0}
     for r in gpu_rows(con, since, until):
-        gpus[gpu_state(r)] += 1
+        state = gpu_state(r)
+        if state == "failing":
+            gpus["failing"] += 1
+            continue
+        gpus["busy" if (r.get("util_pct") or 0) >= BUSY_PCT else "idle"] += 1
+        gpus["throttled"] += state == "throttled"  # of the busy and idle ones
     running = con.execute(
         "SELECT DISTINCT job FROM steps WHERE job IS NOT NULL AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u) ORDER BY job",
         {"s": since, "u": until}).fetchall()

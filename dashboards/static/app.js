@@ -33,8 +33,10 @@
       return v.toLocaleString("en", { maximumFractionDigits: digits === undefined ? 3 : digits });
     }
     if (typeof v === "object") return JSON.stringify(v);
-    return String(v);
+    const iso = ISO.exec(v);  // a time: to the second, as the other tables print it (no T, no microseconds)
+    return iso ? `${iso[1]} ${iso[2]}${iso[3] && iso[3] !== "Z" && !/^[+-]00:?00$/.test(iso[3]) ? iso[3] : ""}` : String(v);
   }
+  const ISO = /^(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:?\d\d)?$/;
   function since() {
     const s = RANGES[state.range];
     return s ? new Date(Date.now() - s * 1000).toISOString().slice(0, 19) + "Z" : null;
@@ -132,9 +134,16 @@
       width: Math.max(320, Math.min(760, box.clientWidth || 640)), height: 220,
       series: [{}].concat(series.map(([label, _, colour]) => ({ label, stroke: colour, width: 1.5, spanGaps: false }))),
       axes: [{}, { size: 60 }], legend: { live: true },
+      hooks: { ready: [latest], setCursor: [(u) => { if (u.cursor.idx == null) latest(u); }] },
     };
     // eslint-disable-next-line no-new, no-undef
     new uPlot(opts, [xs].concat(series.map((s) => s[1])), box);
+  }
+  function latest(u) {  // the legend shows the newest point that has a value, not "--", until hovered
+    const n = u.data[0].length;
+    let i = n - 1;
+    while (i > 0 && u.data.slice(1).every((ys) => ys[i] === null || ys[i] === undefined)) i--;
+    if (n) u.setLegend({ idx: i }, false);
   }
 
   // -- the controls ----------------------------------------------------------------------------
@@ -202,7 +211,7 @@
       stat("nodes alive", n.alive || 0, Object.entries(n).map(([k, v]) => `${k} ${v}`).join(", ")),
       stat("GPUs busy", g.busy, `idle ${g.idle}`),
       stat("GPUs idle", g.idle, `mean util < ${sum.gpu_thresholds.busy_pct} %`, g.idle ? "warn" : ""),
-      stat("GPUs throttled", g.throttled, `throttled ≥ ${sum.gpu_thresholds.throttled_pct} % of samples`, g.throttled ? "warn" : ""),
+      stat("GPUs throttled", g.throttled, `of the busy and idle, ≥ ${sum.gpu_thresholds.throttled_pct} % of samples`, g.throttled ? "warn" : ""),
       stat("GPUs failing", g.failing, "lost, Xid or ECC", g.failing ? "bad" : ""),
       stat("jobs running", sum.jobs.running, "with steps in the range"),
       stat("findings", Object.values(sum.findings).reduce((a, b) => a + b, 0),
@@ -266,7 +275,13 @@
     if (!h.rows.length) { box.textContent = "no GPU samples in the range"; return box; }
     const nx = h.times.length, ny = h.rows.length;
     const cellW = Math.max(3, Math.floor(900 / Math.max(1, nx))), cellH = ny > 1000 ? 1 : ny > 400 ? 2 : 12;
-    const left = cellH >= 10 ? 230 : 8, top = 4;
+    const top = 4, font = "11px system-ui, sans-serif", MAX_LABEL = 420;
+    const measure = document.createElement("canvas").getContext("2d");
+    measure.font = font;
+    // row labels as wide as the widest needs (up to MAX_LABEL px; past it, cut in the middle:
+    // the job's start and the GPU at the end stay readable)
+    const labels = cellH >= 10 ? h.rows.map((r) => fitLabel(measure, rowLabel(h, r), MAX_LABEL - 10)) : [];
+    const left = cellH >= 10 ? Math.ceil(Math.max(60, ...labels.map((l) => measure.measureText(l).width))) + 12 : 8;
     // one pixel per cell, drawn once, then scaled up without smoothing: 8,000 GPUs x 96
     // buckets is 768k pixels, not 768k fillRect calls
     const img = new ImageData(nx, ny);
@@ -283,18 +298,18 @@
     small.width = nx; small.height = ny;
     small.getContext("2d").putImageData(img, 0, 0);
     const cv = el("canvas", {});
-    const W = left + cellW * nx + 4, H = top + cellH * ny + 18;
+    const W = left + cellW * nx + 4, H = top + cellH * ny + 22;
     cv.width = W; cv.height = H; cv.style.width = W + "px"; cv.style.height = H + "px";
     const c = cv.getContext("2d");
     c.imageSmoothingEnabled = false;
     c.drawImage(small, left, top, cellW * nx, cellH * ny);
     const dark = matchMedia("(prefers-color-scheme: dark)").matches;
-    c.font = "11px system-ui, sans-serif";
+    c.font = font;
     let lastJob;
     h.rows.forEach((r, i) => {
       const y = top + i * cellH;
       c.fillStyle = dark ? "#98a2b3" : "#667085";
-      if (cellH >= 10) c.fillText(rowLabel(h, r).slice(0, 38), 2, y + cellH - 2);
+      if (cellH >= 10) c.fillText(labels[i], 2, y + cellH - 2);
       if (h.group !== "job" && r.job !== lastJob && i && cellH >= 10) c.fillRect(0, y, W, 1);
       lastJob = r.job;
     });
@@ -303,9 +318,22 @@
       for (let j = 1; j < nx; j++) c.fillRect(left + j * cellW - 1, top, 1, cellH * ny);
       for (let i = 1; i < ny; i++) c.fillRect(left, top + i * cellH - 1, cellW * nx, 1);
     }
+    // time ticks on cell boundaries: a tick at column j marks where its cell starts, labelled
+    // with that cell's start (the first with its date and UTC), far enough apart to read
     c.fillStyle = dark ? "#98a2b3" : "#667085";
-    c.fillText(h.times[0] + " UTC", left, H - 4);
-    c.fillText(h.times[nx - 1], Math.max(left + 200, W - 130), H - 4);
+    const ticks = [], y0 = top + cellH * ny, short = (t) => t.slice(11, h.step_seconds % 60 ? 19 : 16);
+    const first = h.times[0].slice(0, h.step_seconds % 60 ? 19 : 16) + " UTC";
+    const every = Math.max(1, Math.ceil((measure.measureText(short(h.times[0])).width + 24) / cellW));
+    for (let j = 0; j < nx; j += j ? every : Math.max(every, Math.ceil((measure.measureText(first).width + 24) / cellW))) {
+      const x = left + j * cellW, text = j ? short(h.times[j]) : first;
+      if (x + measure.measureText(text).width > W) break;
+      c.fillRect(x, y0, 1, 5);
+      c.fillText(text, x + 2, H - 4);
+      ticks.push({ x: x - left, time: h.times[j] });
+    }
+    cv.dataset.ticks = JSON.stringify(ticks);
+    cv.dataset.cut = String(labels.filter((l) => l.includes("…")).length);
+    cv.dataset.left = String(left);
     const tip = el("div", { class: "tip", hidden: "" });
     document.body.append(tip);
     // a row of a job or a node opens its GPUs (the same page, drilled down; in a report: no server to ask)
@@ -332,7 +360,23 @@
     box.append(cv);
     const what = { job: `${ny} jobs (${h.gpus} GPUs, a row per job: click a job for its GPUs)`,
       node: `${ny} nodes (${h.gpus} GPUs)` }[h.group] || `${ny} GPUs`;
-    return el("div", {}, el("div", { class: "legend", text: `${what}, one column per ${h.step_seconds} s${h.rollup ? " (5-minute rollups)" : ""}; colour: mean utilisation 0 % (blue) to 100 % (red); ${h.group === "job" || h.group === "node" ? "" : "rows grouped by job; "}hover for the figures` }), box);
+    return el("div", {}, el("div", { class: "legend", text: `${what}, one column per ${h.step_seconds} s${h.rollup ? " (5-minute rollups)" : ""}; colour: mean utilisation (scale below); ${h.group === "job" || h.group === "node" ? "" : "rows grouped by job; "}hover for the figures` }), box, scale());
+  }
+  function fitLabel(c, text, width) {  // text cut in the middle to fit width px ("…" where cut)
+    if (c.measureText(text).width <= width) return text;
+    let a = Math.ceil(text.length / 2), b = text.length - a;
+    while (a + b > 4 && c.measureText(text.slice(0, a) + "…" + text.slice(text.length - b)).width > width) {
+      if (a >= b) a--; else b--;
+    }
+    return text.slice(0, a) + "…" + text.slice(text.length - b);
+  }
+  function scale() {  // the heatmap's colours, 0 to 100 % mean utilisation, from the palette the cells use
+    const bar = el("div", { class: "scalebar" });
+    const stops = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100].map((u) => `rgb(${PALETTE[u].slice(0, 3).join(",")}) ${u}%`);
+    bar.style.backgroundImage = `linear-gradient(to right, ${stops.join(", ")})`;
+    const labels = el("div", { class: "scalelabels" }, ...["0 %", "25 %", "50 %", "75 %", "100 %"].map((t) => el("span", { text: t })));
+    return el("div", { class: "scale", "data-scale": "utilisation" }, el("span", { class: "muted", text: "mean utilisation " }),
+      el("div", { class: "scalebox" }, bar, labels), el("span", { class: "muted", text: " blank: no sample" }));
   }
 
   function timeline(revs, heat) {
@@ -366,7 +410,10 @@
       stat("steps/s per rank", s.steps_per_s), stat("examples/s", s.examples_per_s),
       stat("input wait", s.input_wait_pct === null ? "n/a" : s.input_wait_pct + " %", s.input_bound,
         s.input_bound && s.input_bound !== "not input-bound" ? "warn" : ""),
-      stat("ranks", s.ranks, `${s.nodes} nodes, ${s.runs} runs`), stat("accelerator", s.accelerator, s.model),
+      stat("ranks", s.ranks, `${s.nodes} nodes, ${s.runs} runs`),
+      // the declared accelerator, else the GPUs' own names; the model named as the model
+      stat("accelerator", s.accelerator || [...new Set(series.gpus.rows.map((g) => g.name).filter(Boolean))].join(", ") || "not known",
+        s.model ? `model ${s.model}` : "model not declared"),
       stat("state", s.state, s.ended ? "ended " + s.ended : "latest run",
         ["crashed", "failed", "node lost"].includes(s.state) ? "bad" : ""),
       stat("GPUs active / allocated", `${series.gpus.active} / ${series.gpus.allocated}`,
@@ -434,7 +481,8 @@
       // eslint-disable-next-line no-new, no-undef
       new uPlot({ width: 640, height: 240, scales: { x: { time: false } }, axes: [{ label: "workers" }, { label: "steps/s", size: 60 }],
         series: [{ label: "workers" }].concat(series.map(([label, , colour], i) => ({ label, stroke: colour, width: i ? 1.5 : 0,
-          points: { show: i === 0, size: 8, fill: colour }, dash: i > 1 ? [4, 4] : undefined, spanGaps: true }))) },
+          points: { show: i === 0, size: 8, fill: colour }, dash: i > 1 ? [4, 4] : undefined, spanGaps: true }))),
+        hooks: { ready: [latest], setCursor: [(u) => { if (u.cursor.idx == null) latest(u); }] } },
         [xs].concat(series.map((x) => x[1])), plot);
     }
     box.append(table(["workers", "job", "steps_per_second"], c.measured, {}));

@@ -44,6 +44,17 @@ def test_gpu_states_from_the_rollups_are_those_from_the_samples(con, monkeypatch
     assert {"busy", "idle", "throttled", "failing"} <= set(states)  # the demo has each
 
 
+def test_the_strip_counts_a_throttled_gpu_as_busy_or_idle_too(con) -> None:
+    """Issue 66: two GPUs at 94 % with a throttle reason read "GPUs busy 0, idle 0"."""
+    rows = fleet.gpu_rows(con, None, None)
+    g = fleet.summary(con, None, None, with_nodes=False)["gpus"]
+    assert g["busy"] + g["idle"] + g["failing"] == len(rows)
+    hot = [r for r in rows if fleet.gpu_state(r) == "throttled"]
+    assert hot and g["throttled"] == len(hot)
+    busy = sum(1 for r in rows if fleet.gpu_state(r) != "failing" and (r["util_pct"] or 0) >= fleet.BUSY_PCT)
+    assert g["busy"] == busy and busy > sum(1 for r in rows if fleet.gpu_state(r) == "busy")
+
+
 def test_the_heatmap_reads_the_same_cells_from_rollups_and_samples(con, monkeypatch) -> None:
     lo = con.execute("SELECT min(ts) FROM gpu_samples").fetchone()[0]
     since = lo - dt.timedelta(seconds=(lo - fleet.EPOCH).total_seconds() % 300)  # a 5-minute boundary

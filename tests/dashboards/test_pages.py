@@ -76,7 +76,9 @@ def test_the_fleet_page_shows_the_strip_a_row_per_gpu_and_the_nodes(page, api: s
     strip = {p.inner_text(f'[data-stat="{k}"] .v'): k for k in ("GPUs busy", "GPUs idle", "GPUs throttled", "GPUs failing")}
     counts = {k: int(v.replace(",", "")) for v, k in strip.items()}
     summary = json.loads(urllib.request.urlopen(api + "/api/v1/fleet").read())
-    assert sum(summary["gpus"].values()) == n and summary["gpus"]["idle"] >= 1 and summary["gpus"]["failing"] >= 1
+    g = summary["gpus"]
+    assert g["busy"] + g["idle"] + g["failing"] == n and g["idle"] >= 1 and g["failing"] >= 1
+    assert 1 <= g["throttled"] <= g["busy"] + g["idle"]  # throttled GPUs are counted busy or idle too
     assert summary["gpus"]["busy"] == int(p.inner_text('[data-stat="GPUs busy"] .v'))
     assert int(p.inner_text('[data-stat="findings"] .v')) == sum(summary["findings"].values()) >= 5
     assert counts  # the strip is there
@@ -457,6 +459,9 @@ def test_a_kubernetes_pods_job_page_shows_its_idle_gpus_and_the_finding(page, tm
         p.wait_for_selector("section[data-ready]")
         assert p.inner_text('[data-stat="GPUs active / allocated"] .v') == "0 / 2"
         assert p.inner_text('[data-stat="state"] .v') == "pod (no steps)"
+        # no declaration: the GPUs' own name, and no model shown as the accelerator's detail
+        acc = p.inner_text('[data-stat="accelerator"]')
+        assert "A100" in acc and "model not declared" in acc
         assert p.locator("section:has(h2:text-is(\"GPUs of the job's nodes\")) tr.hl").count() == 2
         util = p.locator("div:has(> h3:text-matches('^GPU utilisation')) .chart")
         assert int(util.get_attribute("data-points")) > 50  # its GPUs over time, though it sent no step
