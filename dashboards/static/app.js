@@ -620,15 +620,36 @@
 
   PAGES.report = async function (out) {
     const r = window.CMDARE_DATA.$report || { jobs: [] };
-    out.append(el("p", { class: "muted", text: `made ${r.made} UTC from ${r.since ? "data since " + r.since : "all the data"}` +
+    out.append(el("p", { class: "muted", text: `made ${fmt(r.made)} UTC from ${r.since ? "data since " + fmt(r.since) + " UTC" : "all the data"}` +
       (r.jobs_left_out ? `; ${r.jobs_left_out} more jobs are in the jobs table only` : "") }));
     const parts = [["fleet", "Fleet"], ["jobs", "Jobs"]].concat(r.jobs.map((j) => ["job", "Job " + j, j]))
       .concat([["findings", "Findings"], ["recommendations", "Recommendations"], ["alerts", "Alerts"], ["models", "Models"]]);
+    // contents first; each job's page folded under a line that says how it stands (a report of
+    // many jobs was one page per job stacked: 33,000 px), open when the report is of one job
+    // or a link leads to it
+    const contents = el("nav", { class: "contents" }, el("b", { text: "Contents: " }));
+    out.append(contents);
     for (const [name, title, job] of parts) {
-      const sec = el("section", { class: "page", id: job ? "job-" + job : name, "data-page": name }, el("h1", { text: title }));
+      const id = job ? "job-" + job : name;
+      contents.append(el("a", { href: "#" + id, text: job || title }), " ");
+      const sec = el("section", { class: "page", id, "data-page": name }, el("h1", { text: title }));
       try { await PAGES[name](sec, { job }); } catch (e) { sec.append(el("p", { class: "bad", text: String(e.message || e) })); }
-      out.append(sec);
+      if (!job) { out.append(sec); continue; }
+      const fold = el("details", { class: "page", id, "data-page": name }), head = el("summary", {});
+      sec.removeAttribute("id");
+      const state = sec.querySelector('[data-stat="state"] .v'), found = sec.querySelectorAll(".finding").length;
+      head.append(el("h1", { text: title }), el("span", { class: "muted", text:
+        ` ${state ? state.textContent : ""} · ${found} finding${found === 1 ? "" : "s"}` }));
+      fold.append(head, sec);
+      if (r.jobs.length === 1) fold.open = true;
+      out.append(fold);
     }
+    const opened = () => {  // a link to a job's page (the jobs table, the contents) opens it
+      const t = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+      if (t && t.tagName === "DETAILS") { t.open = true; t.scrollIntoView(); }
+    };
+    window.addEventListener("hashchange", opened);
+    opened();
   };
 
   // -- load --------------------------------------------------------------------------------------
