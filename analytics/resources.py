@@ -11,7 +11,9 @@ recommender's option table) sets ``custom``: its route is written in http.py
 still names it, so the walk covers it.
 
 Adding a resource: its library function in ``api/<group>.py`` (exported by ``api``), one
-``Resource`` here; the route and the client follow (docs/service.md, "How to add")."""
+``Resource`` here; the route and the client follow, and its row in docs/service.md's table
+of resources (docs/extending.md, "A resource of the API"; tests/test_docs.py checks
+that every route is documented)."""
 
 from __future__ import annotations
 

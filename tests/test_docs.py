@@ -172,3 +172,43 @@ def test_the_bottlenecks_help_names_every_detector() -> None:
 
     text = " ".join((cli.commands["bottlenecks"].help or "").split())
     assert [d for d in DETECTORS if d not in text] == []
+    # the README's line for the command too (it listed 7 of 11; issue 67)
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("analyze bottlenecks --since 1d"):].split("\nanalyze ", 1)[0]
+    assert [d for d in DETECTORS if d not in block] == []
+
+
+def _documented_routes(text: str) -> set[str]:
+    """Every ``METHOD /path`` docs/service.md names, its ``{a,b}`` alternations expanded
+    (``{job}``, a parameter, stays a parameter)."""
+    out = set()
+    for m in re.finditer(r"\b(GET|POST|PUT|DELETE) (/[A-Za-z0-9_./{},-]*)", text):
+        paths = [m.group(2).rstrip(".,")]
+        while any("," in part for p in paths for part in re.findall(r"\{[^}]*\}", p)):
+            nxt = []
+            for p in paths:
+                alt = next((a for a in re.findall(r"\{[^}]*\}", p) if "," in a), None)
+                nxt += [p.replace(alt, x, 1) for x in alt[1:-1].split(",")] if alt else [p]
+            paths = nxt
+        out |= {f"{m.group(1)} {re.sub(r'{[^}]*}', '{}', p)}" for p in paths}
+    return out
+
+
+def test_every_api_route_is_in_the_service_doc(tmp_path: Path) -> None:
+    """docs/service.md omitted /api/v1/runs, /api/v1/goodput and two prediction routes
+    (issue 67): every route the API serves is in its table, method and path."""
+    from cmdare.analytics.db import Database
+    from cmdare.analytics.http import create_app
+
+    doc = _documented_routes((ROOT / "docs" / "service.md").read_text())
+    served = set()
+    for r in create_app(Database(tmp_path / "x.duckdb")).routes:
+        path = getattr(r, "path", "")
+        if not path.startswith("/api/"):
+            continue
+        served |= {f"{m} {re.sub(r'{[^}]*}', '{}', path)}" for m in (getattr(r, "methods", None) or {"GET"}) - {"HEAD"}}
+    # a served parameter ({kind}) is documented by its values or as a parameter
+    missing = [r for r in served if not any(re.fullmatch(re.escape(r).replace(r"\{\}", "[^/]+"), d) for d in doc)]
+    assert sorted(missing) == []
+    assert _documented_routes("GET /api/v1/x/{a,b}?q=, POST /api/v1/y/{job}") == {
+        "GET /api/v1/x/a", "GET /api/v1/x/b", "POST /api/v1/y/{}"}

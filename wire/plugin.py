@@ -4,8 +4,9 @@ collector is one unit found by its name.
 
 A unit is a class with
 
-- ``name``: the registry name, the module name and the config table (``[sources.gpu]`` is
-  ``agent/sources/gpu.py``; ``detectors/ps_bound.py`` is the detector ``ps_bound``);
+- ``name``: the registry name, the module name and the config table (``[sources.host]`` is
+  ``agent/sources/host.py``, ``[sources.gpu]`` the package ``agent/sources/gpu/``;
+  ``detectors/ps_bound.py`` is the detector ``ps_bound``);
 - ``OPTIONS``: typed options with defaults and help (``Option``), validated up front by
   ``parse_options`` with a one-line error naming the key;
 - ``REQUIRES``: what it needs to run (``Requirement``: a Python module, a table, a model

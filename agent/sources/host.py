@@ -1,6 +1,6 @@
 """Host source (psutil): CPU, load, memory and swap, NICs, disks, process count.
 
-Fields and units: see ``DATA_FIELDS["host"]`` in events.py and docs/sources.md.
+Fields and units: see ``DATA_FIELDS["host"]`` in wire/registry.py and docs/sources.md.
 Counters (``*_total``) are cumulative since boot; analytics derive rates.  CPU shares
 are computed from the change in CPU times since the previous tick, so the first tick
 after start reports no CPU share.  A psutil call that fails leaves its fields out and the
