@@ -189,3 +189,26 @@ def test_a_write_conflict_is_tried_again_then_raised() -> None:
     with pytest.raises(duckdb.TransactionException):
         retry_conflicts(flaky, 3, pause=0)
     assert calls["n"] == -7  # tried three times, no more
+
+
+def test_a_multi_node_jobs_findings_are_kept_one_per_node(tmp_path) -> None:
+    """Issue 67: a finding's key without its node kept one of a multi-node job's two node
+    findings (the second was taken for a repeat). Both are stored, both extended by the next
+    round, and one resolved when only the other holds."""
+    from cmdare.analytics.units import Finding, Scope
+    from cmdare.collector.db import connect
+
+    con = connect(tmp_path / "c.duckdb")
+    t = dt.datetime(2026, 1, 1, 12)
+    scope = Scope(None, t - dt.timedelta(minutes=15), t)
+
+    def on(*nodes: str) -> list[Finding]:
+        return [Finding("gpu_idle", "job-1", f"idle GPUs on {n}", node=n, subject="0",
+                        window_start=t - dt.timedelta(minutes=10), window_end=t) for n in nodes]
+
+    assert current.track(con, ["gpu_idle"], on("n0", "n1"), scope, t) == (0, 2, 0)
+    assert current.track(con, ["gpu_idle"], on("n0", "n1"), scope, t + dt.timedelta(minutes=1)) == (2, 0, 0)
+    assert current.track(con, ["gpu_idle"], on("n1"), scope, t + dt.timedelta(minutes=2)) == (1, 0, 1)
+    rows = con.execute("SELECT node, resolved_at IS NULL FROM findings ORDER BY node").fetchall()
+    assert rows == [("n0", False), ("n1", True)]
+    con.close()

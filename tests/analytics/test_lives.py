@@ -231,3 +231,23 @@ def test_lives_over_the_api_check_what_a_client_sends(tmp_path: Path) -> None:
     assert got["stored"] == 1
     with duckdb.connect(str(tmp_path / "a.duckdb"), read_only=True) as c:
         assert c.execute("SELECT lifetime_seconds, region FROM spot_lives").fetchall() == [(6 * 3600.0, "us-east1")]
+
+
+def test_on_demand_lives_never_enter_the_spot_fit(tmp_path: Path) -> None:
+    """Issue 67: with the purchase filter dropped, on-demand VMs (never revoked) entered the
+    spot fit: P(revoked by 3 h) fell from 0.5 to 0.25. Ten spot lives, five preempted at 1 h;
+    ten on-demand lives deleted at 10 h."""
+    f = tmp_path / "mixed.csv"
+    rows = ["vm,accelerator,region,purchase,lifetime_s,ended_by"]
+    rows += [f"s-{i},t4,us-east1,spot,{3600 if i < 5 else 36000},{'preempted' if i < 5 else 'deleted'}"
+             for i in range(10)]
+    rows += [f"o-{i},t4,us-east1,on-demand,36000,deleted" for i in range(10)]
+    f.write_text("\n".join(rows) + "\n")
+    db = tmp_path / "m.duckdb"
+    connect(db).close()
+    assert run("import", "lives", str(f), "--db", str(db))[0] == 0
+    assert run("fit", "lifetime", "--db", str(db))[0] == 0
+    code, out, err = run("predict", "revocation", "--region", "us-east1", "--gpu-type", "t4", "--hours", "3",
+                         "--db", str(db), "--json")
+    assert code == 0, err
+    assert json.loads(out)["prediction"] == pytest.approx(0.5) and json.loads(out)["lives"] == 10

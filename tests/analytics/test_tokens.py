@@ -146,3 +146,18 @@ def test_a_changed_token_file_takes_effect_and_ends_the_removed_tokens_sessions(
     os.utime(f, (time.time() + 9, time.time() + 9))
     clock.t += 1.0
     assert c.get("/api/v1/nodes", headers=bearer("ci")).status_code == 200
+
+
+def test_a_session_belongs_to_its_tokens_name_not_to_its_secret_alone(tmp_path: Path) -> None:
+    """Issue 67: with held() ignoring the token's name, a removed token's sessions lived on
+    under a new token that reuses its secret (another name, perhaps another scope)."""
+    f = tmp_path / "tokens.toml"
+    f.write_text(table("dash", "read", "shared-secret"))
+    t = Tokens.load(f)
+    assert t.held("dash", digest("shared-secret")) is not None
+    f.write_text(table("ci", "admin", "shared-secret"))  # "dash" removed; its secret reused by "ci"
+    os.utime(f, (time.time() + 5, time.time() + 5))
+    t2 = Tokens.load(f)
+    assert t2.held("dash", digest("shared-secret")) is None  # dash's sessions end
+    assert t2.held("ci", digest("shared-secret")).name == "ci"
+    assert t2.held("ci", digest("another")) is None

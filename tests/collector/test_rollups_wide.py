@@ -301,3 +301,21 @@ def test_hostile_counters_cost_their_own_bucket_never_the_rollup_run(con) -> Non
     assert rollup.run(con)["host_rollup_5m"] >= 2
     rows = con.execute("SELECT net_rx_first, net_rx_last FROM host_rollup_5m ORDER BY bucket").fetchall()
     assert rows[0] == (None, None) and rows[-1] == (100.0, 101.0)
+
+
+@pytest.mark.parametrize("kind", ["gpu", "host"])
+def test_a_label_filter_holds_in_buckets_read_from_the_rollups(con, kind: str) -> None:
+    """Issue 67: the --label filter was dropped for buckets before the retention horizon, so
+    another team's node appeared there."""
+    from cmdare.analytics import queries
+
+    w = Writer(con, max_skew=None, rollup_every=None)
+    tag = [EventFactory(n, "worker", "job-1", {"team": t}).line("heartbeat", {"seq": 1}, T0 + 1795)
+           for n, t in (("a", "red"), ("b", "blue"))]
+    w.write([("m", gpu("a", T0, 180) + gpu("b", T0, 180) + host("a", T0, 180) + host("b", T0, 180) + b"".join(tag))])
+    rollup.retain(con, 900, None)  # the first buckets are now read from the rollups
+    read = queries.gpu if kind == "gpu" else queries.host
+    cols, rows = read(con, every=300.0, label=("team", "red"))
+    nodes = {r[cols.index("node")] for r in rows}
+    early = {r[cols.index("node")] for r in rows if r[0] < at(T0 + 600).strftime("%Y-%m-%d %H:%M:%S")}
+    assert nodes == {"a"} and early == {"a"}, (nodes, early)

@@ -620,3 +620,21 @@ def test_block_rows_are_numbered_after_the_messages_text_lines(tmp_path: Path) -
         Writer(con).write([("m:1", raw)])
         got.append(con.execute("SELECT line, reason FROM dead_letters ORDER BY line").fetchall())
     assert [x for x, _ in got[0]] == [1, 2] and got[0] == got[1]
+
+
+def test_a_repeat_in_a_batch_drops_only_that_nodes_copy_never_another_nodes_same_id(db) -> None:
+    """Identity is (node, id): ids are unique per agent, not across a fleet. A batch where
+    node-a repeats one event (the in-batch de-duplication runs) and node-b sends events with
+    the same ids as node-a's keeps all of node-b's (issue 67: with the check keyed on id
+    alone, stored rows fell from 20 to 10)."""
+    a, b = EventFactory("node-a", "worker", "j"), EventFactory("node-b", "worker", "j")
+    lines = []
+    for i in range(10):
+        for f in (a, b):
+            ev = f.make("gpu", {"index": 0, "uuid": f"G-{f.node}", "util_gpu_ratio": 0.5}, 1.75e9 + i)
+            ev["id"] = f"tick-{i}"  # the same id on both nodes
+            lines.append(encode(ev))
+    r = Writer(db).write([("t:1", b"".join(lines + lines[:1]))])  # node-a's first event twice
+    assert (r.inserted, r.duplicates) == (20, 1)
+    assert db.execute("SELECT node, count(*) FROM gpu_samples GROUP BY node ORDER BY node").fetchall() == [
+        ("node-a", 10), ("node-b", 10)]
