@@ -111,6 +111,7 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("job_detail", "/api/v1/jobs/{job}", "jobs", (P_JOB,), answer="custom", report="job", custom=True),
     Resource("steps", "/api/v1/jobs/{job}/steps", "jobs", (P_JOB, P_NODE, p_since())),
     Resource("runs", "/api/v1/runs", "jobs", (Param("job", str | None, bounds={"max_length": 512}), p_since())),
+    Resource("trace", "/api/v1/jobs/{job}/trace", "jobs", (P_JOB,), answer="plain"),
     Resource("fleet_goodput", "/api/v1/goodput", "jobs",
              (p_since(True), p_until(True),
               Param("by", str, "fleet", {"max_length": 64, "pattern": r"^[A-Za-z0-9_.-]+$"}),

@@ -67,7 +67,8 @@ APPENDED = (*EVENT_TABLES, "nodes")
 DERIVED = ("findings", "finding_coverage", "model_fits", "alerts", "alert_rules", "checkpoint_records",
            "startup_records", "spot_lives", "goodput_hours")
 # single-file bookkeeping with no lake counterpart
-LOCAL_ONLY = ("ingest_positions", "rollup_dirty", "rollup_horizon", *rollup.TABLES, "schema_migrations")
+LOCAL_ONLY = ("ingest_positions", "rollup_dirty", "rollup_horizon", *rollup.TABLES, "schema_migrations",
+              "trace_ranks", "trace_kernels", "trace_steps")  # (profiler traces: imported into a file only)
 # how one stored row is recognised when a round overlaps what a table holds (nodes rows
 # are partial aggregates: storing one twice changes nothing a reader computes)
 IDENTITY: dict[str, tuple[str, ...]] = {"dead_letters": ("origin", "line"), "nodes": ()}

@@ -46,6 +46,7 @@ from .telemetry import (
     steps,
     tpu,
 )
+from .traces import import_trace, trace
 
 __all__ = [
     "PATH_OPTIONS",
@@ -75,6 +76,7 @@ __all__ = [
     "import_events",
     "import_jobs",
     "import_overheads",
+    "import_trace",
     "instances",
     "job_advice",
     "job_detail",
@@ -94,6 +96,7 @@ __all__ = [
     "scaling_curve",
     "sql",
     "steps",
+    "trace",
     "stored_findings",
     "stored_fits",
     "tpu",

@@ -317,3 +317,44 @@ def lives(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
 checkpoints.help = inspect.cleandoc(checkpoints.help or "").replace("{fmt}", _FORMAT_HELP["checkpoints"])
 lives.help = inspect.cleandoc(lives.help or "").replace("{fmt}", _FORMAT_HELP["lives"])
 startups.help = inspect.cleandoc(startups.help or "").replace("{fmt}", _FORMAT_HELP["startups"])
+
+
+@import_.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--job", required=True, help="job id the traces are stored under")
+@db_option
+@json_option
+def trace(paths: tuple[str, ...], job: str, db: str, as_json_: bool) -> None:
+    """Import PyTorch profiler (Kineto) traces from PATHS (.json or .json.gz files, one a
+    rank, or directories of them) as JOB's traces; `analyze trace --job JOB` reads them.
+
+    Each file's rank and world size come from its distributedInfo. Every file is read and
+    reduced first (a bad one: one line, nothing stored); each rank then replaces that rank's
+    trace of the job, and a file imported again changes nothing. A file is at most 1 GiB
+    (512 MiB of JSON once decompressed), read by DuckDB within 2 GB of memory.
+
+    \b
+    Example:
+      analyze import trace traces/ --job ddp-resnet
+    """
+    target = database_or_remote(db)
+    if isinstance(target, Remote):
+        raise click.ClickException("import trace writes the database file, which a collector serves now: "
+                                   "import into the file while no collector runs (through a collector: not yet)")
+    n = len(paths)
+
+    def shown(path: Path, i: int, total: int) -> None:
+        if total > 1 or n > 1:
+            click.echo(f"reading: {path.name} ({i}/{total})", err=True)
+
+    try:
+        out = api.import_trace(target, job, list(paths), progress=shown)
+    except AnalyticsError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json_:
+        click.echo(json.dumps(out))
+        return
+    click.echo(fold(f"imported job {job}: {out['files']} file(s), ranks {', '.join(map(str, out['ranks']))}: "
+                    f"{out['kernels']:,} GPU kernels stored" + (f" ({out['unchanged']} rank(s) unchanged)"
+                                                                if out["unchanged"] else "")
+                    + f" (analyze trace --job {job} reads them)"))

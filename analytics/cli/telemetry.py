@@ -328,3 +328,33 @@ def sql(query: str, max_rows: int, timeout: float, db: str, as_json_: bool) -> N
       analyze sql "SELECT node, max(ts) FROM heartbeats GROUP BY node"
     """
     render.sql(call(db, api.sql, query=query, max_rows=max_rows, timeout=timeout), as_json_, max_rows)
+
+
+@cli.command(name="trace")
+@click.option("--job", required=True, help="the job whose imported traces to read (analyze import trace)")
+@db_option
+@json_option
+def trace_(job: str, db: str, as_json_: bool) -> None:
+    """Per rank of JOB's imported PyTorch profiler traces, HTA's temporal breakdown (idle,
+    compute and non-compute share of the time from its first GPU kernel to its last) and the
+    computation-communication overlap (the share of communication time computation hid),
+    with the communication left exposed; then per profiler step the slowest rank and the
+    exposed communication (mean over ranks).
+
+    \b
+    Example:
+      analyze trace --job ddp-resnet
+    """
+    import json
+
+    out = call(db, api.trace, job=job)
+    if as_json_:
+        click.echo(json.dumps(out))
+        return
+    for title, key in (("ranks", "ranks"), ("profiler steps", "steps")):
+        rows = out[key]
+        if rows:
+            cols = list(rows[0])
+            click.echo(f"{title}:")
+            click.echo(render.table(cols, [tuple(r[c] for c in cols) for r in rows], render.WIDTH))
+    click.echo(render.fold(f"note: {out['note']}"), err=True)

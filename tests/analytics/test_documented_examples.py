@@ -119,6 +119,10 @@ def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     for kind in ("speed", "cluster", "lifetime", "overhead"):
         res = CliRunner().invoke(cli, ["fit", kind, "--db", str(db)])
         assert res.exit_code == 0, (kind, res.output)
+    # the trace the examples read (whichever worker runs `analyze trace` before the import example)
+    res = CliRunner().invoke(cli, ["import", "trace", str(ROOT / "docs" / "examples" / "traces"), "--job", "ddp-resnet",
+                                   "--db", str(db)])
+    assert res.exit_code == 0, res.output
     # the files the examples name: the ones docs/examples ships, and the database
     shutil.copytree(ROOT / "docs" / "examples", d, dirs_exist_ok=True)
     shutil.copy(db, d / "fleet.duckdb")

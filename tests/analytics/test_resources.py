@@ -26,6 +26,7 @@ EXAMPLES: dict[str, dict] = {
     "nodes": {"lost_after": 3}, "instances": {"since": SINCE}, "revocations": {"since": SINCE, "gpu_type": "v100"},
     "gpu": {"every": 300.0}, "tpu": {}, "gpu_processes": {}, "host": {"since": SINCE}, "jobs": {},
     "job_detail": {"job": "{job}"}, "steps": {"job": "{job}"}, "runs": {"job": "{job}"}, "fleet_goodput": {"by": "job"},
+    "trace": {"job": "{job}"},
     "goodput": {"job": "{job}"}, "fleet_summary": {"with_nodes": False}, "gpu_heatmap": {"columns": 12},
     "job_series": {"job": "{job}", "columns": 12}, "job_advice": {"job": "{job}"}, "scaling_curve": {"job": "{job}"},
     "stored_fits": {}, "sql": {"query": "SELECT count(*) AS n FROM heartbeats"}, "stored_findings": {},
