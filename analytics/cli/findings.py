@@ -57,10 +57,11 @@ def bottlenecks(
 ) -> None:
     """What is wrong with which job, how sure, and the numbers: PS-bound and input-bound
     jobs, stragglers, idle, throttled and failing GPUs, checkpoint overhead, tensor pipes
-    idle, memory-bound GPUs, NVLink errors and GPUs shared between jobs (the detectors
-    ps_bound, input_bound, straggler, gpu_idle, gpu_throttled, gpu_errors,
-    checkpoint_overhead, tensor_idle, memory_bound, nvlink_errors, gpu_shared; --kind picks
-    some). Sorted by severity (critical, warning, info), then confidence.
+    idle, memory-bound GPUs, NVLink errors, GPUs shared between jobs and communication-bound
+    data-parallel jobs (the detectors ps_bound, input_bound, straggler, gpu_idle,
+    gpu_throttled, gpu_errors, checkpoint_overhead, tensor_idle, memory_bound,
+    nvlink_errors, gpu_shared, comm_bound; --kind picks some). Sorted by severity (critical,
+    warning, info), then confidence.
 
     Findings are stored in the findings table (replacing those of the same detectors and
     scope: running it again stores nothing twice); a read-only database is analysed

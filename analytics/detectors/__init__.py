@@ -34,4 +34,4 @@ __all__ = ["DETECTORS", "Detector", "Finding", "Scope", "detect"]
 load_units(__name__, __path__)
 # the order analyze bottlenecks runs and lists them in
 DETECTORS.order(("ps_bound", "input_bound", "straggler", "gpu_idle", "gpu_throttled", "gpu_errors", "checkpoint_overhead",
-                 "tensor_idle", "memory_bound", "nvlink_errors", "gpu_shared"))
+                 "tensor_idle", "memory_bound", "nvlink_errors", "gpu_shared", "comm_bound"))

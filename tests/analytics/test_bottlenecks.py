@@ -159,14 +159,14 @@ def test_a_detector_without_its_data_says_what_it_needed_once(tmp_path: Path) ->
     assert code == 0
     assert err.count("note: detector gpu_idle cannot run: no rows in gpu_samples or tpu_samples yet") == 1
     assert err.count("note: detector gpu_errors cannot run: no rows in gpu_events yet") == 1
-    assert "no findings (3 detectors ran: ps_bound, input_bound, straggler)" in out
+    assert "no findings (4 detectors ran: ps_bound, input_bound, straggler, comm_bound)" in out
     assert err.count("note: detector checkpoint_overhead cannot run: no rows in checkpoints yet") == 1
 
 
 def test_the_since_window_applies(suite) -> None:
     # the suite's telemetry is from 2026-05; nothing of it is in the last day
     code, out, _ = run("--db", str(suite[0]), "--no-store", "--since", "1d")
-    assert code == 0 and out.startswith("no findings (11 detectors ran")
+    assert code == 0 and out.startswith("no findings (12 detectors ran")
 
 
 def test_the_demo_fleet_shows_every_kind_of_finding(tmp_path: Path) -> None:

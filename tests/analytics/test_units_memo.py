@@ -43,7 +43,7 @@ def test_every_detector_over_one_database_asks_each_table_once(tmp_path) -> None
     con = duckdb.connect(str(build(tmp_path / "f.duckdb")), read_only=True)
     c = Counting(con)
     out = findings.run(c, Scope())
-    assert out.findings and len(out.ran) == 11
+    assert out.findings and len(out.ran) == 12
     assert c.asked and set(c.asked.values()) == {1}, c.asked
     findings.run(c, Scope())
     assert set(c.asked.values()) == {2}

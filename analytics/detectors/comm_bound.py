@@ -1,0 +1,67 @@
+"""comm_bound: data-parallel jobs whose steps wait on communication computation did not hide,
+from their imported PyTorch profiler traces (analyze import trace; analytics/traces.py)."""
+
+from __future__ import annotations
+
+import duckdb
+
+from cmdare.wire.plugin import Option
+
+from .. import traces
+from ..units import DETECTORS, Detector, Finding, Scope
+
+
+@DETECTORS.register
+class CommBound(Detector):
+    name = "comm_bound"
+    ACTION = ("hide the gradient communication behind backward: larger DDP buckets (bucket_cap_mb), gradient "
+              "accumulation or a larger per-GPU batch, fewer nodes with more GPUs each (the ring inside NVLink), "
+              "FSDP's hybrid sharding, or a compression hook")  # what to do, where no recommender answers it
+    OPTIONS = {
+        "min_exposed": Option("float", 0.15, "share of step time spent in communication computation did not hide "
+                              "(mean over ranks and steps) that makes a finding", lo=0, hi=1),
+        "critical_exposed": Option("float", 0.35, "that share which makes it critical", lo=0, hi=1),
+    }
+    # no requirement: most jobs have no imported trace, and every analyze bottlenecks would
+    # say so; without traces (or before migration 026) it finds nothing, quietly
+    REQUIRES = ()
+
+    def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
+        o = self.options
+        if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'trace_ranks'").fetchall()[0][0]:
+            return []
+        # a trace is judged as of its import (its own clock is the profiler's, not the fleet's)
+        rows = con.execute(
+            """SELECT job, min(imported_at), max(imported_at), any_value(world_size), count(*) FROM trace_ranks
+               WHERE ($job IS NULL OR job = $job) AND ($s IS NULL OR imported_at >= $s)
+                 AND ($u IS NULL OR imported_at < $u) GROUP BY job ORDER BY job""",
+            {"job": scope.job, "s": scope.since, "u": scope.until}).fetchall()
+        out = []
+        for job, t0, t1, world, ranks in rows:
+            b = traces.breakdown(con, job)
+            steps = [s for s in b["steps"] if s["exposed_comm_pct"] is not None]
+            if not steps or not b["ranks"]:
+                continue
+            share = sum(s["exposed_comm_pct"] for s in steps) / len(steps) / 100
+            if share < o["min_exposed"]:
+                continue
+            overlap = [r["overlap_pct"] for r in b["ranks"] if r["overlap_pct"] is not None]
+            step_ms = sorted(s["median_ms"] for s in steps)[len(steps) // 2]
+            slow = max({s["slowest_rank"] for s in steps}, key=[s["slowest_rank"] for s in steps].count)
+            ev = {"exposed_comm_pct": round(100 * share, 2), "step_ms": step_ms, "ranks_traced": int(ranks),
+                  "steps": len(steps), "slowest_rank": int(slow),
+                  "exposed_comm_ms": round(sum(s["exposed_comm_ms"] for s in steps) / len(steps), 3)}
+            if overlap:
+                ev["overlap_pct"] = round(sum(overlap) / len(overlap), 2)
+            if world:
+                ev["world_size"] = int(world)
+            out.append(Finding(
+                self.name, job,
+                f"{100 * share:.0f} % of each step waits on communication computation did not hide "
+                f"({ev['exposed_comm_ms']:g} ms of {step_ms:g} ms; "
+                + (f"{ev['overlap_pct']:g} % of communication overlapped; " if overlap else "")
+                + f"{int(ranks)} rank(s) traced{f' of {world}' if world else ''})",
+                severity="critical" if share >= o["critical_exposed"] else "warning",
+                confidence=min(1.0, 0.6 + 0.1 * len(steps) + 0.1 * int(ranks)), evidence=ev,
+                window_start=t0, window_end=t1))
+        return out
