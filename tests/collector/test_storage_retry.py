@@ -112,6 +112,7 @@ def test_a_batch_that_fails_for_memory_is_stored_again_not_the_end_of_the_proces
 
 
 @pytest.mark.kafka
+@pytest.mark.slow  # a broker, a failing store and its retries (23 s): the full run
 def test_kafka_offsets_are_not_committed_past_what_was_stored(kafka_broker, tmp_path: Path, monkeypatch) -> None:
     """The database refuses commits (as a full disk does) from the third batch on: the
     group's committed offsets never pass the rows stored; once it stores again every event

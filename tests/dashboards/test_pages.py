@@ -393,6 +393,7 @@ def test_a_report_for_one_job_and_its_errors(fleet_db: Path, tmp_path: Path) -> 
     assert r.exit_code == 1 and "no such database" in r.output
 
 
+@pytest.mark.slow  # two whole reports built (17 s): the full run
 def test_a_report_read_on_two_threads_over_one_held_connection_is_the_sequential_one(tmp_path: Path,
                                                                                         monkeypatch) -> None:
     import datetime as dt

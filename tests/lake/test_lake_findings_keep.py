@@ -9,6 +9,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from cmdare.analytics import findings
@@ -25,6 +26,7 @@ def key(f: findings.Finding) -> tuple:
     return (f.kind, f.job, f.node, f.rank, f.subject, f.severity, round(f.confidence, 9), f.summary)
 
 
+@pytest.mark.slow  # a 1,000-node day kept in a lake (27 s): the full run
 def test_maintain_keeps_the_fleets_findings_in_the_lake(tmp_path: Path) -> None:
     _load(tmp_path, None)
     where = str(tmp_path / "lake")

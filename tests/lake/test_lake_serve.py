@@ -35,6 +35,10 @@ from tests.conftest import serving
 from tests.fixtures.analyze_golden.cases import CASES
 from tests.lake.test_lake_equivalence import both, norm  # noqa: F401  (the module fixture: a file and a lake)
 
+# a lake, an ingest collector and two servers per module (33 s to set up): scripts/test-fast leaves it to
+# the full run
+pytestmark = pytest.mark.slow
+
 
 @contextlib.contextmanager
 def lake_server(lake: Path, refresh: float = 0.2, token: str | None = None, **kw) -> Iterator[str]:
