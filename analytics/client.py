@@ -205,6 +205,9 @@ class Remote:
     def _stored_fits(self) -> Any:
         return codec.unplain(self.request("GET", "/api/v1/fits")["fits"])
 
+    def _import_trace_rank(self, job: str, rank: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", "/api/v1/imports/trace", body={"job": job, "rank": rank})
+
     def _import_events(self, job: str, lines: list[bytes]) -> dict[str, Any]:
         return self.request("POST", "/api/v1/imports", body={"job": job, "events": [x.decode() for x in lines]})
 

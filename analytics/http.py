@@ -84,6 +84,13 @@ class ImportBody(BaseModel):
     events: list[str] = Field(max_length=2_000_000)
 
 
+class TraceRankBody(BaseModel):
+    job: str = Field(min_length=1, max_length=512)
+    rank: dict[str, Any] = Field(description="one rank of a profiler trace as analyze import trace reduced it: "
+                                 "rank, world_size, source, sha256, kernels {step, ts, dur, kind, stream} and "
+                                 "steps {step, ts, dur} as lists (checked whole: analytics/traces.py from_payload)")
+
+
 class OverheadBody(BaseModel):
     records: list[dict[str, str | int | float | None]] = Field(
         max_length=100_000, description="checkpoint or start-up records: the CSV format's columns as keys, and "
@@ -444,7 +451,11 @@ def _model_routes(app: FastAPI, db: Database) -> None:
             opts[k] = vals if o is not None and o.kind == "list" else vals[-1]
         return [codec.recommendation_json(r) for r in api.recommend(db, kind, **opts)]
 
-    # imports
+    # imports (the trace route first: /imports/{kind} would take "trace" as a kind)
+    @app.post("/api/v1/imports/trace", tags=["imports"])
+    def import_trace_rank(body: TraceRankBody) -> Any:
+        return api.import_trace_rank(db, body.job, body.rank)
+
     @app.post("/api/v1/imports/{kind}", tags=["imports"])
     def import_overheads(body: OverheadBody, kind: Literal["checkpoints", "startups", "lives"] = Path()) -> Any:
         return api.import_overheads(db, kind, body.records)

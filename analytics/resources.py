@@ -160,5 +160,6 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("recommend", "/api/v1/recommendations/{kind}", "recommendations", answer="custom", custom=True),
     Resource("import_overheads", "/api/v1/imports/{kind}", "imports", method="POST", answer="custom", custom=True),
     Resource("import_events", "/api/v1/imports", "imports", method="POST", answer="custom", custom=True),
+    Resource("import_trace_rank", "/api/v1/imports/trace", "imports", method="POST", answer="custom", custom=True),
 )
 BY_NAME = {r.name: r for r in RESOURCES}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,3 +326,70 @@ def breakdown(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
                     "non-compute: kernels running, none computation; overlap: share of communication time with "
                     "computation running"}
 
+
+
+KINDS = ("computation", "communication", "memory", "other")
+MAX_KERNELS = 5_000_000  # kernels of one rank sent to a collector (about 60 bytes each as JSON)
+
+
+def payload(t: RankTrace) -> dict[str, Any]:
+    """One reduced rank as the import resource takes it: columns as JSON lists."""
+    k, s = t.kernels.to_pydict(), t.steps.to_pydict()
+    return {"rank": t.rank, "world_size": t.world_size, "source": t.source, "sha256": t.sha256,
+            "kernels": {c: k[c] for c in ("step", "ts", "dur", "kind", "stream")},
+            "steps": {c: s[c] for c in ("step", "ts", "dur")}}
+
+
+def from_payload(d: dict[str, Any]) -> RankTrace:
+    """A rank sent to the import resource, checked (columns of one length, whole numbers in
+    range, known kinds): AnalyticsError (one line) for the first fault."""
+    import pyarrow as pa
+
+    def column(part: str, name: str, n: int | None) -> list[Any]:
+        v = (d.get(part) or {}).get(name)
+        if not isinstance(v, list) or (n is not None and len(v) != n):
+            raise AnalyticsError(f"import trace: {part}.{name} must be a list of {n if n is not None else 'the'} values")
+        return v
+
+    def ints(vals: list[Any], what: str, lo: int, nullable: bool = False) -> list[Any]:
+        for x in vals:
+            if x is None and nullable:
+                continue
+            if type(x) is not int or not lo <= x < 1 << 62:
+                raise AnalyticsError(f"import trace: {what} holds {one_line(repr(x), 24)}, not a whole number "
+                                     f"from {lo:,}")
+        return vals
+
+    ts = column("kernels", "ts", None)
+    n = len(ts)
+    if n > MAX_KERNELS:
+        raise AnalyticsError(f"import trace: {n:,} kernels in one rank: at most {MAX_KERNELS:,}")
+    kind = column("kernels", "kind", n)
+    bad = next((x for x in kind if x not in KINDS), None)
+    if bad is not None or any(x is None for x in kind):
+        raise AnalyticsError(f"import trace: kind {one_line(repr(bad), 24)} is not one of {', '.join(KINDS)}")
+    kernels = pa.table({
+        "step": pa.array(ints(column("kernels", "step", n), "kernels.step", -(1 << 31), True), pa.int32()),
+        "ts": pa.array(ints(ts, "kernels.ts", -(1 << 62)), pa.int64()),
+        "dur": pa.array(ints(column("kernels", "dur", n), "kernels.dur", 0), pa.int64()),
+        "kind": pa.array(kind, pa.string()),
+        "stream": pa.array(ints(column("kernels", "stream", n), "kernels.stream", -(1 << 62)), pa.int64())})
+    sts = column("steps", "ts", None)
+    m = len(sts)
+    if m > 1_000_000:
+        raise AnalyticsError(f"import trace: {m:,} profiler steps in one rank: at most 1,000,000")
+    steps = pa.table({
+        "step": pa.array(ints(column("steps", "step", m), "steps.step", -(1 << 31)), pa.int32()),
+        "ts": pa.array(ints(sts, "steps.ts", -(1 << 62)), pa.int64()),
+        "dur": pa.array(ints(column("steps", "dur", m), "steps.dur", 0), pa.int64())})
+    rank, world = d.get("rank"), d.get("world_size")
+    if type(rank) is not int or not 0 <= rank < 1 << 20:
+        raise AnalyticsError(f"import trace: rank {one_line(repr(rank), 20)} is not a rank")
+    if world is not None and (type(world) is not int or not rank < world <= 1 << 20):
+        raise AnalyticsError(f"import trace: world_size {one_line(repr(world), 20)} does not hold rank {rank}")
+    sha, source = d.get("sha256"), d.get("source")
+    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise AnalyticsError("import trace: sha256 must be the file's SHA-256 in hex")
+    if not isinstance(source, str) or not 0 < len(source) <= 512:
+        raise AnalyticsError("import trace: source must name the file (1 to 512 characters)")
+    return RankTrace(source, sha, rank, world, kernels, steps)

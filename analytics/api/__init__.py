@@ -46,7 +46,7 @@ from .telemetry import (
     steps,
     tpu,
 )
-from .traces import import_trace, trace
+from .traces import import_trace, import_trace_rank, trace
 
 __all__ = [
     "PATH_OPTIONS",
@@ -77,6 +77,7 @@ __all__ = [
     "import_jobs",
     "import_overheads",
     "import_trace",
+    "import_trace_rank",
     "instances",
     "job_advice",
     "job_detail",

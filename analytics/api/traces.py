@@ -28,3 +28,17 @@ def import_trace(db: Database, job: str, paths: list[str], progress: Any = None)
     files = [Path(p) for p in paths]
     with db.write() as con:
         return traces.import_files(con, files, job, progress=progress)
+
+
+def import_trace_rank(db: Database, job: str, rank: dict[str, Any]) -> dict[str, Any]:
+    """One rank read and reduced where ``analyze import trace`` ran (traces.payload), checked
+    and stored (writes): the resource a collector serves, since it holds the file."""
+    from .. import traces
+
+    if getattr(db, "lake", None) is not None:
+        raise AnalyticsError("import trace into a lake: not supported yet (import into a database file)")
+    if not isinstance(job, str) or not 0 < len(job) <= 512:
+        raise AnalyticsError("import trace: job must be a name of 1 to 512 characters")
+    t = traces.from_payload(rank)
+    with db.write() as con:
+        return traces.store(con, job, [t])

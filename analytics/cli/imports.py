@@ -338,9 +338,6 @@ def trace(paths: tuple[str, ...], job: str, db: str, as_json_: bool) -> None:
       analyze import trace traces/ --job ddp-resnet
     """
     target = database_or_remote(db)
-    if isinstance(target, Remote):
-        raise click.ClickException("import trace writes the database file, which a collector serves now: "
-                                   "import into the file while no collector runs (through a collector: not yet)")
     n = len(paths)
 
     def shown(path: Path, i: int, total: int) -> None:
@@ -348,7 +345,10 @@ def trace(paths: tuple[str, ...], job: str, db: str, as_json_: bool) -> None:
             click.echo(f"reading: {path.name} ({i}/{total})", err=True)
 
     try:
-        out = api.import_trace(target, job, list(paths), progress=shown)
+        if isinstance(target, Remote):  # read and reduced here, then one request a rank
+            out = _trace_through(target, job, paths, shown)
+        else:
+            out = api.import_trace(target, job, list(paths), progress=shown)
     except AnalyticsError as e:
         raise click.ClickException(str(e)) from None
     if as_json_:
@@ -358,3 +358,33 @@ def trace(paths: tuple[str, ...], job: str, db: str, as_json_: bool) -> None:
                     f"{out['kernels']:,} GPU kernels stored" + (f" ({out['unchanged']} rank(s) unchanged)"
                                                                 if out["unchanged"] else "")
                     + f" (analyze trace --job {job} reads them)"))
+
+
+def _trace_through(target: Remote, job: str, paths: tuple[str, ...], shown: Any) -> dict[str, Any]:
+    """Every file read and reduced here first (a bad one: nothing sent), then each rank sent
+    to the collector holding the database; a failure says how many ranks it had stored."""
+    import tempfile
+
+    from .. import traces
+
+    files = traces.find(paths)
+    ranks, seen = [], {}
+    for i, f in enumerate(files):
+        with tempfile.TemporaryDirectory(prefix="cmdare-trace-") as tmp:
+            t = traces.read(f, Path(tmp))
+        if t.rank in seen:
+            raise AnalyticsError(f"{t.source} and {seen[t.rank]} are both rank {t.rank}: import one file a rank")
+        seen[t.rank] = t.source
+        ranks.append(t)
+        shown(f, i + 1, len(files))
+    out: dict[str, Any] = {"job": job, "ranks": [], "kernels": 0, "unchanged": 0, "files": len(files)}
+    for i, t in enumerate(ranks):
+        try:
+            got = target.call("import_trace_rank", job=job, rank=traces.payload(t))
+        except AnalyticsError as e:
+            raise AnalyticsError(f"{e} (ranks stored before it: {i} of {len(ranks)}; importing again "
+                                 "stores nothing twice)" if i else str(e)) from None
+        out["ranks"] += got["ranks"]
+        out["kernels"] += got["kernels"]
+        out["unchanged"] += got["unchanged"]
+    return out

@@ -37,7 +37,7 @@ EXAMPLES: dict[str, dict] = {
     "recommend": {"kind": "data_workers", "consumer_ms": ["10", "10"], "worker_ms": ["40", "40", "40", "400"]},
 }
 # calls that write, or answer from a fit the demo does not have: reached, compared by error
-WRITES = {"fit", "import_overheads", "import_events", "predict_speed", "predict_cluster"}
+WRITES = {"fit", "import_overheads", "import_events", "import_trace_rank", "predict_speed", "predict_cluster"}
 
 
 def test_every_resource_is_a_route_and_every_route_a_resource(tmp_path: Path) -> None:

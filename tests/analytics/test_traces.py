@@ -149,3 +149,61 @@ def test_a_decompression_bomb_stops_at_its_bound(tmp_path: Path, monkeypatch: py
     assert code == 1 and "bomb.json.gz: more than 1 MiB of JSON once decompressed" in err, err
     assert not db.exists() or duckdb.connect(str(db), read_only=True).execute(
         "SELECT count(*) FROM trace_kernels").fetchone() == (0,)
+
+
+def _rows(db: Path) -> list[tuple]:
+    with duckdb.connect(str(db), read_only=True) as c:
+        return c.execute("SELECT job, rank, step, ts, dur, kind, stream FROM trace_kernels ORDER BY ALL").fetchall()
+
+
+def test_through_a_collector_the_trace_is_stored_as_a_local_import_stores_it(imported: Path, tmp_path: Path) -> None:
+    """The collector holds the file: the CLI reads and reduces the traces, then sends each rank."""
+    from tests.conftest import serving
+
+    served = tmp_path / "served.duckdb"
+    connect(served).close()
+    src = HTA_DATA / "sampled-128ranks"
+    with serving(served) as url:
+        r = CliRunner().invoke(cli, ["import", "trace", str(src), "--job", "sampled-128ranks", "--db", str(served),
+                                     "--json"], obj={"server": url})
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["ranks"] == [0, 1] and json.loads(r.stdout)["kernels"] > 1000
+        again = CliRunner().invoke(cli, ["import", "trace", str(src), "--job", "sampled-128ranks", "--db",
+                                         str(served), "--json"], obj={"server": url})
+        assert json.loads(again.stdout)["unchanged"] == 2
+    local = [x for x in _rows(imported) if x[0] == "sampled-128ranks"]
+    assert _rows(served) == local
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda r: r["kernels"].update(ts=r["kernels"]["ts"][:-1]), "kernels.kind must be a list of"),
+    (lambda r: r["kernels"]["kind"].__setitem__(0, "gossip"), "kind 'gossip' is not one of"),
+    (lambda r: r["kernels"]["dur"].__setitem__(0, -5), "kernels.dur holds -5, not a whole number"),
+    (lambda r: r["kernels"]["ts"].__setitem__(0, 1e300), "kernels.ts holds 1e+300"),
+    (lambda r: r["kernels"]["stream"].__setitem__(0, "7"), "kernels.stream holds '7'"),
+    (lambda r: r.update(rank=-1), "rank -1 is not a rank"),
+    (lambda r: r.update(world_size=1), "world_size 1 does not hold rank 1"),
+    (lambda r: r.update(sha256="x"), "sha256 must be the file's SHA-256"),
+    (lambda r: r.update(steps=None), "steps.ts must be a list"),
+])
+def test_a_hostile_rank_sent_to_the_collector_is_refused_whole(tmp_path: Path, edit, says: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    from cmdare.analytics import traces
+    from tests.conftest import serving
+
+    with __import__("tempfile").TemporaryDirectory() as tmp:
+        t = traces.read(HTA_DATA / "sampled-128ranks" / "rank-1.json.gz", Path(tmp))
+    rank = traces.payload(t)
+    edit(rank)
+    served = tmp_path / "s.duckdb"
+    connect(served).close()
+    with serving(served) as url:
+        req = urllib.request.Request(url + "/api/v1/imports/trace", json.dumps({"job": "h", "rank": rank}).encode(),
+                                     {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req)
+        body = json.loads(e.value.read())
+    assert e.value.code == 400 and says in body["error"] and "\n" not in body["error"], body
+    assert _rows(served) == []
