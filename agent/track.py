@@ -76,6 +76,7 @@ class Run:
         self._last_flush = _clock()
         self._last_step_end: float | None = None
         self._wait = 0.0  # input wait accumulated for the step in progress
+        self._comm: float | None = None  # communication wait of the step in progress (None: never reported)
         self.ended: str | None = None  # the end state reported (None: still running)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
@@ -121,10 +122,13 @@ class Run:
         self.steps += 1
         if prev is None:  # the first step has no start to measure from
             self._wait = 0.0
+            self._comm = None if self._comm is None else 0.0
             return
-        self._records.append(
-            [time.time(), now - prev, self._wait, examples, self.steps if step is None else step]
-        )
+        rec = [time.time(), now - prev, self._wait, examples, self.steps if step is None else step]
+        if self._comm is not None:  # once a run reports communication, every step says how much
+            rec.append(min(self._comm, now - prev))
+            self._comm = 0.0
+        self._records.append(rec)
         self._wait = 0.0
         if len(self._records) >= FLUSH_RECORDS or now - self._last_flush >= FLUSH_SECONDS:
             self.flush()
@@ -133,6 +137,15 @@ class Run:
         """Count ``seconds`` measured elsewhere (a framework callback's gap between batches)
         as input wait of the step in progress."""
         self._wait += max(0.0, seconds)
+
+    def add_comm_wait(self, seconds: float) -> None:
+        """Count ``seconds`` the training thread waited on gradient communication that
+        computation did not hide (DDP's all-reduce after backward, FSDP's collectives), from
+        any framework, as communication wait of the step in progress: the agent reports it
+        beside input wait (``comm_mean_seconds``, ``comm_share_ratio``) and ``comm_bound``
+        judges it. Not finite or negative: ignored."""
+        if isinstance(seconds, (int, float)) and seconds == seconds and 0 <= seconds < float("inf"):
+            self._comm = (self._comm or 0.0) + float(seconds)
 
     def begin_step(self) -> None:
         """Mark where a step starts when no previous step end can serve (the first step, or

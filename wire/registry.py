@@ -197,6 +197,9 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "steps_per_second": (FLOAT, "steps per second over the time the steps covered"),
         "examples_per_second": (FLOAT, "examples per second over the time the steps covered"),
         "dropped_total": (INT, "step records the tracking library could not deliver (counter)"),
+        "comm_mean_seconds": (FLOAT, "mean communication wait per step: the training thread blocked on gradient "
+                              "communication (all-reduce) that computation did not hide; absent when not reported"),
+        "comm_share_ratio": (FLOAT, "communication wait / step time over the interval, 0..1"),
     },
     "train_data": {
         "run": (STR, "run id"),

@@ -63,7 +63,7 @@ MAX_DEPTH = 64
 MAX_NAME = 256  # characters of a job or run id
 MAX_RECORDS = 100_000  # records in one datagram
 # bounds of a record's fields: [ts, seconds, seconds, examples, step]
-_LIMITS = ((0.0, 1e11), (0.0, 1e7), (0.0, 1e7), (0.0, 1e12), (0.0, 2.0**53))
+_LIMITS = ((0.0, 1e11), (0.0, 1e7), (0.0, 1e7), (0.0, 1e12), (0.0, 2.0**53), (0.0, 1e7))
 END_STATES = ("finished", "failed", "interrupted")  # what a process may say of its run
 MAX_ERROR = 500  # characters of a failed run's exception kept
 _CRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
@@ -85,14 +85,26 @@ def _depth_ok(data: bytes) -> bool:
 
 
 def _record_ok(rec: Any) -> bool:
-    return (type(rec) is list and len(rec) == 5
-            and all(type(x) in (int, float) and lo <= x <= hi for x, (lo, hi) in zip(rec, _LIMITS, strict=True)))
+    """[time, step s, input wait s, examples, step number] and, from a run that reports it,
+    the step's communication wait (s): numbers in range, nothing else."""
+    return (type(rec) is list and len(rec) in (5, 6)
+            and all(type(x) in (int, float) and lo <= x <= hi for x, (lo, hi) in zip(rec, _LIMITS, strict=False))
+            and (len(rec) == 5 or rec[5] <= rec[1]))
 
 
 def _pct(sorted_vals: list[float], q: float) -> float:
     """Nearest-rank percentile of an ascending list: the smallest value with at least a
     share ``q`` of the values at or below it."""
     return sorted_vals[max(0, math.ceil(q * len(sorted_vals)) - 1)]
+
+
+def _comm(recs: list[list[float]]) -> dict[str, float]:
+    """The interval's communication wait, from the records that carry one (none: no field)."""
+    with_comm = [x for x in recs if len(x) > 5]
+    if not with_comm:
+        return {}
+    comm, step = sum(x[5] for x in with_comm), sum(x[1] for x in with_comm)
+    return {"comm_mean_seconds": comm / len(with_comm), "comm_share_ratio": min(1.0, comm / step) if step > 0 else 0.0}
 
 
 class _Rank:
@@ -414,6 +426,7 @@ class TrainSource(Source):
                 "steps_per_second": n / span,
                 "examples_per_second": examples / span,
                 "dropped_total": r.dropped,
+                **_comm(recs),
             },
             recs[-1][0],
             job=job,
@@ -467,6 +480,7 @@ class TrainSource(Source):
                 "idle_share_ratio": idle / (total + idle) if total + idle > 0 else 0.0,
                 "batches_per_second": n / span,
                 "dropped_total": r.dropped,
+                **_comm(recs),
             },
             recs[-1][0],
             job=job,

@@ -1,5 +1,6 @@
-"""comm_bound: data-parallel jobs whose steps wait on communication computation did not hide,
-from their imported PyTorch profiler traces (analyze import trace; analytics/traces.py)."""
+"""comm_bound: data-parallel jobs whose steps wait on communication computation did not hide:
+from their steps' communication wait (the tracking library's run.add_comm_wait), and from
+their imported PyTorch profiler traces (analyze import trace; analytics/traces.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,44 @@ class CommBound(Detector):
     REQUIRES = ()
 
     def run(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
-        o = self.options
+        out = self._telemetry(con, scope)
         if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'trace_ranks'").fetchall()[0][0]:
+            return out
+        return out + self._traces(con, scope)
+
+    def _telemetry(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
+        """The steps' communication wait over the window: its share of step time, per job."""
+        from .. import evidence
+
+        o = self.options
+        if not evidence.has_column(con, "steps", "comm_share_ratio"):
             return []
+        rows = con.execute(
+            """SELECT job, sum(comm_mean_seconds * steps) / nullif(sum(step_mean_seconds * steps), 0) AS share,
+                      sum(comm_mean_seconds * steps) / sum(steps) AS comm_s, sum(step_mean_seconds * steps) / sum(steps),
+                      count(DISTINCT rank), sum(steps), min(ts - to_microseconds(CAST(interval_seconds * 1e6 AS BIGINT))),
+                      max(ts)
+               FROM steps WHERE comm_mean_seconds IS NOT NULL AND job IS NOT NULL AND ($job IS NULL OR job = $job)
+                 AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)
+               GROUP BY job HAVING sum(steps) > 0 ORDER BY job""",
+            {"job": scope.job, "s": scope.since, "u": scope.until}).fetchall()
+        out = []
+        for job, share, comm_s, step_s, ranks, steps, t0, t1 in rows:
+            if share is None or share < o["min_exposed"]:
+                continue
+            ev = {"exposed_comm_pct": round(100 * share, 2), "exposed_comm_ms": round(1e3 * comm_s, 3),
+                  "step_ms": round(1e3 * step_s, 3), "ranks": int(ranks), "steps": int(steps)}
+            out.append(Finding(
+                self.name, job,
+                f"{100 * share:.0f} % of each step waits on communication computation did not hide "
+                f"({ev['exposed_comm_ms']:g} ms of {ev['step_ms']:g} ms, {int(ranks)} rank(s), as the job reports it)",
+                severity="critical" if share >= o["critical_exposed"] else "warning",
+                confidence=min(1.0, 0.5 + steps / 2000), subject="telemetry", evidence=ev,
+                window_start=t0, window_end=t1))
+        return out
+
+    def _traces(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
+        o = self.options
         # a trace is judged as of its import (its own clock is the profiler's, not the fleet's)
         rows = con.execute(
             """SELECT job, min(imported_at), max(imported_at), any_value(world_size), count(*) FROM trace_ranks
@@ -62,6 +98,6 @@ class CommBound(Detector):
                 + (f"{ev['overlap_pct']:g} % of communication overlapped; " if overlap else "")
                 + f"{int(ranks)} rank(s) traced{f' of {world}' if world else ''})",
                 severity="critical" if share >= o["critical_exposed"] else "warning",
-                confidence=min(1.0, 0.6 + 0.1 * len(steps) + 0.1 * int(ranks)), evidence=ev,
+                confidence=min(1.0, 0.6 + 0.1 * len(steps) + 0.1 * int(ranks)), subject="trace", evidence=ev,
                 window_start=t0, window_end=t1))
         return out

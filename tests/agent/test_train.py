@@ -321,3 +321,39 @@ def test_socket_is_0660_for_a_group_and_an_unknown_group_is_said(sockdir: Path) 
     for bad, msg in (("660x", "expected octal permission bits like 0660"), ("0460", "the owner (the agent) must keep write")):
         with pytest.raises(ConfigError, match=re.escape(msg)):
             source(p, socket_mode=bad)
+
+
+def test_communication_wait_travels_from_the_library_to_the_steps_event(sockdir: Path) -> None:
+    """run.add_comm_wait (issue 68): each step after the first report carries its
+    communication wait; the agent reports its mean and share beside input wait."""
+    ln = Listener(sockdir / "c.sock")
+    run = track.init("ddp", rank=1, socket_path=str(sockdir / "c.sock"))
+    run.step()
+    for i in range(4):
+        time.sleep(0.02)
+        run.add_comm_wait(0.005 if i else float("nan"))  # not finite: ignored
+        run.add_comm_wait(-1)  # negative: ignored
+        run.step(examples=8)
+    run.close()
+    recs = [r for m in ln.messages() if m["k"] == "steps" for r in m["s"]]
+    assert [len(r) for r in recs] == [5, 6, 6, 6]  # the first step had no report yet
+    assert [r[5] for r in recs[1:]] == [0.005, 0.005, 0.005]
+    # ... and a run that never reports it sends the five fields it always did
+    p = sockdir / "t.sock"
+    src = source(p)
+    src.start()
+    try:
+        head = {"v": 1, "job": "j", "run": "r", "pid": 1, "dropped": 0}
+        send(p, {**head, "rank": 0, "k": "steps", "s": [[1000.0 + i, 0.1, 0.01, 8, i + 1, 0.04] for i in range(5)]})
+        send(p, {**head, "rank": 1, "k": "steps", "s": [[1000.0 + i, 0.1, 0.01, 8, i + 1] for i in range(5)]})
+        # hostile: more than the step itself, negative, a string, a seventh field: the datagram is refused
+        for bad in ([1.0, 0.1, 0.0, 1, 1, 0.5], [1.0, 0.1, 0.0, 1, 1, -0.1], [1.0, 0.1, 0.0, 1, 1, "x"],
+                    [1.0, 0.1, 0.0, 1, 1, 0.01, 7]):
+            send(p, {**head, "rank": 2, "k": "steps", "s": [bad]})
+        wait_for(lambda: src.received == 2 and src.bad == 4, 5, what="datagrams")
+        evs = collect(src)
+    finally:
+        src.close()
+    steps = {d["rank"]: d for t, d, _, _ in evs if t == "train_steps"}
+    assert steps[0]["comm_mean_seconds"] == pytest.approx(0.04) and steps[0]["comm_share_ratio"] == pytest.approx(0.4)
+    assert "comm_mean_seconds" not in steps[1] and 2 not in steps

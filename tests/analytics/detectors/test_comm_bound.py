@@ -50,3 +50,43 @@ def test_without_imported_traces_it_finds_nothing_quietly(tmp_path: Path) -> Non
     bare = duckdb.connect(str(tmp_path / "bare.duckdb"))
     assert detect("comm_bound", bare, Scope()) == []
     bare.close()
+
+
+def _steps(tmp_path: Path, job: str, comm: float | None, n: int = 60) -> Path:
+    """A 2-rank job's step intervals as the agent reports them, 1 s steps, ``comm`` s of each
+    waiting on communication (None: a run that reports none)."""
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import EventFactory
+
+    db = tmp_path / f"{job}.duckdb"
+    c = connect(db)
+    lines = []
+    t0 = dt.datetime.now(dt.timezone.utc).timestamp() - 3600
+    for rank in (0, 1):
+        f = EventFactory(f"{job}-n{rank}", "worker", job)
+        for i in range(n):
+            d = {"run": "r", "rank": rank, "interval_seconds": 10.0, "steps": 10, "first_step": 10 * i + 1,
+                 "last_step": 10 * i + 10, "examples": 80.0, "step_mean_seconds": 1.0, "wait_mean_seconds": 0.01,
+                 "wait_share_ratio": 0.01, "steps_per_second": 1.0, "examples_per_second": 8.0}
+            if comm is not None:
+                d |= {"comm_mean_seconds": comm, "comm_share_ratio": comm}
+            lines.append(f.line("train_steps", d, t0 + 10 * i))
+    Writer(c).write([("t", b"".join(lines))])
+    c.close()
+    return db
+
+
+@pytest.mark.parametrize(("comm", "severity"), [(0.3, "warning"), (0.5, "critical"), (0.05, None), (None, None)])
+def test_the_jobs_own_communication_wait_is_judged_too(tmp_path: Path, comm, severity) -> None:
+    import duckdb
+
+    db = _steps(tmp_path, "ddp", comm)
+    with duckdb.connect(str(db), read_only=True) as c:
+        found = detect("comm_bound", c, Scope())
+    if severity is None:
+        assert found == []
+        return
+    (f,) = found
+    assert f.severity == severity and f.subject == "telemetry" and f.job == "ddp"
+    assert f.evidence["exposed_comm_pct"] == pytest.approx(100 * comm) and f.evidence["ranks"] == 2
+    assert f.evidence["step_ms"] == pytest.approx(1000.0) and f.evidence["steps"] == 1200
