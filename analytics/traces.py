@@ -241,20 +241,32 @@ def store(con: duckdb.DuckDBPyConnection, job: str, traces: list[RankTrace]) -> 
     return out
 
 
-def import_files(con: duckdb.DuckDBPyConnection, paths: Sequence[str | Path], job: str,
-                 progress: Callable[[Path, int, int], None] | None = None) -> dict[str, Any]:
-    """Read every file first (one line for the first bad one, nothing stored), then store."""
+def read_all(paths: Sequence[str | Path], progress: Callable[[Path, int, int], None] | None = None) -> list[RankTrace]:
+    """Every trace file under ``paths`` read and reduced (one line for the first bad one, or
+    for two files of one rank), before anything is stored or sent."""
     import tempfile
 
     files = find(paths)
-    traces = []
+    out: list[RankTrace] = []
+    seen: dict[int, str] = {}
     for i, f in enumerate(files):
         with tempfile.TemporaryDirectory(prefix="cmdare-trace-") as tmp:
-            traces.append(read(f, Path(tmp)))
+            t = read(f, Path(tmp))
+        if t.rank in seen:
+            raise AnalyticsError(f"{t.source} and {seen[t.rank]} are both rank {t.rank}: import one file a rank")
+        seen[t.rank] = t.source
+        out.append(t)
         if progress:
             progress(f, i + 1, len(files))
+    return out
+
+
+def import_files(con: duckdb.DuckDBPyConnection, paths: Sequence[str | Path], job: str,
+                 progress: Callable[[Path, int, int], None] | None = None) -> dict[str, Any]:
+    """Read every file first (read_all), then store them."""
+    traces = read_all(paths, progress)
     res = store(con, job, traces)
-    res["files"] = len(files)
+    res["files"] = len(traces)
     return res
 
 

@@ -168,20 +168,24 @@ class Writer:
         self.housekeep()
         return res
 
+    def _rollup_due(self) -> bool:
+        return self.rollup_every is not None and time.monotonic() - self._rolled_at >= self.rollup_every
+
+    def _retain_due(self) -> bool:
+        r = self.retention
+        return r is not None and (self._retained_at is None or time.monotonic() - self._retained_at >= r.every)
+
     def due(self) -> bool:
         """Whether a rollup or a retention run is due (see housekeep)."""
-        r, now = self.retention, time.monotonic()
-        return (self.rollup_every is not None and now - self._rolled_at >= self.rollup_every) or (
-            r is not None and (self._retained_at is None or now - self._retained_at >= r.every))
+        return self._rollup_due() or self._retain_due()
 
     def housekeep(self) -> None:
         """The rollups and the retention, each when its interval has passed: after every
         write, and from the ingest loops while nothing arrives, so a fleet gone quiet
         still has its old rows rolled up and deleted on schedule (on the writer's thread)."""
-        if self.rollup_every is not None and time.monotonic() - self._rolled_at >= self.rollup_every:
+        if self._rollup_due():
             self.rollup()
-        r = self.retention
-        if r is not None and (self._retained_at is None or time.monotonic() - self._retained_at >= r.every):
+        if self._retain_due():
             self.retain()
 
     def retain(self) -> dict[str, int]:

@@ -363,21 +363,10 @@ def trace(paths: tuple[str, ...], job: str, db: str, as_json_: bool) -> None:
 def _trace_through(target: Remote, job: str, paths: tuple[str, ...], shown: Any) -> dict[str, Any]:
     """Every file read and reduced here first (a bad one: nothing sent), then each rank sent
     to the collector holding the database; a failure says how many ranks it had stored."""
-    import tempfile
-
     from .. import traces
 
-    files = traces.find(paths)
-    ranks, seen = [], {}
-    for i, f in enumerate(files):
-        with tempfile.TemporaryDirectory(prefix="cmdare-trace-") as tmp:
-            t = traces.read(f, Path(tmp))
-        if t.rank in seen:
-            raise AnalyticsError(f"{t.source} and {seen[t.rank]} are both rank {t.rank}: import one file a rank")
-        seen[t.rank] = t.source
-        ranks.append(t)
-        shown(f, i + 1, len(files))
-    out: dict[str, Any] = {"job": job, "ranks": [], "kernels": 0, "unchanged": 0, "files": len(files)}
+    ranks = traces.read_all(paths, shown)
+    out: dict[str, Any] = {"job": job, "ranks": [], "kernels": 0, "unchanged": 0, "files": len(ranks)}
     for i, t in enumerate(ranks):
         try:
             got = target.call("import_trace_rank", job=job, rank=traces.payload(t))

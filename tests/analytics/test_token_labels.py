@@ -17,6 +17,7 @@ from cmdare.analytics.tokens import TokenError, Tokens, digest, parse
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many
+from tests.conftest import serving
 
 T0 = 1.79e9
 
@@ -355,11 +356,7 @@ def test_a_trainer_cannot_claim_another_teams_job_by_its_name(tmp_path: Path) ->
     f = tmp_path / "tokens.toml"
     f.write_text(table("ops", "admin", "admin-secret") + table("vision", "read", "vision-secret", '{ team = "vision" }')
                  + table("nlp", "read", "nlp-secret", '{ team = "nlp" }'))
-    con = connect(db)
-    svc = Service(con, db, HttpConfig("127.0.0.1", 0, Tokens.load(f)))
-    url = svc.start()
-    svc.ready = True
-    try:
+    with serving(db, token=Tokens.load(f)) as url:
         for q, vision in (
             ("SELECT summary FROM findings ORDER BY 1", [("vision job idle",)]),
             ("SELECT job, productive FROM goodput_hours ORDER BY 1", [("vis-a", 1800.0)]),
@@ -376,6 +373,4 @@ def test_a_trainer_cannot_claim_another_teams_job_by_its_name(tmp_path: Path) ->
         assert code in (200, 400, 404) and "nlp secret idle" not in json.dumps(body), body
         code, body = get(url, "/api/v1/alerts", "vision-secret")
         assert code == 200 and '"f1"' not in json.dumps(body)
-    finally:
-        svc.stop()
-        con.close()
+

@@ -38,14 +38,20 @@ def seen(con: duckdb.DuckDBPyConnection, t: float) -> None:
     con.execute("INSERT OR REPLACE INTO nodes (node, last_seen) VALUES ('n1', ?)", [at(t)])
 
 
-def test_a_finding_alert_stays_firing_while_its_finding_is_open_and_resolves_once(
-        con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+def pending(con: duckdb.DuckDBPyConnection, tmp_path: Path):
+    """An engine whose finding rule went pending at 10 s (its finding open, its node seen to 40 s)."""
     e = engine(con, tmp_path, RULE)
     e.findings_fresh = 150.0
     finding(con, 0)
     for t in (0, 10, 20, 30, 40):
         seen(con, t)
     assert step(e, con, at(10))["GpuThrottled"].state == "pending"
+    return e
+
+
+def test_a_finding_alert_stays_firing_while_its_finding_is_open_and_resolves_once(
+        con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    e = pending(con, tmp_path)
     a = step(e, con, at(40))["GpuThrottled"]
     assert (a.state, a.fired_at) == ("firing", at(40))
     # the job sends nothing for 4 minutes and the round is late: the finding is still open
@@ -76,12 +82,7 @@ def test_a_new_finding_that_does_not_stand_starts_no_alert(con: duckdb.DuckDBPyC
 
 
 def test_a_pending_alert_keeps_its_start_across_a_restart(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
-    e = engine(con, tmp_path, RULE)
-    e.findings_fresh = 150.0
-    finding(con, 0)
-    for t in (0, 10, 20, 30, 40):
-        seen(con, t)
-    assert step(e, con, at(10))["GpuThrottled"].state == "pending"
+    e = pending(con, tmp_path)
     for g in e.groups:
         e.save(con, g, at(10))
     e2 = engine(con, tmp_path, RULE)  # a new collector process, three minutes later
