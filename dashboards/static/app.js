@@ -119,7 +119,8 @@
     return filter ? el("div", {}, filter, wrap) : wrap;
   }
   function stat(label, value, detail, cls) {
-    return el("div", { class: "stat", "data-stat": label }, el("div", { class: "v " + (cls || ""), text: fmt(value, 1) }),
+    const text = fmt(value, 1);  // a long value (a GPU's full name) in a smaller type: one line, not four
+    return el("div", { class: "stat", "data-stat": label }, el("div", { class: "v " + (cls || "") + (text.length > 12 ? " long" : ""), text }),
       el("div", { class: "l", text: label }), detail ? el("div", { class: "d", text: detail }) : null);
   }
   function epoch(s) { return s ? Date.parse(s.replace(" ", "T") + "Z") / 1000 : null; }
@@ -412,7 +413,8 @@
         s.input_bound && s.input_bound !== "not input-bound" ? "warn" : ""),
       stat("ranks", s.ranks, `${s.nodes} nodes, ${s.runs} runs`),
       // the declared accelerator, else the GPUs' own names; the model named as the model
-      stat("accelerator", s.accelerator || [...new Set(series.gpus.rows.map((g) => g.name).filter(Boolean))].join(", ") || "not known",
+      stat("accelerator", s.accelerator || [...new Set(series.gpus.rows.map((g) => g.name).filter(Boolean)
+        .map((n) => n.replace(/^NVIDIA /, "")))].join(", ") || "not known",
         s.model ? `model ${s.model}` : "model not declared"),
       stat("state", s.state, s.ended ? "ended " + s.ended : "latest run",
         ["crashed", "failed", "node lost"].includes(s.state) ? "bad" : ""),

@@ -470,6 +470,10 @@ def test_a_kubernetes_pods_job_page_shows_its_idle_gpus_and_the_finding(page, tm
         # no declaration: the GPUs' own name, and no model shown as the accelerator's detail
         acc = p.inner_text('[data-stat="accelerator"]')
         assert "A100" in acc and "model not declared" in acc
+        # a GPU's full name is one line of the strip, not four (the value in a smaller type)
+        lines = p.eval_on_selector('[data-stat="accelerator"] .v', """e => { const r = document.createRange();
+            r.selectNodeContents(e); return [...r.getClientRects()].map(x => Math.round(x.top)); }""")
+        assert len(set(lines)) == 1, (lines, p.inner_text('[data-stat="accelerator"] .v'))
         assert p.locator("section:has(h2:text-is(\"GPUs of the job's nodes\")) tr.hl").count() == 2
         util = p.locator("div:has(> h3:text-matches('^GPU utilisation')) .chart")
         assert int(util.get_attribute("data-points")) > 50  # its GPUs over time, though it sent no step
