@@ -18,7 +18,7 @@ from ..client import Remote
 from ..db import AnalyticsError
 from ..overheads import FORMATS
 from ..tbplan import is_pattern
-from .common import call, cli, database_or_remote, db_option, json_option
+from .common import call, cli, database_or_remote, db_option, json_object_option
 from .render import fold
 
 
@@ -59,7 +59,7 @@ def import_() -> None:
 @click.option("--steps-tag", default=STEPS_TAG, show_default=True, help="scalar holding the step rate")
 @click.option("--examples-tag", default=EXAMPLES_TAG, show_default=True, help="scalar holding examples/s")
 @db_option
-@json_option
+@json_object_option
 def tensorboard(paths: tuple[str, ...], job: str | None, manifest: str | None, db: str, as_json_: bool,
                 **o: Any) -> None:
     """Import TensorBoard event files or UI CSV exports (Wall time,Step,Value) from PATHS
@@ -241,7 +241,7 @@ _FORMAT_HELP = {
 @import_.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @db_option
-@json_option
+@json_object_option
 def checkpoints(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
     """Import checkpoint saves from CSV files (or directories of them): one save a row.
 
@@ -265,7 +265,7 @@ def checkpoints(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
 @import_.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @db_option
-@json_option
+@json_object_option
 def startups(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
     """Import cloud VM start-ups from CSV files (or directories of them): one VM a row, in
     the phases the cloud reports.
@@ -289,7 +289,7 @@ def startups(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
 @import_.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @db_option
-@json_option
+@json_object_option
 def lives(paths: tuple[str, ...], db: str, as_json_: bool) -> None:
     """Import spot VM lives from CSV files (or directories of them): one VM life a row,
     with lifetime_s, or created and ended as a cloud's instance log gives them.
@@ -323,7 +323,7 @@ startups.help = inspect.cleandoc(startups.help or "").replace("{fmt}", _FORMAT_H
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--job", required=True, help="job id the traces are stored under")
 @db_option
-@json_option
+@json_object_option
 def trace(paths: tuple[str, ...], job: str, db: str, as_json_: bool) -> None:
     """Import PyTorch profiler (Kineto) traces from PATHS (.json or .json.gz files, one a
     rank, or directories of them) as JOB's traces; `analyze trace --job JOB` reads them.

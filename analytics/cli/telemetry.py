@@ -15,6 +15,7 @@ from .common import (
     every_option,
     every_value,
     gpu_type_option,
+    json_object_option,
     json_option,
     label_option,
     lost_after_option,
@@ -333,7 +334,7 @@ def sql(query: str, max_rows: int, timeout: float, db: str, as_json_: bool) -> N
 @cli.command(name="trace")
 @click.option("--job", required=True, help="the job whose imported traces to read (analyze import trace)")
 @db_option
-@json_option
+@json_object_option
 def trace_(job: str, db: str, as_json_: bool) -> None:
     """Per rank of JOB's imported PyTorch profiler traces, HTA's temporal breakdown (idle,
     compute and non-compute share of the time from its first GPU kernel to its last) and the
