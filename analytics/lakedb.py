@@ -37,6 +37,11 @@ NODES_SQL = """SELECT node, arg_max(role, last_seen) AS role,
 FROM ({src}) GROUP BY node"""
 
 
+# tables a lake's ruler also reads straight from Kafka (analytics/lakeruler.py FastPath):
+# the lake's rows in lake_<t>, the rows read ahead of a commit in fast_<t>, and <t> the view
+# of both (a row in both, by its event id, once)
+FAST = ("revocations", "lifecycle_events")
+
 # sources whose newest commit is this much older than the newest of any are left out of the
 # horizon: a partition no agent writes to any more would otherwise hold it back forever
 HORIZON_QUIET = 600.0
@@ -133,7 +138,10 @@ class LakeDatabase(Database):
     def close(self) -> None:
         self.forget()
 
-    def _open(self, config: dict[str, object] | None) -> duckdb.DuckDBPyConnection:
+    def _open(self, config: dict[str, object] | None, fast: bool = False) -> duckdb.DuckDBPyConnection:
+        """A connection planned at the lake's current snapshots; ``fast``: each ``FAST``
+        table read as the view of its lake rows (``lake_<t>``) and the rows a ruler read
+        ahead of the lake (``fast_<t>``, empty here), as a lake server's replica holds them."""
         from cmdare.collector import views
         from cmdare.collector.db import migrate
 
@@ -148,6 +156,12 @@ class LakeDatabase(Database):
             # detector run names the rollups' files some 30 times (bench/findings.py --lake)
             con.execute("SET parquet_metadata_cache = true")
             migrate(con)
+            if fast:
+                for t in FAST:
+                    con.execute(f"ALTER TABLE {t} RENAME TO lake_{t}")
+                    con.execute(f"CREATE TABLE fast_{t} AS SELECT * FROM lake_{t} LIMIT 0")
+                    con.execute(f"CREATE VIEW {t} AS SELECT * FROM lake_{t} UNION ALL BY NAME "
+                                f"SELECT * FROM fast_{t} WHERE id NOT IN (SELECT id FROM lake_{t})")
             present = self.lake.names()
             ruled = _ruler_state(self.lake)  # the servers' ruler keeps the alert state in the catalog
             self._ruled = ruled is not None
@@ -156,39 +170,14 @@ class LakeDatabase(Database):
                     if ruled[t]:
                         con.executemany(f"INSERT INTO {t} VALUES ({', '.join('?' * len(ruled[t][0]))})", ruled[t])
                     continue
-                files = self.lake.files(t) if t in present else []
-                if not files:
-                    continue  # the empty table stays
-                src = f"SELECT {_casts(con, t, files)} FROM {_read(files)}"
-                if t in DERIVED:
-                    con.execute(f"INSERT INTO {t} {src}")
-                    continue
-                if t in storage.STORED:  # a view over its packed table: the lake has every field by name
-                    con.execute(f"DROP VIEW {t}")
-                    con.execute(f"DROP TABLE {storage.stored(t)}")
-                else:
-                    con.execute(f"DROP TABLE {t}")
-                con.execute(f"CREATE VIEW {t} AS {NODES_SQL.format(src=src) if t == 'nodes' else src}")
+                self._plan(con, t, present, fast)
             # the rollups maintenance built (collector/lakerollup.py): a day of a source is
             # read from them while the source's files for that day are the ones they were
             # built from; other days are pending, aggregated from the raw files
             for r in rollup.ROLLUPS:
-                files = self.lake.files(r.table) if r.table in present else []
-                if files:
-                    sel = _casts(con, r.table, files)
-                    con.execute(f"DROP TABLE {r.table}")
-                    con.execute(f"CREATE VIEW {r.table} AS SELECT {sel} FROM {_read(files)}")
+                self._plan(con, r.table, present, fast)
             con.execute("DROP TABLE rollup_dirty")
-            pending = []
-            for src in rollup.SOURCES:
-                days, todo = lakerollup.pending_days(self.lake, src, present, fresh=False)
-                files = [f for d in sorted(todo) for f in days[d]]
-                if files:
-                    pending.append(f"SELECT node, min(ts) AS lo, max(ts) AS hi, '{src}' AS src "
-                                   f"FROM {_read(files)} GROUP BY node")
-            con.execute("CREATE VIEW rollup_dirty AS " + (" UNION ALL ".join(pending) if pending else
-                        "SELECT NULL::VARCHAR AS node, NULL::TIMESTAMP AS lo, NULL::TIMESTAMP AS hi, "
-                        "NULL::VARCHAR AS src WHERE false"))
+            self._plan_dirty(con, present)
             views.apply(con)
             if config is None:  # (liveness as of the lake's horizon: never lost for want of a commit)
                 commits = self.lake.files(MARKER) if MARKER in present else []
@@ -209,6 +198,72 @@ class LakeDatabase(Database):
             con.close()
             raise
         return con
+
+    def replan(self, con: duckdb.DuckDBPyConnection, moved: set[str], fast: bool = False) -> None:
+        """Plan again on ``con`` (made by ``_open``) only the tables whose metadata location
+        moved (``moved``: their names): a collector's commit moves a few tables, and planning
+        the whole lake again costs every table's metadata (0.3-0.5 s on a small lake)."""
+        try:
+            present = self.lake.names()
+            for t in (*APPENDED, *DERIVED, *(r.table for r in rollup.ROLLUPS)):
+                if t in moved and not (self._ruled and t in ("alerts", "alert_rules")):
+                    self._plan(con, t, present, fast, again=True)
+            if moved & {*rollup.SOURCES, *(r.table for r in rollup.ROLLUPS)}:
+                self._plan_dirty(con, present)
+        except OSError as e:
+            raise AnalyticsError(f"{self.path}: {lake_io(e)}") from None
+
+    def _plan(self, con: duckdb.DuckDBPyConnection, t: str, present: set[str], fast: bool,
+              again: bool = False) -> None:
+        """Table ``t`` as its current snapshot's files: a view over them (the rows of a
+        table analyze writes, loaded); none, the empty table (``again``: emptied)."""
+        name = f"lake_{t}" if fast and t in FAST else t
+        files = self.lake.files(t) if t in present else []
+        kind = _kind(con, name)
+        if t in DERIVED:
+            if again:
+                con.execute(f"DELETE FROM {t}")
+            if files:
+                con.execute(f"INSERT INTO {t} SELECT {_casts(con, t, files)} FROM {_read(files)}")
+            return
+        if not files:
+            if again and kind == "VIEW" and not (t in storage.STORED and _kind(con, storage.stored(t))):
+                cols = ", ".join(f'NULL::{ty} AS "{c}"' for c, ty in _columns(con, name))
+                con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {cols} WHERE false")
+            return  # the empty table stays
+        src = f"SELECT {_casts(con, name, files)} FROM {_read(files)}"
+        if t in storage.STORED and _kind(con, storage.stored(t)):
+            # a view over its packed table: the lake has every field by name
+            con.execute(f"DROP VIEW {name}")
+            con.execute(f"DROP TABLE {storage.stored(t)}")
+        elif kind == "BASE TABLE":
+            con.execute(f"DROP TABLE {name}")
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {NODES_SQL.format(src=src) if t == 'nodes' else src}")
+
+    def _plan_dirty(self, con: duckdb.DuckDBPyConnection, present: set[str]) -> None:
+        pending = []
+        for src in rollup.SOURCES:
+            days, todo = lakerollup.pending_days(self.lake, src, present, fresh=False)
+            files = [f for d in sorted(todo) for f in days[d]]
+            if files:
+                pending.append(f"SELECT node, min(ts) AS lo, max(ts) AS hi, '{src}' AS src "
+                               f"FROM {_read(files)} GROUP BY node")
+        con.execute("CREATE OR REPLACE VIEW rollup_dirty AS " + (" UNION ALL ".join(pending) if pending else
+                    "SELECT NULL::VARCHAR AS node, NULL::TIMESTAMP AS lo, NULL::TIMESTAMP AS hi, "
+                    "NULL::VARCHAR AS src WHERE false"))
+
+
+def _kind(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
+    """'BASE TABLE', 'VIEW', or None: what ``name`` is in the connection's main schema."""
+    row = con.execute("SELECT table_type FROM information_schema.tables WHERE table_schema = 'main' "
+                      "AND table_name = ? AND table_catalog = current_database()", [name]).fetchone()
+    return row[0] if row else None
+
+
+def _columns(con: duckdb.DuckDBPyConnection, name: str) -> list[tuple[str, str]]:
+    return [(c, ty) for c, ty in con.execute(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? AND table_schema = 'main' "
+        "AND table_catalog = current_database() ORDER BY ordinal_position", [name]).fetchall()]
 
 
 @contextlib.contextmanager
@@ -261,8 +316,7 @@ def _casts(con: duckdb.DuckDBPyConnection, table: str, files: list[str]) -> str:
     cast in the view would keep a filter on it (a time range) from pruning row groups."""
     have = {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM {_read(files)}").fetchall()}
     out = []
-    for c, ty in con.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
-                             "ORDER BY ordinal_position", [table]).fetchall():
+    for c, ty in _columns(con, table):
         if c not in have:
             out.append(f'NULL::{ty} AS "{c}"')
         elif have[c] == ty:

@@ -49,7 +49,7 @@ from cmdare.collector.ingest import storage
 from cmdare.collector.lake import APPENDED, DERIVED, MARKER, Lake, LakeError, _path, time_column
 
 from .db import AnalyticsError, Database, _q, _unscoped
-from .lakedb import NODES_SQL, lake_horizon
+from .lakedb import FAST, NODES_SQL, lake_horizon  # noqa: F401  (FAST: the read-ahead tables)
 
 log = logging.getLogger("cmdare.analytics.lakeserve")
 NODE_ROWS = "lake_node_rounds"  # the collectors' per-round node rows (``nodes`` aggregates them)
@@ -57,10 +57,6 @@ WHOLE = (*DERIVED, *rollup.TABLES)  # reloaded whole when their snapshot changes
 # appended and read incrementally: the event tables, nodes' rounds, and the commit marker (a
 # file per commit: read whole each time, a week's markers would be read every refresh)
 INCREMENTAL = (*APPENDED, MARKER)
-# tables a lake's ruler also reads straight from Kafka (analytics/lakeruler.py FastPath):
-# the lake's rows in lake_<t>, the rows read ahead of a commit in fast_<t>, and <t> the view
-# of both (a row in both, by its event id, once)
-FAST = ("revocations", "lifecycle_events")
 FAST_MAX_ROWS = 100_000  # rows read ahead that a lake commit has not caught up with, at most
 BATCH_ROWS = 128 * 1024  # rows of a Parquet file read at a time into the replica
 
@@ -147,6 +143,17 @@ class LakeReplica:
             yield cur
         finally:
             cur.close()
+
+    def read_ahead(self) -> dict[str, Any]:
+        """The rows of each ``FAST`` table read ahead of the lake's commits (Arrow tables;
+        only those with rows): what a rule's worker adds to its lake (analytics/sqlpool.py)."""
+        out = {}
+        with self.cursor() as cur:
+            for t in FAST:
+                rows = cur.sql(f"SELECT * FROM fast_{t}").to_arrow_table()
+                if rows.num_rows:
+                    out[t] = rows
+        return out
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -307,6 +314,7 @@ class LakeServed(Database):
         self._scopes = Made()
         self._write_lock = replica.write_lock  # type: ignore[assignment]
         self.sql_pool: Any = None  # user SQL's worker processes (analytics/sqlpool.py), when given
+        self.rule_pool: Any = None  # the alert rules' worker processes, when the server has rules
         self.horizon = lambda: replica.horizon
 
     @property
@@ -331,8 +339,9 @@ class LakeServed(Database):
                 cur.close()
 
     def close(self) -> None:
-        if self.sql_pool is not None:
-            self.sql_pool.close()
+        for pool in (self.sql_pool, self.rule_pool):
+            if pool is not None:
+                pool.close()
         with contextlib.suppress(duckdb.Error):
             self._live.close()
 

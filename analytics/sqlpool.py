@@ -48,10 +48,13 @@ def memory_cap() -> int:
 
 
 class SqlPool:
-    """``size`` worker processes over the lake ``uri`` (catalog ``catalog``)."""
+    """``size`` worker processes over the lake ``uri`` (catalog ``catalog``), started as
+    requests need them."""
 
-    def __init__(self, uri: str, catalog: str | None, size: int = WORKERS, memory: int | None = None) -> None:
+    def __init__(self, uri: str, catalog: str | None, size: int = WORKERS, memory: int | None = None,
+                 fast: bool = False) -> None:
         self.uri, self.catalog = uri, catalog
+        self.fast = fast  # the workers plan lakedb.FAST tables as a ruler's replica holds them (rules' pool)
         self.memory = memory if memory is not None else memory_cap()
         self.size = size
         self._idle: list[_Worker] = []
@@ -63,28 +66,52 @@ class SqlPool:
         """One query in a worker: its SqlResult, or SqlRefused / AnalyticsError in one line."""
         from .safesql import SqlRefused
 
+        kind, value = self._call(("sql", query, max_rows, timeout, max_bytes, scope), timeout)
+        if kind == "ok":
+            return value
+        if kind == "refused":
+            raise SqlRefused(value)
+        raise AnalyticsError(value)
+
+    def rule(self, rule: Any, at: Any, timeout: float, horizon: Any = None, lag: float = 0.0,
+             fast: dict[str, Any] | None = None) -> list[Any]:
+        """One alert rule's expression evaluated in a worker (alerting/evaluate.py's
+        ``evaluate``, under the worker's caps): its instances, or RuleError in one line.
+        ``fast``: per ``lakedb.FAST`` table, the rows a ruler read ahead of the lake (Arrow)."""
+        from .alerting import RuleError
+        from .safesql import SqlRefused
+
+        try:
+            kind, value = self._call(("rule", rule, at, timeout, horizon, lag, fast or {}), timeout)
+        except SqlRefused as e:
+            raise RuleError(_expr(str(e))) from None
+        if kind == "ok":
+            return value
+        raise RuleError(value)
+
+    def _call(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any]:
+        """``msg`` to a worker and its answer; SqlRefused in one line when the worker died or
+        ran past the deadline (it is then stopped and replaced)."""
+        from .safesql import SqlRefused
+
         deadline = time.monotonic() + timeout + GRACE
         w = self._take(deadline)
         ok = False
         try:
-            w.conn.send((query, max_rows, timeout, max_bytes, scope))
+            w.conn.send(msg)
             left = deadline - time.monotonic()
             if not w.conn.poll(max(0.0, left)):
                 self.killed += 1
                 raise SqlRefused(f"query stopped after {timeout:g} s (the time limit; narrow it with WHERE or LIMIT)")
             try:
-                kind, value = w.conn.recv()
+                answer = w.conn.recv()
             except (EOFError, OSError):
                 self.killed += 1
                 raise SqlRefused(self._died(w)) from None
             ok = True
         finally:
             self._give(w, ok)
-        if kind == "ok":
-            return value
-        if kind == "refused":
-            raise SqlRefused(value)
-        raise AnalyticsError(value)
+        return answer
 
     def _died(self, w: _Worker) -> str:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -148,7 +175,7 @@ class _Worker:
         finally:
             theirs.close()
         self.conn = Connection(mine.detach())
-        self.conn.send((pool.uri, pool.catalog, pool.memory))
+        self.conn.send((pool.uri, pool.catalog, pool.memory, pool.fast))
         if not self.conn.poll(STARTUP):
             self.stop()
             raise AnalyticsError("an SQL worker did not start")
@@ -182,7 +209,7 @@ class _Worker:
 def _serve(conn: Any) -> None:
     """A worker's loop: limits first, then the lake, then one query per message."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the server stops its workers itself)
-    uri, catalog, memory = conn.recv()
+    uri, catalog, memory, fast = conn.recv()
     try:  # (a seccomp filter without @resources refuses it: no worker runs uncapped)
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -190,7 +217,7 @@ def _serve(conn: Any) -> None:
         conn.send(("error", f"an SQL worker cannot cap its memory ({e}): allow setrlimit (@resources)"))
         return
     try:
-        src = _Lake(uri, catalog, memory)
+        src = _Lake(uri, catalog, memory, fast)
     except Exception as e:  # noqa: BLE001  (said to the server in one line)
         conn.send(("error", str(e).splitlines()[0][:300] if str(e) else type(e).__name__))
         return
@@ -200,17 +227,19 @@ def _serve(conn: Any) -> None:
             msg = conn.recv()
         except (EOFError, OSError):
             return
-        conn.send(_one(src, *msg))
+        conn.send(_rule(src, *msg[1:]) if msg[0] == "rule" else _one(src, *msg[1:]))
 
 
 class _Lake:
-    """The lake as this worker last planned it, planned again when a table moved."""
+    """The lake as this worker last planned it: the tables whose metadata location moved
+    since are planned again (``LakeDatabase.replan``), the rest kept."""
 
-    def __init__(self, uri: str, catalog: str | None, memory: int) -> None:
+    def __init__(self, uri: str, catalog: str | None, memory: int, fast: bool = False) -> None:
         from .lakedb import LakeDatabase
 
         self.db = LakeDatabase(uri, catalog)
         self.memory = memory
+        self.fast = fast
         self.at: dict[str, str] = {}
         self.con: Any = None
         self.made: Any = None
@@ -220,14 +249,21 @@ class _Lake:
         from .scoping import Made
 
         locs = self.db.lake.locations()
-        if self.con is None or locs != self.at:
-            if self.con is not None:
-                self.con.close()
+        if self.con is None:
             # DuckDB's own limit under the cap: a query past it stops in DuckDB, with room to say so
             config = {**{k: v for k, v in safesql.CONFIG.items() if k != "lock_configuration"},
                       "memory_limit": f"{self.memory // 2 >> 20}MB"}
-            self.con = self.db._open(config)
+            self.con = self.db._open(config, self.fast)
             self.at, self.made = locs, Made()
+        elif locs != self.at:
+            moved = {t for t in set(locs) | set(self.at) if locs.get(t) != self.at.get(t)}
+            try:
+                self.db.replan(self.con, moved, self.fast)
+            except BaseException:  # half planned: planned whole at the next query
+                self.con.close()
+                self.con = None
+                raise
+            self.at = locs
         return self.con
 
 
@@ -235,8 +271,60 @@ OUT_OF_MEMORY = ("query stopped: it needed more memory than the SQL worker's cap
                  "with WHERE, LIMIT or fewer columns)")
 
 
+def _expr(msg: str) -> str:
+    """A worker's one line said of a rule's expression."""
+    return "expr " + msg[len("query "):] if msg.startswith("query ") else f"expr not evaluated: {msg}"
+
+
 def _cap() -> int:
     return resource.getrlimit(resource.RLIMIT_AS)[0]
+
+
+def _cpu_cap(timeout: float) -> None:
+    """The CPU-time cap for the next query: what this worker used so far plus the query's
+    share (its threads times its time limit) and a margin."""
+    from . import safesql
+
+    used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    threads = int(safesql.CONFIG["threads"])  # type: ignore[call-overload]
+    cap = int(used + threads * timeout + GRACE) + 1
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_CPU, (cap, resource.RLIM_INFINITY))
+
+
+def _rule(src: _Lake, rule: Any, at: Any, timeout: float, horizon: Any, lag: float,
+          fast: dict[str, Any]) -> tuple[str, Any]:
+    """A rule's expression at ``at`` over the lake and the rows read ahead of it."""
+    from .alerting import RuleError
+    from .alerting.evaluate import evaluate
+    from .lakedb import FAST
+
+    try:
+        con = src.connection()
+    except Exception as e:  # noqa: BLE001
+        return ("error", f"the lake: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
+    _cpu_cap(timeout)
+    cur = con.cursor()
+    try:
+        for t in FAST:  # (this worker's own copy: one message at a time)
+            cur.execute(f"DELETE FROM fast_{t}")
+            rows = fast.get(t)
+            if rows is not None and rows.num_rows:
+                cur.register("_fast", rows)
+                cur.execute(f"INSERT INTO fast_{t} BY NAME SELECT * FROM _fast")
+                cur.unregister("_fast")
+        return ("ok", evaluate(cur, rule, at, timeout, horizon, lag))
+    except RuleError as e:
+        if "Out of Memory" in str(e):  # an allocation refused under the address-space cap
+            return ("refused", _expr(OUT_OF_MEMORY.format(cap=_cap() >> 20)))
+        return ("refused", str(e))
+    except MemoryError:
+        return ("refused", _expr(OUT_OF_MEMORY.format(cap=_cap() >> 20)))
+    except Exception as e:  # noqa: BLE001  (one line)
+        return ("refused", f"expr failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
+    finally:
+        with contextlib.suppress(Exception):
+            cur.close()
 
 
 def _one(src: _Lake, query: str, max_rows: int, timeout: float, max_bytes: int, scope: Any) -> tuple[str, Any]:
@@ -246,11 +334,7 @@ def _one(src: _Lake, query: str, max_rows: int, timeout: float, max_bytes: int, 
         con = src.connection()
     except Exception as e:  # noqa: BLE001
         return ("error", f"the lake: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
-    used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-    threads = int(safesql.CONFIG["threads"])  # type: ignore[call-overload]
-    cap = int(used + threads * timeout + GRACE) + 1
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_CPU, (cap, resource.RLIM_INFINITY))
+    _cpu_cap(timeout)
     cur = con.cursor()
     attached = None
     try:

@@ -22,6 +22,8 @@ from cmdare.wire.units import ConfigError
 
 Say = Callable[[str], None]
 REFRESH = 2.0  # seconds between two looks at the catalog (--refresh)
+# the alert rules' SQL workers, at most (a worker per rule group up to this: groups run at once)
+RULE_WORKERS = 4
 
 
 class ServeError(Exception):
@@ -90,8 +92,10 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
         say(f"cmdare-collector: read the lake {lk.name} ({replica.loaded_files} files) in "
             f"{time.monotonic() - t:.1f} s")
         served = LakeServed(replica, lk.name)
-        alerting = _alerting(replica, cfg)  # (bad rule files stop every server at once, standbys too)
         served.sql_pool = SqlPool(cfg.lake, cfg.catalog, cfg.sql_workers, cfg.sql_memory)
+        if cfg.settings is not None and cfg.settings.rules:  # rules' SQL in workers of their own
+            served.rule_pool = SqlPool(cfg.lake, cfg.catalog, RULE_WORKERS, cfg.sql_memory, fast=True)
+        alerting = _alerting(replica, cfg, served.rule_pool)  # (bad rule files stop every server, standbys too)
         svc = Service(replica.con, lk.name, cfg.http, database=served)
         try:
             url = svc.start()
@@ -106,7 +110,7 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
 
         ruler = _ruler(lk, served, alerting, cfg, say, on_lost)
         ruler.service = svc
-        svc.extra_metrics = lambda: _metrics(replica, served.sql_pool, ruler)
+        svc.extra_metrics = lambda: _metrics(replica, served, ruler)
         replica.after_refresh.append(ruler.on_refresh)
         ruler.start()
         svc.ready = True
@@ -129,19 +133,28 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
                          "starts again as a standby")
 
 
-def _alerting(replica: Any, cfg: ServeConfig) -> Any:
+def _alerting(replica: Any, cfg: ServeConfig, pool: Any) -> Any:
     """The rule evaluation, validated against what the server has read (not started: the
-    ruler starts it once it holds the lease); None without rules."""
+    ruler starts it once it holds the lease); None without rules. Each rule's SQL runs in
+    one of ``pool``'s worker processes, over the lake and the rows the ruler read ahead of
+    it (analytics/sqlpool.py): a rule past the memory, CPU or time caps costs its worker and
+    that rule's round, never the server."""
     from cmdare.analytics.alerting import RuleError
     from cmdare.analytics.alerting.schedule import load
 
     st = cfg.settings
     if st is None or not st.rules:
         return None
+
+    def in_worker(rule: Any, at: Any, timeout: float, horizon: Any, lag: float) -> Any:
+        return pool.rule(rule, at, timeout, horizon, lag, replica.read_ahead())
+
     try:
-        al = load(replica.con, tuple(st.rules), st.inhibit_window, st.receivers, st.resend, security=st.security)
+        al = load(replica.con, tuple(st.rules), st.inhibit_window, st.receivers, st.resend, security=st.security,
+                  evaluator=in_worker)
     except RuleError as e:
         raise ConfigError(str(e)) from None
+    pool.size = max(1, min(len(al.engine.groups), RULE_WORKERS))
     al.grace = st.liveness_grace
     return al
 
@@ -169,7 +182,7 @@ def _ruler(lk: Any, served: Any, alerting: Any, cfg: ServeConfig, say: Say, on_l
                  gap=cfg.commit_every + cfg.refresh + GAP)
 
 
-def _metrics(replica: Any, pool: Any, ruler: Any) -> Iterator[Any]:
+def _metrics(replica: Any, served: Any, ruler: Any) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     yield GaugeMetricFamily("cmdare_server_ruler", "1 while this server holds the lake's ruler lease (evaluates "
@@ -183,7 +196,10 @@ def _metrics(replica: Any, pool: Any, ruler: Any) -> Iterator[Any]:
                                 "seconds since the lake's catalog was last read whole",
                                 value=time.monotonic() - replica.refreshed_at)
     yield CounterMetricFamily("cmdare_server_sql_workers_stopped", "user SQL workers stopped past a memory, CPU or "
-                              "time cap", value=pool.killed)
+                              "time cap", value=served.sql_pool.killed)
+    if served.rule_pool is not None:
+        yield CounterMetricFamily("cmdare_server_rule_workers_stopped", "alert rules' SQL workers stopped past a "
+                                  "memory, CPU or time cap", value=served.rule_pool.killed)
     yield CounterMetricFamily("cmdare_server_lake_files_read", "data files read from the lake since start",
                               value=replica.loaded_files)
     if replica.horizon is not None:

@@ -239,10 +239,11 @@ class Alerting:
 
 def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window: float,
          receivers: Sequence[ReceiverSpec] = (), resend: float = 60.0, generator: str | None = None,
-         security: Any = None) -> Alerting:
+         security: Any = None, evaluator: Any = None) -> Alerting:
     """Load and validate the rule files against the collector's database (RuleError: one
     line) and build the evaluation with ``receivers`` (notify/receivers.py: each kind by
-    name; ``security``: the Kafka settings a ``kafka`` receiver uses); ``start()`` runs it."""
+    name; ``security``: the Kafka settings a ``kafka`` receiver uses); ``start()`` runs it.
+    ``evaluator``: where rules' SQL runs (``Engine.evaluator``), when not on ``con``."""
     from cmdare.collector.db import cursor
 
     from .notify.receivers import build_all
@@ -250,7 +251,7 @@ def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window:
     groups = load_files(resolve_paths(given))
     c = cursor(con)
     try:
-        validate(c, groups)
+        validate(c, groups, evaluator)
     finally:
         c.close()
     if generator is None:  # where the alert came from, as Alertmanager shows it
@@ -259,6 +260,7 @@ def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window:
         generator = f"http://{socket.gethostname()}/cmdare"
     built = build_all(receivers, resend, generator, security)
     al = Alerting(con, groups, inhibit_window)
+    al.engine.evaluator = evaluator
     for r in built:
         al.add(r)
     return al

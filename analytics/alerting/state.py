@@ -75,6 +75,9 @@ class Engine:
         # with the collector's detector schedule on: finding rules read the findings it stored
         # within this many seconds (unresolved) instead of running their detector again
         self.findings_fresh: float | None = None
+        # where a rule's SQL runs, when not on the round's connection: (rule, at, timeout,
+        # horizon, lag) -> its instances (a lake's ruler: a worker process, analytics/sqlpool.py)
+        self.evaluator: Any = None
 
     def delivered(self, items: list[tuple[tuple[str, str], Any, bool]], at: dt.datetime) -> None:
         """A receiver delivered these alerts (key, episode, ``True``: their resolution) at
@@ -145,7 +148,10 @@ class Engine:
             t0 = time.perf_counter()
             h = self.health[rule.id]
             try:
-                found = evaluate(con, rule, at, self.rule_timeout, horizon, lag, self.findings_fresh)
+                if self.evaluator is not None and not rule.finding:
+                    found = self.evaluator(rule, at, self.rule_timeout, horizon, lag)
+                else:
+                    found = evaluate(con, rule, at, self.rule_timeout, horizon, lag, self.findings_fresh)
                 self._apply(rule, found, at, revoked)
             except Exception as e:  # this rule only: the rest of the group runs
                 h.health = "error"
