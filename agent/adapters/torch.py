@@ -22,10 +22,21 @@ counts the forward, backward and optimizer operations that step dispatches; the 
 declared again with ``flops_per_step``.  That step is slowed by the counting, so it is not
 recorded as a step.  Counting happens on the training thread only (DataLoader workers are
 not counted, as they are not part of the model's work).
+
+A ``DistributedDataParallel`` module: ``track_module`` declares the wrapped module (its
+class, its parameters) and times the gradient communication DDP does not hide behind
+backward (``watch_ddp``, a communication hook around the all-reduce): per step, from the
+launch of the last gradient bucket (backward's computation is over then) to the completion
+of the last all-reduce, which backward waits for. Each step reports it as communication
+wait (``run.add_comm_wait``), beside input wait; ``comm_bound`` judges it. A model with a
+communication hook of its own: ``watch_ddp(run, model, hook=yours, state=its_state)``
+registers yours, timed (DDP takes one hook per model).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -76,17 +87,130 @@ def batch_examples(batch: Any) -> int:
     return 0
 
 
+class CommTimer:
+    """When a DDP model's gradient buckets were handed to communication and when their
+    all-reduce finished (``watch_ddp``'s hook calls ``launched`` and ``done``, on whichever
+    threads run them); ``take()`` gives the exposed communication since the last take."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_launch: float | None = None
+        self._last_done: float | None = None
+        self.buckets = 0  # buckets communicated so far (all steps)
+        self.exposed = 0.0  # seconds of exposed communication taken so far (all steps)
+
+    def launched(self) -> None:
+        with self._lock:
+            self._last_launch = time.perf_counter()
+            self.buckets += 1
+
+    def done(self) -> None:
+        t = time.perf_counter()
+        with self._lock:
+            if self._last_done is None or t > self._last_done:
+                self._last_done = t
+
+    def take(self) -> float | None:
+        """Seconds from the last bucket's launch to the last all-reduce's end, since the last
+        take (None: no communication since)."""
+        with self._lock:
+            a, b = self._last_launch, self._last_done
+            self._last_launch = self._last_done = None
+        if a is None:
+            return None
+        exposed = max(0.0, (b or a) - a)
+        self.exposed += exposed
+        return exposed
+
+
+class _Timed:
+    """The state ``watch_ddp`` registers: the timer, and the hook it times with its state."""
+
+    def __init__(self, timer: CommTimer, hook: Callable[[Any, Any], Any] | None, state: Any) -> None:
+        self.timer, self.hook, self.state = timer, hook, state
+
+
+def _timed_hook(timed, bucket):  # type: ignore[no-untyped-def]  # (DDP checks the annotations: none, or its own)
+    timed.timer.launched()
+    fut = timed.hook(timed.state, bucket)
+    done = timed.timer.done
+
+    def finished(f):  # type: ignore[no-untyped-def]
+        done()
+        return f.value()
+
+    return fut.then(finished)
+
+
+def _timed_allreduce(timed, bucket):  # type: ignore[no-untyped-def]
+    """DDP's own all-reduce (as ``default_hooks.allreduce_hook``: the bucket's mean over the
+    group), timed: one callback does both (each Python callback costs tens of us a bucket)."""
+    import torch.distributed as dist
+
+    timer = timed.timer
+    timer.launched()
+    group = timed.state if timed.state is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(group.size())
+    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+    def finished(f):  # type: ignore[no-untyped-def]
+        timer.done()
+        return f.value()[0]
+
+    return fut.then(finished)
+
+
+def watch_ddp(model: Any, hook: Callable[[Any, Any], Any] | None = None, state: Any = None) -> CommTimer:
+    """Register on the ``DistributedDataParallel`` ``model`` a communication hook that times
+    ``hook`` (default: DDP's own all-reduce, ``default_hooks.allreduce_hook``, over
+    ``state``: the process group, None for the default one); a ``TorchRun`` reports what
+    it times each step. Raises ValueError (one line) when the model is not DDP or already
+    has a hook (DDP takes one: pass yours here)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        raise ValueError(f"watch_ddp: expected a DistributedDataParallel model, got {type(model).__name__}")
+    timer = CommTimer()
+    try:
+        model.register_comm_hook(_Timed(timer, hook, state), _timed_hook if hook is not None else _timed_allreduce)
+    except RuntimeError as e:
+        raise ValueError(f"watch_ddp: DDP refused the timing hook ({str(e).splitlines()[0][:160]}): a model with "
+                         "a communication hook of its own passes it as watch_ddp(model, hook=..., state=...)") from None
+    return timer
+
+
 class TorchRun:
     """A ``track.Run`` plus the module it describes (see ``track_module``)."""
 
-    def __init__(self, run: track.Run, module: torch.nn.Module, measure_flops: bool) -> None:
+    def __init__(self, run: track.Run, module: torch.nn.Module, measure_flops: bool,
+                 comm: CommTimer | None = None) -> None:
         self.run = run
         self.module = module
         self.measure_flops = measure_flops
         self.flops_per_step: float | None = None
+        self.comm = comm  # a DDP model's communication timing (watch_ddp), reported each step
 
-    def __getattr__(self, name: str) -> Any:  # step, wait, checkpoint, flush, dropped, ...
+    def __getattr__(self, name: str) -> Any:  # wait, checkpoint, flush, dropped, ...
         return getattr(self.run, name)
+
+    def step(self, examples: int | float = 0, step: int | None = None) -> None:
+        """``track.Run.step``, with the step's exposed communication first (a DDP model)."""
+        self._report_comm()
+        self.run.step(examples, step)
+
+    def _report_comm(self) -> None:
+        if self.comm is not None:
+            exposed = self.comm.take()
+            if exposed is not None:
+                self.run.add_comm_wait(exposed)
+
+    def _reporting(self, it: Iterator[T]) -> Iterator[T]:
+        """``it``, reporting each step's communication before the next batch is fetched
+        (``track.Run.batches`` closes the step right after that fetch)."""
+        for b in it:
+            yield b
+            self._report_comm()
 
     def batches(
         self, iterable: Iterable[T], examples: int | Callable[[T], int | float] | None = None
@@ -106,7 +230,9 @@ class TorchRun:
             self.flops_per_step = float(counter.get_total_flops())
             self.run.declare(flops_per_step=self.flops_per_step)
             self.run.pause()  # the counted step was slowed: the next one starts the clock
-        yield from self.run.batches(it, count)
+            if self.comm is not None:
+                self.comm.take()  # (nor its communication)
+        yield from self.run.batches(self._reporting(it) if self.comm is not None else it, count)
 
     def close(self, exc: BaseException | None = None) -> None:
         self.run.close(exc)
@@ -121,17 +247,24 @@ class TorchRun:
 def track_module(job: str, module: torch.nn.Module, *, measure_flops: bool = False, **init: Any) -> TorchRun:
     """Declare this training process (see ``track.init``) with what ``module`` tells:
     parameters, parameter tensors, model name (the class name), framework and version,
-    accelerator.  Keywords given explicitly win over what is read."""
+    accelerator.  Keywords given explicitly win over what is read.  A
+    ``DistributedDataParallel`` module: the module it wraps is declared, and its gradient
+    communication is timed (``watch_ddp``; ``comm_hook=False``: not)."""
+    from torch.nn.parallel import DistributedDataParallel
+
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"track_module: expected a torch.nn.Module, got {type(module).__name__}")
-    params, tensors = module_counts(module)
+    comm_hook = init.pop("comm_hook", True)
+    inner = module.module if isinstance(module, DistributedDataParallel) else module
+    params, tensors = module_counts(inner)
     declared: dict[str, Any] = {
-        "model": type(module).__name__,
+        "model": type(inner).__name__,
         "params": params,
         "tensors": tensors,
         "framework": "pytorch",
         "framework_version": torch.__version__,
-        "accelerator": accelerator_of(module),
+        "accelerator": accelerator_of(inner),
         **init,
     }
-    return TorchRun(track.init(job, **declared), module, measure_flops)
+    comm = watch_ddp(module) if comm_hook and isinstance(module, DistributedDataParallel) else None
+    return TorchRun(track.init(job, **declared), module, measure_flops, comm)

@@ -132,3 +132,76 @@ def test_module_counts_and_batch_examples() -> None:
     assert batch_examples("nothing") == 0
     with pytest.raises(TypeError, match="expected a torch.nn.Module"):
         track_module("j", object())  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path):
+    """A process group of one rank over gloo (DDP runs its hooks as with many)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def test_a_ddp_models_exposed_communication_is_each_steps_comm_wait(source, one_rank) -> None:
+    """track_module on a DDP model declares the module it wraps and times its gradient
+    communication: a hook whose all-reduce ends 40 ms after backward's computation (a slow
+    link) shows as about 40 ms of communication wait in every step; the user's hook still
+    does the reduction (its result is what the optimizer applies)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    src, sock = source
+    used = []
+
+    def slow_link(state, bucket):  # (DDP checks a hook's annotations: none here)
+        used.append(bucket.index())
+        fut = default_hooks.allreduce_hook(state, bucket)
+        return fut.then(lambda f: (time.sleep(0.04), f.value())[1])
+
+    torch.manual_seed(0)
+    inner = mlp(16, 32)
+    model = DistributedDataParallel(inner)
+    from cmdare.agent.adapters.torch import watch_ddp
+
+    comm = watch_ddp(model, hook=slow_link)
+    with pytest.raises(ValueError, match="^watch_ddp: DDP refused the timing hook .*hook=") as e:
+        watch_ddp(model)  # DDP takes one hook
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="expected a DistributedDataParallel model, got Sequential"):
+        watch_ddp(inner)
+    run = track_module("torch-ddp", model, batch_size=8, socket_path=str(sock), comm_hook=False)
+    assert run.comm is None
+    run.comm = comm  # (the hook registered above, with the user's own)
+    before = [p.detach().clone() for p in inner.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in run.batches(torch.randn(8, 16) for _ in range(12)):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    run.close()
+    assert used and comm.buckets == 12 and any((a != b).any() for a, b in zip(before, inner.parameters(), strict=True))
+    got = collect(src)
+    decl = next(d for t, j, d in got if t == "train_job" and j == "torch-ddp")
+    assert decl["model"] == "Sequential" and decl["params"] == sum(p.numel() for p in inner.parameters())
+    rows = [d for t, j, d in got if t == "train_steps" and j == "torch-ddp"]
+    assert sum(d["steps"] for d in rows) == 12  # (a step per batch)
+    comm_s = sum(d["comm_mean_seconds"] * d["steps"] for d in rows) / 12
+    step_s = sum(d["step_mean_seconds"] * d["steps"] for d in rows) / 12
+    assert 0.035 <= comm_s <= step_s, (comm_s, step_s)
+
+
+def test_track_module_times_a_ddp_model_by_itself(source, one_rank) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    src, sock = source
+    model = DistributedDataParallel(mlp(8, 8))
+    run = track_module("torch-ddp-auto", model, socket_path=str(sock))
+    assert run.comm is not None
+    for x in run.batches(torch.randn(4, 8) for _ in range(5)):
+        model(x).sum().backward()
+    run.close()
+    assert run.comm.buckets == 5
+    rows = [d for t, j, d in collect(src) if t == "train_steps" and j == "torch-ddp-auto"]
+    assert sum(d["steps"] for d in rows) == 5 and all(d["comm_mean_seconds"] is not None for d in rows)

@@ -332,3 +332,50 @@ def test_input_workers_telemetry_reaches_the_database_and_sizes_the_input(tmp_pa
     out = json.loads(r.stdout.splitlines()[0])
     assert out["assumptions"]["current_workers"] == 1 and out["assumptions"]["source"] == "telemetry of job-fed"
     assert 3 <= out["action"]["workers"] <= 5  # 10 ms compute vs 40 ms per batch: 4
+
+
+DDP = ROOT / "tests" / "integration" / "ddp_loop.py"
+
+
+def ddp_job(model: str, job: str, sock: Path, steps: int = 80) -> list[dict]:
+    """Two real DDP ranks over gloo (tests/integration/ddp_loop.py) through the adapter and the
+    agent's train socket: each rank's result line."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, str(DDP), "--model", model, "--steps", str(steps), "--job", job],
+        env=agent_env(CMDARE_TRAIN_SOCKET=str(sock), RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    return [finish(p, timeout=180) for p in procs]
+
+
+def test_a_communication_bound_ddp_job_is_found_and_a_hidden_one_is_not(tmp_path: Path, sockdir: Path) -> None:
+    """Issue 68: real torch.distributed DDP over gloo, 2 ranks, tracked by track_module on the
+    DDP model (its communication hook times the all-reduce against the end of backward),
+    through the agent, the spool and the collector. A wide model on a tiny batch (a step
+    mostly all-reduce) gets a comm_bound finding from its telemetry; a narrow model on a
+    large batch (the all-reduce hides in the step) gets none."""
+    spool, db, sock = tmp_path / "spool", tmp_path / "t.duckdb", sockdir / "train.sock"
+    agent = start_agent(spool, sock)
+    try:
+        bound = ddp_job("comm", "ddp-comm", sock)
+        hidden = ddp_job("compute", "ddp-compute", sock)
+        time.sleep(1.2)  # two more ticks: the last records are aggregated and spooled
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+    assert all(r["dropped"] == 0 and r["steps"] == 80 and r["buckets"] >= 79 for r in bound + hidden), bound + hidden
+    load(spool, db)
+    con = duckdb.connect(str(db), read_only=True)
+    shares = dict(con.execute("SELECT job, sum(comm_mean_seconds * steps) / sum(step_mean_seconds * steps) FROM steps "
+                              "GROUP BY job").fetchall())
+    ranks = con.execute("SELECT count(DISTINCT rank) FROM steps WHERE job = 'ddp-comm'").fetchone()[0]
+    con.close()
+    assert shares["ddp-comm"] > 2 * shares["ddp-compute"], shares
+    found = analyze("bottlenecks", "--kind", "comm_bound", "--db", str(db))
+    assert [f["job"] for f in found] == ["ddp-comm"], (found, shares)
+    ev = found[0]["evidence"]
+    assert ev["ranks"] == ranks == 2 and ev["exposed_comm_pct"] == pytest.approx(100 * shares["ddp-comm"], abs=0.5)
+    assert 0 < ev["exposed_comm_ms"] < ev["step_ms"] and found[0]["subject"] == "telemetry"
