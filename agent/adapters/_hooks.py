@@ -5,6 +5,8 @@ A step runs from one batch's end hook to the next one's; the gap between a batch
 the next batch's begin (where the loops of Keras, Lightning and the Hugging Face Trainer
 fetch the next batch) is that step's input wait.  ``pause`` (an epoch end, evaluation)
 makes the next step's clock start at its begin hook, so the pause counts in no step.
+A ``comm`` timer (adapters/torch.py ``watch_ddp``: a DDP model's all-reduce against the end
+of backward) adds each step's exposed communication before the step is recorded.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ class HookClock:
         self._flops: Any = None  # a FlopCounterMode entered for the first step (torch callbacks)
         self._counting = False
         self.flops_per_step: float | None = None
+        self.comm: Any = None  # a CommTimer (adapters/torch.py), when the model is DDP
 
-    def start(self, run: track.Run, flop_counter: Any = None) -> None:
+    def start(self, run: track.Run, flop_counter: Any = None, comm: Any = None) -> None:
         """Begin tracking ``run``; ``flop_counter``: a ``FlopCounterMode`` to wrap the first
-        step in (its FLOPs are then declared with the job)."""
+        step in (its FLOPs are then declared with the job); ``comm``: a DDP model's
+        communication timer."""
         self.run, self._gap_from = run, None
         self._flops = flop_counter
         self._counting = False
+        self.comm = comm
 
     def begin(self) -> None:
         if self.run is None:
@@ -53,7 +58,13 @@ class HookClock:
             self._flops = None
             self.run.declare(flops_per_step=self.flops_per_step)
             self.pause()  # the counted step was slowed: not recorded
+            if self.comm is not None:
+                self.comm.take()  # (nor its communication)
             return
+        if self.comm is not None:
+            exposed = self.comm.take()
+            if exposed is not None:
+                self.run.add_comm_wait(exposed)
         self.run.step(examples=examples)
         self._gap_from = time.perf_counter()
 

@@ -14,11 +14,15 @@ pause the clock.  On ``on_train_start`` the job is declared with the LightningMo
 parameter and tensor counts, the trainer's global rank and world size, the framework
 versions and the accelerator.  Examples per step: ``batch_size`` if given, else each
 batch's leading dimension.  ``measure_flops=True`` counts the first training step's FLOPs
-with ``torch.utils.flop_counter`` (that step is then not timed).
+with ``torch.utils.flop_counter`` (that step is then not timed).  Under a DDP strategy the
+gradient all-reduce backward did not hide is timed each step (adapters/torch.py
+``watch_ddp`` on ``trainer.strategy.model``; ``comm_hook=False``: not) and reported as
+communication wait.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -35,17 +39,22 @@ except ImportError:  # the older package name
 
 from .. import track
 from ._hooks import HookClock
-from .torch import accelerator_of, batch_examples, module_counts
+from .torch import accelerator_of, batch_examples, module_counts, watch_ddp
+
+log = logging.getLogger("cmdare.track")
 
 
 class CmdareCallback(pl.Callback):
     def __init__(
-        self, job: str, batch_size: int | None = None, measure_flops: bool = False, **init: Any
+        self, job: str, batch_size: int | None = None, measure_flops: bool = False, comm_hook: bool = True,
+        **init: Any
     ) -> None:
         """``job`` and any ``track.init`` keyword (run, ps, role, model, flops_per_step,
-        accelerator, socket_path); ``batch_size``: examples per step."""
+        accelerator, socket_path); ``batch_size``: examples per step; ``comm_hook``: time a
+        DDP strategy's gradient communication."""
         super().__init__()
         self.job, self.batch_size, self.measure_flops, self.init = job, batch_size, measure_flops, init
+        self.comm_hook = comm_hook
         self.clock = HookClock()
 
     @property
@@ -71,7 +80,21 @@ class CmdareCallback(pl.Callback):
             **self.init,
         }
         counter = FlopCounterMode(display=False) if self.measure_flops else None
-        self.clock.start(track.init(self.job, **declared), counter)
+        self.clock.start(track.init(self.job, **declared), counter, self._watch(trainer))
+
+    def _watch(self, trainer: Any) -> Any:
+        """A DDP strategy's model, its communication timed (None: not DDP, or a hook of the
+        strategy's own: said once)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = getattr(trainer.strategy, "model", None)
+        if not self.comm_hook or not isinstance(model, DistributedDataParallel):
+            return None
+        try:
+            return watch_ddp(model)
+        except ValueError as e:
+            log.warning("cmdare: communication wait not timed: %s", e)
+            return None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.clock.begin()

@@ -40,9 +40,11 @@ def lightning_fit(job: str, sock: Path, tmp: Path, batches: int = 30, **kw) -> t
     torch.manual_seed(0)
     module = Regressor()
     loader = DataLoader(Examples(B * batches, shape["width"], shape["work"]), batch_size=B, num_workers=2)
+    strategy = kw.pop("strategy", "auto")
     cb = CmdareCallback(job, socket_path=str(sock), **kw)
     trainer = L.Trainer(
         max_epochs=1,
+        strategy=strategy,
         accelerator="cpu",
         callbacks=[cb],
         logger=False,
@@ -141,3 +143,22 @@ def test_hf_step_is_an_optimizer_step_over_accumulated_batches(source, tmp_path:
     hf_train("cb-accum", sock, tmp_path, batches=24, accum=4, width=16, hidden=16, work=0, deep=0)
     n, _, examples = totals(collect(src), "cb-accum")
     assert n == 6 and examples == 6 * 4 * B  # 6 optimizer steps of 4 batches each
+
+
+def test_lightning_under_ddp_reports_each_steps_communication_wait(source, tmp_path: Path) -> None:
+    """Lightning's DDP strategy (one CPU process, a gloo group of one): the callback times the
+    strategy's DDP model's all-reduce, and every step carries its communication wait."""
+    import torch.distributed as dist
+
+    L = pytest.importorskip("lightning.pytorch")
+    src, sock = source
+    try:
+        _, cb = lightning_fit("lightning-ddp", sock, tmp_path, batches=12, strategy=L.strategies.DDPStrategy(),
+                              **COMPUTE | {"hidden": 256})
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert cb.clock.comm is not None and cb.clock.comm.buckets == 12
+    rows = [d for t, j, d in collect(src) if t == "train_steps" and j == "lightning-ddp"]
+    assert sum(d["steps"] for d in rows) == 12 and all(d["comm_mean_seconds"] is not None for d in rows)
+    assert all(0 <= d["comm_mean_seconds"] <= d["step_mean_seconds"] for d in rows)
