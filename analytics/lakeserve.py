@@ -1,6 +1,7 @@
 """The server tier over a lake (``cmdare-collector serve --lake``): the API, the pages and
 ``/metrics`` of a database file, answered from an Apache Iceberg lake by any number of
-replicas, each stateless apart from the lake, its catalog and a cache it rebuilds.
+replicas, each stateless apart from the lake, its catalog and a cache it can rebuild (kept
+across restarts in ``--cache-dir``: a restart reads only what the lake changed since).
 
 A replica keeps what it has read (``LakeReplica``): a DuckDB database (a file in a private
 cache directory) with the schema of a database file, where
@@ -59,6 +60,8 @@ WHOLE = (*DERIVED, *rollup.TABLES)  # reloaded whole when their snapshot changes
 INCREMENTAL = (*APPENDED, MARKER)
 FAST_MAX_ROWS = 100_000  # rows read ahead that a lake commit has not caught up with, at most
 BATCH_ROWS = 128 * 1024  # rows of a Parquet file read at a time into the replica
+STATE = "cmdare_replica"  # the schema of what a replica has read (kept with its rows, for a restart)
+STATE_FORMAT = 1
 
 
 class LakeReplica:
@@ -73,12 +76,6 @@ class LakeReplica:
         self.dir = Path(tempfile.mkdtemp(prefix="cmdare-serve-")) if cache_dir is None else cache_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "replica.duckdb"
-        for p in (self.path, self.path.with_name(self.path.name + ".wal")):
-            p.unlink(missing_ok=True)  # a cache: what a previous run left is read again from the lake
-        self.con = connect(self.path)  # (migrated, with the views)
-        self.catalog = _q(self.con.execute("SELECT current_database()").fetchall()[0][0])  # (cursors start elsewhere)
-        self._restructure()
-        views.apply(self.con)
         self.locations: dict[str, str] = {}  # table -> metadata location as last applied
         self.files: dict[str, dict[str, str | None]] = {}  # table -> data file path -> its day ("" none)
         self.rolled: dict[str, dict[str, str]] = {}  # rollup table -> day -> fingerprint
@@ -89,6 +86,60 @@ class LakeReplica:
         self.after_refresh: list[Callable[[set[str]], None]] = []  # called with the tables each refresh changed
         self._lock = threading.Lock()  # one refresh at a time
         self.write_lock = threading.Lock()  # a refresh's apply and the service's writes, one at a time
+        # a --cache-dir's replica from the last run, of this lake and this schema: kept, and
+        # only what the lake changed since is read (a restart costs a refresh, not the lake)
+        self.kept = not self._own_dir and self._reopen()
+        if not self.kept:
+            for p in (self.path, self.path.with_name(self.path.name + ".wal")):
+                p.unlink(missing_ok=True)  # a cache: what a previous run left is read again from the lake
+            self.con = connect(self.path)  # (migrated, with the views)
+            self.catalog = _q(self.con.execute("SELECT current_database()").fetchall()[0][0])  # (cursors start elsewhere)
+            self._restructure()
+            views.apply(self.con)
+            self.con.execute(f"CREATE SCHEMA {STATE}")
+            self.con.execute(f"CREATE TABLE {STATE}.lake (name VARCHAR, format INTEGER)")
+            self.con.execute(f"CREATE TABLE {STATE}.tables (tbl VARCHAR, location VARCHAR)")
+            self.con.execute(f"CREATE TABLE {STATE}.files (tbl VARCHAR, path VARCHAR, day VARCHAR)")
+            self.con.execute(f"CREATE TABLE {STATE}.rolled (tbl VARCHAR, day VARCHAR, fp VARCHAR)")
+            self.con.execute(f"INSERT INTO {STATE}.lake VALUES (?, ?)", [self.lake.name, STATE_FORMAT])
+
+    def _reopen(self) -> bool:
+        """The replica a previous run left in the cache directory, when it is of this lake,
+        this schema and this state format (what it had read: its tables' locations, files
+        and rollup fingerprints, saved with each refresh's rows); else False (read again)."""
+        from cmdare.collector.db import connect, migrations
+
+        if not self.path.exists():
+            return False
+        try:
+            con = connect(self.path, read_only=True)
+            try:
+                version = con.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]
+                lake = con.execute(f"SELECT name, format FROM {STATE}.lake").fetchall()
+            finally:
+                con.close()
+        except Exception as e:  # noqa: BLE001  (a broken or foreign cache: read again, said once)
+            log.warning("%s: not reused (%s): reading the lake again", self.path,
+                        str(e).splitlines()[0][:160] if str(e) else type(e).__name__)
+            return False
+        if version != max(m[0] for m in migrations()) or lake != [(self.lake.name, STATE_FORMAT)]:
+            return False
+        self.con = connect(self.path, as_is=True)  # (its own shape: migrated and restructured when made)
+        try:
+            self.catalog = _q(self.con.execute("SELECT current_database()").fetchall()[0][0])
+            con = self.con
+            self.locations = dict(con.execute(f"SELECT tbl, location FROM {STATE}.tables").fetchall())
+            for t, path, day in con.execute(f"SELECT tbl, path, day FROM {STATE}.files").fetchall():
+                self.files.setdefault(t, {})[path] = day
+            for t, day, fp in con.execute(f"SELECT tbl, day, fp FROM {STATE}.rolled").fetchall():
+                self.rolled.setdefault(t, {})[day] = fp
+            for t in FAST:  # rows read ahead by a ruler of the last run: the fast path reads them again
+                con.execute(f"DELETE FROM fast_{t}")
+            self.horizon = lake_horizon(con)
+        except BaseException:
+            self.con.close()
+            raise
+        return True
 
     def _restructure(self) -> None:
         """Tables of the lake's shape: every field by name (no packed column), the nodes'
@@ -211,9 +262,29 @@ class LakeReplica:
             for t in FAST:  # read ahead, now in the lake
                 if t in changed:
                     cur.execute(f"DELETE FROM fast_{t} WHERE id IN (SELECT id FROM lake_{t})")
+            self._save(cur, changed, locs, plans)
         for t in changed:
             self.locations[t] = locs[t]
             self.files[t] = plans[t][1]
+
+    def _save(self, cur: duckdb.DuckDBPyConnection, changed: list[str], locs: dict[str, str],
+              plans: dict[str, tuple[Any, dict[str, str | None]]]) -> None:
+        """What this refresh read, in the same transaction as its rows (a restart over the
+        cache directory reads only what the lake changed since)."""
+        cur.execute(f"DELETE FROM {STATE}.tables WHERE tbl IN (SELECT unnest($t::VARCHAR[]))", {"t": changed})
+        cur.execute(f"DELETE FROM {STATE}.files WHERE tbl IN (SELECT unnest($t::VARCHAR[]))", {"t": changed})
+        cur.executemany(f"INSERT INTO {STATE}.tables VALUES (?, ?)", [(t, locs[t]) for t in changed])
+        rows = [(t, path, day) for t in changed for path, day in plans[t][1].items()]
+        if rows:  # (one statement: executemany is a statement a row)
+            cur.execute(f"INSERT INTO {STATE}.files SELECT unnest($t::VARCHAR[]), unnest($p::VARCHAR[]), "
+                        "unnest($d::VARCHAR[])", {"t": [r[0] for r in rows], "p": [r[1] for r in rows],
+                                                   "d": [r[2] for r in rows]})
+        rolled = [t for t in changed if t in rollup.TABLES]
+        if rolled:
+            cur.execute(f"DELETE FROM {STATE}.rolled WHERE tbl IN (SELECT unnest($t::VARCHAR[]))", {"t": rolled})
+            fps = [(t, d, fp) for t in rolled for d, fp in self.rolled.get(t, {}).items()]
+            if fps:
+                cur.executemany(f"INSERT INTO {STATE}.rolled VALUES (?, ?, ?)", fps)
 
     def _load(self, cur: duckdb.DuckDBPyConnection, t: str, files: dict[str, str | None]) -> None:
         target = NODE_ROWS if t == "nodes" else f"lake_{t}" if t in FAST else t

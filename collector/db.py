@@ -48,10 +48,11 @@ ROW_GROUP_SIZE = 30720
 
 
 def connect(path: str | Path, read_only: bool = False,
-            config: dict[str, object] | None = None) -> duckdb.DuckDBPyConnection:
+            config: dict[str, object] | None = None, as_is: bool = False) -> duckdb.DuckDBPyConnection:
     """The one place a database file is opened: read-only (``config``: DuckDB settings for
     that connection), or for writing with the migrations applied. Views are the analytics
-    re-created on every open for writing (collector/views.py)."""
+    re-created on every open for writing (collector/views.py). ``as_is``: opened for
+    writing as it is (a lake server's replica: its own shape, checked by its owner)."""
     path = str(path)
     if read_only and not Path(path).exists():
         raise DatabaseError(f"{path}: no such database (load data with cmdare-collector first)")
@@ -78,7 +79,7 @@ def connect(path: str | Path, read_only: bool = False,
         if "already attached" in msg:
             raise DatabaseError(f"{path}: database is already open for writing in this process", msg) from None
         raise DatabaseError(f"{path}: not a DuckDB database or unreadable: {msg}", msg) from None
-    if not read_only:
+    if not read_only and not as_is:
         migrate(con)
         views.apply(con)
     return con
