@@ -148,16 +148,21 @@ def test_hf_step_is_an_optimizer_step_over_accumulated_batches(source, tmp_path:
 def test_lightning_under_ddp_reports_each_steps_communication_wait(source, tmp_path: Path) -> None:
     """Lightning's DDP strategy (one CPU process, a gloo group of one): the callback times the
     strategy's DDP model's all-reduce, and every step carries its communication wait."""
+    import os
+
     import torch.distributed as dist
 
     L = pytest.importorskip("lightning.pytorch")
     src, sock = source
+    env = dict(os.environ)  # (Lightning sets RANK, MASTER_PORT ... for its group: not for the next tests)
     try:
         _, cb = lightning_fit("lightning-ddp", sock, tmp_path, batches=12, strategy=L.strategies.DDPStrategy(),
                               **COMPUTE | {"hidden": 256})
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(env)
     assert cb.clock.comm is not None and cb.clock.comm.buckets == 12
     rows = [d for t, j, d in collect(src) if t == "train_steps" and j == "lightning-ddp"]
     assert sum(d["steps"] for d in rows) == 12 and all(d["comm_mean_seconds"] is not None for d in rows)
