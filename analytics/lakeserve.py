@@ -61,7 +61,7 @@ INCREMENTAL = (*APPENDED, MARKER)
 FAST_MAX_ROWS = 100_000  # rows read ahead that a lake commit has not caught up with, at most
 BATCH_ROWS = 128 * 1024  # rows of a Parquet file read at a time into the replica
 STATE = "cmdare_replica"  # the schema of what a replica has read (kept with its rows, for a restart)
-STATE_FORMAT = 1
+STATE_FORMAT = 1  # bump when the replica's shape changes (_restructure, FAST, these tables): read again
 
 
 class LakeReplica:
