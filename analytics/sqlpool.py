@@ -292,6 +292,21 @@ def _cpu_cap(timeout: float) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cap, resource.RLIM_INFINITY))
 
 
+def _line(e: BaseException) -> str:
+    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+
+
+def _cursor(src: _Lake, timeout: float) -> Any:
+    """A cursor of the lake as planned now, the CPU cap set for a query of ``timeout``; or
+    the error answer when the lake cannot be planned."""
+    try:
+        con = src.connection()
+    except Exception as e:  # noqa: BLE001
+        return ("error", f"the lake: {_line(e)}")
+    _cpu_cap(timeout)
+    return con.cursor()
+
+
 def _rule(src: _Lake, rule: Any, at: Any, timeout: float, horizon: Any, lag: float,
           fast: dict[str, Any]) -> tuple[str, Any]:
     """A rule's expression at ``at`` over the lake and the rows read ahead of it."""
@@ -299,12 +314,9 @@ def _rule(src: _Lake, rule: Any, at: Any, timeout: float, horizon: Any, lag: flo
     from .alerting.evaluate import evaluate
     from .lakedb import FAST
 
-    try:
-        con = src.connection()
-    except Exception as e:  # noqa: BLE001
-        return ("error", f"the lake: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
-    _cpu_cap(timeout)
-    cur = con.cursor()
+    cur = _cursor(src, timeout)
+    if isinstance(cur, tuple):
+        return cur
     try:
         for t in FAST:  # (this worker's own copy: one message at a time)
             cur.execute(f"DELETE FROM fast_{t}")
@@ -321,7 +333,7 @@ def _rule(src: _Lake, rule: Any, at: Any, timeout: float, horizon: Any, lag: flo
     except MemoryError:
         return ("refused", _expr(OUT_OF_MEMORY.format(cap=_cap() >> 20)))
     except Exception as e:  # noqa: BLE001  (one line)
-        return ("refused", f"expr failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
+        return ("refused", f"expr failed: {_line(e)}")
     finally:
         with contextlib.suppress(Exception):
             cur.close()
@@ -330,12 +342,9 @@ def _rule(src: _Lake, rule: Any, at: Any, timeout: float, horizon: Any, lag: flo
 def _one(src: _Lake, query: str, max_rows: int, timeout: float, max_bytes: int, scope: Any) -> tuple[str, Any]:
     from . import safesql, scoping
 
-    try:
-        con = src.connection()
-    except Exception as e:  # noqa: BLE001
-        return ("error", f"the lake: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
-    _cpu_cap(timeout)
-    cur = con.cursor()
+    cur = _cursor(src, timeout)
+    if isinstance(cur, tuple):
+        return cur
     attached = None
     try:
         if scope is not None:
@@ -353,7 +362,7 @@ def _one(src: _Lake, query: str, max_rows: int, timeout: float, max_bytes: int, 
     except MemoryError:
         return ("refused", OUT_OF_MEMORY.format(cap=_cap() >> 20))
     except Exception as e:  # noqa: BLE001  (DuckDB's own failures: one line)
-        return ("refused", f"query failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
+        return ("refused", f"query failed: {_line(e)}")
     finally:
         with contextlib.suppress(Exception):
             cur.execute("ROLLBACK")

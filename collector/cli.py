@@ -154,8 +154,8 @@ def token_hash(name: str, scope: str) -> None:
               help="how often to read what the ingest collectors committed (data is visible --commit-every "
                    "plus this late)")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="where to keep what was read (a DuckDB file, rebuilt from the lake at each start; default: "
-                   "a private temporary directory, removed at exit)")
+              help="where to keep what was read (a DuckDB file, kept across restarts: a restart reads only what the "
+                   "lake changed since; default: a private temporary directory, removed at exit)")
 @click.option("--sql-workers", type=click.IntRange(1, 64), default=2, show_default=True,
               help="worker processes that run user SQL (POST /api/v1/sql, analyze sql), each capped at "
                    "$CMDARE_SQL_WORKER_MEMORY of address space (default 2GiB), a CPU-time and a wall deadline")

@@ -124,7 +124,7 @@ def build(lake: Lake, skipped: list[str]) -> dict[str, int]:
                             reader = con.sql(f"{r.from_raw()} GROUP BY ALL").to_arrow_reader(CHUNK_ROWS)
                             with t.transaction() as tx:
                                 first = True
-                                for batch in _batches(reader):
+                                for batch in reader:
                                     rows = pa.table({f.name: batch.column(f.name).cast(f.type) for f in target},
                                                     schema=target)
                                     if first:
@@ -144,14 +144,6 @@ def build(lake: Lake, skipped: list[str]) -> dict[str, int]:
         con.close()
         shutil.rmtree(spill, ignore_errors=True)
     return out
-
-
-def _batches(reader: Any) -> Any:
-    while True:
-        try:
-            yield reader.read_next_batch()
-        except StopIteration:
-            return
 
 
 def retain(lake: Lake, keep: float, skipped: list[str]) -> dict[str, int]:

@@ -13,6 +13,7 @@ gradient buckets communicated, exposed communication (s), records dropped."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import time
@@ -33,7 +34,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
+    dist.init_process_group("gloo", timeout=dt.timedelta(seconds=60))
     if a.model == "comm":
         model, batch, width = nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048)), 4, 2048
     else:

@@ -23,6 +23,7 @@ from cmdare.analytics.lakedb import LakeDatabase
 from cmdare.analytics.sqlpool import SqlPool
 from cmdare.collector.lake import Lake
 from tests.lake.test_lake_ruler import (
+    RULES,
     _revocation,
     _rows,
     firing,
@@ -126,17 +127,7 @@ def test_a_rules_failure_in_its_worker_is_one_line_and_the_worker_is_replaced(tm
         pool.close()
 
 
-HOSTILE = """
-groups:
-  - name: g
-    interval: 1s
-    rules:
-      - alert: Revoked
-        expr: |
-          SELECT node, max(lead_seconds) AS value FROM revocations
-          WHERE revokes AND ts >= eval_time() - INTERVAL 10 MINUTE GROUP BY node
-        labels: {severity: warning}
-  - name: h
+HOSTILE = RULES + """  - name: h
     interval: 1s
     rules:
       - alert: Hog
