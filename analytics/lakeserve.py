@@ -310,7 +310,7 @@ class LakeReplica:
             todo: set[str] = set()
             for r in (r for r in rollup.ROLLUPS if r.source == src):
                 state = self.rolled.get(r.table, {})
-                todo |= {d for d, fs in days.items() if state.get(d) != lakerollup.fingerprint(fs)}
+                todo |= {d for d, fs in days.items() if state.get(d) != lakerollup.fingerprint(fs, r.version)}
             if todo:
                 col = _q(time_column(src) or "ts")
                 cur.execute(f"""INSERT INTO rollup_dirty SELECT node, min({col}), max({col}), '{src}' FROM {src}

@@ -233,12 +233,21 @@ def _bucket_expr(every: float | None, con: duckdb.DuckDBPyConnection, table: str
 
 
 def gpu(con: duckdb.DuckDBPyConnection, node: str | None = None, cutoff: dt.datetime | None = None,
-        until: dt.datetime | None = None, label: tuple[str, str] | None = None, every: float | None = None) -> Result:
+        until: dt.datetime | None = None, label: tuple[str, str] | None = None, every: float | None = None,
+        scan: bool = False) -> Result:
     """Per GPU over the window [cutoff, until) (and per ``every`` seconds: a leading
     ``bucket`` column, its start): the job of the Kubernetes pod or Slurm job holding it
     (``held_by``; ``namespace``, ``pod``, ``slurm_job``), samples, utilisation mean/max,
     memory, power, temperature, share of samples with a throttle reason, ECC and Xid events;
-    ``label``: only nodes with that label."""
+    ``label``: only nodes with that label. Without ``every`` the window's whole 5-minute
+    buckets are read from the rollup (analytics/rolled.py ``whole_gpu``); ``scan``: every
+    sample read instead (the answer that must equal; tests and benchmarks)."""
+    if every is None and not scan:  # the whole buckets of the window from the 5-minute rollup
+        from .rolled import whole_gpu
+
+        whole = whole_gpu(con, node, cutoff, until, label)
+        if whole is not None:
+            return _mig_to_parents(whole, False)
     where, params = _where(node, cutoff, until, label)  # used for samples and events alike
     b = _bucket_expr(every, con, "gpu_samples", where, params)
     sel, key = (f"{b} AS bucket, ", "bucket, ") if b else ("", "")

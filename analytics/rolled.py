@@ -3,8 +3,8 @@ GPU and host samples once their rollups are built (``rollup_horizon``), so a buc
 ``analyze gpu`` / ``host`` over an older window read nothing there (1 bucket shown where
 ``gpu_5m`` held 7). Buckets that start before the horizon are read from the exact 5-minute
 (or, for an ``every`` that is a whole number of minutes but not of five, 1-minute) views,
-aggregated to ``every``; columns the rollups do not keep (a host's process count, a MIG
-profile) are empty there. A host's network and disk rates come from the counters the
+aggregated to ``every``; columns the rollups do not keep (a host's process count) are
+empty there. A host's network and disk rates come from the counters the
 rollups keep at each bucket's first and last sample (migration 025; buckets rolled before
 it have none)."""
 
@@ -27,21 +27,22 @@ ev AS (
            bool_or(kind = 'lost') AS lost
     FROM gpu_events WHERE ts < $h GROUP BY ALL)
 SELECT strftime(r.b, '%Y-%m-%d %H:%M:%S') AS bucket, r.node, r."index" AS gpu, any_value(r.name) AS name,
-       max(CASE WHEN namespace IS NOT NULL OR slurm_job IS NOT NULL THEN job END) AS held_by,
+       {held} AS held_by,
        sum(r.samples) AS samples, round(sum(util_sum) / nullif(sum(util_samples), 0) * 100, 1) AS util_pct,
        round(max(util_max) * 100, 1) AS util_max_pct, round(max(mem_used_max) / 2^30, 2) AS mem_used_gib,
        round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
        round(sum(power_sum) / nullif(sum(power_samples), 0), 1) AS power_w, round(max(temp_max), 1) AS temp_max_c,
-       round(sum(throttled) / nullif(sum(throttle_samples), 0) * 100, 1) AS throttled_pct,
+       round(sum(throttled) / sum(r.samples) * 100, 1) AS throttled_pct,
        coalesce(any_value(ev.ecc), 0) AS ecc_errors, coalesce(any_value(ev.xid), 0) AS xid_events,
        coalesce(any_value(ev.lost), false) AS lost, strftime(max(last_ts), '%Y-%m-%d %H:%M:%S') AS last_sample,
-       any_value(parent_index) AS parent, NULL AS mig_profile, round(any_value(mig_slice_ratio) * 100, 1) AS mig_share_pct,
+       any_value(parent_index) AS parent, {mig} AS mig_profile,
+       round(any_value(mig_slice_ratio) * 100, 1) AS mig_share_pct,
        round(sum(gr_sum) / nullif(sum(gr_n), 0) * 100, 1) AS gr_active_pct,
        round(sum(sm_active_sum) / nullif(sum(sm_active_n), 0) * 100, 1) AS sm_active_pct,
        round(sum(tensor_sum) / nullif(sum(tensor_n), 0) * 100, 1) AS tensor_pct,
        round(sum(dram_sum) / nullif(sum(dram_n), 0) * 100, 1) AS dram_pct,
        round((max(energy_max) - min(energy_min)) / 3.6e6, 4) AS energy_kwh,
-       max(nvl_err_max) - min(nvl_err_min) AS nvlink_errors, max(namespace) AS namespace, NULL AS pod,
+       max(nvl_err_max) - min(nvl_err_min) AS nvlink_errors, max(namespace) AS namespace, {pod} AS pod,
        max(slurm_job) AS slurm_job
 FROM r LEFT JOIN ev ON ev.b = r.b AND ev.node = r.node AND ev.uuid = r.uuid
 GROUP BY r.b, r.node, r."index" ORDER BY r.b, r.node, gpu"""
@@ -62,6 +63,95 @@ SELECT strftime(time_bucket(INTERVAL {us} MICROSECONDS, bucket), '%Y-%m-%d %H:%M
               / nullif(epoch(max(last_ts) - min(first_ts)), 0) / 1e6, 3) AS disk_write_mb_s
 FROM {view} WHERE bucket < $h {cond}
 GROUP BY ALL ORDER BY 1, node"""
+
+
+WHOLE_GPU_SQL = """
+WITH r AS ({parts}),
+ev AS (
+    SELECT node, uuid, sum(count) FILTER (WHERE kind = 'xid') AS xid, sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc,
+           bool_or(kind = 'lost') AS lost
+    FROM gpu_events{ev_where} GROUP BY ALL)
+SELECT r.node, r."index" AS gpu, any_value(r.name) AS name, max(held_job) AS held_by, sum(r.samples) AS samples,
+       round(sum(util_sum) / nullif(sum(util_samples), 0) * 100, 1) AS util_pct,
+       round(max(util_max) * 100, 1) AS util_max_pct, round(max(mem_used_max) / 2^30, 2) AS mem_used_gib,
+       round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
+       round(sum(power_sum) / nullif(sum(power_samples), 0), 1) AS power_w, round(max(temp_max), 1) AS temp_max_c,
+       round(sum(throttled) / sum(r.samples) * 100, 1) AS throttled_pct,
+       coalesce(any_value(ev.ecc), 0) AS ecc_errors, coalesce(any_value(ev.xid), 0) AS xid_events,
+       coalesce(any_value(ev.lost), false) AS lost, strftime(max(last_ts), '%Y-%m-%d %H:%M:%S') AS last_sample,
+       any_value(parent_index) AS parent, any_value(r.mig_profile) AS mig_profile,
+       round(any_value(mig_slice_ratio) * 100, 1) AS mig_share_pct,
+       round(sum(gr_sum) / nullif(sum(gr_n), 0) * 100, 1) AS gr_active_pct,
+       round(sum(sm_active_sum) / nullif(sum(sm_active_n), 0) * 100, 1) AS sm_active_pct,
+       round(sum(tensor_sum) / nullif(sum(tensor_n), 0) * 100, 1) AS tensor_pct,
+       round(sum(dram_sum) / nullif(sum(dram_n), 0) * 100, 1) AS dram_pct,
+       round((max(energy_max) - min(energy_min)) / 3.6e6, 4) AS energy_kwh,
+       max(nvl_err_max) - min(nvl_err_min) AS nvlink_errors, max(namespace) AS namespace, max(r.pod) AS pod,
+       max(slurm_job) AS slurm_job
+FROM r LEFT JOIN ev ON ev.node = r.node AND ev.uuid = r.uuid
+GROUP BY r.node, r."index" ORDER BY r.node, gpu"""
+WHOLE_SCHEMA = 28  # the migration that gave the GPU rollups what a whole window reads
+STEP = 300  # the rollup a whole window reads: gpu_5m
+
+
+def _schema(con: duckdb.DuckDBPyConnection) -> int:
+    try:
+        return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+    except duckdb.CatalogException:
+        return 0
+
+
+def _edge(t: dt.datetime, up: bool) -> dt.datetime:
+    """``t`` to a 5-minute boundary (``up``: the first at or after it, else at or before)."""
+    s = t.replace(tzinfo=dt.timezone.utc).timestamp()
+    b = (s // STEP + (1 if up and s % STEP else 0)) * STEP
+    return dt.datetime.fromtimestamp(b, dt.timezone.utc).replace(tzinfo=None)
+
+
+def whole_gpu(con: duckdb.DuckDBPyConnection, node: str | None, cutoff: dt.datetime | None,
+              until: dt.datetime | None, label: tuple[str, str] | None) -> Result | None:
+    """``analyze gpu`` without ``--every`` (one row per GPU over [cutoff, until)): the whole
+    5-minute buckets inside the window read from ``gpu_5m`` (exact: rollup rows plus the raw
+    rows they have not covered), only the partial buckets at its edges from the raw samples,
+    all summed as the rollup sums them; the same answer as aggregating every sample, where
+    raw samples are still held (before the retention horizon the rollups still answer).
+    None where the database predates migration 028 or the window holds no whole bucket
+    (the caller aggregates the samples)."""
+    have = _schema(con)
+    b0 = _edge(cutoff, up=True) if cutoff is not None else None
+    b1 = _edge(until, up=False) if until is not None else None
+    if have < WHOLE_SCHEMA or (b0 is not None and b1 is not None and b1 <= b0):
+        return None
+    from cmdare.collector.rollup import BY_VIEW
+
+    params: dict[str, Any] = {}
+    scope = ""
+    if node:
+        scope += " AND node = $node"
+        params["node"] = node
+    if label is not None:
+        scope += " AND node IN (SELECT node FROM nodes WHERE json_extract_string(labels, $lk) = $lv)"
+        params |= {"lk": f'$."{label[0]}"', "lv": label[1]}
+    inner, edges = [], []
+    if b0 is not None:
+        inner.append("bucket >= $b0")
+        edges.append("(ts >= $cutoff AND ts < $b0)")
+        params |= {"b0": b0, "cutoff": cutoff}
+    if b1 is not None:
+        inner.append("bucket < $b1")
+        edges.append("(ts >= $b1 AND ts < $until)")
+        params |= {"b1": b1, "until": until}
+    parts = f"SELECT * FROM gpu_5m WHERE true{''.join(' AND ' + c for c in inner)}{scope}"
+    if edges:
+        parts += (f"\n    UNION ALL BY NAME\n    {BY_VIEW['gpu_5m'].from_raw()} WHERE ({' OR '.join(edges)}){scope}"
+                  " GROUP BY ALL")
+    ev = [c for c, on in (("node = $node", node), ("ts >= $cutoff", cutoff), ("ts < $until", until)) if on]
+    if label is not None:
+        ev.append("node IN (SELECT node FROM nodes WHERE json_extract_string(labels, $lk) = $lv)")
+    params |= {k: v for k, v in (("cutoff", cutoff), ("until", until)) if v is not None}
+    sql = WHOLE_GPU_SQL.format(parts=parts, ev_where=(" WHERE " + " AND ".join(ev)) if ev else "")
+    cur = con.execute(sql, params)
+    return [d[0] for d in cur.description], cur.fetchall()
 
 
 def horizon(con: duckdb.DuckDBPyConnection, src: str) -> dt.datetime | None:
@@ -99,7 +189,12 @@ def fill(con: duckdb.DuckDBPyConnection, kind: str, result: Result, every: float
     if label is not None:
         cond += " AND node IN (SELECT node FROM nodes WHERE json_extract_string(labels, $lk) = $lv)"
         params |= {"lk": f'$."{label[0]}"', "lv": label[1]}
-    sql = (GPU_SQL if kind == "gpu" else HOST_SQL).format(us=int(every * 1e6), view=view, cond=cond)
+    # (rollups before migration 028 keep no pod, MIG profile or held job: a GPU's namespace
+    # stands for a pod there)
+    held = (("max(held_job)", "any_value(r.mig_profile)", "max(r.pod)") if _schema(con) >= WHOLE_SCHEMA else
+            ("max(CASE WHEN namespace IS NOT NULL OR slurm_job IS NOT NULL THEN job END)", "NULL", "NULL"))
+    sql = (GPU_SQL.format(us=int(every * 1e6), view=view, cond=cond, held=held[0], mig=held[1], pod=held[2])
+           if kind == "gpu" else HOST_SQL.format(us=int(every * 1e6), view=view, cond=cond))
     cur = con.execute(sql, params)
     got = [d[0] for d in cur.description]
     cols, rows = result

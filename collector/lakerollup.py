@@ -44,8 +44,11 @@ def day_files(t: Any) -> dict[str, list[str]]:
     return {d.isoformat(): [_path(f.file_path) for f in fs] for d, fs in day_partitions(t).items()}
 
 
-def fingerprint(files: list[str]) -> str:
-    return hashlib.sha1("\n".join(sorted(files)).encode()).hexdigest()[:20]
+def fingerprint(files: list[str], version: int = 1) -> str:
+    """What a rollup day was built from: the source's files for the day, and the rollup's
+    ``version`` (collector/rollup.py; past 1 a day built by an older version is pending)."""
+    text = "\n".join(sorted(files)) + (f"\nversion {version}" if version > 1 else "")
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
 def rolled(t: Any) -> dict[str, str]:
@@ -70,7 +73,7 @@ def pending_days(lake: Lake, src: str, names: set[str] | None = None,
     todo: set[str] = set()
     for r in (r for r in rollup.ROLLUPS if r.source == src):
         state = rolled(lake.table(r.table, fresh=fresh)) if r.table in names else {}
-        todo |= {d for d, fs in days.items() if state.get(d) != fingerprint(fs)}
+        todo |= {d for d, fs in days.items() if state.get(d) != fingerprint(fs, r.version)}
     return days, todo
 
 
@@ -101,7 +104,7 @@ def build(lake: Lake, skipped: list[str]) -> dict[str, int]:
                 state = rolled(t)
                 target = schema(r.table)
                 for day, files in sorted(days.items()):
-                    fp = fingerprint(files)
+                    fp = fingerprint(files, r.version)
                     if state.get(day) == fp:
                         continue
                     read = f"read_parquet({_list(files)}, union_by_name = true)"

@@ -272,8 +272,8 @@ def build(lake: Lake, spark: Any, skipped: list[str]) -> dict[str, int]:
         for r in (r for r in rollup.ROLLUPS if r.source == src):
             rt = lake.table(r.table)
             state = lakerollup.rolled(rt)
-            todo = {d: lakerollup.fingerprint(fs) for d, fs in sorted(days.items())
-                    if state.get(d) != lakerollup.fingerprint(fs)}
+            todo = {d: lakerollup.fingerprint(fs, r.version) for d, fs in sorted(days.items())
+                    if state.get(d) != lakerollup.fingerprint(fs, r.version)}
             if not todo:
                 continue
             cond = " OR ".join(f"(ts >= TIMESTAMP_NTZ '{d} 00:00:00' AND ts < TIMESTAMP_NTZ '{_next(d)} 00:00:00')"

@@ -94,6 +94,12 @@ GPU = (
     ("namespace", "VARCHAR", "max(namespace)", "max(namespace)"),
     ("slurm_job", "VARCHAR", "max(slurm_job)", "max(slurm_job)"),
     ("slurm_user", "VARCHAR", "max(slurm_user)", "max(slurm_user)"),
+    # migration 028: what a whole-window ``analyze gpu`` reads from the rollups instead of
+    # every sample (analytics/rolled.py ``whole_gpu``): the pod, the MIG profile, and the job
+    # of the samples a scheduler held the GPU for
+    ("pod", "VARCHAR", "max(pod)", "max(pod)"),
+    ("mig_profile", "VARCHAR", "any_value(mig_profile)", "any_value(mig_profile)"),
+    ("held_job", "VARCHAR", "max(CASE WHEN pod IS NOT NULL OR slurm_job IS NOT NULL THEN job END)", "max(held_job)"),
 )
 def _counter(name: str, js: str, field: str) -> tuple[tuple[str, str, str, str], ...]:
     """A host counter summed over its NICs or disks (``js``: the sample's JSON list) at the
@@ -163,6 +169,9 @@ class Rollup:
     key: tuple[tuple[str, str], ...]  # (column, type) besides bucket
     columns: tuple[tuple[str, str, str, str | None], ...]
     finer: str | None = None  # the rollup its rows are combined from, when every column combines
+    # a lake's rollup day holds only when built by this version (collector/lakerollup.py
+    # ``fingerprint``): raised when the columns change, so maintenance rebuilds every day
+    version: int = 1
 
     @property
     def key_sql(self) -> str:
@@ -186,8 +195,8 @@ _GKEY = (("node", "VARCHAR NOT NULL"), ("index", "BIGINT"))
 _HKEY = (("node", "VARCHAR NOT NULL"),)
 _SKEY = (("job", "VARCHAR"), ("run", "VARCHAR"), ("rank", "BIGINT"), ("node", "VARCHAR NOT NULL"))
 ROLLUPS = (
-    Rollup("gpu_1m", "gpu_rollup_1m", "gpu_samples", 60, _GKEY, GPU),
-    Rollup("gpu_5m", "gpu_rollup_5m", "gpu_samples", 300, _GKEY, GPU, finer="gpu_rollup_1m"),
+    Rollup("gpu_1m", "gpu_rollup_1m", "gpu_samples", 60, _GKEY, GPU, version=2),
+    Rollup("gpu_5m", "gpu_rollup_5m", "gpu_samples", 300, _GKEY, GPU, finer="gpu_rollup_1m", version=2),
     Rollup("host_1m", "host_rollup_1m", "host_samples", 60, _HKEY, HOST),
     Rollup("host_5m", "host_rollup_5m", "host_samples", 300, _HKEY, HOST, finer="host_rollup_1m"),
     Rollup("steps_1m", "step_rollup_1m", "steps", 60, _SKEY, STEPS),

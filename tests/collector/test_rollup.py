@@ -124,7 +124,7 @@ def test_a_database_from_before_the_rollups_is_rolled_up_from_its_samples(tmp_pa
     db = tmp_path / "old.duckdb"
     con = connect(db)
     Writer(con, rollup_every=None).write([("m", lines("a", T0, 30))])
-    # as migration 012 left it: no rollup tables, no pending ranges (015, 016, 017, 024 add to them)
+    # as migration 012 left it: no rollup tables, no pending ranges (015, 016, 017, 024, 028 add to them)
     for r in rollup.ROLLUPS:
         con.execute(f"DROP VIEW {r.view}")
         con.execute(f"DROP TABLE {r.table}")
@@ -135,7 +135,7 @@ def test_a_database_from_before_the_rollups_is_rolled_up_from_its_samples(tmp_pa
     con.execute("DROP VIEW gpu_samples")
     con.execute("DROP TABLE gpu_samples_packed")
     con.execute("ALTER TABLE gpu_samples_old RENAME TO gpu_samples")
-    con.execute("DELETE FROM schema_migrations WHERE version IN (13, 15, 16, 17, 18, 24)")  # 024 adds to 013 and 018
+    con.execute("DELETE FROM schema_migrations WHERE version IN (13, 15, 16, 17, 18, 24, 28)")  # 024, 028 add to 013 and 018
     con.close()
     con = connect(db)  # migration 013 marks every node's samples pending
     assert rolled(con, "gpu_5m") == con.execute(RAW).fetchall()
