@@ -5,8 +5,9 @@ time line, each instant once) times the accelerators it held: the distinct GPUs 
 name in the window, else its declared world size (one accelerator a worker), else its
 stepping nodes. Every accelerator-second lands in exactly one bucket:
 
-- ``startup``, ``checkpoint_save``, ``checkpoint_restore``, ``input_wait``, ``revocation``
-  (work lost and the time until steps resumed): the wall-time buckets, times the GPUs;
+- ``startup``, ``checkpoint_save``, ``checkpoint_restore``, ``input_wait``, ``communication``
+  (gradient all-reduce computation did not hide), ``revocation`` (work lost and the time
+  until steps resumed): the wall-time buckets, times the GPUs;
 - the productive step time is then split by the detectors' evidence, in this order, each
   taking its share of what is left: ``idle_accelerators`` (gpu_idle: idle GPUs x their idle
   share, over the job's GPUs), ``straggler`` (the slowest rank's slowdown s: the others wait
@@ -41,8 +42,8 @@ from .db import AnalyticsError, has_column, has_view
 from .goodput import Goodput, goodput, goodput_many
 from .holders import _held_rows, _ran_tracked, tracked_holders  # noqa: F401  (tracked_holders: the API)
 
-BUCKETS = ("productive", "startup", "checkpoint_save", "checkpoint_restore", "input_wait", "ps_wait", "straggler",
-           "idle_accelerators", "revocation", "other")
+BUCKETS = ("productive", "startup", "checkpoint_save", "checkpoint_restore", "input_wait", "communication", "ps_wait",
+           "straggler", "idle_accelerators", "revocation", "other")
 DETECTORS = ("gpu_idle", "straggler", "ps_bound")
 BY = ("job", "region", "accelerator", "fleet", "namespace", "slurm_job", "user")  # or any node label key (team, ...)
 
@@ -401,7 +402,7 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
         sh = shares(found.get(job, []), n)
         w = g.seconds
         sec = dict.fromkeys(BUCKETS, 0.0)
-        for b in ("startup", "checkpoint_save", "checkpoint_restore", "input_wait", "revocation"):
+        for b in ("startup", "checkpoint_save", "checkpoint_restore", "input_wait", "communication", "revocation"):
             sec[b] = w[b] * n
         left = w["productive"] * n
         for b in ("idle_accelerators", "straggler", "ps_wait"):

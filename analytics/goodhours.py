@@ -28,12 +28,16 @@ from typing import Any
 
 import duckdb
 
+from .db import has_column
 from .goodput import CATEGORIES, NOTICE_WINDOW, Goodput, Window, goodput_many, sweep
 
 log = logging.getLogger("cmdare.goodput")
 
 HOUR = 3600.0
 KEPT = tuple(c for c in CATEGORIES if c != "idle")
+# in every fingerprint: raised when what an hour keeps changes (2: the communication
+# category, migration 029), so hours kept before are read raw until computed again
+VERSION = 2
 
 # per (job, hour): the fingerprint of what the hour's goodput is computed from, and
 # whether the job can be kept by the hour at all
@@ -57,7 +61,7 @@ WITH s AS (SELECT job, time_bucket(INTERVAL 1 HOUR, bucket) AS hour,
      hit AS (SELECT DISTINCT s.job FROM revocations v JOIN steps_5m s ON s.node = v.node
              WHERE v.revokes AND s.bucket BETWEEN v.ts - INTERVAL {back} SECOND AND v.ts + INTERVAL 1 DAY),
      whole AS (SELECT job, bool_and(near) AS near FROM h GROUP BY job)
-SELECT h.job, h.hour, h.f || '|' || coalesce(n.f, '') || '|' || coalesce(ranks.f, '') || '|' || coalesce(decl.f, '') AS fp,
+SELECT h.job, h.hour, '{version}|' || h.f || '|' || coalesce(n.f, '') || '|' || coalesce(ranks.f, '') || '|' || coalesce(decl.f, '') AS fp,
        whole.near AND hit.job IS NULL AS ok
 FROM h LEFT JOIN h n ON n.job = h.job AND n.hour = h.hour + INTERVAL 1 HOUR
      LEFT JOIN ranks ON ranks.job = h.job LEFT JOIN decl ON decl.job = h.job
@@ -76,7 +80,7 @@ def kept(con: duckdb.DuckDBPyConnection) -> bool:
 def fingerprints(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, dt.datetime], tuple[str, bool]]:
     """(job, hour) -> (fingerprint now, whether the job can be kept by the hour)."""
     return {(j, h): (fp, bool(ok)) for j, h, fp, ok in
-            con.execute(_FP.format(back=int(NOTICE_WINDOW) + 300)).fetchall()}
+            con.execute(_FP.format(back=int(NOTICE_WINDOW) + 300, version=VERSION)).fetchall()}
 
 
 def _epoch(t: dt.datetime) -> float:
@@ -198,7 +202,8 @@ def fleet(con: duckdb.DuckDBPyConnection, since: float | None, until: float | No
     table) and ``raw`` (stretches swept raw)."""
     stats = stats if stats is not None else {}
     stats.update(kept=0, raw=1)
-    if not kept(con) or not con.execute("SELECT count(*) FROM (SELECT 1 FROM goodput_hours LIMIT 1)").fetchone()[0]:
+    if (not kept(con) or not con.execute("SELECT count(*) FROM (SELECT 1 FROM goodput_hours LIMIT 1)").fetchone()[0]
+            or not has_column(con, "goodput_hours", "communication")):  # (a lake's hours from before migration 029)
         return goodput_many(con, None, since, until)
     lo = _stamp(since) if since is not None else None
     hi = _stamp(until) if until is not None else None

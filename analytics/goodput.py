@@ -8,15 +8,17 @@ precedence (a higher one wins where two overlap):
 2. ``revocation``: work lost to a revocation (the revoked run's steps after the job's last
    good save at or before that run's last step: redone after the restart), and time from
    the notice until steps resume (the replacement's start-up included);
-3. ``input_wait`` and ``productive``: the step intervals' time, split by their input-wait
-   share;
+3. ``input_wait``, ``communication`` and ``productive``: the step intervals' time, split by
+   their input-wait share and then their share of gradient communication that computation
+   did not hide (``comm_mean_seconds``: the data-parallel adapters, ``run.add_comm_wait``);
 4. ``startup``: from a run's declaration to its first step;
 5. ``idle``: whatever is left (evaluation, gaps without telemetry, a crash's downtime).
 
 So the parts add up to the wall time exactly.  Time is the reference rank's (the lowest
 rank of each run; all ranks step together in synchronous training); checkpoints of any
 rank count.  Within one step interval the split is by totals: the interval's input-wait
-share of its time is input wait.  A notice counts for a run when the run was stepping on
+share of its time is input wait, its communication share (at most what input wait left)
+communication.  A notice counts for a run when the run was stepping on
 the notice's node at the time (its last step there no more than a minute before it) and
 stopped stepping there soon after (within 10 minutes: a run that steps on for hours on that
 node was not revoked).
@@ -41,6 +43,7 @@ from .queries import needs_schema
 CATEGORIES = (
     "productive",
     "input_wait",
+    "communication",
     "startup",
     "checkpoint_save",
     "checkpoint_restore",
@@ -54,8 +57,9 @@ PRIORITY = {
     "checkpoint_restore": 1,
     "revocation": 2,
     "input_wait": 3,
-    "productive": 4,
-    "startup": 5,
+    "communication": 4,
+    "productive": 5,
+    "startup": 6,
 }
 NOTICE_WINDOW = 60.0  # seconds: a run stepping on the node this recently is hit by its notice
 STOPPED_WITHIN = 600.0  # ... when it stopped stepping there this soon after (else the VM was not taken from it)
@@ -167,7 +171,13 @@ def _ranges(windows: list[Window]) -> dict[str, Any]:
 
 
 
-def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: bool = False) -> str:
+# an interval's share of gradient communication computation did not hide (migration 027; a
+# database or lake file before it: none)
+COMM = "least(1, greatest(0, coalesce(s.comm_mean_seconds / nullif(s.step_mean_seconds, 0), 0)))"
+
+
+def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: bool = False,
+               comm: str = COMM) -> str:
     """The sweep's one statement (see ``sweep``): ``cond`` picks the jobs, ``ranks`` the table
     each run's lowest rank is read from, ``only`` restricts the ordered pieces, ``sums`` and
     ``case`` count the open pieces of each category and name the winning one; ``rolled``: the
@@ -183,7 +193,8 @@ def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: b
             {_RANGES if rolled else ""}
             st AS MATERIALIZED (
                 SELECT s.job, s.run, epoch(s.ts) AS t, s.span,
-                       least(1, greatest(0, coalesce(s.wait_mean_seconds / nullif(s.step_mean_seconds, 0), 0))) AS w
+                       least(1, greatest(0, coalesce(s.wait_mean_seconds / nullif(s.step_mean_seconds, 0), 0))) AS w,
+                       {comm} AS c
                 FROM {src} s),
             d AS (SELECT j.job, j.run, min(epoch(j.ts)) AS declared FROM jobs j JOIN ref USING (job, run, rank)
                   GROUP BY ALL),
@@ -205,8 +216,8 @@ def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: b
                                  CASE WHEN action = 'save' THEN 'checkpoint_save' ELSE 'checkpoint_restore' END
                           FROM checkpoints WHERE {cond}
                 UNION ALL SELECT unnest($rj::VARCHAR[]), unnest($ra::DOUBLE[]), unnest($rb::DOUBLE[]), 'revocation'),
-            allp AS (SELECT job, t - span AS a, t AS b, NULL AS cat, span, w FROM st WHERE span > 0
-                     UNION ALL SELECT job, a, b, cat, NULL, NULL FROM other WHERE b > a),
+            allp AS (SELECT job, t - span AS a, t AS b, NULL AS cat, span, w, least(c, 1 - w) AS c FROM st WHERE span > 0
+                     UNION ALL SELECT job, a, b, cat, NULL, NULL, NULL FROM other WHERE b > a),
             flag AS (SELECT *, max(b) OVER (PARTITION BY job ORDER BY a, b ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                                  AS prev_b,
                                lead(a) OVER (PARTITION BY job ORDER BY a, b) AS next_a
@@ -215,11 +226,13 @@ def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: b
                               f.cat IS NULL AND coalesce(f.prev_b <= f.a, true) AND coalesce(f.next_a >= f.b, true)
                               AND f.a >= win.lo AND f.b <= win.hi AS clean
                        FROM flag f JOIN win USING (job) WHERE f.b > win.lo AND f.a < win.hi),
-            direct AS (SELECT job, k, sum(span * w) AS iw, sum(span * (1 - w)) AS pr FROM marked WHERE clean
-                       GROUP BY job, k),
+            direct AS (SELECT job, k, sum(span * w) AS iw, sum(span * c) AS cm, sum(span * (1 - w - c)) AS pr
+                       FROM marked WHERE clean GROUP BY job, k),
             pieces AS (SELECT job, k, a, a + span * w AS b, 'input_wait' AS cat, lo, hi FROM marked
                        WHERE NOT clean AND cat IS NULL
-                       UNION ALL SELECT job, k, a + span * w, b, 'productive', lo, hi FROM marked WHERE NOT clean AND cat IS NULL
+                       UNION ALL SELECT job, k, a + span * w, a + span * (w + c), 'communication', lo, hi FROM marked
+                       WHERE NOT clean AND cat IS NULL
+                       UNION ALL SELECT job, k, a + span * (w + c), b, 'productive', lo, hi FROM marked WHERE NOT clean AND cat IS NULL
                        UNION ALL SELECT job, k, a, b, cat, lo, hi FROM marked WHERE cat IS NOT NULL),
             clipped AS (SELECT job, k, greatest(a, lo) AS a, least(b, hi) AS b, cat FROM pieces
                         WHERE least(b, hi) > greatest(a, lo)),
@@ -228,6 +241,7 @@ def _sweep_sql(cond: str, ranks: str, only: str, sums: str, case: str, rolled: b
                     FROM pts WINDOW w AS (PARTITION BY job, k ORDER BY t, d ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
             SELECT job, k, CASE {case} ELSE 'idle' END AS cat, sum(t2 - t), NULL FROM run WHERE t2 > t GROUP BY ALL
             UNION ALL SELECT job, k, 'input_wait', iw, NULL FROM direct
+            UNION ALL SELECT job, k, 'communication', cm, NULL FROM direct
             UNION ALL SELECT job, k, 'productive', pr, NULL FROM direct
             UNION ALL SELECT job, k, '', lo, hi FROM win"""
 
@@ -265,8 +279,9 @@ def sweep(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, windows: list[
     # window edge) is its own split (input wait, then productive): summed directly. Only the
     # others go through the sweep, which is exact because the direct ones share no instant
     # with anything.
+    comm = COMM if has_column(con, "steps", "comm_mean_seconds") else "0.0"
     rows = con.execute(
-        _sweep_sql(cond, ranks, only, sums, case, rolled),
+        _sweep_sql(cond, ranks, only, sums, case, rolled, comm),
         params | rng | {"wj": [w[0] for w in windows], "wk": [w[1] for w in windows],
                   "wlo": [w[2] for w in windows], "whi": [w[3] for w in windows],
                   "rj": [j for j, ps in rev.items() for _ in ps],

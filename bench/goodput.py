@@ -1,6 +1,7 @@
 """Fleet goodput at fleet scale: ``analyze goodput --fleet --since 7d --by team`` over a week of
 1,000 nodes x 8 GPUs (125 jobs of 8 nodes; one training rank a node reporting its step
-interval every ``--step-interval`` seconds; 5-minute GPU rollups; a checkpoint save every
+interval every ``--step-interval`` seconds, a job in four waiting on gradient communication for a
+quarter of each step; 5-minute GPU rollups; a checkpoint save every
 30 minutes a job; one revocation in 50 jobs; 5 teams; spot and on-demand a2-highgpu-8g),
 in a real database file.
 
@@ -48,14 +49,17 @@ def generate(path: Path, nodes: int, days: int, every: int, end: dt.datetime | N
     for n0 in range(0, nodes, block):  # in blocks of nodes, each rolled up at once: bounded memory at 90 days
         n1 = min(nodes, n0 + block)
         con.execute(f"""INSERT INTO steps (id, ts, node, job, run, rank, interval_seconds, steps, first_step, last_step,
-                            examples, step_mean_seconds, wait_mean_seconds, steps_per_second, examples_per_second)
+                            examples, step_mean_seconds, wait_mean_seconds, steps_per_second, examples_per_second,
+                            comm_mean_seconds)
             SELECT 's' || n || '-' || s, $t0::TIMESTAMP + to_seconds(60 + (s + 1) * {every}), 'node-' || n,
                    'job-' || (n // 8),
                    -- one job in 50 is revoked on day 2: its run stops, a new one steps 5 minutes later
                    'run-' || (n // 8) || CASE WHEN (n // 8) % 50 = 0 AND s * {every} >= {REVOKE_AT} THEN '-b' ELSE '' END,
                    n % 8, {every}, {every} * 5, s * {every} * 5 + 1,
                    (s + 1) * {every} * 5, {every} * 5 * 64.0, 0.2, CASE WHEN (n // 8) % 10 = 3 THEN 0.08 ELSE 0.01 END,
-                   5.0, 320.0
+                   5.0, 320.0,
+                   -- a data-parallel job in four waits on gradient all-reduce for a quarter of each step
+                   CASE WHEN (n // 8) % 4 = 1 THEN 0.05 END
             FROM range({n0}, {n1}) r1(n), range({n_steps}) r2(s)
             WHERE NOT ((n // 8) % 50 = 0 AND s * {every} BETWEEN {REVOKE_AT} - 60 AND {REVOKE_AT} + 240)""", p)
         con.execute(f"""INSERT INTO gpu_rollup_5m (bucket, node, "index", uuid, name, job, samples, util_sum, util_samples,

@@ -458,7 +458,7 @@
     const parts = rowsOf(goodput);
     const wall = (parts.find((p) => p.category === "total") || {}).seconds || 0;
     const colours = { productive: "#15803d", input_wait: "#7c3aed", startup: "#0891b2", checkpoint_save: "#b45309",
-      checkpoint_restore: "#ca8a04", revocation: "#b91c1c", ps_wait: "#db2777", straggler: "#ea580c",
+      checkpoint_restore: "#ca8a04", revocation: "#b91c1c", ps_wait: "#db2777", straggler: "#ea580c", communication: "#2563eb",
       idle_accelerators: "#475569", other: "#98a2b3" };
     const bar = el("div", { class: "bar" });
     for (const p of parts) {

@@ -196,7 +196,7 @@ def test_the_fleet_roll_up_through_the_collectors_api_is_the_local_one(db: Path,
         assert "price catalogue has no price" in remote.stderr  # the notes travel too
         one = CliRunner().invoke(cli, ["goodput", "--job", "c1", "--every", "1m", "--db", str(served), "--json"],
                                  obj={"server": url})
-        assert one.exit_code == 0 and len(json.loads(one.stdout)) == 7 * 11
+        assert one.exit_code == 0 and len(json.loads(one.stdout)) == 7 * 12
 
         def get(q: str) -> int:
             try:

@@ -294,6 +294,7 @@ def test_goodput_adds_up_to_the_wall_time(db: Path) -> None:
     assert got == {
         "productive": 480.0,  # 60 step intervals x 10 s x 80 %, minus the 30 redone ones
         "input_wait": 120.0,
+        "communication": 0.0,  # (a job that reports none)
         "startup": 20.0,  # r1: declared at +0, first step at +20
         "checkpoint_save": 5.0,
         "checkpoint_restore": 8.0,
@@ -330,7 +331,7 @@ def test_goodput_in_a_window_is_the_part_of_the_run_inside_it_and_windows_add_up
             assert a[k] + b[k] == pytest.approx(whole[k], abs=2e-3), (cut, k)
     inside = {r["category"]: r["seconds"] for r in run("goodput", "--job", "j1", "--db", str(db), "--until",
                                                             at(T0 + 320).isoformat())}
-    assert inside == {"productive": 240.0, "input_wait": 60.0, "startup": 20.0, "checkpoint_save": 0.0,
+    assert inside == {"productive": 240.0, "input_wait": 60.0, "communication": 0.0, "startup": 20.0, "checkpoint_save": 0.0,
                       "checkpoint_restore": 0.0, "revocation": 0.0, "other": 0.0, "ps_wait": 0.0, "straggler": 0.0,
                       "idle_accelerators": 0.0, "total": 320.0}
     nothing = api.goodput(Database(db), "j1", at(T0 + 5000), None)
