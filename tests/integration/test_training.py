@@ -379,3 +379,7 @@ def test_a_communication_bound_ddp_job_is_found_and_a_hidden_one_is_not(tmp_path
     ev = found[0]["evidence"]
     assert ev["ranks"] == ranks == 2 and ev["exposed_comm_pct"] == pytest.approx(100 * shares["ddp-comm"], abs=0.5)
     assert 0 < ev["exposed_comm_ms"] < ev["step_ms"] and found[0]["subject"] == "telemetry"
+    # goodput calls that time communication, not productive (the reference rank's share)
+    gp = {r["category"]: r for r in analyze("goodput", "--job", "ddp-comm", "--db", str(db))}
+    step = sum(gp[c]["seconds"] for c in ("productive", "input_wait", "communication"))
+    assert gp["communication"]["seconds"] > 0.3 * step, gp
