@@ -363,7 +363,10 @@ def init(
 
     ``rank`` and ``world_size`` default to ``$RANK`` / ``$WORLD_SIZE`` (torchrun), else 0
     and 1. ``ps``: parameter servers, for parameter-server jobs. ``params`` and ``tensors``: parameter count and number of parameter tensors;
-    ``flops_per_step`` when known; ``batch_size`` per worker.
+    ``flops_per_step`` when known; ``batch_size`` per worker. Data-parallel jobs: GPUs per
+    node from ``$LOCAL_WORLD_SIZE`` (torchrun's), else ``run.declare(gpus_per_node=...)``,
+    and ``run.declare(grad_bytes=...)``, the gradient bytes all-reduced per step (the
+    PyTorch adapter declares both for a DDP model).
     """
     if not isinstance(job, str) or not job:
         raise ValueError("track.init: job must be a non-empty string")
@@ -373,6 +376,8 @@ def init(
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else int(world_size)
     path = socket_path or os.environ.get("CMDARE_TRAIN_SOCKET") or DEFAULT_SOCKET
     declared: dict[str, Any] = {"world_size": world_size, "role": role}
+    if os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
+        declared["gpus_per_node"] = int(os.environ["LOCAL_WORLD_SIZE"])
     for key, val in (
         ("ps", ps),
         ("model", model),

@@ -176,6 +176,9 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "framework": (STR, "e.g. pytorch, tensorflow, jax"),
         "framework_version": (STR, "framework version"),
         "accelerator": (STR, "accelerator type, e.g. nvidia-a100, tpu-v4"),
+        "gpus_per_node": (INT, "training processes (GPUs) per node: torchrun's LOCAL_WORLD_SIZE"),
+        "grad_bytes": (INT, "bytes of gradients all-reduced per step (data-parallel: the parameters that require "
+                            "a gradient, times their element size)"),
     },
     "train_steps": {
         "run": (STR, "run id"),

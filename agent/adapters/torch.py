@@ -61,6 +61,19 @@ def module_counts(module: torch.nn.Module) -> tuple[int, int]:
     return params, tensors
 
 
+def grad_bytes(module: torch.nn.Module) -> int:
+    """The gradient bytes a data-parallel step all-reduces: each parameter that requires a
+    gradient (shared ones once), times its element size."""
+    seen: set[int] = set()
+    out = 0
+    for p in module.parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        out += p.numel() * p.element_size()
+    return out
+
+
 def accelerator_of(module: torch.nn.Module) -> str:
     """Where the module's parameters live: the CUDA device's name, ``mps``, or ``cpu``."""
     p = next(iter(module.parameters()), None)
@@ -249,7 +262,8 @@ def track_module(job: str, module: torch.nn.Module, *, measure_flops: bool = Fal
     parameters, parameter tensors, model name (the class name), framework and version,
     accelerator.  Keywords given explicitly win over what is read.  A
     ``DistributedDataParallel`` module: the module it wraps is declared, and its gradient
-    communication is timed (``watch_ddp``; ``comm_hook=False``: not)."""
+    communication is timed (``watch_ddp``; ``comm_hook=False``: not) and the gradient bytes
+    it all-reduces each step declared (``grad_bytes``)."""
     from torch.nn.parallel import DistributedDataParallel
 
     if not isinstance(module, torch.nn.Module):
@@ -266,5 +280,12 @@ def track_module(job: str, module: torch.nn.Module, *, measure_flops: bool = Fal
         "accelerator": accelerator_of(inner),
         **init,
     }
+    # the job's shape (``track.init`` takes none: ``run.declare``): given, or a DDP model's
+    shape = {k: declared.pop(k) for k in ("gpus_per_node", "grad_bytes") if k in declared}
+    if isinstance(module, DistributedDataParallel):
+        shape.setdefault("grad_bytes", grad_bytes(inner))
     comm = watch_ddp(module) if comm_hook and isinstance(module, DistributedDataParallel) else None
-    return TorchRun(track.init(job, **declared), module, measure_flops, comm)
+    run = track.init(job, **declared)
+    if shape:
+        run.declare(**shape)  # (the declaration again, with them: the latest counts)
+    return TorchRun(run, module, measure_flops, comm)

@@ -55,10 +55,17 @@ class CommBound(Detector):
                 continue
             ev = {"exposed_comm_pct": round(100 * share, 2), "exposed_comm_ms": round(1e3 * comm_s, 3),
                   "step_ms": round(1e3 * step_s, 3), "ranks": int(ranks), "steps": int(steps)}
+            ev |= _topology(con, job, step_s, t0, t1)
+            where = ""
+            if ev.get("nodes", 1) > 1:
+                where = (f"; the ring spans {ev['nodes']} nodes of {ev['gpus_per_node']} GPU(s)"
+                         + (f", {ev['allreduce_mb_per_step']:g} MB a rank a step" if "allreduce_mb_per_step" in ev else "")
+                         + (f", hosts sending {ev['host_net_tx_mb_s']:g} MB/s" if "host_net_tx_mb_s" in ev else ""))
             out.append(Finding(
                 self.name, job,
                 f"{100 * share:.0f} % of each step waits on communication computation did not hide "
-                f"({ev['exposed_comm_ms']:g} ms of {ev['step_ms']:g} ms, {int(ranks)} rank(s), as the job reports it)",
+                f"({ev['exposed_comm_ms']:g} ms of {ev['step_ms']:g} ms, {int(ranks)} rank(s), as the job reports it"
+                f"{where})",
                 severity="critical" if share >= o["critical_exposed"] else "warning",
                 confidence=min(1.0, 0.5 + steps / 2000), subject="telemetry", evidence=ev,
                 window_start=t0, window_end=t1))
@@ -101,3 +108,43 @@ class CommBound(Detector):
                 confidence=min(1.0, 0.6 + 0.1 * len(steps) + 0.1 * int(ranks)), subject="trace", evidence=ev,
                 window_start=t0, window_end=t1))
         return out
+
+
+def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: object, t1: object) -> dict[str, float]:
+    """What the job declared of its shape (world size, GPUs per node, gradient bytes: the
+    PyTorch adapter declares them for a DDP model) and what its hosts' network sent over
+    the window: the ring's nodes, the bytes a ring all-reduce moves per rank and step
+    (2 (n - 1) / n of the gradients) and the rate the step cadence asks of it."""
+    from .. import evidence
+
+    out: dict[str, float] = {}
+    if evidence.has_column(con, "jobs", "grad_bytes"):
+        world, per_node, grad = con.execute(
+            """SELECT arg_max(world_size, ts) FILTER (WHERE world_size > 0),
+                      arg_max(gpus_per_node, ts) FILTER (WHERE gpus_per_node > 0),
+                      arg_max(grad_bytes, ts) FILTER (WHERE grad_bytes > 0)
+               FROM jobs WHERE job = ?""", [job]).fetchone()
+        if world:
+            out["world_size"] = int(world)
+        if world and per_node:
+            out |= {"gpus_per_node": int(per_node), "nodes": -(-int(world) // int(per_node))}
+        if grad:
+            out["grad_mb"] = round(grad / 1e6, 3)
+            if world and world > 1:
+                moved = 2 * (world - 1) / world * grad / 1e6
+                out["allreduce_mb_per_step"] = round(moved, 3)
+                if step_s > 0:
+                    out["allreduce_mb_s"] = round(moved / step_s, 1)
+    if evidence.has_column(con, "host_5m", "net_tx_first"):
+        (rate,) = con.execute(
+            """WITH n AS (SELECT DISTINCT node FROM steps WHERE job = $job AND ts >= $t0 AND ts <= $t1),
+                    h AS (SELECT node, (arg_max(net_tx_last, last_ts) FILTER (WHERE net_tx_last IS NOT NULL)
+                                        - arg_min(net_tx_first, first_ts) FILTER (WHERE net_tx_first IS NOT NULL))
+                                       / nullif(epoch(max(last_ts) - min(first_ts)), 0) AS r
+                          FROM host_5m SEMI JOIN n USING (node)
+                          WHERE bucket >= time_bucket(INTERVAL 5 MINUTE, $t0::TIMESTAMP) AND bucket <= $t1
+                          GROUP BY node)
+               SELECT avg(r) FROM h WHERE r >= 0""", {"job": job, "t0": t0, "t1": t1}).fetchone()
+        if rate is not None:
+            out["host_net_tx_mb_s"] = round(rate / 1e6, 3)
+    return out

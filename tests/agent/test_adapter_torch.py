@@ -183,8 +183,9 @@ def test_a_ddp_models_exposed_communication_is_each_steps_comm_wait(source, one_
     run.close()
     assert used and comm.buckets == 12 and any((a != b).any() for a, b in zip(before, inner.parameters(), strict=True))
     got = collect(src)
-    decl = next(d for t, j, d in got if t == "train_job" and j == "torch-ddp")
+    decl = [d for t, j, d in got if t == "train_job" and j == "torch-ddp"][-1]  # (the latest counts)
     assert decl["model"] == "Sequential" and decl["params"] == sum(p.numel() for p in inner.parameters())
+    assert decl["grad_bytes"] == 4 * decl["params"]  # float32 gradients, all of them all-reduced
     rows = [d for t, j, d in got if t == "train_steps" and j == "torch-ddp"]
     assert sum(d["steps"] for d in rows) == 12  # (a step per batch)
     comm_s = sum(d["comm_mean_seconds"] * d["steps"] for d in rows) / 12
@@ -192,16 +193,26 @@ def test_a_ddp_models_exposed_communication_is_each_steps_comm_wait(source, one_
     assert 0.035 <= comm_s <= step_s, (comm_s, step_s)
 
 
-def test_track_module_times_a_ddp_model_by_itself(source, one_rank) -> None:
+def test_track_module_times_a_ddp_model_by_itself(source, one_rank, monkeypatch) -> None:
+    """... and declares the gradient bytes it all-reduces (a frozen layer's and a shared
+    tensor's counted as DDP reduces them) and torchrun's GPUs per node."""
     from torch.nn.parallel import DistributedDataParallel
 
     src, sock = source
-    model = DistributedDataParallel(mlp(8, 8))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    net = mlp(8, 8)
+    frozen = next(net.parameters())
+    frozen.requires_grad_(False)
+    model = DistributedDataParallel(net.to(torch.float64))
     run = track_module("torch-ddp-auto", model, socket_path=str(sock))
     assert run.comm is not None
-    for x in run.batches(torch.randn(4, 8) for _ in range(5)):
+    for x in run.batches(torch.randn(4, 8, dtype=torch.float64) for _ in range(5)):
         model(x).sum().backward()
     run.close()
     assert run.comm.buckets == 5
-    rows = [d for t, j, d in collect(src) if t == "train_steps" and j == "torch-ddp-auto"]
+    got = collect(src)
+    rows = [d for t, j, d in got if t == "train_steps" and j == "torch-ddp-auto"]
     assert sum(d["steps"] for d in rows) == 5 and all(d["comm_mean_seconds"] is not None for d in rows)
+    decl = [d for t, j, d in got if t == "train_job" and j == "torch-ddp-auto"][-1]
+    trained = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    assert decl["gpus_per_node"] == 4 and decl["grad_bytes"] == 8 * trained < 8 * decl["params"]

@@ -346,8 +346,10 @@ def test_a_trainer_cannot_claim_another_teams_job_by_its_name(tmp_path: Path) ->
     con.execute("""INSERT INTO findings (kind, job, node, severity, confidence, summary, first_detected, detected_at)
                    VALUES ('gpu_idle', 'nlp-secret-job', NULL, 'warning', 0.9, 'nlp secret idle', now(), now()),
                           ('gpu_idle', 'vis-a', NULL, 'warning', 0.9, 'vision job idle', now(), now())""")
-    con.execute("""INSERT INTO goodput_hours VALUES ('nlp-secret-job', '2026-12-01 10:00', 'x', true, 3600, 0, 0, 0, 0, 0),
-                   ('vis-a', '2026-12-01 10:00', 'y', true, 1800, 0, 0, 0, 0, 0)""")
+    con.execute("""INSERT INTO goodput_hours (job, hour, fp, whole, productive, input_wait, startup, checkpoint_save,
+                                             checkpoint_restore, revocation)
+                   VALUES ('nlp-secret-job', '2026-12-01 10:00', 'x', true, 3600, 0, 0, 0, 0, 0),
+                          ('vis-a', '2026-12-01 10:00', 'y', true, 1800, 0, 0, 0, 0, 0)""")
     con.execute("""INSERT INTO alerts (rule, fingerprint, labels, state, active_at, updated_at) VALUES
                    ('JobSlow', 'f1', '{"job": "nlp-secret-job"}', 'firing', now(), now()),
                    ('JobSlow', 'f2', '{"job": "vis-a"}', 'firing', now(), now()),

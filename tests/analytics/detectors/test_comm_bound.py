@@ -52,9 +52,10 @@ def test_without_imported_traces_it_finds_nothing_quietly(tmp_path: Path) -> Non
     bare.close()
 
 
-def _steps(tmp_path: Path, job: str, comm: float | None, n: int = 60) -> Path:
+def _steps(tmp_path: Path, job: str, comm: float | None, n: int = 60, declare: dict | None = None) -> Path:
     """A 2-rank job's step intervals as the agent reports them, 1 s steps, ``comm`` s of each
-    waiting on communication (None: a run that reports none)."""
+    waiting on communication (None: a run that reports none); ``declare``: each rank's
+    declaration, and its node's host samples sending 40 MB/s."""
     from cmdare.collector.writer import Writer
     from cmdare.wire.events import EventFactory
 
@@ -71,6 +72,11 @@ def _steps(tmp_path: Path, job: str, comm: float | None, n: int = 60) -> Path:
             if comm is not None:
                 d |= {"comm_mean_seconds": comm, "comm_share_ratio": comm}
             lines.append(f.line("train_steps", d, t0 + 10 * i))
+            if declare is not None:
+                lines.append(f.line("host", {"cpu_util_ratio": 0.5, "net": [
+                    {"nic": "eth0", "rx_bytes_total": 10**9, "tx_bytes_total": 10**9 + 400_000_000 * i}]}, t0 + 10 * i))
+        if declare is not None:
+            lines.append(f.line("train_job", {"run": "r", "rank": rank, **declare}, t0 - 5))
     Writer(c).write([("t", b"".join(lines))])
     c.close()
     return db
@@ -90,3 +96,30 @@ def test_the_jobs_own_communication_wait_is_judged_too(tmp_path: Path, comm, sev
     assert f.severity == severity and f.subject == "telemetry" and f.job == "ddp"
     assert f.evidence["exposed_comm_pct"] == pytest.approx(100 * comm) and f.evidence["ranks"] == 2
     assert f.evidence["step_ms"] == pytest.approx(1000.0) and f.evidence["steps"] == 1200
+
+
+def test_a_ring_across_nodes_says_its_shape_and_the_bytes_it_moves(tmp_path: Path) -> None:
+    """Issue 68: the declaration's world size, GPUs per node and gradient bytes (the PyTorch
+    adapter declares them for a DDP model) and the hosts' network: 16 ranks on 2 nodes of 8
+    all-reducing 100 MB a step move 2 x 15/16 x 100 = 187.5 MB a rank a step."""
+    import duckdb
+
+    db = _steps(tmp_path, "ring", 0.4, declare={"world_size": 16, "gpus_per_node": 8, "grad_bytes": 100_000_000})
+    with duckdb.connect(str(db), read_only=True) as c:
+        (f,) = detect("comm_bound", c, Scope())
+    ev = f.evidence
+    assert (ev["world_size"], ev["gpus_per_node"], ev["nodes"], ev["grad_mb"]) == (16, 8, 2, 100.0)
+    assert ev["allreduce_mb_per_step"] == pytest.approx(187.5) and ev["allreduce_mb_s"] == pytest.approx(187.5)
+    assert ev["host_net_tx_mb_s"] == pytest.approx(40.0, rel=1e-6)
+    assert "the ring spans 2 nodes of 8 GPU(s), 187.5 MB a rank a step, hosts sending 40 MB/s" in f.summary
+
+
+@pytest.mark.parametrize("bad", [{"world_size": -3, "gpus_per_node": 0, "grad_bytes": -1}, {"grad_bytes": 0}])
+def test_a_nonsense_declaration_adds_no_evidence(tmp_path: Path, bad: dict) -> None:
+    import duckdb
+
+    db = _steps(tmp_path, "odd", 0.4, declare=bad)
+    with duckdb.connect(str(db), read_only=True) as c:
+        (f,) = detect("comm_bound", c, Scope())
+    assert not {"world_size", "nodes", "grad_mb", "allreduce_mb_per_step"} & set(f.evidence)
+    assert "ring spans" not in f.summary
