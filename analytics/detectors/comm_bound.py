@@ -68,6 +68,8 @@ class CommBound(Detector):
                 f"{where})",
                 severity="critical" if share >= o["critical_exposed"] else "warning",
                 confidence=min(1.0, 0.5 + steps / 2000), subject="telemetry", evidence=ev,
+                # sized by the all-reduce model where its gradient bytes are known
+                suggests=("cluster",) if "grad_mb" in ev else (),
                 window_start=t0, window_end=t1))
         return out
 

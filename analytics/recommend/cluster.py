@@ -193,6 +193,8 @@ class Cluster(Recommender):
                 "cluster: give --from-job J (the job whose model and accelerator to size), or a declaration: "
                 "--flops-per-step, --params and --gpu-type"
             )
+        if o["from_job"] and (ring := self._data_parallel(con, o["from_job"])) is not None:
+            return [ring]
         from .. import catalog
 
         sfit = cfit = None
@@ -273,6 +275,23 @@ class Cluster(Recommender):
             if bound is not None:
                 return [self._remove_ps_bottleneck(rec, bound, predicted, cfit)]
         return [rec]
+
+    def _data_parallel(self, con: duckdb.DuckDBPyConnection, job: str) -> Recommendation | None:
+        """A job without parameter servers that reports its all-reduce (DDP, FSDP): sized by
+        the all-reduce cost model (recommend/allreduce.py); None: not such a job."""
+        from ..models.allreduce import shape
+        from .allreduce import advise
+
+        sh = shape(con, job)
+        if sh is None:
+            return None
+        o = self.options
+        given = [f"--{k.replace('_', '-')}" for k in ("gpu_type", "steps", "deadline", "worker_price", "worker_type")
+                 if o[k]]
+        if given:
+            raise AnalyticsError(f"cluster: {job} is data-parallel (no parameter server): the all-reduce model sizes it "
+                                 f"on its own accelerator, without {', '.join(given)} (not yet)")
+        return advise(con, job, sh, o["knee"], o["max_workers"])
 
     def _ps_bound(self, con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any] | None:
         """The ps_bound detector's evidence on ``job`` as it runs now (None: not PS-bound)."""

@@ -383,3 +383,8 @@ def test_a_communication_bound_ddp_job_is_found_and_a_hidden_one_is_not(tmp_path
     gp = {r["category"]: r for r in analyze("goodput", "--job", "ddp-comm", "--db", str(db))}
     step = sum(gp[c]["seconds"] for c in ("productive", "input_wait", "communication"))
     assert gp["communication"]["seconds"] > 0.3 * step, gp
+    # and recommend cluster sizes it by the all-reduce model (one world size measured: its
+    # own class's constant, no held-out basis), pricing gradient accumulation
+    (advice,) = [analyze("recommend", "cluster", "--from-job", "ddp-comm", "--db", str(db))]
+    assert advice["action"]["ps"] == 0 and advice["assumptions"]["grad_mb"] > 0, advice
+    assert advice["assumptions"]["gain_accumulate"] > 0.2 and "accumulate gradients" in advice["why"], advice

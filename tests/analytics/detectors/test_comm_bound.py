@@ -112,6 +112,7 @@ def test_a_ring_across_nodes_says_its_shape_and_the_bytes_it_moves(tmp_path: Pat
     assert ev["allreduce_mb_per_step"] == pytest.approx(187.5) and ev["allreduce_mb_s"] == pytest.approx(187.5)
     assert ev["host_net_tx_mb_s"] == pytest.approx(40.0, rel=1e-6)
     assert "the ring spans 2 nodes of 8 GPU(s), 187.5 MB a rank a step, hosts sending 40 MB/s" in f.summary
+    assert f.suggests == ("cluster",)  # recommend cluster --from-job sizes it (the all-reduce model)
 
 
 @pytest.mark.parametrize("bad", [{"world_size": -3, "gpus_per_node": 0, "grad_bytes": -1}, {"grad_bytes": 0}])
@@ -122,4 +123,4 @@ def test_a_nonsense_declaration_adds_no_evidence(tmp_path: Path, bad: dict) -> N
     with duckdb.connect(str(db), read_only=True) as c:
         (f,) = detect("comm_bound", c, Scope())
     assert not {"world_size", "nodes", "grad_mb", "allreduce_mb_per_step"} & set(f.evidence)
-    assert "ring spans" not in f.summary
+    assert "ring spans" not in f.summary and f.suggests == ()
