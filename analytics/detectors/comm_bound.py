@@ -4,6 +4,8 @@ their imported PyTorch profiler traces (analyze import trace; analytics/traces.p
 
 from __future__ import annotations
 
+from typing import Any
+
 import duckdb
 
 from cmdare.wire.plugin import Option
@@ -112,14 +114,14 @@ class CommBound(Detector):
         return out
 
 
-def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: object, t1: object) -> dict[str, float]:
+def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: object, t1: object) -> dict[str, Any]:
     """What the job declared of its shape (world size, GPUs per node, gradient bytes: the
     PyTorch adapter declares them for a DDP model) and what its hosts' network sent over
     the window: the ring's nodes, the bytes a ring all-reduce moves per rank and step
     (2 (n - 1) / n of the gradients) and the rate the step cadence asks of it."""
     from .. import evidence
 
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     if evidence.has_column(con, "jobs", "grad_bytes"):
         world, per_node, grad = con.execute(
             """SELECT arg_max(world_size, ts) FILTER (WHERE world_size > 0),
@@ -149,4 +151,33 @@ def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: objec
                SELECT avg(r) FROM h WHERE r >= 0""", {"job": job, "t0": t0, "t1": t1}).fetchone()
         if rate is not None:
             out["host_net_tx_mb_s"] = round(rate / 1e6, 3)
+    if evidence.has_column(con, "gpu_samples", "nvlink_total_tx_bytes_per_second"):
+        (nvl,) = con.execute(
+            """SELECT avg(nvlink_total_tx_bytes_per_second) FROM gpu_samples
+               WHERE node IN (SELECT DISTINCT node FROM steps WHERE job = $job AND ts >= $t0 AND ts <= $t1)
+                 AND ts >= $t0 AND ts <= $t1 AND nvlink_total_tx_bytes_per_second >= 0""",
+            {"job": job, "t0": t0, "t1": t1}).fetchone()
+        if nvl is not None:
+            out["nvlink_tx_mb_s"] = round(nvl / 1e6, 3)  # per GPU: what its NVLinks sent (GPM)
+    out |= _scaling(con, job)
     return out
+
+
+def _scaling(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
+    """The scaling efficiency of the job's model across the world sizes its runs measured
+    (speedup over one GPU per GPU, "ranks:efficiency" pairs), from the all-reduce model's
+    runs; only where one of them ran on a single GPU (the base)."""
+    from ..models import allreduce as ar
+
+    sh = ar.shape(con, job)
+    if sh is None:
+        return {}
+    rs, _ = ar.runs(con, sh["model"], sh["accelerator"])
+    base = [r.step_s for r in rs if r.world == 1]
+    if not base or len({r.world for r in rs}) < 2:
+        return {}
+    one = min(base)
+    eff: dict[int, float] = {}
+    for r in rs:
+        eff[r.world] = max(eff.get(r.world, 0.0), one / r.step_s)
+    return {"scaling_efficiency": ",".join(f"{n}:{e:.2f}" for n, e in sorted(eff.items()))}

@@ -124,3 +124,24 @@ def test_a_nonsense_declaration_adds_no_evidence(tmp_path: Path, bad: dict) -> N
         (f,) = detect("comm_bound", c, Scope())
     assert not {"world_size", "nodes", "grad_mb", "allreduce_mb_per_step"} & set(f.evidence)
     assert "ring spans" not in f.summary and f.suggests == ()
+
+
+def test_the_models_scaling_across_the_world_sizes_measured_and_its_nvlink_traffic(tmp_path: Path) -> None:
+    """Issue 68's evidence: the scaling efficiency of the job's model over the world sizes its
+    runs measured (a one-GPU run the base), and what the job's GPUs sent over NVLink."""
+    import duckdb
+
+    from cmdare.wire.events import EventFactory
+    from tests.analytics.recommend.test_cluster_allreduce import T0, db_of, ring_job
+
+    nvl = EventFactory("ddp-16-n0", "worker", "ddp-16", {})
+    gpu = b"".join(nvl.line("gpu", {"index": g, "uuid": f"GPU-{g}", "nvlink_total_tx_bytes_per_second": 2e9 + 1e9 * g},
+                            T0 + 100) for g in range(2))
+    db = db_of(tmp_path, ring_job("ddp-1", 1, 1), ring_job("ddp-8", 8, 1), ring_job("ddp-16", 16, 2), gpu)
+    with duckdb.connect(str(db), read_only=True) as c:
+        found = {f.job: f for f in detect("comm_bound", c, Scope(since=None))}
+    ev = found["ddp-16"].evidence
+    # one rank's step 0.21 s alone, 0.28 s among 8 on a node, 0.81 s among 16 on two
+    assert ev["scaling_efficiency"] == "1:1.00,8:0.75,16:0.26"
+    assert ev["nvlink_tx_mb_s"] == pytest.approx(2500.0)
+    assert "nvlink_tx_mb_s" not in found["ddp-8"].evidence  # its GPUs report none
