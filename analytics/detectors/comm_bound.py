@@ -52,12 +52,13 @@ class CommBound(Detector):
                GROUP BY job HAVING sum(steps) > 0 ORDER BY job""",
             {"job": scope.job, "s": scope.since, "u": scope.until}).fetchall()
         out = []
+        memo: dict[tuple, Any] = {}  # the model runs' scaling, read once per model and accelerator
         for job, share, comm_s, step_s, ranks, steps, t0, t1 in rows:
             if share is None or share < o["min_exposed"]:
                 continue
             ev = {"exposed_comm_pct": round(100 * share, 2), "exposed_comm_ms": round(1e3 * comm_s, 3),
                   "step_ms": round(1e3 * step_s, 3), "ranks": int(ranks), "steps": int(steps)}
-            ev |= _topology(con, job, step_s, t0, t1)
+            ev |= _topology(con, job, step_s, t0, t1, memo)
             where = ""
             if ev.get("nodes", 1) > 1:
                 where = (f"; the ring spans {ev['nodes']} nodes of {ev['gpus_per_node']} GPU(s)"
@@ -114,7 +115,8 @@ class CommBound(Detector):
         return out
 
 
-def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: object, t1: object) -> dict[str, Any]:
+def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: object, t1: object,
+              memo: dict[tuple, Any]) -> dict[str, Any]:
     """What the job declared of its shape (world size, GPUs per node, gradient bytes: the
     PyTorch adapter declares them for a DDP model) and what its hosts' network sent over
     the window: the ring's nodes, the bytes a ring all-reduce moves per rank and step
@@ -159,11 +161,11 @@ def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: objec
             {"job": job, "t0": t0, "t1": t1}).fetchone()
         if nvl is not None:
             out["nvlink_tx_mb_s"] = round(nvl / 1e6, 3)  # per GPU: what its NVLinks sent (GPM)
-    out |= _scaling(con, job)
+    out |= _scaling(con, job, memo)
     return out
 
 
-def _scaling(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
+def _scaling(con: duckdb.DuckDBPyConnection, job: str, memo: dict[tuple, Any]) -> dict[str, Any]:
     """The scaling efficiency of the job's model across the world sizes its runs measured
     (speedup over one GPU per GPU, "ranks:efficiency" pairs), from the all-reduce model's
     runs; only where one of them ran on a single GPU (the base)."""
@@ -172,6 +174,10 @@ def _scaling(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
     sh = ar.shape(con, job)
     if sh is None:
         return {}
+    key = (sh["model"], sh["accelerator"])
+    if key in memo:
+        return memo[key]
+    memo[key] = {}
     rs, _ = ar.runs(con, sh["model"], sh["accelerator"])
     base = [r.step_s for r in rs if r.world == 1]
     if not base or len({r.world for r in rs}) < 2:
@@ -180,4 +186,5 @@ def _scaling(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
     eff: dict[int, float] = {}
     for r in rs:
         eff[r.world] = max(eff.get(r.world, 0.0), one / r.step_s)
-    return {"scaling_efficiency": ",".join(f"{n}:{e:.2f}" for n, e in sorted(eff.items()))}
+    memo[key] = {"scaling_efficiency": ",".join(f"{n}:{e:.2f}" for n, e in sorted(eff.items()))}
+    return memo[key]
