@@ -39,7 +39,7 @@ except ImportError:  # the older package name
 
 from .. import track
 from ._hooks import HookClock
-from .torch import accelerator_of, batch_examples, module_counts, watch_ddp
+from .torch import accelerator_of, batch_examples, grad_bytes, module_counts, watch_ddp
 
 log = logging.getLogger("cmdare.track")
 
@@ -79,8 +79,18 @@ class CmdareCallback(pl.Callback):
             "accelerator": accelerator_of(pl_module),
             **self.init,
         }
+        shape = {k: declared.pop(k) for k in ("gpus_per_node", "grad_bytes") if k in declared}  # (run.declare's)
         counter = FlopCounterMode(display=False) if self.measure_flops else None
-        self.clock.start(track.init(self.job, **declared), counter, self._watch(trainer))
+        run = track.init(self.job, **declared)
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(getattr(trainer.strategy, "model", None), DistributedDataParallel):
+            # a DDP strategy's shape: the gradients it all-reduces, the devices per node
+            shape.setdefault("grad_bytes", grad_bytes(pl_module))
+            shape.setdefault("gpus_per_node", trainer.num_devices)
+        if shape:
+            run.declare(**shape)
+        self.clock.start(run, counter, self._watch(trainer))
 
     def _watch(self, trainer: Any) -> Any:
         """A DDP strategy's model, its communication timed (None: not DDP, or a hook of the

@@ -16,10 +16,17 @@ rank and world size, the versions and the accelerator.  Examples per step:
 ``batch_size`` if given, else per-device batch size x gradient accumulation steps.
 ``measure_flops=True`` counts the first step's FLOPs with ``torch.utils.flop_counter``
 (that step is then not timed).
+
+Under DDP (``torchrun``, several processes) the Trainer wraps the model only inside
+``train()``, and its callbacks are handed the unwrapped model; given the trainer
+(``CmdareCallback.attach(trainer, job)``, or ``trainer=``) the callback finds the wrapped
+one on ``on_train_begin``, times its gradient communication (adapters/torch.py
+``watch_ddp``; ``comm_hook=False``: not) and declares the gradient bytes it all-reduces.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -28,18 +35,31 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .. import track
 from ._hooks import HookClock
-from .torch import accelerator_of, module_counts
+from .torch import accelerator_of, grad_bytes, module_counts, watch_ddp
+
+log = logging.getLogger("cmdare.track")
 
 
 class CmdareCallback(transformers.TrainerCallback):
     def __init__(
-        self, job: str, batch_size: int | None = None, measure_flops: bool = False, **init: Any
+        self, job: str, batch_size: int | None = None, measure_flops: bool = False, trainer: Any = None,
+        comm_hook: bool = True, **init: Any
     ) -> None:
         """``job`` and any ``track.init`` keyword (run, ps, role, model, flops_per_step,
-        accelerator, socket_path); ``batch_size``: examples per optimizer step."""
+        accelerator, socket_path); ``batch_size``: examples per optimizer step;
+        ``trainer``: the Trainer, to time a DDP model's gradient communication
+        (``comm_hook=False``: not)."""
         self.job, self.batch_size, self.measure_flops, self.init = job, batch_size, measure_flops, init
+        self.trainer, self.comm_hook = trainer, comm_hook
         self.clock = HookClock()
         self._examples = 0
+
+    @classmethod
+    def attach(cls, trainer: Any, job: str, **kw: Any) -> CmdareCallback:
+        """A callback that sees ``trainer`` (its DDP model too), added to it."""
+        cb = cls(job, trainer=trainer, **kw)
+        trainer.add_callback(cb)
+        return cb
 
     @property
     def run(self) -> track.Run | None:
@@ -65,9 +85,29 @@ class CmdareCallback(transformers.TrainerCallback):
             declared["accelerator"] = accelerator_of(model)
             name = getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
             declared["model"] = name
-        declared.update(self.init)
+        shape = {k: self.init[k] for k in ("gpus_per_node", "grad_bytes") if k in self.init}  # (run.declare's)
+        declared.update({k: v for k, v in self.init.items() if k not in shape})
         counter = FlopCounterMode(display=False) if self.measure_flops else None
-        self.clock.start(track.init(self.job, **declared), counter)
+        ddp = self._ddp()
+        run = track.init(self.job, **declared)
+        comm = None
+        if ddp is not None:
+            shape.setdefault("grad_bytes", grad_bytes(ddp.module))
+        if shape:
+            run.declare(**shape)
+        if ddp is not None and self.comm_hook:
+            try:
+                comm = watch_ddp(ddp)
+            except ValueError as e:
+                log.warning("cmdare: communication wait not timed: %s", e)
+        self.clock.start(run, counter, comm)
+
+    def _ddp(self) -> Any:
+        """The Trainer's DDP-wrapped model, when it was given the trainer and runs DDP."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = getattr(self.trainer, "model_wrapped", None)
+        return wrapped if isinstance(wrapped, DistributedDataParallel) else None
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.clock.begin()

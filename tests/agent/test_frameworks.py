@@ -164,6 +164,10 @@ def test_lightning_under_ddp_reports_each_steps_communication_wait(source, tmp_p
         os.environ.clear()
         os.environ.update(env)
     assert cb.clock.comm is not None and cb.clock.comm.buckets == 12
-    rows = [d for t, j, d in collect(src) if t == "train_steps" and j == "lightning-ddp"]
+    got = collect(src)
+    rows = [d for t, j, d in got if t == "train_steps" and j == "lightning-ddp"]
     assert sum(d["steps"] for d in rows) == 12 and all(d["comm_mean_seconds"] is not None for d in rows)
     assert all(0 <= d["comm_mean_seconds"] <= d["step_mean_seconds"] for d in rows)
+    # and the shape it runs in: the gradients the strategy all-reduces, its devices per node
+    decl = [d for t, j, d in got if t == "train_job" and j == "lightning-ddp"][-1]
+    assert decl["grad_bytes"] == 4 * decl["params"] and decl["gpus_per_node"] == 1, decl

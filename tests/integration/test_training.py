@@ -337,16 +337,18 @@ def test_input_workers_telemetry_reaches_the_database_and_sizes_the_input(tmp_pa
 DDP = ROOT / "tests" / "integration" / "ddp_loop.py"
 
 
-def ddp_job(model: str, job: str, sock: Path, steps: int = 80) -> list[dict]:
-    """Two real DDP ranks over gloo (tests/integration/ddp_loop.py) through the adapter and the
-    agent's train socket: each rank's result line."""
+def ddp_job(model: str, job: str, sock: Path, steps: int = 80, script: Path | None = None,
+            args: tuple[str, ...] = ()) -> list[dict]:
+    """Two real DDP ranks over gloo (tests/integration/ddp_loop.py, or ``script``) through the
+    adapter and the agent's train socket, as torchrun starts them: each rank's result line."""
     from tests.conftest import free_port
 
     port = free_port()
+    argv = [str(DDP), "--model", model] if script is None else [str(script), *args]
     procs = [subprocess.Popen(
-        [sys.executable, str(DDP), "--model", model, "--steps", str(steps), "--job", job],
-        env=agent_env(CMDARE_TRAIN_SOCKET=str(sock), RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port)),
+        [sys.executable, *argv, "--steps", str(steps), "--job", job],
+        env=agent_env(CMDARE_TRAIN_SOCKET=str(sock), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
     return [finish(p, timeout=180) for p in procs]
 
@@ -388,3 +390,30 @@ def test_a_communication_bound_ddp_job_is_found_and_a_hidden_one_is_not(tmp_path
     (advice,) = [analyze("recommend", "cluster", "--from-job", "ddp-comm", "--db", str(db))]
     assert advice["action"]["ps"] == 0 and advice["assumptions"]["grad_mb"] > 0, advice
     assert advice["assumptions"]["gain_accumulate"] > 0.2 and "accumulate gradients" in advice["why"], advice
+
+
+def test_a_hugging_face_trainer_under_ddp_reports_its_communication(tmp_path: Path, sockdir: Path) -> None:
+    """Issue 68: the Hugging Face Trainer wraps the model in DDP only inside train(), and
+    hands its callbacks the unwrapped one; CmdareCallback.attach(trainer, job) finds the
+    wrapped model, times its all-reduce and declares its gradient bytes and GPUs per node.
+    Two real ranks over gloo (tests/integration/hf_ddp.py), through the agent."""
+    spool, db, sock = tmp_path / "spool", tmp_path / "t.duckdb", sockdir / "train.sock"
+    agent = start_agent(spool, sock)
+    try:
+        ranks = ddp_job("", "hf-ddp", sock, steps=30, script=ROOT / "tests" / "integration" / "hf_ddp.py",
+                        args=("--out", str(tmp_path / "hf")))
+        time.sleep(1.2)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+    assert all(r["dropped"] == 0 and r["steps"] == 30 and r["buckets"] >= 30 for r in ranks), ranks
+    load(spool, db)
+    con = duckdb.connect(str(db), read_only=True)
+    decl = con.execute("""SELECT max(world_size), max(gpus_per_node), max(grad_bytes), max(framework) FROM jobs
+                          WHERE job = 'hf-ddp'""").fetchone()
+    comm, steps = con.execute("SELECT sum(comm_mean_seconds * steps), sum(steps) FROM steps WHERE job = 'hf-ddp'"
+                              ).fetchone()
+    con.close()
+    params = 2 * (2048 * 2048 + 2048)
+    assert decl == (2, 2, 4 * params, "transformers"), decl
+    assert steps == 60 and comm > 0, (comm, steps)
