@@ -190,7 +190,8 @@ def main() -> None:
                 for r in res:
                     print(f"  {r[by]}: {r['jobs']} jobs, {r['gpu_hours']:.0f} GPU-hours, goodput {r['goodput_pct']} %, "
                           f"${r['dollars']:,.0f} (badput ${r['badput_dollars']:,.0f}); input wait "
-                          f"{r['input_wait_gpu_hours']:.0f} h, checkpoints {r['checkpoint_save_gpu_hours']:.0f} h, "
+                          f"{r['input_wait_gpu_hours']:.0f} h, communication {r.get('communication_gpu_hours', 0):.0f} h, "
+                          f"checkpoints {r['checkpoint_save_gpu_hours']:.0f} h, "
                           f"revocations {r['revocation_gpu_hours']:.0f} h")
     finally:
         shutil.rmtree(d, ignore_errors=True)
