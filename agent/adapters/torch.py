@@ -61,6 +61,12 @@ def module_counts(module: torch.nn.Module) -> tuple[int, int]:
     return params, tensors
 
 
+def _is_fsdp(module: Any) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(module, FullyShardedDataParallel)
+
+
 def grad_bytes(module: torch.nn.Module) -> int:
     """The gradient bytes a data-parallel step all-reduces: each parameter that requires a
     gradient (shared ones once), times its element size."""
@@ -193,6 +199,55 @@ def watch_ddp(model: Any, hook: Callable[[Any, Any], Any] | None = None, state: 
     return timer
 
 
+def _timed_fsdp(timed, grad, output=None):  # type: ignore[no-untyped-def]
+    """FSDP's own gradient reduction (as its ``default_hooks``: an all-reduce without
+    sharding, else a reduce-scatter into the shard ``output``, with the same pre- and
+    post-division), timed as the DDP hook is: launched, and done when the collective's
+    future completes. It waits for the collective before returning, as FSDP's own hooks
+    do (over NCCL the wait orders the current stream; the host goes on)."""
+    import torch.distributed as dist
+
+    st, timer = timed.state, timed.timer
+    timer.launched()
+    if st.gradient_predivide_factor > 1:
+        grad.div_(st.gradient_predivide_factor)
+    if output is None:
+        work = dist.all_reduce(grad, group=st.process_group, async_op=True)
+    else:
+        work = dist.reduce_scatter_tensor(output, grad, group=st.process_group, async_op=True)
+    try:
+        fut = work.get_future()
+    except RuntimeError:  # (gloo's reduce-scatter has no future: its wait blocks the host until done)
+        fut = None
+    if fut is not None:
+        fut.then(lambda f: timer.done())
+    work.wait()
+    if fut is None:
+        timer.done()
+    if st.gradient_postdivide_factor > 1:
+        (grad if output is None else output).div_(st.gradient_postdivide_factor)
+
+
+def watch_fsdp(model: Any) -> CommTimer:
+    """Register on the ``FullyShardedDataParallel`` root ``model`` a communication hook that
+    runs and times FSDP's own gradient reduction (each FSDP unit's reduce-scatter, or its
+    all-reduce without sharding): per step, from the launch of the last unit's collective
+    to its end, the communication backward did not hide. Raises ValueError (one line) when
+    the model is not an FSDP root or FSDP refuses the hook (one that has its own)."""
+    from torch.distributed.algorithms._comm_hooks.default_hooks import DefaultState
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if not isinstance(model, FullyShardedDataParallel):
+        raise ValueError(f"watch_fsdp: expected a FullyShardedDataParallel model, got {type(model).__name__}")
+    timer = CommTimer()
+    try:
+        model.register_comm_hook(_Timed(timer, None, DefaultState(model.process_group)), _timed_fsdp)
+    except (AssertionError, RuntimeError, ValueError) as e:
+        raise ValueError(f"watch_fsdp: FSDP refused the timing hook ({str(e).splitlines()[0][:160]}): "
+                         "time its communication with run.add_comm_wait") from None
+    return timer
+
+
 class TorchRun:
     """A ``track.Run`` plus the module it describes (see ``track_module``)."""
 
@@ -263,13 +318,14 @@ def track_module(job: str, module: torch.nn.Module, *, measure_flops: bool = Fal
     accelerator.  Keywords given explicitly win over what is read.  A
     ``DistributedDataParallel`` module: the module it wraps is declared, and its gradient
     communication is timed (``watch_ddp``; ``comm_hook=False``: not) and the gradient bytes
-    it all-reduces each step declared (``grad_bytes``)."""
+    it all-reduces each step declared (``grad_bytes``). A ``FullyShardedDataParallel``
+    root: its units' gradient reductions are timed (``watch_fsdp``)."""
     from torch.nn.parallel import DistributedDataParallel
 
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"track_module: expected a torch.nn.Module, got {type(module).__name__}")
     comm_hook = init.pop("comm_hook", True)
-    inner = module.module if isinstance(module, DistributedDataParallel) else module
+    inner = module.module if isinstance(module, DistributedDataParallel) or _is_fsdp(module) else module
     params, tensors = module_counts(inner)
     declared: dict[str, Any] = {
         "model": type(inner).__name__,
@@ -285,6 +341,8 @@ def track_module(job: str, module: torch.nn.Module, *, measure_flops: bool = Fal
     if isinstance(module, DistributedDataParallel):
         shape.setdefault("grad_bytes", grad_bytes(inner))
     comm = watch_ddp(module) if comm_hook and isinstance(module, DistributedDataParallel) else None
+    if comm_hook and _is_fsdp(module):
+        comm = watch_fsdp(module)
     run = track.init(job, **declared)
     if shape:
         run.declare(**shape)  # (the declaration again, with them: the latest counts)

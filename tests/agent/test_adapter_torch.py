@@ -216,3 +216,40 @@ def test_track_module_times_a_ddp_model_by_itself(source, one_rank, monkeypatch)
     decl = [d for t, j, d in got if t == "train_job" and j == "torch-ddp-auto"][-1]
     trained = sum(p.numel() for p in net.parameters() if p.requires_grad)
     assert decl["gpus_per_node"] == 4 and decl["grad_bytes"] == 8 * trained < 8 * decl["params"]
+
+
+def test_track_module_times_an_fsdp_models_gradient_reduction(source, one_rank) -> None:
+    """An FSDP root (one rank: FSDP reduces without sharding, an all-reduce): its units'
+    reductions run through the timing hook, the gradients are FSDP's own (the same
+    parameters after a step as an FSDP model without the hook), and every step carries
+    its communication wait."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from cmdare.agent.adapters.torch import watch_fsdp
+
+    src, sock = source
+
+    def make():
+        torch.manual_seed(0)
+        return FSDP(mlp(8, 16), device_id=torch.device("cpu"))
+
+    timed, plain = make(), make()
+    run = track_module("torch-fsdp", timed, socket_path=str(sock))
+    assert run.comm is not None
+    with pytest.raises(ValueError, match="^watch_fsdp: expected a FullyShardedDataParallel model, got Sequential"):
+        watch_fsdp(mlp(2, 2))
+    xs = [torch.randn(4, 8) for _ in range(6)]
+    for m in (timed, plain):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for x in (run.batches(xs) if m is timed else xs):
+            m(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    run.close()
+    assert run.comm.buckets == 6
+    assert all(torch.equal(a, b) for a, b in zip(timed.parameters(), plain.parameters(), strict=True))
+    got = collect(src)
+    rows = [d for t, j, d in got if t == "train_steps" and j == "torch-fsdp"]
+    assert sum(d["steps"] for d in rows) == 6 and all(d["comm_mean_seconds"] is not None for d in rows)
+    decl = [d for t, j, d in got if t == "train_job" and j == "torch-fsdp"][-1]
+    assert decl["model"] == "Sequential"

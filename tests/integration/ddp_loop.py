@@ -2,17 +2,22 @@
 on CPU, one process per rank ($RANK, $WORLD_SIZE, $MASTER_ADDR, $MASTER_PORT as torchrun
 sets them), tracked through cmdare's PyTorch adapter (``track_module`` on the DDP model).
 
-    python ddp_loop.py --model comm|compute --steps N --job J
+    python ddp_loop.py --model comm|compute --steps N --job J [--wrap ddp|fsdp]
 
 ``comm``: a wide model (two 2048 x 2048 layers, 8.4 M parameters, 34 MB of gradients a
 step) on a batch of 4, so a step is mostly its all-reduce; ``compute``: a narrow deep model
 (12 layers of 64 x 64, 50 k parameters) on a batch of 8,192, so a step is mostly its
 backward and the all-reduce of 200 kB hides. Prints one JSON line: rank, steps, seconds,
-gradient buckets communicated, exposed communication (s), records dropped."""
+gradient buckets communicated, exposed communication (s), records dropped. ``--wrap fsdp``:
+FullyShardedDataParallel (each rank holds half the parameters; a reduce-scatter per step)
+instead of DDP, and rank 0 also says whether the trained parameters equal those of the same
+model trained alone on the same batches (every rank draws the same ones: their mean
+gradient is the gradient)."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as dt
 import json
 import os
@@ -31,6 +36,7 @@ def main() -> None:
     ap.add_argument("--model", choices=("comm", "compute"), required=True)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--job", required=True)
+    ap.add_argument("--wrap", choices=("ddp", "fsdp"), default="ddp")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -42,7 +48,13 @@ def main() -> None:
         for _ in range(12):
             layers += [nn.Linear(64, 64), nn.ReLU()]
         model, batch, width = nn.Sequential(*layers), 8192, 64
-    ddp = DistributedDataParallel(model)
+    alone = copy.deepcopy(model)
+    if a.wrap == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        ddp = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+    else:
+        ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
     run = track_module(a.job, ddp, batch_size=batch)
     data = [torch.randn(batch, width) for _ in range(8)]
@@ -53,11 +65,27 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
     run.close()
+    same = None
+    if a.wrap == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        with FullyShardedDataParallel.summon_full_params(ddp):
+            trained = [p.detach().clone() for p in ddp.parameters()]
+        if int(os.environ["RANK"]) == 0:  # the updates compared (the parameters barely move)
+            init = [p.detach().clone() for p in alone.parameters()]
+            opt1 = torch.optim.SGD(alone.parameters(), lr=1e-4)
+            for i in range(a.steps):
+                alone(data[i % len(data)]).pow(2).mean().backward()
+                opt1.step()
+                opt1.zero_grad()
+            same = all(torch.allclose((x.reshape(-1) - p0.reshape(-1)), (y - p0).reshape(-1), rtol=1e-3,
+                                      atol=1e-3 * float((y - p0).abs().max()))
+                       for x, y, p0 in zip(trained, alone.parameters(), init, strict=True))
     dist.barrier()
     dist.destroy_process_group()
     print(json.dumps({"rank": int(os.environ["RANK"]), "steps": run.run.steps, "seconds": time.perf_counter() - t0,
                       "buckets": run.comm.buckets if run.comm else 0,
-                      "exposed": run.comm.exposed if run.comm else 0.0, "dropped": run.run.dropped}))
+                      "exposed": run.comm.exposed if run.comm else 0.0, "dropped": run.run.dropped, "same": same}))
 
 
 if __name__ == "__main__":

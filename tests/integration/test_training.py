@@ -344,7 +344,7 @@ def ddp_job(model: str, job: str, sock: Path, steps: int = 80, script: Path | No
     from tests.conftest import free_port
 
     port = free_port()
-    argv = [str(DDP), "--model", model] if script is None else [str(script), *args]
+    argv = [str(DDP), "--model", model, *args] if script is None else [str(script), *args]
     procs = [subprocess.Popen(
         [sys.executable, *argv, "--steps", str(steps), "--job", job],
         env=agent_env(CMDARE_TRAIN_SOCKET=str(sock), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
@@ -417,3 +417,26 @@ def test_a_hugging_face_trainer_under_ddp_reports_its_communication(tmp_path: Pa
     params = 2 * (2048 * 2048 + 2048)
     assert decl == (2, 2, 4 * params, "transformers"), decl
     assert steps == 60 and comm > 0, (comm, steps)
+
+
+def test_an_fsdp_job_reports_its_reduce_scatter_and_trains_as_fsdp_does(tmp_path: Path, sockdir: Path) -> None:
+    """Issue 68: FullyShardedDataParallel (two real ranks over gloo, each holding half of a
+    wide model): track_module times each unit's reduce-scatter (watch_fsdp), every step
+    carries its communication wait, and the hook reduces as FSDP's own does (rank 0's
+    trained parameters equal the same model trained alone on the same batches)."""
+    spool, db, sock = tmp_path / "spool", tmp_path / "t.duckdb", sockdir / "train.sock"
+    agent = start_agent(spool, sock)
+    try:
+        ranks = ddp_job("comm", "fsdp-comm", sock, steps=40, args=("--wrap", "fsdp"))
+        time.sleep(1.2)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+    assert all(r["dropped"] == 0 and r["steps"] == 40 and r["buckets"] >= 40 for r in ranks), ranks
+    assert [r["same"] for r in sorted(ranks, key=lambda r: r["rank"])] == [True, None], ranks
+    load(spool, db)
+    con = duckdb.connect(str(db), read_only=True)
+    rows, comm = con.execute("""SELECT sum(steps), sum(comm_mean_seconds * steps) FILTER (WHERE comm_mean_seconds > 0)
+                                FROM steps WHERE job = 'fsdp-comm'""").fetchone()
+    con.close()
+    assert rows == 80 and comm > 0, (rows, comm)
