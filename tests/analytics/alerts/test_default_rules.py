@@ -223,6 +223,21 @@ def test_ps_bound(fleet) -> None:  # noqa: F811
     assert got and got <= expected
 
 
+def test_comm_bound(con: duckdb.DuckDBPyConnection) -> None:
+    """A DDP job whose steps wait 40 % on the all-reduce fires; one whose communication
+    hides (5 %) does not; once the job stops stepping, the alert ends."""
+    for job, comm in (("ddp-slow-link", 0.4), ("ddp-hidden", 0.05)):
+        for rank in range(2):
+            for t in range(10, 901, 10):
+                insert(con, "steps", ts=at(t), node=f"{job}-n{rank}", job=job, run="r", rank=rank,
+                       interval_seconds=10.0, steps=10, step_mean_seconds=1.0, comm_mean_seconds=comm,
+                       comm_share_ratio=comm)
+    f = fired(con, [at(600), at(900)])
+    assert [a.labels["job"] for a in f["CommBound"]] == ["ddp-slow-link"]
+    assert "40 % of each step waits on communication" in f["CommBound"][0].annotations["summary"]
+    assert "CommBound" not in fired(con, [at(600), at(900), at(900 + 20 * 60)])
+
+
 def test_straggler(fleet) -> None:  # noqa: F811
     con, _ = fleet(lambda s: (s.sim_job(kind="persistent", nodes=5, gpus=1, slow_rank=3, slow=1.8, slow_cpu=True),
                               s.sim_job(kind="even", nodes=6, gpus=1, rank_spread=0.03)))

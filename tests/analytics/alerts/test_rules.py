@@ -69,7 +69,7 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["alerts", "check", str(good), str(bad), "--db", db])
     assert r.exit_code == 1 and f"Error: {bad}: group 'g2': rule 'B': expr: Binder Error" in r.output
     r = CliRunner().invoke(cli, ["alerts", "check", "--db", db, "default"])  # the shipped pack
-    assert r.exit_code == 0 and "4 group(s), 15 rule(s): ok" in r.output
+    assert r.exit_code == 0 and "4 group(s), 16 rule(s): ok" in r.output
     r = CliRunner().invoke(cli, ["alerts", "check", str(tmp_path / "missing.yml"), "--db", db])
     assert r.exit_code == 1 and "cannot read" in r.output
     r = CliRunner().invoke(cli, ["alerts", "check", str(good), "--db", db, "--json"])  # issue 66: --json too
@@ -84,7 +84,7 @@ def test_the_shipped_pack_validates(con: duckdb.DuckDBPyConnection) -> None:
 
     groups = alerts.load_files(rule_paths(("default",)))
     alerts.validate(con, groups)
-    assert sum(len(g.rules) for g in groups) == 15
+    assert sum(len(g.rules) for g in groups) == 16
 
 
 def test_analyze_alerts_lists_state_since_value_labels_and_health(con: duckdb.DuckDBPyConnection,
