@@ -156,6 +156,7 @@ class TrainSource(Source):
         self.wake = wake or (lambda: None)
         self.path = Path(self.config["socket"])
         self.sock: socket.socket | None = None
+        self._warned_pid_ns = False  # a sender in a PID namespace the agent cannot see: said once
         self.lock = threading.Lock()
         self.ranks: dict[tuple[str, str, int], _Rank] = {}
         self.urgent: list[tuple[str, str, dict[str, Any], float]] = []  # (type, job, data, ts)
@@ -248,9 +249,23 @@ class TrainSource(Source):
                 time.sleep(0.05)
                 continue
             try:
-                self._take(data, _sender(anc))
+                self._take(data, self._sender_pid(anc))
             except Exception as e:  # never the thread: one datagram, counted
                 self._count_bad("", f"{type(e).__name__}: {e}")
+
+    def _sender_pid(self, anc: list[tuple[int, int, bytes]]) -> int | None:
+        """The sender's PID (the kernel's word); a sender in a PID namespace this agent
+        cannot see (the kernel gives 0: the agent runs in a container of its own) is said
+        once: its GPU processes cannot be matched to its job, nor its crash seen."""
+        pid = _sender(anc)
+        if pid == 0:
+            if not self._warned_pid_ns:
+                self._warned_pid_ns = True
+                log.warning("train: a training process in a PID namespace this agent cannot see: its GPU processes "
+                            "are not matched to its job and its crash is not seen; run the agent in the host's PID "
+                            "namespace (Kubernetes: hostPID: true)")
+            return None
+        return pid
 
     def _count_bad(self, job: str, why: str) -> None:
         with self.lock:
@@ -502,11 +517,11 @@ class TrainSource(Source):
 
 
 def _sender(anc: list[tuple[int, int, bytes]]) -> int | None:
-    """The sending process's PID from the kernel's credentials (None: none, or 0: a sender
-    in another PID namespace, which this agent cannot watch)."""
+    """The sending process's PID from the kernel's credentials (None: none; 0: a sender in
+    a PID namespace this agent cannot see, which it cannot watch)."""
     for level, typ, data in anc:
         if level == socket.SOL_SOCKET and typ == socket.SCM_CREDENTIALS and len(data) >= _CRED.size:
-            return _CRED.unpack_from(data)[0] or None
+            return _CRED.unpack_from(data)[0]
     return None
 
 

@@ -357,3 +357,22 @@ def test_communication_wait_travels_from_the_library_to_the_steps_event(sockdir:
     steps = {d["rank"]: d for t, d, _, _ in evs if t == "train_steps"}
     assert steps[0]["comm_mean_seconds"] == pytest.approx(0.04) and steps[0]["comm_share_ratio"] == pytest.approx(0.4)
     assert "comm_mean_seconds" not in steps[1] and 2 not in steps
+
+
+def test_a_sender_the_agent_cannot_see_is_said_once_and_never_given_a_pid(sockdir: Path, caplog) -> None:
+    """Issue 66: a job page showed a job's own GPU process as another's. Where the agent
+    runs in a PID namespace of its own (a DaemonSet without hostPID), the kernel's
+    credentials give a trainer's PID as 0: its GPU processes cannot be matched to its job.
+    That is said once, in one line naming the fix, and no PID is taken from the datagram."""
+    import logging
+    import socket
+    import struct
+
+    src = source(sockdir / "t.sock")
+    zero = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("iII", 0, 1000, 1000))]
+    with caplog.at_level(logging.WARNING, logger="cmdare.agent.train"):
+        assert src._sender_pid(zero) is None and src._sender_pid(zero) is None
+    said = [r.getMessage() for r in caplog.records if "PID namespace" in r.getMessage()]
+    assert len(said) == 1 and "hostPID: true" in said[0] and "\n" not in said[0]
+    mine = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("iII", 4242, 0, 0))]
+    assert src._sender_pid(mine) == 4242 and src._sender_pid([]) is None
