@@ -231,10 +231,13 @@ def run_unit(
 class Detector(AnalyticsUnit):
     """Base of detectors (``analytics/detectors/<name>.py``): ``run`` returns ``Finding``s;
     ``ACTION``: what to do about a finding in one line, ``{name}`` filled from its evidence
-    (shown where no recommender answers it)."""
+    (shown where no recommender answers it); ``ORDER`` and ``FINDS``: where it runs and
+    how ``analyze bottlenecks --help`` names it (the unit is the only list)."""
 
     RESULT: ClassVar[type] = Finding
     ACTION: ClassVar[str] = ""
+    ORDER: ClassVar[int] = 1000  # where analyze bottlenecks runs and lists it (lower first; ties by name)
+    FINDS: ClassVar[str] = ""  # what it finds, a plural phrase: analyze bottlenecks --help lists them
 
     @classmethod
     def action(cls, f: Finding) -> str:

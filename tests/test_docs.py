@@ -178,6 +178,22 @@ def test_the_bottlenecks_help_names_every_detector() -> None:
     assert [d for d in DETECTORS if d not in block] == []
 
 
+
+def test_each_detector_declares_its_place_and_what_it_finds() -> None:
+    """Issue 67: the detectors' order and the help's list of what they find were written
+    by hand beside the registry. Each unit now declares its ORDER and FINDS; the registry's
+    order and the help follow them (a new detector adds itself to both)."""
+    from cmdare.analytics.cli import cli
+    from cmdare.analytics.detectors import DETECTORS
+
+    units = [DETECTORS.get(n) for n in DETECTORS]
+    assert all(u.FINDS and u.ORDER < 1000 for u in units), [u.name for u in units if not u.FINDS]
+    assert [u.ORDER for u in units] == sorted(u.ORDER for u in units)
+    text = " ".join((cli.commands["bottlenecks"].help or "").split())
+    spots = [text.index(u.FINDS) for u in units]
+    assert spots == sorted(spots) and "{" not in text
+
+
 def _documented_routes(text: str) -> set[str]:
     """Every ``METHOD /path`` docs/service.md names, its ``{a,b}`` alternations expanded
     (``{job}``, a parameter, stays a parameter)."""

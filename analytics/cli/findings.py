@@ -18,7 +18,20 @@ def _detector_names() -> list[str]:
     return list(DETECTORS)
 
 
+def _listed(f):  # type: ignore[no-untyped-def]
+    """``f``'s help with the detectors filled in, in their order: what each finds and its
+    name (from the units: adding one adds it here)."""
+    from ..detectors import DETECTORS
+
+    units = [DETECTORS.get(n) for n in DETECTORS]
+    finds = [u.FINDS or u.name for u in units]
+    f.__doc__ = f.__doc__.format(finds=", ".join(finds[:-1]) + " and " + finds[-1] if len(finds) > 1 else finds[0],
+                                 names=", ".join(u.name for u in units))
+    return f
+
+
 @cli.command()
+@_listed
 @click.option("--job", help="only this job (default: every job)")
 @since_option
 @click.option(
@@ -55,13 +68,9 @@ def bottlenecks(
     db: str,
     as_json_: bool,
 ) -> None:
-    """What is wrong with which job, how sure, and the numbers: PS-bound and input-bound
-    jobs, stragglers, idle, throttled and failing GPUs, checkpoint overhead, tensor pipes
-    idle, memory-bound GPUs, NVLink errors, GPUs shared between jobs and communication-bound
-    data-parallel jobs (the detectors ps_bound, input_bound, straggler, gpu_idle,
-    gpu_throttled, gpu_errors, checkpoint_overhead, tensor_idle, memory_bound,
-    nvlink_errors, gpu_shared, comm_bound; --kind picks some). Sorted by severity (critical,
-    warning, info), then confidence.
+    """What is wrong with which job, how sure, and the numbers: {finds} (the detectors
+    {names}; --kind picks some). Sorted by severity (critical, warning, info), then
+    confidence.
 
     Findings are stored in the findings table (replacing those of the same detectors and
     scope: running it again stores nothing twice); a read-only database is analysed

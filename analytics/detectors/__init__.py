@@ -10,6 +10,8 @@ One detector per file, ``analytics/detectors/<name>.py``, registered by name::
     @DETECTORS.register
     class PsBound(Detector):
         name = "ps_bound"
+        ORDER = 10  # where analyze bottlenecks runs and lists it
+        FINDS = "PS-bound jobs"  # how its --help names what it finds
         OPTIONS = {"min_efficiency": Option("float", 0.7, "scaling efficiency below which ...", lo=0, hi=1)}
         REQUIRES = (Requirement("table", "steps"), Requirement("table", "jobs"))
 
@@ -32,6 +34,5 @@ from ..units import DETECTORS, Detector, Finding, Scope, detect
 __all__ = ["DETECTORS", "Detector", "Finding", "Scope", "detect"]
 
 load_units(__name__, __path__)
-# the order analyze bottlenecks runs and lists them in
-DETECTORS.order(("ps_bound", "input_bound", "straggler", "gpu_idle", "gpu_throttled", "gpu_errors", "checkpoint_overhead",
-                 "tensor_idle", "memory_bound", "nvlink_errors", "gpu_shared", "comm_bound"))
+# the order analyze bottlenecks runs and lists them in: each unit's ORDER
+DETECTORS.order(tuple(sorted(DETECTORS, key=lambda n: (DETECTORS.get(n).ORDER, n))))

@@ -49,6 +49,8 @@ def _fmt(seconds: float) -> str:
 @DETECTORS.register
 class CheckpointOverhead(Detector):
     name = "checkpoint_overhead"
+    ORDER = 70  # where analyze bottlenecks runs and lists it
+    FINDS = "checkpoint overhead"
     ACTION = 'checkpoint every {young_daly_interval_seconds} s (Young/Daly for the measured save time and revocation rate) instead of every {interval_seconds} s'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "max_share": Option("float", 0.05, "share of wall time spent saving checkpoints above which a job is reported", lo=0, hi=1),

@@ -17,6 +17,8 @@ from ..units import DETECTORS, Detector, Finding, Scope
 @DETECTORS.register
 class CommBound(Detector):
     name = "comm_bound"
+    ORDER = 120  # where analyze bottlenecks runs and lists it
+    FINDS = "communication-bound data-parallel jobs"
     ACTION = ("hide the gradient communication behind backward: larger DDP buckets (bucket_cap_mb), gradient "
               "accumulation or a larger per-GPU batch, fewer nodes with more GPUs each (the ring inside NVLink), "
               "FSDP's hybrid sharding, or a compression hook")  # what to do, where no recommender answers it

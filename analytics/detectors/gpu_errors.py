@@ -14,6 +14,8 @@ from ..units import DETECTORS, Detector, Finding, Scope
 @DETECTORS.register
 class GpuErrors(Detector):
     name = "gpu_errors"
+    ORDER = 60  # where analyze bottlenecks runs and lists it
+    FINDS = "failing GPUs"
     ACTION = 'drain the node and have the GPU reset or replaced before it takes the job down (nvidia-smi -q shows its retired pages and Xid history)'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "critical_xids": Option(

@@ -41,6 +41,8 @@ def _holders(con: duckdb.DuckDBPyConnection, found: list[Finding]) -> None:
 @DETECTORS.register
 class GpuIdle(Detector):
     name = "gpu_idle"
+    ORDER = 40  # where analyze bottlenecks runs and lists it
+    FINDS = "idle GPUs"
     ACTION = 'release the idle GPUs (fewer per node, or a smaller instance type) or give the job work for them'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "idle_util": Option("float", evidence.IDLE_UTIL, "mean utilisation over 5 minutes below which a GPU is idle", lo=0, hi=1),

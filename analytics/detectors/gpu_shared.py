@@ -14,6 +14,8 @@ from ..units import DETECTORS, Detector, Finding, Scope
 @DETECTORS.register
 class GpuShared(Detector):
     name = "gpu_shared"
+    ORDER = 110  # where analyze bottlenecks runs and lists it
+    FINDS = "GPUs shared between jobs"
     ACTION = "give each job its own GPUs (a scheduler's GPU limits, MIG, or CUDA_VISIBLE_DEVICES)"  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "min_samples": Option("int", 3, "samples a GPU must show two jobs' processes in before it is reported", lo=1),

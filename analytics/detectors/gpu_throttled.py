@@ -32,6 +32,8 @@ def reasons(mask: int | None) -> str:
 @DETECTORS.register
 class GpuThrottled(Detector):
     name = "gpu_throttled"
+    ORDER = 50  # where analyze bottlenecks runs and lists it
+    FINDS = "throttled GPUs"
     ACTION = "check the node's cooling and power limit (nvidia-smi -q -d PERFORMANCE) or move the job off it"  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "min_share": Option("float", 0.2, "share of a GPU's samples throttled at which it is reported", lo=0, hi=1),

@@ -14,6 +14,8 @@ from ..verdicts import INPUT_BOUND_CLASSES, input_bound_class
 @DETECTORS.register
 class InputBound(Detector):
     name = "input_bound"
+    ORDER = 20  # where analyze bottlenecks runs and lists it
+    FINDS = "input-bound jobs"
     ACTION = 'add input workers or move preprocessing off the training hosts (analyze recommend data-workers / placement)'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "max_gpu_util": Option("float", 0.5, "accelerator utilisation below which the hardware points at input", lo=0, hi=1),

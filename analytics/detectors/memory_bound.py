@@ -14,6 +14,8 @@ from ..units import DETECTORS, Detector, Finding, Scope
 @DETECTORS.register
 class MemoryBound(Detector):
     name = "memory_bound"
+    ORDER = 90  # where analyze bottlenecks runs and lists it
+    FINDS = "memory-bound GPUs"
     ACTION = 'raise arithmetic intensity: a larger batch, mixed precision, or fused kernels'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "min_dram": Option("float", 0.6, "DRAM bandwidth use (of the GPU's maximum) at which a GPU is memory bound", lo=0, hi=1),

@@ -13,6 +13,8 @@ from ..units import DETECTORS, Detector, Finding, Scope
 @DETECTORS.register
 class NvlinkErrors(Detector):
     name = "nvlink_errors"
+    ORDER = 100  # where analyze bottlenecks runs and lists it
+    FINDS = "NVLink errors"
     ACTION = 'drain the node and have its NVLink checked (nvidia-smi nvlink -e); until then keep multi-GPU jobs off it'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "min_errors": Option("int", 10, "NVLink errors on one GPU in scope that make a finding", lo=1),

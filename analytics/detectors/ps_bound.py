@@ -49,6 +49,8 @@ def _nic_rates(con: duckdb.DuckDBPyConnection, scope: Scope, nodes: list[str]) -
 @DETECTORS.register
 class PsBound(Detector):
     name = "ps_bound"
+    ORDER = 10  # where analyze bottlenecks runs and lists it
+    FINDS = "PS-bound jobs"
     ACTION = "add parameter servers or spread the model's tensors over them (analyze recommend cluster)"  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "min_efficiency": Option(

@@ -16,6 +16,8 @@ from ..units import DETECTORS, Detector, Finding, Scope
 @DETECTORS.register
 class Straggler(Detector):
     name = "straggler"
+    ORDER = 30  # where analyze bottlenecks runs and lists it
+    FINDS = "stragglers"
     ACTION = 'move the slow rank off its node, or find what else runs there (analyze host, analyze gpu --processes)'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         "window": Option("duration", 300.0, "windows in which ranks are compared with each other"),

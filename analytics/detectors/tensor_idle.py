@@ -18,6 +18,8 @@ def _pct(x: float) -> str:
 @DETECTORS.register
 class TensorIdle(Detector):
     name = "tensor_idle"
+    ORDER = 80  # where analyze bottlenecks runs and lists it
+    FINDS = "tensor pipes idle"
     ACTION = 'enable mixed precision (bf16 / fp16) so the Tensor Cores do the work'  # what to do, where no recommender answers it ({evidence} filled in)
     OPTIONS = {
         **evidence.GPM_OPTIONS,
