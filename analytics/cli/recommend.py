@@ -164,6 +164,11 @@ def recommend_cluster(db: str, as_json_: bool, **given: Any) -> None:
     carried there by the speed fit). Without a job: a declaration (--flops-per-step,
     --params, --tensors) and --gpu-type, through the speed and cluster fits.
 
+    A data-parallel job (no parameter server; it reports its all-reduce: DDP, FSDP): the
+    world size and nodes from the all-reduce cost model fitted to its model's runs, and
+    what hides its communication (gradient accumulation, one node, fp16 compression),
+    each with its predicted gain (docs/recommendations.md).
+
     \b
     Examples:
       analyze recommend cluster --from-job resnet-1gpu

@@ -1,6 +1,7 @@
 """cluster (``analyze recommend cluster``): how many workers and parameter servers for a
 job's model and accelerator: the knee (one more worker adds less than 7 %), whether a
-second PS pays, and the cheapest counts that meet a deadline."""
+second PS pays, and the cheapest counts that meet a deadline; for a data-parallel job
+(no PS), the world size and nodes from the all-reduce model (recommend/allreduce.py)."""
 
 from __future__ import annotations
 
