@@ -2,7 +2,7 @@
 on CPU, one process per rank ($RANK, $WORLD_SIZE, $MASTER_ADDR, $MASTER_PORT as torchrun
 sets them), tracked through cmdare's PyTorch adapter (``track_module`` on the DDP model).
 
-    python ddp_loop.py --model comm|compute --steps N --job J [--wrap ddp|fsdp]
+    python ddp_loop.py --model comm|compute --steps N --job J [--wrap ddp|fsdp] [--backend gloo|nccl]
 
 ``comm``: a wide model (two 2048 x 2048 layers, 8.4 M parameters, 34 MB of gradients a
 step) on a batch of 4, so a step is mostly its all-reduce; ``compute``: a narrow deep model
@@ -12,7 +12,8 @@ gradient buckets communicated, exposed communication (s), records dropped. ``--w
 FullyShardedDataParallel (each rank holds half the parameters; a reduce-scatter per step)
 instead of DDP, and rank 0 also says whether the trained parameters equal those of the same
 model trained alone on the same batches (every rank draws the same ones: their mean
-gradient is the gradient)."""
+gradient is the gradient). ``--backend nccl``: the same on GPUs, one per rank ($LOCAL_RANK),
+over NCCL (the hooks' futures then complete when the GPU's collective does)."""
 
 from __future__ import annotations
 
@@ -37,10 +38,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--job", required=True)
     ap.add_argument("--wrap", choices=("ddp", "fsdp"), default="ddp")
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    dist.init_process_group("gloo", timeout=dt.timedelta(seconds=60))
+    dev = torch.device("cpu")
+    if a.backend == "nccl":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+        torch.cuda.set_device(dev)
+    dist.init_process_group(a.backend, timeout=dt.timedelta(seconds=60))
     if a.model == "comm":
         model, batch, width = nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048)), 4, 2048
     else:
@@ -48,16 +54,17 @@ def main() -> None:
         for _ in range(12):
             layers += [nn.Linear(64, 64), nn.ReLU()]
         model, batch, width = nn.Sequential(*layers), 8192, 64
+    model = model.to(dev)
     alone = copy.deepcopy(model)
     if a.wrap == "fsdp":
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        ddp = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+        ddp = FullyShardedDataParallel(model, device_id=dev)
     else:
-        ddp = DistributedDataParallel(model)
+        ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
     run = track_module(a.job, ddp, batch_size=batch)
-    data = [torch.randn(batch, width) for _ in range(8)]
+    data = [torch.randn(batch, width).to(dev) for _ in range(8)]
     t0 = time.perf_counter()
     for x in run.batches(data[i % len(data)] for i in range(a.steps)):
         loss = ddp(x).pow(2).mean()
