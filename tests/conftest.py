@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA = ROOT / "scripts" / "kafka"
 BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    """A short private directory for Unix sockets (AF_UNIX paths are limited to 107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="cms-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def under_ci() -> bool:

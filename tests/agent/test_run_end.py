@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +17,6 @@ import pytest
 from cmdare.agent import track
 from cmdare.agent.sources.train import TrainSource
 from tests.conftest import ROOT, wait_for
-
-
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="cme-"))  # AF_UNIX paths are limited to 107 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def listen(path: Path) -> socket.socket:

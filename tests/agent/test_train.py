@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +21,6 @@ from cmdare.agent.runtime import SourceRunner
 from cmdare.agent.sources.base import SourceUnavailable
 from cmdare.agent.sources.train import TrainSource
 from tests.conftest import ROOT, wait_for
-
-
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="cmt-"))  # AF_UNIX paths are limited to 107 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class Listener:

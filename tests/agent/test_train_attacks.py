@@ -6,13 +6,9 @@ a fuzz of the decoder over thousands of generated datagrams."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,12 +19,6 @@ from tests.conftest import examples, wait_for
 
 HEAD = {"v": 1, "run": "r", "pid": 1, "dropped": 0}
 
-
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="cma-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _steps(job: str, rank: int = 0, n: int = 5, examples: float = 32) -> dict:

@@ -66,7 +66,10 @@ def main() -> None:
     run, comm = seen["run"], seen["comm"]
     print(json.dumps({"rank": int(os.environ["RANK"]), "steps": run.steps,
                       "buckets": comm.buckets if comm else 0, "exposed": comm.exposed if comm else 0.0,
-                      "dropped": run.dropped}))
+                      "dropped": run.dropped}), flush=True)
+    # past this point only the interpreter's teardown runs: a gloo thread there can abort the
+    # process ("terminate called without an active exception": a clean clone's CI run, rank 1)
+    os._exit(0)
 
 
 if __name__ == "__main__":
