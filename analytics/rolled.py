@@ -17,18 +17,11 @@ import duckdb
 
 Result = tuple[list[str], list[tuple[Any, ...]]]
 
-GPU_SQL = """
-WITH r AS (
-    SELECT time_bucket(INTERVAL {us} MICROSECONDS, bucket) AS b, * FROM {view}
-    WHERE bucket < $h {cond}),
-ev AS (
-    SELECT time_bucket(INTERVAL {us} MICROSECONDS, ts) AS b, node, uuid,
-           sum(count) FILTER (WHERE kind = 'xid') AS xid, sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc,
-           bool_or(kind = 'lost') AS lost
-    FROM gpu_events WHERE ts < $h GROUP BY ALL)
-SELECT strftime(r.b, '%Y-%m-%d %H:%M:%S') AS bucket, r.node, r."index" AS gpu, any_value(r.name) AS name,
-       {held} AS held_by,
-       sum(r.samples) AS samples, round(sum(util_sum) / nullif(sum(util_samples), 0) * 100, 1) AS util_pct,
+# one row per GPU (and bucket) from rollup-shaped rows ``r`` and its events ``ev``: the same
+# columns, in the same order, as queries.gpu's from every sample; ``{held}``, ``{mig}``,
+# ``{pod}``: what the rollups keep of who held the GPU (HELD, or less before migration 028)
+_GPU_COLS = """r.node, r."index" AS gpu, any_value(r.name) AS name, {held} AS held_by, sum(r.samples) AS samples,
+       round(sum(util_sum) / nullif(sum(util_samples), 0) * 100, 1) AS util_pct,
        round(max(util_max) * 100, 1) AS util_max_pct, round(max(mem_used_max) / 2^30, 2) AS mem_used_gib,
        round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
        round(sum(power_sum) / nullif(sum(power_samples), 0), 1) AS power_w, round(max(temp_max), 1) AS temp_max_c,
@@ -43,7 +36,22 @@ SELECT strftime(r.b, '%Y-%m-%d %H:%M:%S') AS bucket, r.node, r."index" AS gpu, a
        round(sum(dram_sum) / nullif(sum(dram_n), 0) * 100, 1) AS dram_pct,
        round((max(energy_max) - min(energy_min)) / 3.6e6, 4) AS energy_kwh,
        max(nvl_err_max) - min(nvl_err_min) AS nvlink_errors, max(namespace) AS namespace, {pod} AS pod,
-       max(slurm_job) AS slurm_job
+       max(slurm_job) AS slurm_job"""
+HELD = {"held": "max(held_job)", "mig": "any_value(r.mig_profile)", "pod": "max(r.pod)"}  # migration 028
+# before it, a GPU's namespace stood for a pod
+HELD_BEFORE = {"held": "max(CASE WHEN namespace IS NOT NULL OR slurm_job IS NOT NULL THEN job END)", "mig": "NULL",
+               "pod": "NULL"}
+
+GPU_SQL = """
+WITH r AS (
+    SELECT time_bucket(INTERVAL {us} MICROSECONDS, bucket) AS b, * FROM {view}
+    WHERE bucket < $h {cond}),
+ev AS (
+    SELECT time_bucket(INTERVAL {us} MICROSECONDS, ts) AS b, node, uuid,
+           sum(count) FILTER (WHERE kind = 'xid') AS xid, sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc,
+           bool_or(kind = 'lost') AS lost
+    FROM gpu_events WHERE ts < $h GROUP BY ALL)
+SELECT strftime(r.b, '%Y-%m-%d %H:%M:%S') AS bucket, """ + _GPU_COLS + """
 FROM r LEFT JOIN ev ON ev.b = r.b AND ev.node = r.node AND ev.uuid = r.uuid
 GROUP BY r.b, r.node, r."index" ORDER BY r.b, r.node, gpu"""
 
@@ -71,23 +79,7 @@ ev AS (
     SELECT node, uuid, sum(count) FILTER (WHERE kind = 'xid') AS xid, sum(count) FILTER (WHERE kind LIKE 'ecc%') AS ecc,
            bool_or(kind = 'lost') AS lost
     FROM gpu_events{ev_where} GROUP BY ALL)
-SELECT r.node, r."index" AS gpu, any_value(r.name) AS name, max(held_job) AS held_by, sum(r.samples) AS samples,
-       round(sum(util_sum) / nullif(sum(util_samples), 0) * 100, 1) AS util_pct,
-       round(max(util_max) * 100, 1) AS util_max_pct, round(max(mem_used_max) / 2^30, 2) AS mem_used_gib,
-       round(any_value(mem_total_bytes) / 2^30, 2) AS mem_total_gib,
-       round(sum(power_sum) / nullif(sum(power_samples), 0), 1) AS power_w, round(max(temp_max), 1) AS temp_max_c,
-       round(sum(throttled) / sum(r.samples) * 100, 1) AS throttled_pct,
-       coalesce(any_value(ev.ecc), 0) AS ecc_errors, coalesce(any_value(ev.xid), 0) AS xid_events,
-       coalesce(any_value(ev.lost), false) AS lost, strftime(max(last_ts), '%Y-%m-%d %H:%M:%S') AS last_sample,
-       any_value(parent_index) AS parent, any_value(r.mig_profile) AS mig_profile,
-       round(any_value(mig_slice_ratio) * 100, 1) AS mig_share_pct,
-       round(sum(gr_sum) / nullif(sum(gr_n), 0) * 100, 1) AS gr_active_pct,
-       round(sum(sm_active_sum) / nullif(sum(sm_active_n), 0) * 100, 1) AS sm_active_pct,
-       round(sum(tensor_sum) / nullif(sum(tensor_n), 0) * 100, 1) AS tensor_pct,
-       round(sum(dram_sum) / nullif(sum(dram_n), 0) * 100, 1) AS dram_pct,
-       round((max(energy_max) - min(energy_min)) / 3.6e6, 4) AS energy_kwh,
-       max(nvl_err_max) - min(nvl_err_min) AS nvlink_errors, max(namespace) AS namespace, max(r.pod) AS pod,
-       max(slurm_job) AS slurm_job
+SELECT """ + _GPU_COLS.format(**HELD) + """
 FROM r LEFT JOIN ev ON ev.node = r.node AND ev.uuid = r.uuid
 GROUP BY r.node, r."index" ORDER BY r.node, gpu"""
 WHOLE_SCHEMA = 28  # the migration that gave the GPU rollups what a whole window reads
@@ -189,11 +181,8 @@ def fill(con: duckdb.DuckDBPyConnection, kind: str, result: Result, every: float
     if label is not None:
         cond += " AND node IN (SELECT node FROM nodes WHERE json_extract_string(labels, $lk) = $lv)"
         params |= {"lk": f'$."{label[0]}"', "lv": label[1]}
-    # (rollups before migration 028 keep no pod, MIG profile or held job: a GPU's namespace
-    # stands for a pod there)
-    held = (("max(held_job)", "any_value(r.mig_profile)", "max(r.pod)") if _schema(con) >= WHOLE_SCHEMA else
-            ("max(CASE WHEN namespace IS NOT NULL OR slurm_job IS NOT NULL THEN job END)", "NULL", "NULL"))
-    sql = (GPU_SQL.format(us=int(every * 1e6), view=view, cond=cond, held=held[0], mig=held[1], pod=held[2])
+    held = HELD if _schema(con) >= WHOLE_SCHEMA else HELD_BEFORE
+    sql = (GPU_SQL.format(us=int(every * 1e6), view=view, cond=cond, **held)
            if kind == "gpu" else HOST_SQL.format(us=int(every * 1e6), view=view, cond=cond))
     cur = con.execute(sql, params)
     got = [d[0] for d in cur.description]

@@ -39,7 +39,7 @@ except ImportError:  # the older package name
 
 from .. import track
 from ._hooks import HookClock
-from .torch import accelerator_of, batch_examples, grad_bytes, module_counts, watch_ddp
+from .torch import accelerator_of, batch_examples, grad_bytes, module_counts, split_shape, watch_ddp
 
 log = logging.getLogger("cmdare.track")
 
@@ -79,7 +79,7 @@ class CmdareCallback(pl.Callback):
             "accelerator": accelerator_of(pl_module),
             **self.init,
         }
-        shape = {k: declared.pop(k) for k in ("gpus_per_node", "grad_bytes") if k in declared}  # (run.declare's)
+        shape = split_shape(declared)
         counter = FlopCounterMode(display=False) if self.measure_flops else None
         run = track.init(self.job, **declared)
         from torch.nn.parallel import DistributedDataParallel

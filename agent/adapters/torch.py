@@ -67,6 +67,15 @@ def _is_fsdp(module: Any) -> bool:
     return isinstance(module, FullyShardedDataParallel)
 
 
+SHAPE = ("gpus_per_node", "grad_bytes")  # declared with run.declare (track.init takes neither)
+
+
+def split_shape(declared: dict[str, Any]) -> dict[str, Any]:
+    """The job's shape taken out of ``declared`` (given to an adapter as ``track.init``
+    keywords): what ``run.declare`` sends after ``track.init``."""
+    return {k: declared.pop(k) for k in SHAPE if k in declared}
+
+
 def grad_bytes(module: torch.nn.Module) -> int:
     """The gradient bytes a data-parallel step all-reduces: each parameter that requires a
     gradient (shared ones once), times its element size."""
@@ -336,8 +345,7 @@ def track_module(job: str, module: torch.nn.Module, *, measure_flops: bool = Fal
         "accelerator": accelerator_of(inner),
         **init,
     }
-    # the job's shape (``track.init`` takes none: ``run.declare``): given, or a DDP model's
-    shape = {k: declared.pop(k) for k in ("gpus_per_node", "grad_bytes") if k in declared}
+    shape = split_shape(declared)  # given, or a DDP model's
     if isinstance(module, DistributedDataParallel):
         shape.setdefault("grad_bytes", grad_bytes(inner))
     comm = watch_ddp(module) if comm_hook and isinstance(module, DistributedDataParallel) else None

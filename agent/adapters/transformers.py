@@ -35,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .. import track
 from ._hooks import HookClock
-from .torch import accelerator_of, grad_bytes, module_counts, watch_ddp
+from .torch import accelerator_of, grad_bytes, module_counts, split_shape, watch_ddp
 
 log = logging.getLogger("cmdare.track")
 
@@ -85,8 +85,8 @@ class CmdareCallback(transformers.TrainerCallback):
             declared["accelerator"] = accelerator_of(model)
             name = getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
             declared["model"] = name
-        shape = {k: self.init[k] for k in ("gpus_per_node", "grad_bytes") if k in self.init}  # (run.declare's)
-        declared.update({k: v for k, v in self.init.items() if k not in shape})
+        declared.update(self.init)
+        shape = split_shape(declared)
         counter = FlopCounterMode(display=False) if self.measure_flops else None
         ddp = self._ddp()
         run = track.init(self.job, **declared)

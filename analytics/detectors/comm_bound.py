@@ -124,6 +124,7 @@ def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: objec
     the window: the ring's nodes, the bytes a ring all-reduce moves per rank and step
     (2 (n - 1) / n of the gradients) and the rate the step cadence asks of it."""
     from .. import evidence
+    from ..models import allreduce as ar
 
     out: dict[str, Any] = {}
     if evidence.has_column(con, "jobs", "grad_bytes"):
@@ -139,7 +140,7 @@ def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: objec
         if grad:
             out["grad_mb"] = round(grad / 1e6, 3)
             if world and world > 1:
-                moved = 2 * (world - 1) / world * grad / 1e6
+                moved = ar.moved(int(world), grad) / 1e6  # what a ring all-reduce moves per rank
                 out["allreduce_mb_per_step"] = round(moved, 3)
                 if step_s > 0:
                     out["allreduce_mb_s"] = round(moved / step_s, 1)

@@ -38,9 +38,10 @@ def ring_job(job: str, world: int, nodes: int, noise: float = 0.0, grad: float |
         if grad is not None:
             decl["grad_bytes"] = int(grad)
         out.append(f.line("train_job", decl, T0))
+        k = max(1, int(10 / (0.21 + e)))  # the steps a 10-second interval holds
         for i in range(30):
-            d = {"run": "r", "rank": rank, "interval_seconds": 10.0, "steps": 40, "first_step": 40 * i,
-                 "last_step": 40 * i + 40, "step_mean_seconds": 0.21 + e, "wait_mean_seconds": 0.01}
+            d = {"run": "r", "rank": rank, "interval_seconds": 10.0, "steps": k, "first_step": k * i,
+                 "last_step": k * i + k, "step_mean_seconds": 0.21 + e, "wait_mean_seconds": 0.01}
             if comm:
                 d["comm_mean_seconds"] = e
             out.append(f.line("train_steps", d, T0 + 10 * (i + 1)))
