@@ -369,6 +369,7 @@ class PrometheusExporter:
                     if f.dcgm:
                         yield _dcgm_family(f, series)
                         continue
+                    m: CounterMetricFamily | GaugeMetricFamily
                     if f.kind == "counter":
                         m = CounterMetricFamily(f.base, f.help, labels=f.labelnames)
                     else:

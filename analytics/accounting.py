@@ -157,7 +157,7 @@ def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: f
     if not has_view(con, "gpu_5m") or not has_column(con, "gpu_rollup_5m", "slurm_job"):
         return {}
     t0, t1 = (None if since is None else _stamp(since)), (None if until is None else _stamp(until))
-    p = {"t0": t0, "t1": t1, "only": only}
+    p: dict[str, Any] = {"t0": t0, "t1": t1, "only": only}
     held = _held_rows("b")
     if con.execute(f"SELECT 1 {held} LIMIT 1", p).fetchone() is None:
         return {}  # no scheduler named a GPU: nothing more to read
@@ -236,15 +236,15 @@ def _price(nodes: list[tuple], cat: dict[Any, Any], memo: dict[tuple, float | No
     type in its region, or (GCE: GPUs attached to a VM) for ``TYPE+NxACC``."""
     from . import prices
 
-    per = []
+    per: list[float] = []
     memo = {} if memo is None else memo  # one catalogue pass per kind of node
     for _node, region, itype, spot, acc, acc_n, _labels in nodes:
         if not itype:
             continue
         key = (region, itype, spot, acc, acc_n)
         if key in memo:
-            if memo[key] is not None:
-                per.append(memo[key])
+            if (known := memo[key]) is not None:
+                per.append(known)
             continue
         p = None
         short = _acc_name(acc)
@@ -261,9 +261,9 @@ def _price(nodes: list[tuple], cat: dict[Any, Any], memo: dict[tuple, float | No
             p = prices.attached(itype, region, short, int(acc_n), cat)
         usd = None if p is None else (p.spot if spot else p.on_demand)
         count = p.accelerator_count if p is not None and p.accelerator_count else acc_n
-        memo[key] = usd / count if usd is not None and count else None
-        if memo[key] is not None:
-            per.append(memo[key])
+        memo[key] = each = usd / count if usd is not None and count else None
+        if each is not None:
+            per.append(each)
     if not per:
         return None, "no catalogue price for the job's instance types"
     return sum(per) / len(per), f"price catalogue ({len(per)} of {len(nodes)} nodes priced)"
@@ -491,7 +491,7 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
     return _table(accs, every)
 
 
-def _table(accs: list[tuple[float | None, JobAccount]], every: float | None) -> tuple[list[str], list[list[Any]]]:
+def _table(accs: list[tuple[Any, JobAccount]], every: float | None) -> tuple[list[str], list[list[Any]]]:
     """``job_table``'s rows: per window start and account, a row per bucket and a total."""
     rows = []
     for a, acc in accs:

@@ -316,7 +316,7 @@ def every_seconds(text: str | None) -> float | None:
 
 
 def read_text_file(path: str | Path, limit: int, what: str, where: str = "",
-                   error: type[AnalyticsError] = AnalyticsError) -> str:
+                   error: type[Exception] = AnalyticsError) -> str:
     """A regular text file of at most ``limit`` bytes (read no further: a FIFO, a device or
     a socket is refused without waiting on it); ``error`` (one line, starting with
     ``where``, default the path) never quotes the file's content."""

@@ -93,6 +93,7 @@ def spans(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
              FROM steps WHERE job IS NOT NULL AND job <> '' AND {where}"""
     agg = """SELECT job, node, min(rank) AS rank, count(DISTINCT rank) AS ranks, min(t0) AS t0, max(t1) AS t1,
                     sum(steps) AS steps FROM ({rows}) GROUP BY job, node"""
+    params: Any  # (positional for the raw rows alone, named with the rollup's)
     if not has_view(con, "steps_5m"):
         where, params = scope.where()
         return _temp(con, scope, "spans", agg.format(rows=raw.format(where=where)), params)
@@ -247,6 +248,7 @@ def host_buckets(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     raw = f"""SELECT node, time_bucket(INTERVAL {BUCKET_SECONDS} SECOND, ts) AS b, count(*) AS n,
                      avg(cpu_util_ratio) AS cpu
               FROM host_samples WHERE {{where}} GROUP BY ALL"""
+    params: Any  # (positional for the raw rows alone, named with the rollup's)
     if not has_view(con, "host_5m"):
         where, params = _time_where(scope)
         return _temp(con, scope, "host_buckets", raw.format(where=where), params)
@@ -263,6 +265,7 @@ def job_steps(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[tuple]:
                     sum(step_mean_seconds * steps) FILTER (wait_mean_seconds IS NOT NULL) AS sw,
                     count(wait_mean_seconds) AS wn, min(ts) AS t0, max(ts) AS t1
              FROM steps WHERE job IS NOT NULL AND job <> '' AND {where} GROUP BY job"""
+    params: Any  # (named with the rollup's, positional for the raw rows alone)
     if has_view(con, "steps_5m"):
         whole, edge, params = split(scope)
         rows = f"""SELECT job, sum(steps) AS steps, sum(wait_weighted) AS ww, sum(step_weighted_waited) AS sw,
@@ -404,7 +407,7 @@ class GpuActivity(NamedTuple):
 
     job: str
     node: str
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's index, over tuple.index
     name: str | None
     samples: int
     gr: float | None  # graphics-engine active, 0..1 (None: no GPM on this GPU)
@@ -443,7 +446,7 @@ def _any_gpm(con: duckdb.DuckDBPyConnection, scope: Scope) -> bool:
         else:
             where, params = Scope(None, scope.since, scope.until).where(ts="g.last_ts")
             scope.cache["any_gpm"] = bool(con.execute(
-                f"SELECT EXISTS (SELECT 1 FROM gpu_5m g WHERE g.gr_n > 0 AND {where})", params).fetchone()[0])
+                f"SELECT EXISTS (SELECT 1 FROM gpu_5m g WHERE g.gr_n > 0 AND {where})", params).fetchall()[0][0])
     return bool(scope.cache["any_gpm"])
 
 

@@ -86,8 +86,8 @@ def summary(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt
     if with_nodes:
         nodes = {}
         cols, rows = queries.nodes(con, lost_after, None, horizon)
-        for r in rows:
-            st = dict(zip(cols, r, strict=True))["state"] or "unknown"
+        for row in rows:
+            st = dict(zip(cols, row, strict=True))["state"] or "unknown"
             nodes[st] = nodes.get(st, 0) + 1
     gpus = {"busy": 0, "idle": 0, "throttled": 0, "failing": 0}
     for r in gpu_rows(con, since, until):
@@ -168,7 +168,7 @@ def heatmap(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until: dt
         where, params = (where + " AND" if where else " WHERE") + " job = ?", [*params, job]
     lo, hi, approx = con.execute(  # the GPUs in scope, roughly (HyperLogLog): enough to choose the rows
         f'SELECT min({tcol}), max({tcol}), approx_count_distinct(hash(node, "index")) FROM {table}{where}',
-        params).fetchone()
+        params).fetchall()[0]
     if lo is None:
         return {"start": _iso(since), "step_seconds": None, "times": [], "rows": [], "util_pct": [], "rollup": rolled,
                 "group": "gpu" if group == "auto" else group, "gpus": 0}
@@ -242,7 +242,7 @@ def _buckets(since: dt.datetime | None, until: dt.datetime | None, lo: dt.dateti
 
 
 def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()[0])
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchall()[0][0])
 
 
 def _iso(t: dt.datetime | None) -> str | None:
@@ -258,10 +258,10 @@ def job_series(con: duckdb.DuckDBPyConnection, job: str, since: dt.datetime | No
         raise AnalyticsError(f"columns: from 1 to {MAX_COLUMNS}, got {columns}")
     p = {"j": job, "s": since, "u": until}
     w = "WHERE job = $j AND ($s IS NULL OR ts >= $s) AND ($u IS NULL OR ts < $u)"
-    lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM steps {w}", p).fetchone()
+    lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM steps {w}", p).fetchall()[0]
     held = False
     if lo is None:  # a Kubernetes pod's or Slurm job that never stepped: its GPUs are those its samples name
-        lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM gpu_samples {w} AND {HELD}", p).fetchone()
+        lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM gpu_samples {w} AND {HELD}", p).fetchall()[0]
         held = lo is not None
     if lo is None:
         return {"job": job, "start": _iso(since), "step_seconds": None, "times": [], "series": {}, "ranks": [],

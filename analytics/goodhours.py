@@ -73,7 +73,7 @@ def kept(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the database keeps goodput by the hour (migration 022 and the steps rollup)."""
     n = con.execute("""SELECT count(*) FROM (SELECT table_name AS n FROM duckdb_tables() UNION ALL
                        SELECT view_name FROM duckdb_views() WHERE NOT internal) WHERE n IN ('goodput_hours', 'steps_5m')"""
-                    ).fetchone()[0]
+                    ).fetchall()[0][0]
     return n == 2
 
 
@@ -202,19 +202,19 @@ def fleet(con: duckdb.DuckDBPyConnection, since: float | None, until: float | No
     table) and ``raw`` (stretches swept raw)."""
     stats = stats if stats is not None else {}
     stats.update(kept=0, raw=1)
-    if (not kept(con) or not con.execute("SELECT count(*) FROM (SELECT 1 FROM goodput_hours LIMIT 1)").fetchone()[0]
+    if (not kept(con) or not con.execute("SELECT count(*) FROM (SELECT 1 FROM goodput_hours LIMIT 1)").fetchall()[0][0]
             or not has_column(con, "goodput_hours", "communication")):  # (a lake's hours from before migration 029)
         return goodput_many(con, None, since, until)
     lo = _stamp(since) if since is not None else None
     hi = _stamp(until) if until is not None else None
     now = fingerprints(con)
     valid: dict[str, list[tuple[float, dict[str, float]]]] = {}
-    for j, h, fp, *vals in con.execute(
+    for j, h, fp, *kept_vals in con.execute(
             f"""SELECT job, hour, fp, {", ".join(KEPT)} FROM goodput_hours
                 WHERE whole AND ($lo IS NULL OR hour >= $lo) AND ($hi IS NULL OR hour + INTERVAL 1 HOUR <= $hi)
                 ORDER BY job, hour""", {"lo": lo, "hi": hi}).fetchall():
         if now.get((j, h)) == (fp, True):
-            valid.setdefault(j, []).append((_epoch(h), dict(zip(KEPT, vals, strict=True))))
+            valid.setdefault(j, []).append((_epoch(h), dict(zip(KEPT, kept_vals, strict=True))))
     windows: list[Window] = [(None, 0, since, until)]  # every job without a kept hour: the whole range
     for j, hours in valid.items():  # the gaps between its kept hours, and the range's edges
         edge: float | None = since

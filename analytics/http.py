@@ -397,7 +397,7 @@ def _model_routes(app: FastAPI, db: Database) -> None:
 
     @app.post("/api/v1/fits/{kind}", tags=["models"])
     def fit(kind: Literal["speed", "cluster", "overhead", "lifetime"],
-            body: FitBody = Body(default_factory=FitBody)) -> Any:
+            body: FitBody = Body(default_factory=FitBody)) -> Any:  # type: ignore[arg-type]  # (fields all default)
         f = api.fit(db, kind, body.lost_after)
         return codec.plain({"kind": f.kind, "summary": f.summary, "cv": f.cv, "model": f.model})
 

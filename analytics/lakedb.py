@@ -145,7 +145,7 @@ class LakeDatabase(Database):
         from cmdare.collector import views
         from cmdare.collector.db import migrate
 
-        cfg = dict(config or {})
+        cfg: dict[str, Any] = dict(config or {})
         # the guards of user SQL (safesql.CONFIG) are set once the views exist: the lake's
         # files stay readable through them (allowed_directories), nothing else is
         closed = cfg.pop("enable_external_access", True) is False

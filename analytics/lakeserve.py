@@ -234,11 +234,11 @@ class LakeReplica:
         assert table in FAST
         with self.write_lock, self.transaction() as cur:
             cur.register("_fast", rows)
-            before = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchone()[0]
+            before = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchall()[0][0]
             cur.execute(f"INSERT INTO fast_{table} BY NAME SELECT * FROM _fast WHERE id NOT IN "
                         f"(SELECT id FROM lake_{table} UNION ALL SELECT id FROM fast_{table}) "
                         "QUALIFY row_number() OVER (PARTITION BY id) = 1")
-            after = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchone()[0]
+            after = cur.execute(f"SELECT count(*) FROM fast_{table}").fetchall()[0][0]
             if after > FAST_MAX_ROWS:  # the lake far behind: the oldest read ahead go (the lake has them later)
                 cur.execute(f"DELETE FROM fast_{table} WHERE ts < (SELECT ts FROM fast_{table} ORDER BY ts DESC "
                             f"LIMIT 1 OFFSET {FAST_MAX_ROWS - 1})")
@@ -414,7 +414,8 @@ class LakeServed(Database):
             if pool is not None:
                 pool.close()
         with contextlib.suppress(duckdb.Error):
-            self._live.close()
+            if self._live is not None:
+                self._live.close()
 
 
 class Refresher:

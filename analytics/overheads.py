@@ -188,8 +188,8 @@ def _rows(kind: str, rows: Iterator[tuple[int, list[str]]], name: str,
         if kind in FINISH:  # a kind's derived values (lives: lifetime_seconds, the region from the zone)
             FINISH[kind](rec, where, as_of(line) if callable(as_of) else as_of)
         key = _key(kind, rec)  # its columns' values (a region read from the zone included), not derived ones
-        rec["repeat"] = repeats.number(key)
-        rec["id"] = csvstream.record_id(kind, key, rec["repeat"])
+        rec["repeat"] = repeat = repeats.number(key)
+        rec["id"] = csvstream.record_id(kind, key, repeat)
         rec["source"] = source
         rec["line"] = line
         yield rec

@@ -22,7 +22,7 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | dict[str,
 
 def needs_schema(con: duckdb.DuckDBPyConnection, version: int, what: str) -> None:
     """A clear error when the database predates the tables an analysis reads."""
-    have = con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+    have = con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
     if have < version:
         raise AnalyticsError(
             f"{what} needs database schema {version}, this database has {have}: "
@@ -201,7 +201,8 @@ def parse_label(text: str | None) -> tuple[str, str] | None:
 
 def _where(node: str | None, cutoff: dt.datetime | None, until: dt.datetime | None = None,
            label: tuple[str, str] | None = None) -> tuple[str, list[Any]]:
-    clauses, params = [], []
+    clauses: list[str] = []
+    params: list[Any] = []
     if node:
         clauses.append("node = ?")
         params.append(node)
@@ -225,7 +226,7 @@ def _bucket_expr(every: float | None, con: duckdb.DuckDBPyConnection, table: str
         return ""
     if not (every >= 1 and every < 1e9):
         raise AnalyticsError(f"--every: from 1s to 30y, got {every:g} s")
-    lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM {table}{where}", params).fetchone()
+    lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM {table}{where}", params).fetchall()[0]
     if lo is not None and (hi - lo).total_seconds() / every > MAX_BUCKETS:
         raise AnalyticsError(f"--every {every:g}s: more than {MAX_BUCKETS:,} buckets over the window: "
                              "use a coarser --every or a narrower --since / --until")
@@ -311,15 +312,15 @@ def _mig_to_parents(result: Result, bucketed: bool) -> Result:
     for r in rows:
         kids = inst.get(key(r, r[ix["gpu"]])) if r[ix["parent"]] is None else None
         if kids:
-            r = list(r)
+            filled = list(r)
             for c in pct:
                 have = [(k[ix[c]], k[ix["mig_share_pct"]]) for k in kids if k[ix[c]] is not None and k[ix["mig_share_pct"]]]
-                if r[ix[c]] is None and have:
-                    r[ix[c]] = round(sum(v * w / 100 for v, w in have), 1)
+                if filled[ix[c]] is None and have:
+                    filled[ix[c]] = round(sum(v * w / 100 for v, w in have), 1)
             mem = [k[ix["mem_used_gib"]] for k in kids if k[ix["mem_used_gib"]] is not None]
-            if r[ix["mem_used_gib"]] is None and mem:
-                r[ix["mem_used_gib"]] = round(sum(mem), 2)
-            r = tuple(r)
+            if filled[ix["mem_used_gib"]] is None and mem:
+                filled[ix["mem_used_gib"]] = round(sum(mem), 2)
+            r = tuple(filled)
         out.append(r)
     return cols, out
 

@@ -88,7 +88,7 @@ STEP = 300  # the rollup a whole window reads: gpu_5m
 
 def _schema(con: duckdb.DuckDBPyConnection) -> int:
     try:
-        return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+        return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
     except duckdb.CatalogException:
         return 0
 
@@ -149,7 +149,7 @@ def whole_gpu(con: duckdb.DuckDBPyConnection, node: str | None, cutoff: dt.datet
 def horizon(con: duckdb.DuckDBPyConnection, src: str) -> dt.datetime | None:
     """Before when ``src``'s raw rows were deleted (None: never)."""
     try:
-        return con.execute("SELECT max(before) FROM rollup_horizon WHERE src = ?", [src]).fetchone()[0]
+        return con.execute("SELECT max(before) FROM rollup_horizon WHERE src = ?", [src]).fetchall()[0][0]
     except duckdb.CatalogException:
         return None
 
@@ -165,7 +165,7 @@ def fill(con: duckdb.DuckDBPyConnection, kind: str, result: Result, every: float
     view = f"{kind}_5m" if every % 300 == 0 else f"{kind}_1m"
     step = 300 if view.endswith("5m") else 60
     # every bucket with any part before the horizon, whole (the views hold the rest exactly)
-    floor = con.execute(f"SELECT time_bucket(INTERVAL {int(every * 1e6)} MICROSECONDS, ?::TIMESTAMP)", [h]).fetchone()[0]
+    floor = con.execute(f"SELECT time_bucket(INTERVAL {int(every * 1e6)} MICROSECONDS, ?::TIMESTAMP)", [h]).fetchall()[0][0]
     h = floor if floor >= h else floor + dt.timedelta(seconds=every)
     cond, params = "", {"h": h}
     if node:

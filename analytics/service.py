@@ -405,8 +405,9 @@ def _guarded(max_connections: int, request_timeout: float) -> type:
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             peer = transport.get_extra_info("peername")
             self._who = Throttle.key(peer[0] if isinstance(peer, tuple) and peer else None)
-            mine = [c for c in self.connections if getattr(c, "_who", None) == self._who]
-            for pool, cap in ((mine, per_address), (self.connections, max_connections)):
+            others: list[Any] = list(self.connections)  # (each one of this class)
+            mine = [c for c in others if getattr(c, "_who", None) == self._who]
+            for pool, cap in ((mine, per_address), (others, max_connections)):
                 if len(pool) >= cap:
                     old = min((c for c in pool if waiting(c)), key=lambda c: c._waiting_since, default=None)
                     if old is None:
@@ -418,7 +419,7 @@ def _guarded(max_connections: int, request_timeout: float) -> type:
                     old._gone()
             super().connection_made(transport)
             self._waiting_since = self.loop.time()
-            self._deadline = self.loop.call_later(request_timeout, self._too_slow)
+            self._deadline: Any = self.loop.call_later(request_timeout, self._too_slow)
 
         def _gone(self) -> None:  # out of the count now (connection_lost comes later)
             self.connections.discard(self)

@@ -209,7 +209,7 @@ def store(con: duckdb.DuckDBPyConnection, job: str, traces: list[RankTrace]) -> 
         if t.rank in seen:
             raise AnalyticsError(f"{t.source} and {seen[t.rank]} are both rank {t.rank}: import one file a rank")
         seen[t.rank] = t.source
-    out = {"job": job, "ranks": [], "kernels": 0, "unchanged": 0}
+    out: dict[str, Any] = {"job": job, "ranks": [], "kernels": 0, "unchanged": 0}
     now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     con.execute("BEGIN")
     try:
@@ -325,9 +325,9 @@ FROM r GROUP BY step ORDER BY step"""
 def breakdown(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
     """Per rank HTA's temporal breakdown and overlap; per step the exposed communication and
     the slowest rank. AnalyticsError when the job has no imported trace."""
-    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'trace_ranks'").fetchone()[0] \
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'trace_ranks'").fetchall()[0][0] \
             or not con.execute(
-            "SELECT count(*) FROM trace_ranks WHERE job = ?", [job]).fetchone()[0]:
+            "SELECT count(*) FROM trace_ranks WHERE job = ?", [job]).fetchall()[0][0]:
         raise AnalyticsError(f"job {job!r} has no imported trace (analyze import trace PATH... --job {job})")
     cur = con.execute(RANK_SQL, {"job": job})
     ranks = [dict(zip([d[0] for d in cur.description], r, strict=True)) for r in cur.fetchall()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -48,7 +49,7 @@ ROW_GROUP_SIZE = 30720
 
 
 def connect(path: str | Path, read_only: bool = False,
-            config: dict[str, object] | None = None, as_is: bool = False) -> duckdb.DuckDBPyConnection:
+            config: dict[str, Any] | None = None, as_is: bool = False) -> duckdb.DuckDBPyConnection:
     """The one place a database file is opened: read-only (``config``: DuckDB settings for
     that connection), or for writing with the migrations applied. Views are the analytics
     re-created on every open for writing (collector/views.py). ``as_is``: opened for

@@ -332,8 +332,6 @@ class Lake:
     def _unseen(self, name: str, t: Any, rows: pa.Table) -> pa.Table:
         """``rows`` less those the table holds (same identity), read from the files of the
         rows' time range only."""
-        from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
-
         key = IDENTITY.get(name, tuple(c for c in ("node", "id") if c in rows.column_names) if "id" in rows.column_names
                            else ())  # an event is its sender's (node, id)
         col = time_column(name) if name != MARKER else None
@@ -345,7 +343,7 @@ class Lake:
 
             lo, hi = pc.min(rows[col]).as_py(), pc.max(rows[col]).as_py()
             if lo is not None:
-                filt = And(GreaterThanOrEqual(col, lo.isoformat()), LessThanOrEqual(col, hi.isoformat()))
+                filt = in_range(col, lo, hi, closed=True)
         files = self.files(name, filt, tbl=t)
         if not files:
             return rows
@@ -425,7 +423,7 @@ def _append(t: Any, rows: pa.Table, props: dict[str, str]) -> None:
                                partition_spec=spec, schema=ice)
             parts.append((key, part))
     task_schema = pyarrow_to_schema(rows.schema, name_mapping=ice.name_mapping, format_version=meta.format_version)
-    target = property_as_int(meta.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+    target: Any = property_as_int(meta.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
                              TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT)
     write_uuid, counter = uuid_.uuid4(), itertools.count(0)
     tasks = (WriteTask(write_uuid=write_uuid, task_id=next(counter), record_batches=batches, partition_key=key,
@@ -518,6 +516,24 @@ def _positions(snapshot: Any) -> dict[str, list[int]]:
 def _lt(a: list[int], b: list[int] | None) -> bool:
     """a < b, positions compared in order; a missing position ``b`` is before all."""
     return b is not None and list(a) < list(b)
+
+
+def in_range(col: str, lo: dt.datetime, hi: dt.datetime, *, closed: bool = False) -> Any:
+    """An Iceberg row filter: ``col`` from ``lo`` to before ``hi`` (to ``hi`` itself when
+    ``closed``).  The predicates are built by keyword: pyiceberg's pydantic models hide their
+    positional ``(term, literal)`` constructor from type checkers."""
+    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan, LessThanOrEqual, Reference, literal
+
+    upper = LessThanOrEqual if closed else LessThan
+    return And(GreaterThanOrEqual(term=Reference(col), value=literal(lo.isoformat())),
+               upper(term=Reference(col), value=literal(hi.isoformat())))
+
+
+def before(col: str, t: dt.datetime) -> Any:
+    """An Iceberg row filter: ``col`` before ``t`` (see ``in_range``)."""
+    from pyiceberg.expressions import LessThan, Reference, literal
+
+    return LessThan(term=Reference(col), value=literal(t.isoformat()))
 
 
 def day_partitions(t: Any) -> dict[dt.date, list[Any]]:

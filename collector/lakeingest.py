@@ -188,7 +188,7 @@ class LakeKafkaIngest(KafkaIngest):
                  commit_every: float = DEFAULT_COMMIT_EVERY, **kw: Any) -> None:
         self.stager = Stager(lake, kw.get("max_skew", DEFAULT_MAX_SKEW), commit_every)
         super().__init__(self.stager.con, url, group, **kw)
-        self.writer = self.stager  # type: ignore[assignment]  (write_batch and rollup, as the writer's)
+        self.writer = self.stager  # type: ignore[assignment]  # write_batch and rollup, as the writer's
         self.lake = lake
         self._discard = False
         self.rebalances = 0

@@ -25,7 +25,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .lake import APPENDED, MARKER, NAMESPACE, POSITIONS, WRITER, Lake, _path, day_partitions, time_column
+from .lake import (
+    APPENDED,
+    MARKER,
+    NAMESPACE,
+    POSITIONS,
+    WRITER,
+    Lake,
+    _path,
+    day_partitions,
+    in_range,
+    time_column,
+)
+from .lake import before as older_than
 
 log = logging.getLogger("cmdare.collector")
 RAW_TABLES = ("gpu_samples", "host_samples", "tpu_samples")
@@ -79,7 +91,6 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
     setting (or ``rollups`` False) leaves it out (collector/lakespark.py runs those steps
     on Spark)."""
     from pyiceberg.exceptions import CommitFailedException
-    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
     from . import lakerollup, rollup
 
@@ -95,7 +106,7 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
                 if len(files) <= compact_files:
                     continue
                 lo = dt.datetime.combine(day, dt.time())
-                filt = And(GreaterThanOrEqual(col, lo.isoformat()), LessThan(col, (lo + dt.timedelta(days=1)).isoformat()))
+                filt = in_range(col, lo, lo + dt.timedelta(days=1))
                 rows = t.scan(row_filter=filt).to_arrow()
                 try:
                     t.overwrite(rows, overwrite_filter=filt, snapshot_properties=_props(t))
@@ -119,6 +130,7 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
             continue
         t = lake.table(name)
         col = time_column(name)
+        assert col is not None  # (raw samples are timed)
         cut = (now - dt.timedelta(seconds=retain_raw)).date()  # whole days before the cut's day
         if name in rollup.SOURCES:  # only days every rollup of the table holds as they are
             _, pending = lakerollup.pending_days(lake, name)
@@ -129,7 +141,7 @@ def maintain(lake: Lake, retain_raw: float | None = 7 * 86400, compact_files: in
         old = [d for d in day_partitions(t) if d < cut]
         if old:
             try:
-                t.delete(LessThan(col, dt.datetime.combine(cut, dt.time()).isoformat()),
+                t.delete(older_than(col, dt.datetime.combine(cut, dt.time())),
                          snapshot_properties=_props(t))
                 rep.deleted_partitions[name] = len(old)
             except CommitFailedException:

@@ -31,7 +31,7 @@ import duckdb
 import pyarrow as pa
 
 from . import rollup
-from .lake import Lake, _list, _path, day_partitions, schema
+from .lake import Lake, _list, _path, before, day_partitions, in_range, schema
 
 log = logging.getLogger("cmdare.collector")
 ROLLED = "cmdare.rolled"  # snapshot property of a rollup table: {"YYYY-MM-DD": fingerprint}
@@ -87,7 +87,6 @@ def build(lake: Lake, skipped: list[str]) -> dict[str, int]:
     is; rollup table -> days rebuilt.  A commit lost to another maintenance run is skipped
     (listed in ``skipped``: the next run does it)."""
     from pyiceberg.exceptions import CommitFailedException
-    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
     ensure(lake)
     names = lake.names()
@@ -114,8 +113,7 @@ def build(lake: Lake, skipped: list[str]) -> dict[str, int]:
                     cols = ", ".join(f'"{f.name}"' if f.name in have else f'NULL AS "{f.name}"' for f in schema(src))
                     con.execute(f"CREATE OR REPLACE VIEW {src} AS SELECT {cols} FROM {read}")
                     lo = dt.datetime.fromisoformat(day)
-                    filt = And(GreaterThanOrEqual("bucket", lo.isoformat()),
-                               LessThan("bucket", (lo + dt.timedelta(days=1)).isoformat()))
+                    filt = in_range("bucket", lo, lo + dt.timedelta(days=1))
                     state = {**state, day: fp}
                     props = {ROLLED: json.dumps(state)}
                     try:
@@ -153,7 +151,6 @@ def retain(lake: Lake, keep: float, skipped: list[str]) -> dict[str, int]:
     """Delete rollup rows more than ``keep`` seconds older than each table's newest (whole
     days); rollup table -> days deleted."""
     from pyiceberg.exceptions import CommitFailedException
-    from pyiceberg.expressions import LessThan
 
     out: dict[str, int] = {}
     names = lake.names()
@@ -171,7 +168,7 @@ def retain(lake: Lake, keep: float, skipped: list[str]) -> dict[str, int]:
             continue
         state = {d: f for d, f in rolled(t).items() if d not in old}
         try:
-            t.delete(LessThan("bucket", dt.datetime.combine(cut, dt.time()).isoformat()),
+            t.delete(before("bucket", dt.datetime.combine(cut, dt.time())),
                      snapshot_properties={ROLLED: json.dumps(state)})
         except CommitFailedException:
             skipped.append(f"retention of {r.table}")

@@ -256,7 +256,7 @@ def run(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
                 else:
                     sql = (f"{r.from_raw()} SEMI JOIN _rd d ON s.node = d.node AND s.ts >= d.b0 AND s.ts < d.b1 "
                            "GROUP BY ALL")
-                (n,) = con.execute(f"INSERT INTO {r.table} BY NAME {sql}").fetchone()
+                (n,) = con.execute(f"INSERT INTO {r.table} BY NAME {sql}").fetchall()[0]
                 written[r.table] = n
             con.execute("DELETE FROM rollup_dirty WHERE src = ?", [src])
             con.execute("DROP TABLE _rd")
@@ -285,11 +285,11 @@ def retain(con: duckdb.DuckDBPyConnection, raw_keep: float | None, rollups_keep:
             if keep is None:
                 continue
             for t in tables:
-                (newest,) = con.execute(f"SELECT max({col}) FROM {t}").fetchone()
+                (newest,) = con.execute(f"SELECT max({col}) FROM {t}").fetchall()[0]
                 if newest is None:
                     continue
                 cut = _floor(newest - dt.timedelta(seconds=keep))
-                (n,) = con.execute(f"DELETE FROM {storage.stored(t)} WHERE {col} < ?", [cut]).fetchone()
+                (n,) = con.execute(f"DELETE FROM {storage.stored(t)} WHERE {col} < ?", [cut]).fetchall()[0]
                 if n:
                     out[t] = n
                 if t in SOURCES:

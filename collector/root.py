@@ -249,6 +249,7 @@ def _run_lake(cfg: CollectorConfig, say: Say) -> None:
         lk.ensure()
     except LakeError as e:
         raise CollectorError(str(e)) from None
+    ing: LakeKafkaIngest | LakeSpoolIngest
     if cfg.command == "kafka":
         ing = LakeKafkaIngest(lk, cfg.url, cfg.group, commit_every=cfg.commit_every, batch_bytes=cfg.batch_bytes,
                               max_wait=cfg.max_wait, progress=progress(say), progress_every=cfg.progress_every,
@@ -262,7 +263,7 @@ def _run_lake(cfg: CollectorConfig, say: Say) -> None:
                               commit_every=cfg.commit_every)
     _on_signals(ing.stop)
     try:
-        if cfg.command == "kafka":
+        if isinstance(ing, LakeKafkaIngest):
             say(f"cmdare-collector: consuming {cfg.url.text} (group {cfg.group}) into the lake {lk.name} "
                 f"as {ing.stager.id}")
             t = ing.run(idle_exit=cfg.idle_exit)
@@ -271,10 +272,10 @@ def _run_lake(cfg: CollectorConfig, say: Say) -> None:
         else:
             ing.load_available()
     finally:
-        if cfg.command == "kafka":
+        if isinstance(ing, LakeKafkaIngest):
             ing.close()
         ing.stager.close()
-    if cfg.command == "kafka":
+    if isinstance(ing, LakeKafkaIngest):
         say(f"cmdare-collector: done: {t.line()}; {ing.stager.stored} rows in {ing.stager.rounds} lake commits")
     else:
         say(f"cmdare-collector: {cfg.target} -> lake {lk.name}: {ing.totals.line()}")

@@ -293,7 +293,7 @@ class Writer:
         ((clean, repeats, lo, hi, n),) = con.execute(check).fetchall()
         if not clean or repeats or self._skewed(lo, hi):
             return None  # the checked path finds each row's reason (or skew)
-        (inserted,) = con.execute(insert, [lo, hi]).fetchone()
+        (inserted,) = con.execute(insert, [lo, hi]).fetchall()[0]
         if inserted and TABLES[type_] in rollup.SOURCES:
             con.execute(rollup.dirty_sql(TABLES[type_], f"_cf_{type_}",
                                          "make_timestamp(TRY_CAST(round(ts * 1e6) AS BIGINT))"))
@@ -312,7 +312,7 @@ class Writer:
                 "SELECT count(*), count(reason), count(*) - count(reason), "
                 "count(id) FILTER (WHERE reason IS NULL) - count(DISTINCT (node, id)) FILTER (WHERE reason IS NULL) "
                 "FROM _ev"
-            ).fetchone()
+            ).fetchall()[0]
             res.lines += lines_n
             if env_dead:
                 res.dead += dead_letters.from_rows(con, "_ev", now)
@@ -337,7 +337,7 @@ class Writer:
                 sql, cols = TYPE_SQL[(type_, repeats > 0, *forms[type_])]
                 con.execute(sql)
                 src = "_t"
-            (bad,) = con.execute(f"SELECT count(reason) FROM {src}").fetchone()
+            (bad,) = con.execute(f"SELECT count(reason) FROM {src}").fetchall()[0]
             if bad:
                 field_dead += bad
                 res.dead += dead_letters.from_rows(con, src, now)
@@ -354,7 +354,7 @@ class Writer:
     def _insert_dedup(self, table: str, cols: list[str], src: str, res: WriteResult) -> int:
         lo, hi, n = self.con.execute(
             f"SELECT min(ts), max(ts), count(*) FROM {src} WHERE reason IS NULL"
-        ).fetchone()
+        ).fetchall()[0]
         if not n:
             return 0
         if self._skewed(lo, hi):
@@ -367,7 +367,7 @@ class Writer:
             WHERE reason IS NULL AND NOT EXISTS (
                 SELECT 1 FROM {storage.stored(table)} x WHERE x.ts BETWEEN ? AND ? AND x.id = s.id AND x.node = s.node)""",
             [lo, hi],
-        ).fetchone()
+        ).fetchall()[0]
         if inserted and table in rollup.SOURCES:
             self.con.execute(rollup.dirty_sql(table, src, where="reason IS NULL"))
         return inserted
@@ -376,7 +376,7 @@ class Writer:
         """Whether any ts in [lo, hi] is outside the batch's clock window."""
         w = self._window
         # errs only towards the checked path, whose SQL applies the exact window (cost only):
-        return w is not None and lo is not None and (lo < w[0] or hi > w[1])
+        return w is not None and lo is not None and hi is not None and (lo < w[0] or hi > w[1])
 
     def _note_skew(self, table: str, src: str, lo: dt.datetime, hi: dt.datetime) -> int:
         """List the new events of ``src`` outside the clock window in ``clock_skew``."""
@@ -389,7 +389,7 @@ class Writer:
               AND NOT EXISTS (SELECT 1 FROM {table} x WHERE x.ts BETWEEN $lo AND $hi AND x.id = s.id AND x.node = s.node)
               AND NOT EXISTS (SELECT 1 FROM clock_skew c WHERE c.id = s.id AND c.node = s.node)""",
             {"now": self._now, "w0": self._window[0], "w1": self._window[1], "lo": lo, "hi": hi},
-        ).fetchone()
+        ).fetchall()[0]
         return n
 
     def _unknown_types(self, res: WriteResult) -> int:

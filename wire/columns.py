@@ -111,18 +111,19 @@ def _column(kind: str, col: tuple[bytes, ...], masked: bool) -> tuple[bytes | No
             raise _Bad({i for i, v in enumerate(ints) if not -(2**63) <= v < 2**63}) from None
     # strings: the str kind decoded from the row form; list kinds keep their JSON text
     if kind == STR and any(x[:1] == b'"' for x in col):
-        vals, bad = [], set()
+        texts: list[bytes] = []
+        bad = set()
         for i, x in enumerate(col):
             try:
-                vals.append(_text(x))
+                texts.append(_text(x))
             except ValueError:  # json, UnicodeEncodeError (a lone surrogate): not carried
                 bad.add(i)
         if bad:
             raise _Bad(bad)
     else:
-        vals = list(col)
+        texts = list(col)
     out = bytearray()
-    _strings(out, vals)
+    _strings(out, texts)
     return mask, bytes(out)
 
 

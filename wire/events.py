@@ -131,10 +131,10 @@ class EventFactory:
         if type(ts) is float and ts == self._ts_in:  # a tick's events share its timestamp
             ts_ = self._ts_text
         else:
-            t = round(time.time() if ts is None else ts, 6)
-            if not math.isfinite(t):
-                raise ValueError(f"event timestamp must be finite, got {t!r}")
-            ts_ = repr(t)
+            at = round(time.time() if ts is None else ts, 6)
+            if not math.isfinite(at):
+                raise ValueError(f"event timestamp must be finite, got {at!r}")
+            ts_ = repr(at)
             if type(ts) is float:
                 self._ts_in, self._ts_text = ts, ts_
         if self.rows and type_ in ROW_TYPES:

@@ -195,11 +195,11 @@ def parse_kafka_security(prefix: str, values: dict[str, object], env: dict[str, 
     s.cafile, s.certfile, s.keyfile = tls_files["ssl_cafile"], tls_files["ssl_certfile"], tls_files["ssl_keyfile"]
     if s.keyfile and not s.certfile:
         raise ConfigError(f"{name('ssl_keyfile')}: a client key needs its certificate ({name('ssl_certfile')})")
-    v = values.get("ssl_check_hostname")
-    if v is not None:
-        if not isinstance(v, bool):
-            raise ConfigError(f"{name('ssl_check_hostname')}: expected true or false, got {v!r}")
-        s.check_hostname = v
+    check = values.get("ssl_check_hostname")
+    if check is not None:
+        if not isinstance(check, bool):
+            raise ConfigError(f"{name('ssl_check_hostname')}: expected true or false, got {check!r}")
+        s.check_hostname = check
     return s
 
 

@@ -27,6 +27,7 @@ def fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     """Yield ``(field number, wire type, value)`` of one protobuf message: ints for
     varint, bytes for fixed64/fixed32 (8 or 4 raw bytes) and length-delimited fields."""
     pos, size = 0, len(buf)
+    v: int | bytes
     while pos < size:
         key, pos = read_varint(buf, pos)
         num, wt = key >> 3, key & 7

@@ -103,9 +103,9 @@ def _row_value(type_: str, name: str, kind: str, x: str) -> Any:
     """Decode one row field (``x`` non-empty); InvalidEvent naming the field otherwise."""
     try:
         if kind == FLOAT:
-            v = float(x)
-            if math.isfinite(v):
-                return v
+            f = float(x)
+            if math.isfinite(f):
+                return f
         elif kind == INT:
             if _INT_TEXT.fullmatch(x) and -(2**63) <= int(x) < 2**63:
                 return int(x)

@@ -42,8 +42,9 @@ class TensorBoardError(ValueError):
 
 # -- CRC-32C (Castagnoli), as TFRecord frames use it ------------------------------------
 
+_crc32c_c: Any
 try:  # the optional C implementation (the ``crc32c`` package), when installed
-    from crc32c import crc32c as _crc32c_c  # type: ignore[import-not-found]
+    from crc32c import crc32c as _crc32c_c  # type: ignore[import-not-found,no-redef]
 except ImportError:  # pragma: no cover - depends on the environment
     _crc32c_c = None
 
@@ -120,7 +121,8 @@ _DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64 = 1, 2, 3, 9
 
 def _scalar_tensor(buf: bytes) -> float | None:
     """The single number of a scalar TensorProto, or None when it is not one."""
-    dtype, content, vals, dims = 0, b"", [], 0
+    dtype, content, dims = 0, b"", 0
+    vals: list[float] = []
     for num, wt, v in fields(buf):
         if num == 1 and wt == 0:
             dtype = v

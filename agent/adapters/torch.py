@@ -249,8 +249,9 @@ def watch_fsdp(model: Any) -> CommTimer:
     if not isinstance(model, FullyShardedDataParallel):
         raise ValueError(f"watch_fsdp: expected a FullyShardedDataParallel model, got {type(model).__name__}")
     timer = CommTimer()
+    group: Any = model.process_group  # set once FSDP has wrapped the model
     try:
-        model.register_comm_hook(_Timed(timer, None, DefaultState(model.process_group)), _timed_fsdp)
+        model.register_comm_hook(_Timed(timer, None, DefaultState(group)), _timed_fsdp)
     except (AssertionError, RuntimeError, ValueError) as e:
         raise ValueError(f"watch_fsdp: FSDP refused the timing hook ({str(e).splitlines()[0][:160]}): "
                          "time its communication with run.add_comm_wait") from None
@@ -334,7 +335,7 @@ def track_module(job: str, module: torch.nn.Module, *, measure_flops: bool = Fal
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"track_module: expected a torch.nn.Module, got {type(module).__name__}")
     comm_hook = init.pop("comm_hook", True)
-    inner = module.module if isinstance(module, DistributedDataParallel) or _is_fsdp(module) else module
+    inner: Any = module.module if isinstance(module, DistributedDataParallel) or _is_fsdp(module) else module
     params, tensors = module_counts(inner)
     declared: dict[str, Any] = {
         "model": type(inner).__name__,

@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from cmdare.wire.spool import START, Position, list_segments, read_cursor, seg_name, write_cursor
 
@@ -62,7 +63,7 @@ class Spool:
         self.lock = threading.Lock()
         self.dropped_total = 0
         self.spooled_total = 0
-        self._f = None
+        self._f: Any = None
         self._active = self._active_size = self.pending = 0  # pending: events spooled and not yet consumed
         self._sizes: dict[int, int] = {}
         self._seen_cursor: Position | None = None

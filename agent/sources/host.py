@@ -164,7 +164,8 @@ class HostSource(Source):
         self._prev_cores = self.ps.cpu_times(percpu=True) if self.config["per_core"] else None
 
     def collect(self, emit: Emit) -> None:
-        ps, data, errors = self.ps, {}, []
+        ps, errors = self.ps, []
+        data: dict[str, Any] = {}
 
         def guard(what: str, fn: Any) -> None:
             try:
@@ -214,11 +215,11 @@ class HostSource(Source):
             ("procs", procs),
         ):
             guard(what, fn)
-        parts = {}
-        for key, fn in (("net", net_json), ("disk", disk_json)):
+        parts: dict[str, str] = {}
+        for key, enc in (("net", net_json), ("disk", disk_json)):
             if key in data:
                 try:
-                    parts[key] = fn(data[key])
+                    parts[key] = enc(data[key])
                 except (TypeError, ValueError):  # not psutil's integers: the generic encoder
                     pass
         emit("host", Encoded(data, parts=parts))

@@ -13,7 +13,7 @@ class Table:
     """Rows of one query, in order, with their column names."""
 
     columns: list[str]
-    rows: list[tuple[Any, ...]]
+    rows: list[Any]  # each a tuple or a list of the columns' values
     notes: list[str] = field(default_factory=list)  # what the rows leave out, in words
 
 

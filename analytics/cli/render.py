@@ -70,7 +70,8 @@ def _fit(t: api.Table, cols: list[str], skip: bool = False) -> list[str]:
     that does not fit is passed over for narrower ones after it."""
     from ..output import _cell
 
-    kept, used = [], -2
+    kept: list[Any] = []
+    used = -2
     for c in cols:
         i = t.columns.index(c)
         w = max([len(c)] + [len(_cell(r[i])) for r in t.rows])

@@ -132,7 +132,7 @@ def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: objec
             """SELECT arg_max(world_size, ts) FILTER (WHERE world_size > 0),
                       arg_max(gpus_per_node, ts) FILTER (WHERE gpus_per_node > 0),
                       arg_max(grad_bytes, ts) FILTER (WHERE grad_bytes > 0)
-               FROM jobs WHERE job = ?""", [job]).fetchone()
+               FROM jobs WHERE job = ?""", [job]).fetchall()[0]
         if world:
             out["world_size"] = int(world)
         if world and per_node:
@@ -153,7 +153,7 @@ def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: objec
                           FROM host_5m SEMI JOIN n USING (node)
                           WHERE bucket >= time_bucket(INTERVAL 5 MINUTE, $t0::TIMESTAMP) AND bucket <= $t1
                           GROUP BY node)
-               SELECT avg(r) FROM h WHERE r >= 0""", {"job": job, "t0": t0, "t1": t1}).fetchone()
+               SELECT avg(r) FROM h WHERE r >= 0""", {"job": job, "t0": t0, "t1": t1}).fetchall()[0]
         if rate is not None:
             out["host_net_tx_mb_s"] = round(rate / 1e6, 3)
     if evidence.has_column(con, "gpu_samples", "nvlink_total_tx_bytes_per_second"):
@@ -161,7 +161,7 @@ def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: objec
             """SELECT avg(nvlink_total_tx_bytes_per_second) FROM gpu_samples
                WHERE node IN (SELECT DISTINCT node FROM steps WHERE job = $job AND ts >= $t0 AND ts <= $t1)
                  AND ts >= $t0 AND ts <= $t1 AND nvlink_total_tx_bytes_per_second >= 0""",
-            {"job": job, "t0": t0, "t1": t1}).fetchone()
+            {"job": job, "t0": t0, "t1": t1}).fetchall()[0]
         if nvl is not None:
             out["nvlink_tx_mb_s"] = round(nvl / 1e6, 3)  # per GPU: what its NVLinks sent (GPM)
     out |= _scaling(con, job, memo)

@@ -34,14 +34,14 @@ class GpuErrors(Detector):
         where, params = Scope(None, scope.since, scope.until).where(ts="e.ts")
         ignore = [int(x) for x in o["ignore_xids"] if x.strip().isdigit()]
         critical = {int(x) for x in o["critical_xids"] if x.strip().isdigit()}
-        join, job = "", "nullif(e.job, '')"
+        join, held_sql = "", "nullif(e.job, '')"
         if evidence.has_rows(con, "steps"):
             s = evidence.spans(con, Scope(None, scope.since, scope.until, scope.cache))
             join = f"LEFT JOIN {s} s ON s.node = e.node AND e.ts BETWEEN s.t0 AND s.t1"
-            job = "coalesce(s.job, nullif(e.job, ''))"
+            held_sql = "coalesce(s.job, nullif(e.job, ''))"
         rows = con.execute(
             f"""WITH ev AS (
-                    SELECT e.ts, e.node, e."index", any_value(e.uuid) AS uuid, any_value({job}) AS job,
+                    SELECT e.ts, e.node, e."index", any_value(e.uuid) AS uuid, any_value({held_sql}) AS job,
                            any_value(e.kind) AS kind, any_value(e.count) AS count, any_value(e.xid) AS xid
                     FROM gpu_events e {join}
                     WHERE {where} AND NOT (e.kind = 'xid' AND coalesce(e.xid, -1) IN (SELECT unnest(?)))
@@ -61,8 +61,8 @@ class GpuErrors(Detector):
             [*params, ignore],
         ).fetchall()
         out = []
-        for node, index, uuid, job, xids, codes, corr, unc, lost, bursts, t0, t1, pending, failed, pages in rows:
-            job = job or None
+        for node, index, uuid, held, xids, codes, corr, unc, lost, bursts, t0, t1, pending, failed, pages in rows:
+            job = held or None
             if scope.job is not None and job != scope.job:
                 continue
             xids = int(xids or 0)

@@ -68,7 +68,7 @@ class GpuThrottled(Detector):
             slow, slow_from = slowdowns.get((job, node), (None, None))
             share = sum(r[3] * r[4] for r in rs) / sum(r[4] for r in rs)
             mask = functools.reduce(operator.or_, (r[5] for r in rs))  # each GPU here was throttled
-            clk = [clocks[(node, r[2])] for r in rs if all(clocks.get((node, r[2]), (None, None)))]
+            clk = [(a, b) for r in rs for a, b in [clocks.get((node, r[2]), (None, None))] if a and b]
             clock_ratio = sum(a / b for a, b in clk) / len(clk) if clk else None
             if clock_ratio is not None and clock_ratio > 1 - o["min_clock_drop"]:
                 continue  # a reason bit (sw_power_cap at the limit it never reaches) with the clock where it was

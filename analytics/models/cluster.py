@@ -68,7 +68,7 @@ def fit_cluster(jobs: list[JobSpeed], speed_fit: dict[str, Any] | None, law: str
     for j in ps_jobs:
         t1 = single.get((j.model, j.accelerator))
         if t1 is None and speed_fit is not None:
-            t1 = 1.0 / predict_speed(speed_fit, j.acc, j.flops_per_step, j.params, j.tensors)[0]
+            t1 = 1.0 / predict_speed(speed_fit, j.entry, j.flops_per_step, j.params, j.tensors)[0]
         if t1 is None:
             notes.append(f"{j.job}: no single-worker time for {j.model} on {j.accelerator} (fit speed first)")
             continue

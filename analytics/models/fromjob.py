@@ -48,7 +48,7 @@ def measured(con: duckdb.DuckDBPyConnection, job: str) -> JobSpeed:
             raise AnalyticsError(f"--from-job {why}")
     known = con.execute(
         "SELECT (SELECT count(*) FROM jobs WHERE job = $j), (SELECT count(*) FROM steps WHERE job = $j)", {"j": job}
-    ).fetchone()
+    ).fetchall()[0]
     if not known[0] and not known[1]:
         raise AnalyticsError(f"--from-job {job}: no such job in the database (analyze jobs lists them)")
     if not known[0]:

@@ -23,7 +23,7 @@ from ..queries import needs_schema
 from .regression import ALPHA, Fit, Linear, logo_cv
 
 
-def _mean_ci(xs: list[float]) -> dict[str, float]:
+def _mean_ci(xs: list[float]) -> dict[str, Any]:
     from scipy import stats
 
     a = np.asarray(xs, dtype=float)

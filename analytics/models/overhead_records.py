@@ -30,6 +30,7 @@ import duckdb
 import numpy as np
 
 from ..db import AnalyticsError
+from .regression import worst
 
 CKPT_FAMILIES = {"ols-size": ("size_mb",), "size": ("size_mb",), "size+tensors": ("size_mb", "tensors"),
                  "size+tensors+params": ("size_mb", "tensors", "params")}
@@ -148,8 +149,7 @@ def fit_checkpoint(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "rows": len(rows), "groups": len(groups),
             "imported": sum(r["source"] == "import" for r in rows), "live": sum(r["source"] == "live" for r in rows),
             "held_out": [[str(r["model"]), float(r["save_s"]), float(p)] for r, p in zip(rows, t["preds"], strict=True)][:500],
-            "worst": sorted(({"group": str(x), "ape": float(t["ape"][g == x].mean())} for x in groups),
-                            key=lambda d: -d["ape"])[:3],
+            "worst": worst((str(x), float(t["ape"][g == x].mean())) for x in groups),
         },
     }
 
@@ -231,7 +231,7 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
             by.setdefault(_groupkey(r, lv), []).append(r)
         for k, rs in by.items():
             tot = np.array([r["total"] for r in rs])
-            s = {"n": len(rs), "mean": float(tot.mean()), "median": float(np.median(tot))}
+            s: dict[str, Any] = {"n": len(rs), "mean": float(tot.mean()), "median": float(np.median(tot))}
             for p in PHASES:
                 v = [r[p] for r in rs if p in r]
                 s[p] = (float(np.median(v)), len(v)) if v else None
@@ -297,8 +297,7 @@ def fit_startup(rows: list[dict[str, Any]]) -> dict[str, Any]:
                "rows": len(rows), "groups": len(groups),
                "imported": sum(r["source"] == "import" for r in rows), "live": sum(r["source"] == "live" for r in rows),
                "held_out": [[str(a), float(b), float(c)] for a, b, c in zip(gk, y, t["preds"], strict=True)][:500],
-               "worst": sorted(({"group": str(x), "ape": float(t["ape"][gk == x].mean())} for x in sorted(set(gk))),
-                               key=lambda d: -d["ape"])[:3]},
+               "worst": worst((str(x), float(t["ape"][gk == x].mean())) for x in sorted(set(gk)))},
     }
 
 

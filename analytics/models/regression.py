@@ -212,11 +212,14 @@ def logo_cv(
         "predictions": preds.tolist(),  # held out, row order (reports; not stored)
         # each row's group, measured and held-out predicted value (stored: the models page plots them)
         "held_out": [[str(gr), float(m), float(p)] for gr, m, p in zip(groups, y, preds, strict=True)][:HELD_OUT_ROWS],
-        "worst": sorted(
-            ({"group": gr, "ape": float(ape[g == gr].mean())} for gr in sorted(set(groups))),
-            key=lambda d: -d["ape"],
-        )[:3],
+        "worst": worst((gr, float(ape[g == gr].mean())) for gr in sorted(set(groups))),
     }
+
+
+def worst(errors: Any, n: int = 3) -> list[dict[str, Any]]:
+    """The ``n`` groups of largest error from ``(group, error)`` pairs, as ``{"group",
+    "ape"}`` (ties keep the pairs' order)."""
+    return sorted(({"group": gr, "ape": e} for gr, e in errors), key=lambda d: -d["ape"])[:n]
 
 
 def need_data(n: int, groups: int, min_rows: int, min_groups: int, what: str, hint: str) -> None:

@@ -94,7 +94,7 @@ def fit_speed(jobs: list[JobSpeed]) -> Fit:
     best: tuple[float, str, Any, dict[str, Any]] | None = None
     tried = {}
     for fam, (cols, log_t, law) in SPEED_FAMILIES.items():
-        X = np.array([speed_features(j.flops_per_step, j.params, j.tensors, j.acc, fam) for j in single])
+        X = np.array([speed_features(j.flops_per_step, j.params, j.tensors, j.entry, fam) for j in single])
         cv = logo_cv(X, y, [j.model for j in single], cols, log_t, law)
         tried[fam] = {"cv_mape": cv["mape"], "cv_r2": cv["r2"]}
         if best is None or cv["mape"] < best[0]:
@@ -105,7 +105,7 @@ def fit_speed(jobs: list[JobSpeed]) -> Fit:
     m = fit_model(X, y, cols, log_t, law)
     cv["families"] = tried
     names = ["log_a", "log_b", "e", "log_d"] if law else cols
-    rows = [range_inputs(j.flops_per_step, j.params, j.tensors) | {"accelerator": j.acc.name, "model": j.model}
+    rows = [range_inputs(j.flops_per_step, j.params, j.tensors) | {"accelerator": j.entry.name, "model": j.model}
             for j in single]
     ranges = ranges_of(rows)
     cv |= split_by_range(rows, np.abs(np.array(cv["predictions"]) - y) / y)

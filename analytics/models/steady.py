@@ -76,6 +76,13 @@ class JobSpeed:
     t1: dt.datetime
     acc: catalog.Accelerator | None = None
 
+    @property
+    def entry(self) -> catalog.Accelerator:
+        """The accelerator's catalogue entry (``job_speeds`` looks it up for every job it returns)."""
+        if self.acc is None:
+            raise AnalyticsError(f"{self.job}: accelerator {self.accelerator!r} not in the catalogue")
+        return self.acc
+
 
 def job_speeds(
     con: duckdb.DuckDBPyConnection, job: str | None = None, jobs: list[str] | None = None

@@ -111,7 +111,8 @@ def _extrapolation(fitted: tuple[dict[str, Any] | None, float, str], w: int, p: 
     if why := rough(cfit, **inputs):
         return {**out, "rough": why}, {}  # too far for any interval: the prediction is a rough guide
     if ex and decades > 0 and "steps_per_second" in interval:
-        lo_v, hi_v = widen(predicted["steps_per_second"], *interval["steps_per_second"], decades)
+        lo, hi = interval["steps_per_second"]
+        lo_v, hi_v = widen(predicted["steps_per_second"], lo, hi, decades)
         interval = {**interval, "steps_per_second": (round(lo_v, 4), round(hi_v, 4))}
     return out, interval
 
@@ -203,7 +204,7 @@ class Cluster(Recommender):
             j = measured(con, o["from_job"])
             acc = catalog.lookup(o["gpu_type"]) if o["gpu_type"] else j.acc
             model, acc_name, params = j.model, (acc.name if acc else j.accelerator), j.params
-            subject = {"from_job": j.job, "model": j.model, "accelerator": acc_name}
+            subject: dict[str, Any] = {"from_job": j.job, "model": j.model, "accelerator": acc_name}
             if acc is not None and j.acc is not None and acc.name != j.acc.name:
                 subject["measured_accelerator"] = j.accelerator
         else:
@@ -250,8 +251,9 @@ class Cluster(Recommender):
                 from ..models.speed import predict_speed
 
                 tensors = o["tensors"] or max(1, round(params / 1e5))
+                assert acc is not None  # a declaration names its accelerator
                 t1 = 1.0 / predict_speed(sfit, acc, o["flops_per_step"], params, tensors)[0]
-        if t1 is not None:
+        if t1 is not None and cfit is not None:  # (t1 comes from the cluster fit)
             from ..models.cluster import predict_cluster
 
             fit_ids.append(cfit["fit_id"])
@@ -328,7 +330,7 @@ class Cluster(Recommender):
             if p == p0:  # the fit sees no gain from more PS here: the finding and the fit disagree
                 p = p0 + 1
             v = pred[p][w]
-            predicted = {"steps_per_second": round(v[0], 4)}
+            predicted: dict[str, Any] = {"steps_per_second": round(v[0], 4)}
             if v[2] > v[1]:
                 interval = {"steps_per_second": (round(v[1], 4), round(v[2], 4))}
             how = (f"the cluster fit {cfit['fit_id'] if cfit else ''} predicts {v[0]:.3g} steps/s with {p} PS "
@@ -469,9 +471,9 @@ class Cluster(Recommender):
         for p, ws in pred.items():
             for w, v in ws.items():
                 cands[(w, p)] = (v[0], "cluster fit")
-        for p, ws in meas.items():
-            for w, v in ws.items():
-                cands[(w, p)] = (v, "measured")
+        for p, speeds in meas.items():
+            for w, s in speeds.items():
+                cands[(w, p)] = (s, "measured")
         ok = [
             (w, p, s, frm)
             for (w, p), (s, frm) in cands.items()

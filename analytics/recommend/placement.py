@@ -8,6 +8,7 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -211,12 +212,13 @@ class Placement(Recommender):
             + ("" if r is None else " rejected" if ("back" in d or "not economical" in d) else " kept")
             for ph, c, r, d in rp.path
         )
+        nxt = rp.next_to_try or own  # (set whenever the trace ends before the policy settles)
         why = (f"AutoPlacement settles on {own[0]} remote, {own[1]} local: {steps}" if rp.done else
-               f"the trace ends at ({own[0]},{own[1]}) before the policy would: measure ({rp.next_to_try[0]},{rp.next_to_try[1]}) next; {steps}")
+               f"the trace ends at ({own[0]},{own[1]}) before the policy would: measure ({nxt[0]},{nxt[1]}) next; {steps}")
         if (rem, loc) != own and decided is not None:
             why = (f"{decided[0]} input workers as recommend data-workers decides ({decided[1]}): {rem} remote, "
                    f"{loc} local; placement's replay alone would say {own[0]} remote, {own[1]} local: {why}")
-        assumptions: dict[str, object] = {
+        assumptions: dict[str, Any] = {
             "rule": "Pecan AutoPlacement",
             "host_price_per_hour": o["host_price"],
             "worker_price_per_hour": o["worker_price"],

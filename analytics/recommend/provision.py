@@ -195,7 +195,7 @@ def load_profile(path: str | Path, text: str | None = None) -> Profile:
     for i, t in enumerate(raw, 1):
         where = f"{p}: [[instance]] {i}"
         r = _P(where, t, _KEYS["instance"])
-        itype = r.text("type")
+        itype = r.text("type") or ""  # (required: a string)
         where = f"{p}: [[instance]] {i} ({itype})"
         r.where = where
         if any(x.type == itype for x in insts):
@@ -462,7 +462,7 @@ class Provision(Recommender):
             if not ok_det:
                 raise AnalyticsError(
                     f"provision: the deadline binds: the fastest plan within quotas ({self._plan(prof, fastest.row)}) "
-                    f"takes {fastest.stats['seconds'] / 3600:.3g} h, more than {deadline / 3600:.3g} h; raise the quotas "
+                    f"takes {fastest.stats['seconds'] / 3600:.3g} h, more than {(deadline or 0) / 3600:.3g} h; raise the quotas "
                     "or the deadline"
                 )
             if not (o["on_demand"] and od_ok):
@@ -570,7 +570,7 @@ class Provision(Recommender):
             assumptions[f"note_{i}"] = note
         if risk.counted[row > 0].any() and purchase == "spot":
             assumptions["lifetime_fit_held_out_brier_skill"] = risk.brier_skill
-            assumptions.update(lives_summary([risk.lives[m] for m in np.flatnonzero(row > 0) if m in risk.lives]))
+            assumptions.update(lives_summary([risk.lives[m] for m in map(int, np.flatnonzero(row > 0)) if m in risk.lives]))
             assumptions["expected_revocations"] = round(float((counts @ risk.rate[0])[0]) * exp_h, 3)
         binding = self._binding(prof, row, deadline, s)
         why = (f"{self._plan(prof, row)} ({purchase}) reaches "

@@ -72,7 +72,8 @@ class Region(Recommender):
         assert life is not None  # REQUIRES
         over = evidence.latest_fit(con, "overhead")
         starts = self._startups(over, acc) if over else {}
-        ranked, thin = [], []
+        ranked: list[Any] = []
+        thin: list[Any] = []
         for key, curve in sorted(life["model"]["curves"].items()):
             region, _, a = key.partition("/")
             if a != acc:

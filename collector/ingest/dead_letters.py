@@ -28,7 +28,7 @@ WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = s.origin AND d.l
 def from_rows(con: duckdb.DuckDBPyConnection, src: str, now: Any) -> int:
     """Dead-letter the rows of ``src`` (a table or view of checked rows: origin, line_no, n,
     reason, raw) that have a reason; how many were written."""
-    return con.execute(_FROM_ROWS_SQL.format(src=src), [now]).fetchone()[0]
+    return con.execute(_FROM_ROWS_SQL.format(src=src), [now]).fetchall()[0][0]
 
 
 def from_messages(con: duckdb.DuckDBPyConnection, dead: list[tuple[str, int, str, bytes, int]], now: Any) -> int:
@@ -38,7 +38,7 @@ def from_messages(con: duckdb.DuckDBPyConnection, dead: list[tuple[str, int, str
     for origin, line, reason, raw, size in dead:
         if con.execute(
             "SELECT count(*) FROM dead_letters WHERE origin = ? AND line = ?", [origin, line]
-        ).fetchone()[0]:
+        ).fetchall()[0][0]:
             continue  # a redelivered message
         con.execute("INSERT INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)", [now, origin, line, reason, raw, size])
         written += 1

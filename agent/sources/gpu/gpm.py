@@ -87,7 +87,8 @@ def free(n: Any, g: Any) -> None:
 def read(src: Any, g: Any, d: dict[str, Any], t: list[str]) -> dict[int, list[float]]:
     """Take this tick's sample; with the last tick's, the metrics of the interval into
     ``d`` / ``t``. Returns the per-link throughput (link -> [rx, tx] bytes/s)."""
-    n, rates = src.nvml, {}
+    n = src.nvml
+    rates: dict[int, list[float]] = {}
     turn = 1 - g.gpm_turn if g.gpm_turn >= 0 else 0
     smp = g.gpm_samples[turn]
     if g.parent is not None:

@@ -19,7 +19,7 @@ _AT, _AT_TOTAL = AT["nvlink"], AT["nvlink_errors_total"]
 
 def discover(n: Any, h: Any) -> list[int]:
     """The NVLinks active at start."""
-    links = []
+    links: list[int] = []
     for link in range(MAX_LINKS):
         try:
             active = n.nvmlDeviceGetNvLinkState(h, link)

@@ -160,7 +160,7 @@ class GpuSource(Source):
                 g.links = nvlink.discover(n, g.handle)
             if cfg["profiling"]:
                 sup = self.ask("nvmlGpmQueryDeviceSupport", g.handle)
-                if sup is not None and getattr(sup, "isSupportedDevice", 0):
+                if sup is not None and getattr(sup, "isSupportedDevice", False):
                     gpm.setup(n, g, g.links)
                     for m in migs:
                         gpm.setup(n, m, [])
