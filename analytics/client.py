@@ -24,18 +24,10 @@ from typing import Any
 
 from . import api, codec
 from .db import AnalyticsError, Database, read_text_file
-from .resources import BY_NAME
+from .resources import BY_NAME, SERVICE_SUFFIX, TOKEN_ENV, service_file  # noqa: F401  (the service's side of them)
 
-SERVICE_SUFFIX = ".service.json"
-TOKEN_ENV = "CMDARE_HTTP_TOKEN"
 CA_ENV = "CMDARE_HTTP_CA"
 TIMEOUT = 660.0  # seconds: above the server's longest limit
-
-
-def service_file(db: str | Path) -> Path:
-    """Where a collector holding ``db`` writes how to reach its API."""
-    p = Path(db)
-    return p.with_name(p.name + SERVICE_SUFFIX)
 
 
 def trusted_service(db: str | Path) -> tuple[str | None, str]:

@@ -19,11 +19,23 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator
 
 from .db import TIME_RANGE, in_time_range
+
+# how a front end finds the server holding a database file: the file the service writes
+# beside it (``client.trusted_service`` checks it) and the token's environment variable
+SERVICE_SUFFIX = ".service.json"
+TOKEN_ENV = "CMDARE_HTTP_TOKEN"
+
+
+def service_file(db: str | Path) -> Path:
+    """Where a collector holding ``db`` writes how to reach its API."""
+    p = Path(db)
+    return p.with_name(p.name + SERVICE_SUFFIX)
 
 Since = "only rows newer than this (ISO 8601, UTC)"
 Until = "only rows older than this (ISO 8601, UTC)"

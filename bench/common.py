@@ -41,7 +41,7 @@ class Broker:
 def served(db: str | None = None) -> Iterator[tuple[Any, str]]:
     """A collector API (``Service``, its defaults) over ``db``, or over the golden demo
     fleet's database made once: (the service, its URL)."""
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.service import HttpConfig, Service
     from cmdare.collector.db import connect
 
     if db:

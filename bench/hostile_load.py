@@ -61,7 +61,7 @@ def memory(rounds: int, parallel: int) -> None:
     import psutil
 
     from cmdare.analytics import safesql
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.service import HttpConfig, Service
     from cmdare.collector.consumer import StorageRetry
     from cmdare.collector.db import connect
     from cmdare.collector.ingest.batch import Batch
@@ -130,7 +130,7 @@ def memory(rounds: int, parallel: int) -> None:
 def guesses(seconds: float) -> None:
     import http.client
 
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.service import HttpConfig, Service
     from cmdare.collector.db import connect
 
     token = "bench-admin-token-0123456789"

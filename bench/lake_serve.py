@@ -36,7 +36,7 @@ ATTACK = "SELECT string_agg(repeat('x', 100000000), '') FROM range(20)"
 
 
 def server(lake: Path) -> tuple[str, threading.Event, threading.Thread, float]:
-    from cmdare.analytics.service import HttpConfig
+    from cmdare.analytics.server.service import HttpConfig
     from cmdare.collector import serve
 
     lines: list[str] = []
@@ -88,7 +88,7 @@ def main() -> None:
 
     from bench.findings import to_lake
     from bench.pages import build_rollups, generate
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.service import HttpConfig, Service
     from cmdare.collector.db import connect
 
     work = Path(tempfile.mkdtemp(prefix="cmdare-bench-lake-serve-"))

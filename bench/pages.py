@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--db", type=Path, default=None,
                     help="keep the generated database here; if it exists, reuse it (skip generating and the rollups)")
     a = ap.parse_args()
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.service import HttpConfig, Service
     from cmdare.collector.db import connect
 
     work = Path(tempfile.mkdtemp(prefix="cmdare-bench-pages-"))

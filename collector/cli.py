@@ -129,7 +129,7 @@ def token_hash(name: str, scope: str) -> None:
     """
     import sys
 
-    from cmdare.analytics.tokens import _NAME, digest
+    from cmdare.analytics.server.tokens import _NAME, digest
 
     if not _NAME.match(name):
         raise click.BadParameter("1 to 64 of A-Z a-z 0-9 _ . @ -", param_hint="--name")

@@ -155,7 +155,7 @@ def _on_signals(stop: Callable[[], None]) -> None:
 
 def _http(cfg: CollectorConfig) -> Any:
     """The API's settings, checked before the database is opened (None: --http off)."""
-    from cmdare.analytics.service import parse_http
+    from cmdare.analytics.server.service import parse_http
 
     try:
         return parse_http(cfg.http, cfg.http_token_file, cfg.http_tls_cert, cfg.http_tls_key, cfg.ui_url,
@@ -209,7 +209,7 @@ def _horizon(r: Run) -> Callable[[], dt.datetime | None]:
 
 def _serve(con: Any, db: str, http: Any, totals: Callable[[], Totals], say: Say) -> Any:
     """The API on the collector's connection, or None with --http off."""
-    from cmdare.analytics.service import Service
+    from cmdare.analytics.server.service import Service
 
     if http is None:
         return None

@@ -34,7 +34,7 @@ class ServeError(Exception):
 class ServeConfig:
     lake: str
     catalog: str | None
-    http: Any  # analytics.service.HttpConfig
+    http: Any  # analytics.server.service.HttpConfig
     refresh: float = REFRESH
     cache_dir: Path | None = None
     sql_workers: int = 2  # user SQL's worker processes (analytics/sqlpool.py)
@@ -49,7 +49,7 @@ class ServeConfig:
 def http_config(http: str, token_file: str | None, tls_cert: str | None, tls_key: str | None,
                 ui_url: str | None, session_ttl: float) -> Any:
     """The API's settings, one-line ConfigError; a server without an API is refused."""
-    from cmdare.analytics.service import parse_http
+    from cmdare.analytics.server.service import parse_http
 
     try:
         cfg = parse_http(http, token_file, tls_cert, tls_key, ui_url, session_ttl)
@@ -64,7 +64,7 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
     """Serve until ``stop`` is set (default: SIGTERM / SIGINT)."""
     from cmdare.analytics.db import AnalyticsError
     from cmdare.analytics.lakeserve import LakeReplica, LakeServed, Refresher
-    from cmdare.analytics.service import Service
+    from cmdare.analytics.server.service import Service
     from cmdare.analytics.sqlpool import SqlPool
 
     from .lake import Lake, LakeError

@@ -163,11 +163,11 @@ def login_redirect(path: str, query: str) -> str:
 
 def mount(app: Any, token: Any, sessions: Sessions | None = None, throttle: Any = None) -> None:
     """The pages' routes on the collector's FastAPI app; ``sessions``: the signed-in browsers
-    (the Guard in front checks them); ``throttle``: failed sign-ins (analytics/throttle.py)."""
-    from cmdare.analytics.throttle import Throttle
-    from cmdare.analytics.tokens import Tokens
+    (the Guard in front checks them); ``throttle``: failed sign-ins (analytics/server/throttle.py)."""
+    from cmdare.analytics.server.throttle import Throttle
+    from cmdare.analytics.server.tokens import Tokens
 
-    token = Tokens.of(token)  # the API's tokens (analytics/tokens.py), or None
+    token = Tokens.of(token)  # the API's tokens (analytics/server/tokens.py), or None
     sessions = sessions if sessions is not None else Sessions()
     throttle = throttle if throttle is not None else Throttle()
     headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
@@ -187,7 +187,7 @@ def mount(app: Any, token: Any, sessions: Sessions | None = None, throttle: Any 
         if p.path and "{" not in p.path:
             app.add_api_route(p.path, plain(p.name), methods=["GET"], include_in_schema=False)
 
-    from cmdare.analytics.routing import named
+    from cmdare.analytics.server.routing import named
 
     @app.get(named("/ui/jobs/{job}"), include_in_schema=False)
     def job(job: str = Path(max_length=512)) -> Any:

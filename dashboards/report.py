@@ -28,7 +28,7 @@ Get = Callable[[str, dict[str, Any]], Any]
 
 def local_get(db: Database) -> Get:
     """GET a route of the collector's API app in-process (no socket, no server)."""
-    from cmdare.analytics.http import create_app
+    from cmdare.analytics.server.http import create_app
 
     app = create_app(db)
 

@@ -4,7 +4,7 @@ the fingerprint of the token it signed in with and when it expires.
 
 - a session ends when it expires (``--session-ttl``, default 12 h), when the browser signs
   out (``POST /ui/logout``), when the token it signed in with is no longer the collector's
-  (removed from the token file or given a new secret: analytics/tokens.py), and when the
+  (removed from the token file or given a new secret: analytics/server/tokens.py), and when the
   collector restarts (the store is memory: sign in again);
 - the store is bounded per token (``MAX_PER_TOKEN``: a token's oldest session goes first,
   never another token's) and in all (``MAX_SESSIONS``: the oldest session of the token
@@ -33,8 +33,8 @@ MAX_COOKIE_HEADER = 8192  # bytes of a Cookie header looked at
 
 def _who(token: Any) -> tuple[str, str]:
     """What a session remembers of its token: its name and SHA-256 (never the token);
-    ``token``: an analytics.tokens.Token, or a token's text."""
-    from cmdare.analytics.tokens import Tokens
+    ``token``: an analytics.server.tokens.Token, or a token's text."""
+    from cmdare.analytics.server.tokens import Tokens
 
     if isinstance(token, str):
         (token,) = Tokens.of(token).all()  # type: ignore[union-attr]
@@ -103,13 +103,13 @@ class Sessions:
 
     def check(self, sid: str | None, tokens: Any) -> bool:
         """Whether ``sid`` is a live session signed in with a token ``tokens`` still holds
-        (an analytics.tokens.Tokens, or one token's text)."""
+        (an analytics.server.tokens.Tokens, or one token's text)."""
         return self.token(sid, tokens) is not None
 
     def token(self, sid: str | None, tokens: Any) -> Any:
-        """The token (analytics.tokens.Token) of live session ``sid``, if ``tokens`` still
+        """The token (analytics.server.tokens.Token) of live session ``sid``, if ``tokens`` still
         holds it; else None."""
-        from cmdare.analytics.tokens import Tokens
+        from cmdare.analytics.server.tokens import Tokens
 
         if not sid:
             return None

@@ -321,7 +321,7 @@ def serving(src: Path, db: Path | None = None, token: str | None = None) -> Iter
     ``token`` when given: its URL."""
     import shutil
 
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.service import HttpConfig, Service
     from cmdare.collector.db import connect
 
     if db is not None:

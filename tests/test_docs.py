@@ -214,7 +214,7 @@ def test_every_api_route_is_in_the_service_doc(tmp_path: Path) -> None:
     """docs/service.md omitted /api/v1/runs, /api/v1/goodput and two prediction routes
     (issue 67): every route the API serves is in its table, method and path."""
     from cmdare.analytics.db import Database
-    from cmdare.analytics.http import create_app
+    from cmdare.analytics.server.http import create_app
 
     doc = _documented_routes((ROOT / "docs" / "service.md").read_text())
     served = set()

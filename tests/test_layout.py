@@ -116,8 +116,8 @@ def test_front_ends_are_thin_and_the_library_knows_no_front_end() -> None:
     for p in lib:
         mods = _relative_imports(p)
         assert not any(m == "click" or m.startswith(("fastapi", "starlette", "cmdare.analytics.cli",
-                                                      "cmdare.analytics.http")) for m in mods), p
-    http = _relative_imports(ROOT / "analytics" / "http.py")
+                                                      "cmdare.analytics.server.http")) for m in mods), p
+    http = _relative_imports(ROOT / "analytics" / "server" / "http.py")
     assert "click" not in http and not any(m.startswith("cmdare.analytics.cli") for m in http)
     for p in (ROOT / "analytics" / "cli").glob("*.py"):  # small command modules
         assert len(p.read_text().splitlines()) <= 600, p
@@ -239,6 +239,64 @@ def test_no_import_cycle_among_the_projects_modules() -> None:
 
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# -- one-way layers (docs/extending.md, "Layers") ------------------------------------------
+# wire (the format) <- store (schema, views, rollups, the database and the lake) <- ingest (the
+# collector's core; the agent beside it) <- the analytics library <- the server (HTTP,
+# tokens, throttle, pages, report) <- the front ends (CLIs, the collector's composition
+# root and entry points).  A module imports its own layer and those below, never above;
+# imports inside functions count.
+STORE = {"cmdare.collector.db", "cmdare.collector.views", "cmdare.collector.rollup", "cmdare.collector.lake",
+         "cmdare.collector.lakerollup", "cmdare.collector.lease", "cmdare.collector.ingest.storage"}
+FRONT_ENDS = {"cmdare.collector.cli", "cmdare.collector.config", "cmdare.collector.root", "cmdare.collector.serve",
+              "cmdare.collector.lakecli", "cmdare.collector.submit", "cmdare.analytics.client"}
+LAYERS = ("wire", "store", "ingest", "analytics", "server", "front end")
+
+
+def _layer(mod: str) -> int:
+    parts = mod.split(".")
+    if parts[1] == "wire":
+        return 0
+    if mod in STORE:
+        return 1
+    if mod in FRONT_ENDS or parts[1:3] == ["analytics", "cli"]:
+        return 5
+    if parts[1] in ("collector", "agent"):
+        return 2
+    if parts[1:3] == ["analytics", "server"] or parts[1] == "dashboards":
+        return 4
+    return 3
+
+
+def _against_layers(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} ({LAYERS[_layer(a)]}) imports {b} ({LAYERS[_layer(b)]})"
+                  for a, deps in graph.items() for b in deps if _layer(b) > _layer(a))
+
+
+def test_imports_go_one_way_down_the_layers() -> None:
+    assert _against_layers(_import_graph()) == []
+
+
+def test_the_layer_check_finds_an_import_against_the_arrow() -> None:
+    graph = {"cmdare.collector.db": {"cmdare.analytics.fleet"}, "cmdare.analytics.fleet": {"cmdare.collector.db"},
+             "cmdare.analytics.detectors.gpu_idle": {"cmdare.analytics.server.http"},
+             "cmdare.analytics.cli.findings": {"cmdare.analytics.server.http", "cmdare.wire.events"}}
+    assert _against_layers(graph) == [
+        "cmdare.analytics.detectors.gpu_idle (analytics) imports cmdare.analytics.server.http (server)",
+        "cmdare.collector.db (store) imports cmdare.analytics.fleet (analytics)",
+    ]
+
+
+def test_every_folder_with_python_ships_in_the_wheel() -> None:
+    """pyproject.toml lists the packages one by one (the folders map onto ``cmdare.*``): a
+    folder missing there installs from a checkout (editable) but not from a wheel.  The
+    GPU source, the typed API and the CLI's commands were missing once."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    have = {".".join(["cmdare", *p.parent.relative_to(ROOT).parts]) for folder in (*CODE,) for p in _files(folder)}
+    assert have - listed == set()
 
 
 def test_no_module_over_600_lines() -> None:

@@ -140,7 +140,7 @@ def place(real_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(place: Path):
     """A live collector API over the examples' database, for the ``--server URL`` examples."""
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.service import HttpConfig, Service
 
     shutil.copy(place / "cmdare.duckdb", place / "served.duckdb")
     con = connect(place / "served.duckdb")

@@ -174,7 +174,7 @@ def test_the_job_page_answers_for_a_pods_job(db: Path) -> None:
     from fastapi.testclient import TestClient
 
     from cmdare.analytics.db import Database
-    from cmdare.analytics.http import create_app
+    from cmdare.analytics.server.http import create_app
 
     with TestClient(create_app(Database(db))) as c:
         q = "nlp%2Fbert-0"

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from cmdare.analytics.cli import cli
 from cmdare.analytics.db import Database
-from cmdare.analytics.http import create_app
+from cmdare.analytics.server.http import create_app
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many

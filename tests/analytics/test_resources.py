@@ -15,8 +15,8 @@ import pytest
 from cmdare.analytics import api
 from cmdare.analytics.client import Local, Remote
 from cmdare.analytics.db import Database
-from cmdare.analytics.http import create_app
 from cmdare.analytics.resources import BY_NAME, RESOURCES
+from cmdare.analytics.server.http import create_app
 from tests.analytics.test_demo_fleet import demo_db  # noqa: F401  (the simulated fleet, a module fixture)
 from tests.conftest import ROOT, serving
 

@@ -20,8 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from cmdare.analytics.cli import cli
-from cmdare.analytics.http import Limits
-from cmdare.analytics.service import HttpConfig, Service
+from cmdare.analytics.server.http import Limits
+from cmdare.analytics.server.service import HttpConfig, Service
 from cmdare.collector.db import connect
 from tests.analytics.test_golden_output import build
 

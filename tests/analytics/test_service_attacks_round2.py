@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cmdare.analytics.http import Limits
-from cmdare.analytics.service import HttpConfig, Service
+from cmdare.analytics.server.http import Limits
+from cmdare.analytics.server.service import HttpConfig, Service
 from cmdare.collector.db import connect
 from tests.analytics.test_golden_output import build
 

@@ -120,8 +120,8 @@ def _post(url: str, query: str) -> tuple[int, dict, dict]:
 @pytest.mark.slow  # runs six 2 GB queries against a live collector for seconds (fast tier: docs/testing.md)
 def test_six_parallel_memory_attacks_leave_ingest_and_an_ordinary_query_working(tmp_path: Path,
                                                                                   monkeypatch) -> None:
-    from cmdare.analytics.http import Limits
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.http import Limits
+    from cmdare.analytics.server.service import HttpConfig, Service
     from cmdare.collector.consumer import StorageRetry
     from cmdare.collector.db import connect
     from cmdare.collector.ingest.batch import Batch

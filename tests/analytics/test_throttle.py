@@ -1,4 +1,4 @@
-"""Failed sign-ins are slowed per address and overall (analytics/throttle.py), through the
+"""Failed sign-ins are slowed per address and overall (analytics/server/throttle.py), through the
 API's bearer check and the pages' login form, counted on /metrics, logged without the
 token; clients that signed in keep working while others guess."""
 
@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cmdare.analytics.db import Database
-from cmdare.analytics.http import Guard, Limits, create_app
-from cmdare.analytics.throttle import Throttle
+from cmdare.analytics.server.http import Guard, Limits, create_app
+from cmdare.analytics.server.throttle import Throttle
 from cmdare.collector.db import connect
 from cmdare.dashboards.sessions import Sessions
 
@@ -103,7 +103,7 @@ def client(guard, address: str) -> TestClient:
 
 def test_wrong_bearer_tokens_get_429_unchecked_and_another_address_is_answered(served, caplog) -> None:
     guard, th, clock = served
-    caplog.set_level(logging.WARNING, logger="cmdare.analytics.throttle")
+    caplog.set_level(logging.WARNING, logger="cmdare.analytics.server.throttle")
     bad = client(guard, "10.0.0.5")
     for i in range(5):
         assert bad.get("/api/v1/nodes", headers={"Authorization": f"Bearer guess-{i}"}).status_code == 401
@@ -151,7 +151,7 @@ def test_failures_are_on_the_collectors_metrics(tmp_path: Path) -> None:
     import urllib.error
     import urllib.request
 
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.service import HttpConfig, Service
 
     con = connect(str(tmp_path / "m.duckdb"))
     svc = Service(con, tmp_path / "m.duckdb", HttpConfig("127.0.0.1", 0, TOKEN))

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from cmdare.analytics.cli import cli as analyze
-from cmdare.analytics.service import HttpConfig, Service
-from cmdare.analytics.tokens import TokenError, Tokens, digest, parse
+from cmdare.analytics.server.service import HttpConfig, Service
+from cmdare.analytics.server.tokens import TokenError, Tokens, digest, parse
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many

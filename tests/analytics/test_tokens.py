@@ -1,4 +1,4 @@
-"""Named, scoped API tokens stored as their SHA-256 (analytics/tokens.py): a read token
+"""Named, scoped API tokens stored as their SHA-256 (analytics/server/tokens.py): a read token
 reads and cannot write, an admin token writes; a token file changed while the collector
 runs takes effect within a second, ending the sessions of a removed or re-keyed token;
 bad files are one line; the older one-token file still works."""
@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from cmdare.analytics.db import Database
-from cmdare.analytics.http import Guard, Limits, create_app
-from cmdare.analytics.service import parse_http
-from cmdare.analytics.tokens import Token, TokenError, Tokens, digest, needs_admin, parse
+from cmdare.analytics.server.http import Guard, Limits, create_app
+from cmdare.analytics.server.service import parse_http
+from cmdare.analytics.server.tokens import Token, TokenError, Tokens, digest, needs_admin, parse
 from cmdare.collector.cli import cli as collector
 from cmdare.collector.db import connect
 from cmdare.dashboards.sessions import Sessions

@@ -441,7 +441,7 @@ def test_the_readme_shows_the_pages_as_the_suite_took_them() -> None:
 
 
 def test_ui_url_is_checked_and_a_credential_in_it_is_never_quoted() -> None:
-    from cmdare.analytics.service import parse_http
+    from cmdare.analytics.server.service import parse_http
 
     cfg = parse_http("127.0.0.1:0", ui_url="https://cmdare.example.com/fleet/")
     assert cfg is not None and cfg.ui_url == "https://cmdare.example.com/fleet"

@@ -1,5 +1,5 @@
 """The pages' sign-in sessions (dashboards/sessions.py) and the Guard that checks them
-(analytics/http.py): only a live session's exact id signs a browser in; sessions expire,
+(analytics/server/http.py): only a live session's exact id signs a browser in; sessions expire,
 end at sign-out and with the token; the store is bounded; every answer is no-store."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cmdare.analytics.db import Database
-from cmdare.analytics.http import Guard, Limits, create_app
-from cmdare.analytics.tokens import digest
+from cmdare.analytics.server.http import Guard, Limits, create_app
+from cmdare.analytics.server.tokens import digest
 from cmdare.collector.db import connect
 from cmdare.dashboards.sessions import COOKIE, MAX_SESSIONS, SESSION_TTL, Sessions, session_id
 
@@ -105,13 +105,13 @@ def test_the_store_is_bounded_the_oldest_going_first_and_expired_ones_pruned() -
 def test_sign_ins_with_one_token_end_only_that_tokens_sessions() -> None:
     """The second hostile round: 10,000 sign-ins with the team token ended the admin's
     session. Now a token's own oldest session goes; another token's never does."""
-    from cmdare.analytics.tokens import Tokens, digest
+    from cmdare.analytics.server.tokens import Tokens, digest
 
     toml = (f'[[token]]\nname = "ops"\nscope = "admin"\nsha256 = "{digest("admin-secret")}"\n'
             f'[[token]]\nname = "vision"\nscope = "read"\nsha256 = "{digest("team-secret")}"\n'
             'labels = { team = "vision" }\n'
             f'[[token]]\nname = "nlp"\nscope = "read"\nsha256 = "{digest("nlp-secret")}"\n')
-    from cmdare.analytics.tokens import parse
+    from cmdare.analytics.server.tokens import parse
 
     tokens = Tokens(parse(toml, "tokens.toml"))
     ops, vision, nlp = tokens.all()

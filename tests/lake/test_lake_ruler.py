@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 
 from cmdare.analytics.client import Remote
-from cmdare.analytics.service import HttpConfig
+from cmdare.analytics.server.service import HttpConfig
 from cmdare.collector import config, serve
 from cmdare.collector.lake import Lake
 from cmdare.collector.lakeingest import LakeSpoolIngest

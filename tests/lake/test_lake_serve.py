@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from cmdare.analytics.cli import cli
 from cmdare.analytics.client import Remote
 from cmdare.analytics.resources import RESOURCES
-from cmdare.analytics.service import HttpConfig
+from cmdare.analytics.server.service import HttpConfig
 from cmdare.collector import serve
 from cmdare.collector.cli import cli as collector_cli
 from cmdare.collector.lake import Lake
@@ -312,7 +312,7 @@ def test_a_lake_server_refuses_what_a_collector_refuses(both, tmp_path: Path) ->
 
 
 def test_a_scoped_token_sees_only_its_labels_on_a_lake_server(both, tmp_path: Path) -> None:  # noqa: F811
-    from cmdare.analytics.tokens import Tokens, digest
+    from cmdare.analytics.server.tokens import Tokens, digest
 
     _, lake = both
     f = tmp_path / "tokens.toml"
@@ -505,7 +505,7 @@ def test_a_worker_killed_past_its_cap_is_replaced_and_said_in_one_line(both) -> 
 
 
 def test_a_scoped_tokens_sql_in_a_worker_sees_its_labels_only(both, tmp_path: Path) -> None:  # noqa: F811
-    from cmdare.analytics.tokens import Tokens, digest
+    from cmdare.analytics.server.tokens import Tokens, digest
 
     _, lake = both
     f = tmp_path / "tokens.toml"

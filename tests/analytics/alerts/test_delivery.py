@@ -591,8 +591,8 @@ def test_the_collectors_metrics_count_alerts_by_state_bad_rules_and_deliveries(t
     rules, and deliveries and failed attempts per receiver (named, never by URL)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from cmdare.analytics.http import Limits
-    from cmdare.analytics.service import HttpConfig, Service
+    from cmdare.analytics.server.http import Limits
+    from cmdare.analytics.server.service import HttpConfig, Service
 
     h, url = hook
     srv = ThreadingHTTPServer(("127.0.0.1", 0), type("R", (BaseHTTPRequestHandler,), {

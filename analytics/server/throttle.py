@@ -34,7 +34,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-log = logging.getLogger("cmdare.analytics.throttle")
+log = logging.getLogger("cmdare.analytics.server.throttle")
 
 HOW = ("bearer", "login", "cookie")  # what failed: a bearer token, the login form, a page cookie (not throttled)
 

@@ -23,11 +23,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import api, codec
-from .db import AnalyticsError, Database
-from .resources import RESOURCES, Resource, Since, Stamp, Until
+from .. import api, codec
+from ..db import AnalyticsError, Database
+from ..resources import RESOURCES, Resource, Since, Stamp, Until
+from ..scoping import Scope, active
 from .routing import RawNames, named
-from .scoping import Scope, active
 from .throttle import Throttle
 from .tokens import Tokens, needs_admin
 
@@ -48,7 +48,7 @@ class Limits:
     max_rule_files: int = 64
 
 
-from .output import one_line  # noqa: E402  (re-exported: the pages and the service use it from here)
+from ..output import one_line  # noqa: E402  (re-exported: the pages and the service use it from here)
 
 # -- bodies -----------------------------------------------------------------------------------
 
@@ -260,7 +260,7 @@ def create_app(db: Database, token: Tokens | str | None = None, limits: Limits |
 
 
 def _error_handlers(app: FastAPI) -> None:
-    from .safesql import SqlBusy
+    from ..safesql import SqlBusy
 
     @app.exception_handler(SqlBusy)
     async def _busy(_: Request, e: SqlBusy) -> Response:
@@ -286,7 +286,7 @@ def _error_handlers(app: FastAPI) -> None:
     async def _bug(_: Request, e: Exception) -> Response:
         import logging
 
-        logging.getLogger("cmdare.analytics.http").error("internal error: %s", type(e).__name__, exc_info=True)
+        logging.getLogger("cmdare.analytics.server.http").error("internal error: %s", type(e).__name__, exc_info=True)
         return JSONResponse({"error": f"internal error ({type(e).__name__}): see the collector's log"}, 500)
 
 

@@ -40,7 +40,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-log = logging.getLogger("cmdare.analytics.tokens")
+log = logging.getLogger("cmdare.analytics.server.tokens")
 
 SCOPES = ("read", "admin")
 MAX_FILE = 64 << 10  # bytes of a token file
@@ -127,7 +127,7 @@ def _labels(v: object, at: str, scope: str) -> tuple[tuple[str, str], ...]:
 
 def read(path: str | Path) -> list[Token]:
     """A token file's tokens (a regular file of at most 64 KiB: a FIFO is refused unread)."""
-    from .db import read_text_file
+    from ..db import read_text_file
 
     return parse(read_text_file(path, MAX_FILE, "a token file", str(path), error=TokenError), str(path))
 

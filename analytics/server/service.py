@@ -1,4 +1,4 @@
-"""The collector's HTTP API server: cmdare.analytics.http's app on uvicorn, in a thread of
+"""The collector's HTTP API server: cmdare.analytics.server.http's app on uvicorn, in a thread of
 the collector's process, over the collector's own database connection.
 
 On ``127.0.0.1`` by default; off loopback it needs a bearer token (``--http-token-file`` or
@@ -27,13 +27,13 @@ import duckdb
 
 from cmdare.dashboards.sessions import SESSION_TTL
 
-from .client import TOKEN_ENV, service_file
-from .db import Database
+from ..db import Database
+from ..resources import TOKEN_ENV, service_file
 from .http import Limits, create_app
 from .throttle import HOW, Throttle
 from .tokens import TokenError, Tokens
 
-log = logging.getLogger("cmdare.analytics.service")
+log = logging.getLogger("cmdare.analytics.server.service")
 MAX_CONNECTIONS = 256
 CONCLUSIONS_TTL = 30.0  # seconds a scrape reuses the last findings / goodput figures
 REQUEST_TIMEOUT = 10.0
@@ -43,7 +43,7 @@ REQUEST_TIMEOUT = 10.0
 class HttpConfig:
     host: str
     port: int
-    token: Tokens | str | None = None  # analytics/tokens.py (a file's, re-read when it changes), or one token
+    token: Tokens | str | None = None  # analytics/server/tokens.py (a file's, re-read when it changes), or one token
     tls_cert: str | None = None
     tls_key: str | None = None
     max_connections: int = MAX_CONNECTIONS
@@ -116,7 +116,7 @@ class Service:
                   "python_enable_replacements"):
             con.execute(f"SET {k} = false")
         con.execute(f"SET memory_limit = '{_memory_limit()}'")
-        from . import safesql
+        from .. import safesql
 
         safesql.BUDGET.total = safesql.total_budget()  # user SQL's memory, all queries together
         # made here, in the caller's (ingest) thread
@@ -237,7 +237,7 @@ class Service:
 
         now = time.monotonic()
         if self._conclusions is None or now - self._conclusions[0] >= CONCLUSIONS_TTL:
-            from .fleet import conclusions
+            from ..fleet import conclusions
 
             try:
                 with self.database.read() as con:
