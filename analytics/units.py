@@ -250,9 +250,20 @@ class Detector(AnalyticsUnit):
 
 class Recommender(AnalyticsUnit):
     """Base of recommenders (``analytics/recommend/<name>.py``): ``run`` returns
-    ``Recommendation``s."""
+    ``Recommendation``s.  Its ``analyze recommend NAME`` command is made from the unit
+    (analytics/cli/recommend.py): the class docstring is its help, ``OPTIONS`` its flags,
+    and these say the rest."""
 
     RESULT: ClassVar[type] = Recommendation
+    # when the command reads the database: "always"; "job" (only with the ``job`` option:
+    # the other figures come on the command line); "optional" (when --db is given or the
+    # default database exists)
+    DATABASE: ClassVar[str] = "always"
+    NEEDS: ClassVar[dict[str, str]] = {}  # option -> the option it needs on the command line
+    # per option, how the terminal shows it (click's keywords, as data: "decls", "multiple",
+    # "metavar", "help", "required", "hidden"; "path": a file on the caller's machine);
+    # "db": the --db option's help where the database is optional
+    TERMINAL: ClassVar[dict[str, dict[str, Any]]] = {}
 
 
 DETECTORS: Registry[type[Detector]] = Registry("detector")

@@ -132,7 +132,31 @@ def _knee_text(knees: dict[int, dict[str, Any]], k: dict[str, Any], predicted: b
 
 @RECOMMENDERS.register
 class Cluster(Recommender):
+    """How many workers and parameter servers for job J's model and accelerator: per PS
+    count, the knee (the count past which one more worker adds 7 % or less), from the
+    model's measured runs at several worker counts where they show it, else from the
+    cluster fit; whether a second PS pays (its knee is faster by more than the threshold);
+    with --steps and --deadline, the cheapest counts that finish in time.
+
+    With --gpu-type, the job's model sized on another accelerator (its single-worker time
+    carried there by the speed fit). Without a job: a declaration (--flops-per-step,
+    --params, --tensors) and --gpu-type, through the speed and cluster fits.
+
+    A data-parallel job (no parameter server; it reports its all-reduce: DDP, FSDP): the
+    world size and nodes from the all-reduce cost model fitted to its model's runs, and
+    what hides its communication (gradient accumulation, one node, fp16 compression),
+    each with its predicted gain (docs/recommendations.md).
+
+    \b
+    Examples:
+      analyze recommend cluster --from-job resnet-1gpu
+      analyze recommend cluster --from-job resnet-k80 --gpu-type p100
+      analyze recommend cluster --flops-per-step 3.1e12 --params 25.6e6 --gpu-type v100
+      analyze recommend cluster --from-job resnet-1gpu --steps 1e6 --deadline 8h --worker-price 0.9 --ps-price 0.2
+    """
+
     name = "cluster"
+    NEEDS = {"deadline": "steps"}
     OPTIONS = {
         "from_job": Option("str", "", "the job whose model and accelerator to size (required)"),
         "max_workers": Option("int", 16, "most workers to consider", lo=1, hi=4096),

@@ -129,7 +129,28 @@ def one_answer(tf: Recommendation, knee: Recommendation) -> Recommendation:
 
 @RECOMMENDERS.register
 class DataWorkers(Recommender):
+    """How many input (data) workers: the tf.data service auto-scaler's rule on consumers'
+    target times and workers' processing times (values outside mean +/- 1 standard
+    deviation replaced by the median; N = max(1, ceil(sum of consumption rates / mean
+    worker throughput)); growth bounded to min(4 x current, current + 500)), or Cachew's
+    knee on the batch times a job saw at consecutive worker counts (add one while it
+    improves batch time by more than 7 %).
+
+    \b
+    Examples:
+      analyze recommend data-workers --consumer-ms 10,10 --worker-ms 40,40,40,400
+      analyze recommend data-workers --batch-ms 1:120,2:70,3:62,4:60 --json
+      analyze recommend data-workers --job resnet50-a --worker-price 0.19
+
+    With --job, from the job's telemetry: consumers' target time per batch is the training
+    ranks' step compute time (step time minus input wait), workers' processing time per
+    batch comes from its input workers (track.init(role="data"), run.produced(...)), per
+    element where both report examples; and Cachew's knee when the job ran at several
+    input-worker counts.
+    """
+
     name = "data_workers"
+    DATABASE = "job"
     OPTIONS = {
         "consumer_ms": Option("list", [], "consumers' target time per element, ms (one per consumer)"),
         "worker_ms": Option("list", [], "data workers' processing time per element, ms (one per worker)"),

@@ -127,7 +127,28 @@ def cost_per_1000_steps(batch_s: float, remote: int, host_price: float, worker_p
 
 @RECOMMENDERS.register
 class Placement(Recommender):
+    """Local versus remote input workers: Pecan's AutoPlacement replayed over the batch times
+    a job observed per (remote, local) configuration. Scale remote workers up while the
+    batch time improves by more than --threshold, then add local workers (free) while it
+    does not get worse by more than 10 %, then remove remote workers while the removal is
+    economical (w > -r x (c + n_remote x w)). Gives the configuration it settles on (or,
+    when the trace ends first, the next one to measure) and the cost per 1,000 steps of each.
+
+    \b
+    Examples:
+      analyze recommend placement --trace batches.csv --host-price 2.48 --worker-price 0.19
+      analyze recommend placement --job resnet50-a --host-price 2.48 --worker-price 0.19
+
+    With --job, the trace comes from telemetry: per minute, the job's input workers on a
+    host of its training ranks (local) or elsewhere (remote), and the training ranks'
+    median batch time; a configuration held two minutes or more counts (its first minute
+    left out). A price not given is the price catalogue's for the job's own nodes (its
+    accelerator hosts', its input workers'); --trace needs both prices.
+    """
+
     name = "placement"
+    DATABASE = "job"
+    TERMINAL = {"trace": {"path": True}}
     OPTIONS = {
         "trace": Option("str", "", "CSV of observed batch times: remote,local,batch_ms"),
         "host_price": Option("float", 0.0, "$/hour of the accelerator host", lo=0),

@@ -48,7 +48,22 @@ def _finite(x: Any) -> bool:
 
 @RECOMMENDERS.register
 class Region(Recommender):
+    """Where to run spot VMs of an accelerator: regions ranked by expected revocations per
+    hour (the lifetime fit: the cumulative hazard -ln S(t) over t at the survival curve's
+    last point with lives at risk, with a 95 % interval), then spot VM start-up time (the
+    overhead fit), then the price (given, or the price catalogue's). A region with fewer
+    than --min-lives lives is listed, not ranked; overlapping intervals are said. The zones
+    of the best region are ranked the same way (Kaplan-Meier on the lives stored now).
+
+    \b
+    Example:
+      analyze recommend region --gpu-type v100 --hours 12 --price us-central1=0.74
+    """
+
     name = "region"
+    TERMINAL = {"gpu_type": {"required": True},
+                "prices": {"decls": ["--price"], "multiple": True, "metavar": "REGION=DOLLARS",
+                           "help": "spot $/hour in a region (repeatable; default: the price catalogue's, per accelerator)"}}
     OPTIONS = {
         "gpu_type": Option("str", "", "the accelerator (catalogue name or alias, e.g. v100)"),
         "min_lives": Option("int", 5, "VM lives a region needs before it is ranked", lo=1),
