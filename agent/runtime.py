@@ -19,7 +19,7 @@ from typing import Any
 
 from cmdare.wire.events import Encoded, EventFactory, jstr
 
-from . import __version__, cloud
+from . import __version__
 from .config import AgentConfig
 from .exporters import MetricStore, OtlpExporter, PrometheusExporter
 from .sdnotify import Notifier
@@ -27,7 +27,8 @@ from .sinks.kafka import KafkaSink
 from .sinks.shipper import Shipper
 from .sinks.spool import Spool
 from .sources import REGISTRY, Source, SourceUnavailable
-from .state import AgentState
+from .sources import metadata as cloud
+from .sources.state import AgentState
 
 log = logging.getLogger("cmdare.agent")
 STOP_GRACE = 3.0

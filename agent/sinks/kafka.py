@@ -12,9 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cmdare.wire.kafka import explain
-
-from ..config import KafkaURL
+from cmdare.wire.kafka import KafkaURL, explain
 
 log = logging.getLogger("cmdare.agent.kafka")
 

@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 from cmdare.wire.plugin import Option
 from cmdare.wire.units import ConfigError
 
-from .. import cloud
-from ..state import AgentState
+from . import metadata as cloud
 from .base import SOURCES, Emit, Source
+from .state import AgentState
 
 log = logging.getLogger("cmdare.agent.cloud")
 PROVIDERS = ("auto", "none", *cloud.CLOUDS)

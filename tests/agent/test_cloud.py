@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from cmdare.agent import cloud
 from cmdare.agent.config import ConfigError
+from cmdare.agent.sources import metadata as cloud
 from cmdare.agent.sources.cloud import CloudSource
-from cmdare.agent.state import AgentState
+from cmdare.agent.sources.state import AgentState
 from tests.fakes.metadata import FakeMetadata
 
 BOOT = 1_790_000_000.0
