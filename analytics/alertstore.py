@@ -1,4 +1,4 @@
-"""The alert state of a lake's ruler (analytics/lakeruler.py), kept in the lake catalog's
+"""The alert state of a lake's ruler (analytics/server/lakeruler.py), kept in the lake catalog's
 own database (SQLAlchemy: SQLite or PostgreSQL): the ``cmdare_alerts`` and
 ``cmdare_alert_rules`` tables, a row per alert and per rule as a database file's
 ``alerts`` and ``alert_rules`` hold them. Read by every server and by ``analyze --lake``;

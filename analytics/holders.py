@@ -1,5 +1,5 @@
 """Which pod or Slurm job holds a GPU, and which tracked job each such holder ran: what
-goodput (analytics/accounting.py) and the GPU detectors (analytics/evidence.py ``held_by``)
+goodput (analytics/goodput/accounting.py) and the GPU detectors (analytics/detectors/evidence.py ``held_by``)
 both need. Imports neither of them."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ NODES_SQL = """SELECT node, arg_max(role, last_seen) AS role,
 FROM ({src}) GROUP BY node"""
 
 
-# tables a lake's ruler also reads straight from Kafka (analytics/lakeruler.py FastPath):
+# tables a lake's ruler also reads straight from Kafka (analytics/server/lakeruler.py FastPath):
 # the lake's rows in lake_<t>, the rows read ahead of a commit in fast_<t>, and <t> the view
 # of both (a row in both, by its event id, once)
 FAST = ("revocations", "lifecycle_events")
@@ -282,7 +282,7 @@ def written(lake: Lake, con: duckdb.DuckDBPyConnection, skip: Any = ()) -> Itera
 
 
 def _ruler_state(lake: Lake) -> dict[str, list[tuple[Any, ...]]] | None:
-    """The alert state a lake's ruler keeps in the catalog (analytics/lakeruler.py), as the
+    """The alert state a lake's ruler keeps in the catalog (analytics/server/lakeruler.py), as the
     ``alerts`` and ``alert_rules`` rows; None when no ruler ever ran over this lake."""
     from sqlalchemy import inspect
 

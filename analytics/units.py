@@ -43,7 +43,7 @@ class Scope:
     job: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
-    # what the detectors of one run share (cmdare.analytics.evidence: job spans, per-GPU
+    # what the detectors of one run share (cmdare.analytics.detectors.evidence: job spans, per-GPU
     # and per-host time buckets), computed once per run; not part of the scope's identity
     cache: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 

@@ -1,5 +1,5 @@
 """Cost of keeping findings current: the collector's scheduled detector rounds
-(``--detect-every 1m --detect-window 15m``, cmdare.analytics.current) on a large fleet.
+(``--detect-every 1m --detect-window 15m``, cmdare.analytics.findings.current) on a large fleet.
 
     python bench/detect_rounds.py --db PATH [--rounds 10] [--every 60] [--window 900]
 
@@ -31,8 +31,8 @@ from common import ROOT  # noqa: F401  (puts the checkout on sys.path)
 def _reads(con, now: dt.datetime, window: float) -> tuple[int, int]:
     """What a round's GPU reads cover (not timed): the raw samples of its window's partial
     buckets and the rollup rows of its whole ones (the same split every detector uses)."""
-    from cmdare.analytics.current import window_start
-    from cmdare.analytics.evidence import split
+    from cmdare.analytics.detectors.evidence import split
+    from cmdare.analytics.findings.current import window_start
     from cmdare.analytics.units import Scope
 
     whole, edge, p = split(Scope(None, window_start(now, window), now))
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=60.0)
     ap.add_argument("--window", type=float, default=900.0)
     a = ap.parse_args()
-    from cmdare.analytics.current import DetectorSchedule
+    from cmdare.analytics.findings.current import DetectorSchedule
     from cmdare.collector.db import connect
 
     with tempfile.TemporaryDirectory(prefix="cmdare-bench-rounds-") as tmp:

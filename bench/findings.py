@@ -187,7 +187,7 @@ def child(what: str, db: str, lake: str | None = None) -> None:
         return
     opened = 0.0
     if lake and lake.startswith("replica:"):  # a lake server's replica (what its ruler's detectors read)
-        from cmdare.analytics.lakeserve import LakeReplica
+        from cmdare.analytics.server.lakeserve import LakeReplica
         from cmdare.collector.lake import Lake
 
         t = time.perf_counter()

@@ -101,7 +101,7 @@ def keep_hours(con) -> int:
     """goodput_hours brought up to date as a collector keeps it, a week of hours at a time
     (a collector computes each hour as it ends; one sweep over 90 days of hours at once
     would hold every interval of the range)."""
-    from cmdare.analytics import goodhours
+    from cmdare.analytics.goodput import goodhours
 
     todo, gone = goodhours.plan(con)
     n = goodhours.store(con, [], gone)

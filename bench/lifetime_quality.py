@@ -36,8 +36,8 @@ def fractions(rows: list[dict[str, str]]) -> dict[tuple[str, str], dict[int, flo
 
 
 def fit(rows: list[dict[str, str]], header: list[str]) -> dict:
-    from cmdare.analytics import overheads
     from cmdare.analytics.db import Database
+    from cmdare.analytics.imports import overheads
     from cmdare.analytics.models.lifetime import fit_lifetime
     from cmdare.collector.db import connect
 

@@ -28,7 +28,7 @@ FIELDS = ("idle_pct", "compute_pct", "non_compute_pct", "overlap_pct")
 
 
 def ours(d: Path, tmp: Path) -> tuple[float, dict[int, tuple[float, ...]]]:
-    from cmdare.analytics import traces
+    from cmdare.analytics.imports import traces
     from cmdare.collector.db import connect
 
     db = tmp / f"bench-{time.monotonic_ns()}.duckdb"

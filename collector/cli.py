@@ -189,7 +189,7 @@ def serve(ctx: click.Context, config_file: str | None, **params: Any) -> None:
           --notices kafka://b1:9092/cmdare.events
       analyze --server http://127.0.0.1:8765 bottlenecks --since 1h
     """
-    from cmdare.analytics.sqlpool import memory_cap
+    from cmdare.analytics.server.sqlpool import memory_cap
     from cmdare.wire.kafka import parse_kafka_url
     from cmdare.wire.units import parse_duration
 

@@ -1,5 +1,5 @@
 """The ruler's lease over a lake: which one of a lake's servers evaluates the alert rules
-and runs the scheduled detectors (analytics/lakeruler.py). No consensus of our own: the
+and runs the scheduled detectors (analytics/server/lakeruler.py). No consensus of our own: the
 lease is a lock the catalog's own machinery gives and takes back when its holder dies.
 
 - a PostgreSQL catalog (many hosts): a session-level advisory lock

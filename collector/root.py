@@ -116,7 +116,7 @@ def run(cfg: CollectorConfig, say: Say) -> None:
 
 
 def _ingest(cfg: CollectorConfig, con: Any, say: Say) -> Any:
-    from cmdare.analytics import goodhours
+    from cmdare.analytics.goodput import goodhours
 
     if cfg.command == "kafka":
         ing = KafkaIngest(con, cfg.url, cfg.group, cfg.batch_bytes, cfg.max_wait, progress=progress(say),
@@ -181,7 +181,7 @@ def _alerting(con: Any, cfg: CollectorConfig) -> Any:
 
 def _detectors(con: Any, cfg: CollectorConfig, say: Say) -> Any:
     """The detectors on a schedule (findings kept current), or None with --detect-every off."""
-    from cmdare.analytics.current import DetectorSchedule
+    from cmdare.analytics.findings.current import DetectorSchedule
 
     if cfg.detect_every is None:
         return None
@@ -284,7 +284,7 @@ def _run_lake(cfg: CollectorConfig, say: Say) -> None:
 def lake_goodput(spark: Any = None) -> Callable[[Any], int]:
     """``maintain``'s derived step for a lake: goodput by the hour, computed by the
     analytics library (here, or on Spark's executors when ``spark`` is given)."""
-    from cmdare.analytics import goodhours
+    from cmdare.analytics.goodput import goodhours
 
     def run(lake: Any) -> int:
         rows = None

@@ -1,4 +1,4 @@
-"""``cmdare-collector serve --lake``: the server tier over a lake (analytics/lakeserve.py).
+"""``cmdare-collector serve --lake``: the server tier over a lake (analytics/server/lakeserve.py).
 
 One process: it reads the lake into its replica, serves the API, the pages and
 ``/metrics`` exactly as a collector serves its database file, and reads what the ingest
@@ -37,7 +37,7 @@ class ServeConfig:
     http: Any  # analytics.server.service.HttpConfig
     refresh: float = REFRESH
     cache_dir: Path | None = None
-    sql_workers: int = 2  # user SQL's worker processes (analytics/sqlpool.py)
+    sql_workers: int = 2  # user SQL's worker processes (analytics/server/sqlpool.py)
     sql_memory: int | None = None  # each one's address-space cap (default: sqlpool.memory_cap())
     # the ruler's settings (rules, receivers, detectors; collector/config.py, command "serve")
     settings: Any = None
@@ -63,9 +63,9 @@ def http_config(http: str, token_file: str | None, tls_cert: str | None, tls_key
 def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None:
     """Serve until ``stop`` is set (default: SIGTERM / SIGINT)."""
     from cmdare.analytics.db import AnalyticsError
-    from cmdare.analytics.lakeserve import LakeReplica, LakeServed, Refresher
+    from cmdare.analytics.server.lakeserve import LakeReplica, LakeServed, Refresher
     from cmdare.analytics.server.service import Service
-    from cmdare.analytics.sqlpool import SqlPool
+    from cmdare.analytics.server.sqlpool import SqlPool
 
     from .lake import Lake, LakeError
 
@@ -137,7 +137,7 @@ def _alerting(replica: Any, cfg: ServeConfig, pool: Any) -> Any:
     """The rule evaluation, validated against what the server has read (not started: the
     ruler starts it once it holds the lease); None without rules. Each rule's SQL runs in
     one of ``pool``'s worker processes, over the lake and the rows the ruler read ahead of
-    it (analytics/sqlpool.py): a rule past the memory, CPU or time caps costs its worker and
+    it (analytics/server/sqlpool.py): a rule past the memory, CPU or time caps costs its worker and
     that rule's round, never the server."""
     from cmdare.analytics.alerting import RuleError
     from cmdare.analytics.alerting.schedule import load
@@ -160,9 +160,9 @@ def _alerting(replica: Any, cfg: ServeConfig, pool: Any) -> Any:
 
 
 def _ruler(lk: Any, served: Any, alerting: Any, cfg: ServeConfig, say: Say, on_lost: Callable[[str], None]) -> Any:
-    """This server's part in ruling the lake (analytics/lakeruler.py)."""
+    """This server's part in ruling the lake (analytics/server/lakeruler.py)."""
     from cmdare.analytics.alerting.schedule import GAP
-    from cmdare.analytics.lakeruler import AlertStore, FastPath, Ruler, lake_detectors, pg_fence
+    from cmdare.analytics.server.lakeruler import AlertStore, FastPath, Ruler, lake_detectors, pg_fence
 
     from .lease import Lease
 

@@ -105,7 +105,7 @@ class Writer:
         self._rolled_at = time.monotonic()
         self._goodput_at = -GOODPUT_EVERY  # the first rollup run refreshes them too
         # a table derived from the rollups, kept with them every GOODPUT_EVERY seconds: the
-        # collector's root sets goodput by the hour (cmdare.analytics.goodhours.refresh); the
+        # collector's root sets goodput by the hour (cmdare.analytics.goodput.goodhours.refresh); the
         # writer itself knows no analytics
         self.derive: Callable[[duckdb.DuckDBPyConnection], int] | None = None
         self._window: tuple[dt.datetime, dt.datetime] | None = None

@@ -250,7 +250,7 @@ def test_the_cycle_check_finds_a_cycle() -> None:
 STORE = {"cmdare.collector.db", "cmdare.collector.views", "cmdare.collector.rollup", "cmdare.collector.lake",
          "cmdare.collector.lakerollup", "cmdare.collector.lease", "cmdare.collector.ingest.storage"}
 FRONT_ENDS = {"cmdare.collector.cli", "cmdare.collector.config", "cmdare.collector.root", "cmdare.collector.serve",
-              "cmdare.collector.lakecli", "cmdare.collector.submit", "cmdare.analytics.client"}
+              "cmdare.collector.lakecli", "cmdare.collector.submit"}
 LAYERS = ("wire", "store", "ingest", "analytics", "server", "front end")
 
 
@@ -279,12 +279,12 @@ def test_imports_go_one_way_down_the_layers() -> None:
 
 
 def test_the_layer_check_finds_an_import_against_the_arrow() -> None:
-    graph = {"cmdare.collector.db": {"cmdare.analytics.fleet"}, "cmdare.analytics.fleet": {"cmdare.collector.db"},
+    graph = {"cmdare.collector.db": {"cmdare.analytics.api.fleet"}, "cmdare.analytics.api.fleet": {"cmdare.collector.db"},
              "cmdare.analytics.detectors.gpu_idle": {"cmdare.analytics.server.http"},
              "cmdare.analytics.cli.findings": {"cmdare.analytics.server.http", "cmdare.wire.events"}}
     assert _against_layers(graph) == [
         "cmdare.analytics.detectors.gpu_idle (analytics) imports cmdare.analytics.server.http (server)",
-        "cmdare.collector.db (store) imports cmdare.analytics.fleet (analytics)",
+        "cmdare.collector.db (store) imports cmdare.analytics.api.fleet (analytics)",
     ]
 
 

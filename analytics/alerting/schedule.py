@@ -126,7 +126,7 @@ class Alerting:
         # trails by its collectors' commit interval)
         self.gap = GAP
         # where a round's state is kept durably before anything is sent (a lake's ruler:
-        # the catalog, analytics/lakeruler.py); None: the connection's alerts table only
+        # the catalog, analytics/server/lakeruler.py); None: the connection's alerts table only
         self.store: Any = None
 
     def on_batch(self, result: Any) -> None:

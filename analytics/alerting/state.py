@@ -76,7 +76,7 @@ class Engine:
         # within this many seconds (unresolved) instead of running their detector again
         self.findings_fresh: float | None = None
         # where a rule's SQL runs, when not on the round's connection: (rule, at, timeout,
-        # horizon, lag) -> its instances (a lake's ruler: a worker process, analytics/sqlpool.py)
+        # horizon, lag) -> its instances (a lake's ruler: a worker process, analytics/server/sqlpool.py)
         self.evaluator: Any = None
 
     def delivered(self, items: list[tuple[tuple[str, str], Any, bool]], at: dt.datetime) -> None:

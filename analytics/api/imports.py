@@ -42,7 +42,7 @@ def import_jobs(db: Database, jobs: list[tuple[str, list[bytes]]]) -> list[dict[
             if not lines:  # only open it (the CLI checks the database before reading files)
                 out.append({"steps": 0, "scalars": 0, "duplicates": 0})
                 continue
-            from ..tbimport import drop_stored
+            from ..imports.tbimport import drop_stored
 
             kept, stored = drop_stored(con, job, lines)
             w = Writer(con).write([(f"import:{job}", b"".join(x if x.endswith(b"\n") else x + b"\n" for x in kept))])

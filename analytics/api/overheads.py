@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import overheads
 from ..db import AnalyticsError, Database
+from ..imports import overheads
 
 
 def import_overheads(db: Database, kind: str, records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -18,8 +18,8 @@ from .recommend import recommend
 
 def fleet_summary(db: Database, since: dt.datetime | None = None, until: dt.datetime | None = None,
                   lost_after: float = 3, with_nodes: bool = True) -> dict[str, Any]:
-    """The fleet page's stat strip (cmdare.analytics.fleet.summary)."""
-    from .. import fleet
+    """The fleet page's stat strip (cmdare.analytics.api.fleet.summary)."""
+    from . import fleet
 
     with db.read() as con:
         return fleet.summary(con, since, until, lost_after, with_nodes, db.horizon())
@@ -29,8 +29,8 @@ def gpu_heatmap(db: Database, since: dt.datetime | None = None, until: dt.dateti
                 columns: int = 120, label: str | None = None, group: str = "auto", job: str | None = None,
                 node: str | None = None) -> dict[str, Any]:
     """Mean utilisation per GPU, node or job and time bucket; ``job`` / ``node``: that
-    job's (node's) GPUs only (cmdare.analytics.fleet.heatmap)."""
-    from .. import fleet
+    job's (node's) GPUs only (cmdare.analytics.api.fleet.heatmap)."""
+    from . import fleet
 
     with db.read() as con:
         return fleet.heatmap(con, since, until, columns, queries.parse_label(label), group, job, node)
@@ -39,7 +39,7 @@ def gpu_heatmap(db: Database, since: dt.datetime | None = None, until: dt.dateti
 def job_series(db: Database, job: str, since: dt.datetime | None = None, until: dt.datetime | None = None,
                columns: int = 120) -> dict[str, Any]:
     """One job's speed, step time and input wait over time, and its ranks slowest first."""
-    from .. import fleet
+    from . import fleet
 
     with db.read() as con:
         _known_job(con, job)

@@ -83,9 +83,9 @@ def steps(db: Database, job: str, node: str | None = None, since: dt.datetime | 
 def goodput(db: Database, job: str, since: dt.datetime | None = None, until: dt.datetime | None = None,
             every: float | None = None) -> Table:
     """A job's accelerator time (within [since, until) when given; per window of ``every``
-    seconds) in closed goodput / badput buckets, GPU-hours and dollars (cmdare.analytics.accounting)."""
-    from ..accounting import job_table
+    seconds) in closed goodput / badput buckets, GPU-hours and dollars (cmdare.analytics.goodput.accounting)."""
     from ..goodput import epoch
+    from ..goodput.accounting import job_table
 
     with db.read() as con:
         cols, rows = job_table(con, job, epoch(since), epoch(until), every)
@@ -97,7 +97,7 @@ def fleet_goodput(db: Database, since: dt.datetime | None = None, until: dt.date
                   by: str = "fleet", every: float | None = None, detect: bool = True) -> Table:
     """Every job's accelerator time in the range, rolled up ``by`` job, region, accelerator,
     fleet or a node label (e.g. team); ``notes`` says what was not counted."""
-    from ..accounting import fleet_table
+    from ..goodput.accounting import fleet_table
 
     with db.read() as con:
         cols, rows, notes = fleet_table(con, since, until, by, every, detect)
@@ -111,7 +111,7 @@ def sql(db: Database, query: str, max_rows: int | None = None, timeout: float | 
 
     rows, secs, size = max_rows or safesql.MAX_ROWS, timeout or safesql.TIMEOUT, max_bytes or safesql.MAX_BYTES
     pool = getattr(db, "sql_pool", None)
-    if pool is not None:  # a lake server: in a worker process (analytics/sqlpool.py)
+    if pool is not None:  # a lake server: in a worker process (analytics/server/sqlpool.py)
         from ..scoping import current
 
         return pool.run(query, rows, secs, size, current())

@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from ..client import Local, backend
 from ..db import AnalyticsError, default_db, since_cutoff
+from .client import Local, backend
 
 db_option = click.option(
     "--db",

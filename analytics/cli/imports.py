@@ -14,10 +14,10 @@ from cmdare.wire.events import ROLES
 from cmdare.wire.tbevents import EXAMPLES_TAG, STEPS_TAG
 
 from .. import api
-from ..client import Remote
 from ..db import AnalyticsError
-from ..overheads import FORMATS
-from ..tbplan import is_pattern
+from ..imports.overheads import FORMATS
+from ..imports.tbplan import is_pattern
+from .client import Remote
 from .common import call, cli, database_or_remote, db_option, json_object_option
 from .render import fold
 
@@ -93,8 +93,8 @@ def tensorboard(paths: tuple[str, ...], job: str | None, manifest: str | None, d
       analyze import tensorboard logs/ --job 'sweep-{run}' --gpu-type v100
       analyze import tensorboard --manifest jobs.csv
     """
-    from .. import tbimport
-    from ..tbplan import plan
+    from ..imports import tbimport
+    from ..imports.tbplan import plan
 
     declare = {"accelerator": o.pop("gpu_type"), "world_size": o.pop("workers"), "ps": o.pop("ps"),
                "model": o.pop("model"), "params": o.pop("params"), "tensors": o.pop("tensors"),
@@ -194,7 +194,7 @@ def _overheads(kind: str, paths: tuple[str, ...], db: str, as_json_: bool) -> No
     """Local or lake: read and stored in one transaction, a batch at a time. Through a
     collector: checked whole here first (nothing sent if a line is bad), then sent in
     batches; a batch the collector has is a duplicate if sent again."""
-    from .. import overheads
+    from ..imports import overheads
 
     target = database_or_remote(db)
     try:
@@ -363,7 +363,7 @@ def trace(paths: tuple[str, ...], job: str, db: str, as_json_: bool) -> None:
 def _trace_through(target: Remote, job: str, paths: tuple[str, ...], shown: Any) -> dict[str, Any]:
     """Every file read and reduced here first (a bad one: nothing sent), then each rank sent
     to the collector holding the database; a failure says how many ranks it had stored."""
-    from .. import traces
+    from ..imports import traces
 
     ranks = traces.read_all(paths, shown)
     out: dict[str, Any] = {"job": job, "ranks": [], "kernels": 0, "unchanged": 0, "files": len(ranks)}

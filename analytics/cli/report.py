@@ -24,7 +24,7 @@ def report(html_path: str, job: str | None, since: str | None, db: str, as_json_
       analyze report --html fleet.html --since 24h
       analyze report --html sim-ps-5.html --job sim-ps-5
     """
-    from cmdare.analytics.client import Local, backend
+    from cmdare.analytics.cli.client import Local, backend
     from cmdare.analytics.db import AnalyticsError
     from cmdare.dashboards import report as rep
 

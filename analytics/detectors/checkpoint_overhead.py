@@ -11,8 +11,9 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .. import catalog, evidence
+from .. import catalog
 from ..units import DETECTORS, Detector, Finding, Scope
+from . import evidence
 
 
 def mtbf_hours(curve: dict[str, Any]) -> float | None:

@@ -1,6 +1,6 @@
 """comm_bound: data-parallel jobs whose steps wait on communication computation did not hide:
 from their steps' communication wait (the tracking library's run.add_comm_wait), and from
-their imported PyTorch profiler traces (analyze import trace; analytics/traces.py)."""
+their imported PyTorch profiler traces (analyze import trace; analytics/imports/traces.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import duckdb
 
 from cmdare.wire.plugin import Option
 
-from .. import traces
+from ..imports import traces
 from ..units import DETECTORS, Detector, Finding, Scope
 
 
@@ -39,7 +39,7 @@ class CommBound(Detector):
 
     def _telemetry(self, con: duckdb.DuckDBPyConnection, scope: Scope) -> list[Finding]:
         """The steps' communication wait over the window: its share of step time, per job."""
-        from .. import evidence
+        from . import evidence
 
         o = self.options
         if not evidence.has_column(con, "steps", "comm_share_ratio"):
@@ -123,8 +123,8 @@ def _topology(con: duckdb.DuckDBPyConnection, job: str, step_s: float, t0: objec
     PyTorch adapter declares them for a DDP model) and what its hosts' network sent over
     the window: the ring's nodes, the bytes a ring all-reduce moves per rank and step
     (2 (n - 1) / n of the gradients) and the rate the step cadence asks of it."""
-    from .. import evidence
     from ..models import allreduce as ar
+    from . import evidence
 
     out: dict[str, Any] = {}
     if evidence.has_column(con, "jobs", "grad_bytes"):

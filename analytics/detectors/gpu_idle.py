@@ -10,9 +10,9 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .. import evidence
-from ..evidence import BUCKET_SECONDS
 from ..units import DETECTORS, Detector, Finding, Scope
+from . import evidence
+from .evidence import BUCKET_SECONDS
 
 HOUR = dt.timedelta(hours=1).total_seconds()
 

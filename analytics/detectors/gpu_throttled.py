@@ -16,10 +16,10 @@ import duckdb
 from cmdare.wire.events import THROTTLE_BITS
 from cmdare.wire.plugin import Option, Requirement
 
-from .. import evidence
-from ..evidence import BUCKET_SECONDS
 from ..units import DETECTORS, Detector, Finding, Scope
 from ..verdicts import GPU_IDLE_BIT, throttled_sql
+from . import evidence
+from .evidence import BUCKET_SECONDS
 
 
 def reasons(mask: int | None) -> str:

@@ -6,9 +6,9 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .. import evidence
 from ..units import DETECTORS, Detector, Finding, Scope
 from ..verdicts import INPUT_BOUND_CLASSES, input_bound_class
+from . import evidence
 
 
 @DETECTORS.register

@@ -9,9 +9,9 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .. import evidence
 from ..models.steady import JobSpeed, job_speeds
 from ..units import DETECTORS, Detector, Finding, Scope
+from . import evidence
 
 
 def _nic_rates(con: duckdb.DuckDBPyConnection, scope: Scope, nodes: list[str]) -> dict[str, tuple[float, float | None]]:

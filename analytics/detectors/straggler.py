@@ -9,8 +9,8 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .. import evidence
 from ..units import DETECTORS, Detector, Finding, Scope
+from . import evidence
 
 
 @DETECTORS.register

@@ -7,8 +7,8 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .. import evidence
 from ..units import DETECTORS, Detector, Finding, Scope
+from . import evidence
 
 
 def _pct(x: float) -> str:

@@ -116,7 +116,7 @@ def fit_lifetime(con: duckdb.DuckDBPyConnection, lost_after: float = 3) -> Fit:
 
 def _imported(con: duckdb.DuckDBPyConnection) -> list[tuple]:
     """Imported spot lives (analyze import lives), each VM once; none on an older schema."""
-    from .. import lives
+    from ..imports import lives
 
     try:
         return lives.latest(con)

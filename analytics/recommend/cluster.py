@@ -382,7 +382,7 @@ class Cluster(Recommender):
         )
 
     def _latest(self, con: duckdb.DuckDBPyConnection, kind: str) -> dict[str, Any] | None:
-        from .. import evidence
+        from ..detectors import evidence
 
         return evidence.latest_fit(con, kind)
 

@@ -174,7 +174,7 @@ class Placement(Recommender):
         """The prices not given, from the price catalogue for the job's own nodes: the
         accelerator host's VM (the mean over the nodes with accelerators) and an input
         worker's (over those without); what was found, or why not."""
-        from ..accounting import job_vm_prices
+        from ..nodecost import job_vm_prices
 
         o = self.options
         nodes = job_vm_prices(con, o["job"])

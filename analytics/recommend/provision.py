@@ -33,8 +33,9 @@ import numpy as np
 
 from cmdare.wire.plugin import Option
 
-from .. import catalog, evidence
+from .. import catalog
 from ..db import AnalyticsError
+from ..detectors import evidence
 from ..models.lifetime import lives_summary
 from ..units import RECOMMENDERS, Recommendation, Recommender, Scope
 from .profile import InstanceType, Profile, load_profile  # noqa: F401  (the profile's format: profile.py)

@@ -11,8 +11,9 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .. import catalog, evidence
+from .. import catalog
 from ..db import AnalyticsError
+from ..detectors import evidence
 from ..models.lifetime import lives_summary, revocation_probability
 from ..units import RECOMMENDERS, Recommendation, Recommender, Scope
 

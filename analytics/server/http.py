@@ -88,7 +88,7 @@ class TraceRankBody(BaseModel):
     job: str = Field(min_length=1, max_length=512)
     rank: dict[str, Any] = Field(description="one rank of a profiler trace as analyze import trace reduced it: "
                                  "rank, world_size, source, sha256, kernels {step, ts, dur, kind, stream} and "
-                                 "steps {step, ts, dur} as lists (checked whole: analytics/traces.py from_payload)")
+                                 "steps {step, ts, dur} as lists (checked whole: analytics/imports/traces.py from_payload)")
 
 
 class OverheadBody(BaseModel):

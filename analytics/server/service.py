@@ -104,7 +104,7 @@ class Service:
     def __init__(self, con: duckdb.DuckDBPyConnection, db: str | Path, cfg: HttpConfig,
                  totals: Callable[[], Any] | None = None, database: Database | None = None) -> None:
         """``database``: what the requests read when it is not ``con``'s file (a lake's
-        replica, analytics/lakeserve.py: no service file is written for it)."""
+        replica, analytics/server/lakeserve.py: no service file is written for it)."""
         self.db = str(db)
         self.announce = database is None  # DB.service.json: analyze finds a file's collector by it
         self.cfg = cfg
@@ -231,13 +231,13 @@ class Service:
         return generate_latest(reg)
 
     def conclusion_metrics(self) -> Iterator[Any]:
-        """cmdare's conclusions as series (cmdare.analytics.fleet.conclusions), computed at
+        """cmdare's conclusions as series (cmdare.analytics.api.fleet.conclusions), computed at
         most every CONCLUSIONS_TTL seconds: a scrape does not re-run goodput for every job."""
         from prometheus_client.core import GaugeMetricFamily
 
         now = time.monotonic()
         if self._conclusions is None or now - self._conclusions[0] >= CONCLUSIONS_TTL:
-            from ..fleet import conclusions
+            from ..api.fleet import conclusions
 
             try:
                 with self.database.read() as con:

@@ -1,4 +1,4 @@
--- What the detectors' shared GPU buckets read (cmdare.analytics.evidence), kept in the
+-- What the detectors' shared GPU buckets read (cmdare.analytics.detectors.evidence), kept in the
 -- 5-minute rollup so that a fleet-wide analyze reads it instead of every sample: memory
 -- used (sum and count) and the throttle reasons or-ed over the throttled samples.
 -- The rollup is rebuilt: every node's samples are marked pending (reads stay exact).

@@ -6,7 +6,7 @@
 -- owner: censored), running (still alive: censored). id: a hash of the values as given and
 -- of how many identical rows came before in the file (importing a file again stores nothing
 -- twice); a VM exported again in a later state is a second row, and readers take each VM's
--- final state (spot_lives_latest in analytics/lives.py).
+-- final state (spot_lives_latest in analytics/imports/lives.py).
 CREATE TABLE spot_lives (
     id VARCHAR PRIMARY KEY, vm VARCHAR, accelerator VARCHAR NOT NULL, region VARCHAR NOT NULL, zone VARCHAR,
     instance_type VARCHAR, purchase VARCHAR NOT NULL, lifetime_s DOUBLE, created TIMESTAMP, ended TIMESTAMP,

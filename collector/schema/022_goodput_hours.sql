@@ -1,5 +1,5 @@
 -- cmdare collector schema, migration 022: goodput by the hour, kept as data arrives
--- (analytics/goodhours.py). One row a job and hour with data: the seconds of each category
+-- (analytics/goodput/goodhours.py). One row a job and hour with data: the seconds of each category
 -- but idle in that hour, as the raw sweep gives them, whether the hour lies whole inside the
 -- job's span (readers use only those), and the fingerprint of the rollup rows and
 -- checkpoints they were computed from; a reader uses a row only while the fingerprint it

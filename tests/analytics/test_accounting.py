@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cmdare.analytics import accounting
 from cmdare.analytics.cli import cli
+from cmdare.analytics.goodput import accounting
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
 from cmdare.wire.events import encode_many
@@ -258,7 +258,7 @@ def test_a_job_looked_at_and_found_healthy_is_not_detected_again(demo_db: Path, 
     import datetime as dt
     import shutil
 
-    from cmdare.analytics import accounting
+    from cmdare.analytics.goodput import accounting
     from cmdare.collector.db import connect
 
     db = tmp_path / "c.duckdb"

@@ -1,4 +1,4 @@
-"""Accounting's numbers to the digit (analytics/accounting.py): prices node by node from a
+"""Accounting's numbers to the digit (analytics/goodput/accounting.py): prices node by node from a
 catalogue given, the roll-up's and a job table's rounding, evidence that cannot be a share,
 stored findings preferred to running the detectors, windows, and what the notes count."""
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cmdare.analytics import accounting
+from cmdare.analytics import nodecost
+from cmdare.analytics.goodput import accounting
 from cmdare.analytics.prices import Price
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
@@ -54,19 +55,19 @@ def node(itype: str | None, region: str = "us-central1", spot: bool = False, acc
     (node("nope"), None),
 ])
 def test_a_vms_price_from_the_catalogue(nd: tuple, want: float | None) -> None:
-    assert accounting.vm_price(nd, CAT) == want
+    assert nodecost.vm_price(nd, CAT) == want
 
 
 def test_a_jobs_price_per_gpu_hour_averages_its_priced_nodes() -> None:
     nodes = [node("vm-x", n=2, name="a"), node("vm-one", spot=True, name="b"), node("nope", name="c"),
              node(None, name="d")]
-    usd, why = accounting._price(nodes, CAT)  # no memo given: one is made
+    usd, why = nodecost.gpu_price(nodes, CAT)  # no memo given: one is made
     assert usd == pytest.approx((10.0 / 2 + 1.0) / 2) and why == "price catalogue (2 of 4 nodes priced)"
     memo: dict = {}
-    assert accounting._price(nodes, CAT, memo) == (usd, why) and accounting._price(nodes, CAT, memo) == (usd, why)
-    assert accounting._price([node("vm-two", region="mars-1")], CAT) == (
+    assert nodecost.gpu_price(nodes, CAT, memo) == (usd, why) and nodecost.gpu_price(nodes, CAT, memo) == (usd, why)
+    assert nodecost.gpu_price([node("vm-two", region="mars-1")], CAT) == (
         None, "no catalogue price for the job's instance types")
-    assert accounting._price([node("free-1")], CAT)[0] == 0.0  # free is a price, not none
+    assert nodecost.gpu_price([node("free-1")], CAT)[0] == 0.0  # free is a price, not none
 
 
 def test_groups_keep_an_unknown_accelerators_own_name_and_skip_bad_labels() -> None:
@@ -168,7 +169,7 @@ def test_vm_prices_of_a_jobs_nodes(tmp_path: Path) -> None:
     Writer(con).write([("t", encode_many(evs))])
     con.close()
     with duckdb.connect(str(p), read_only=True) as c:
-        got = accounting.job_vm_prices(c, "j")
+        got = nodecost.job_vm_prices(c, "j")
     assert got["n1"] == (pytest.approx(1.1016), True, "a2-highgpu-1g")
     assert set(got) == {"n1", "n2"} and got["n2"][1:] == (True, "n1-standard-8")  # GPUs counted, not named
 
@@ -192,7 +193,7 @@ def test_a_job_without_gpus_or_a_world_size_counts_its_stepping_nodes(tmp_path: 
 
 
 def test_a_jobs_nodes_are_its_declared_ones_else_those_it_stepped_on(tmp_path: Path) -> None:
-    """``_nodes``: a job that declared its ranks (or whose agents carry its label) is on
+    """``nodecost.job_nodes``: a job that declared its ranks (or whose agents carry its label) is on
     those nodes only; a job with neither is on the nodes it stepped on (read from the steps
     for those jobs alone)."""
     con = connect(tmp_path / "n.duckdb")
@@ -203,6 +204,6 @@ def test_a_jobs_nodes_are_its_declared_ones_else_those_it_stepped_on(tmp_path: P
                           ('d', '2026-01-01 00:00:10', 'n3', 'bare', 'r', 1, 10, 5)""")
     con.execute("""INSERT INTO jobs (id, ts, node, job, run, rank, world_size)
                    VALUES ('j', '2026-01-01', 'n1', 'declared', 'r', 0, 2)""")
-    got = accounting._nodes(con, ["declared", "bare"])
+    got = nodecost.job_nodes(con, ["declared", "bare"])
     assert {j: [n[0] for n in ns] for j, ns in got.items()} == {"declared": ["n1"], "bare": ["n2", "n3"]}
     con.close()

@@ -9,7 +9,7 @@ import random
 
 import duckdb
 
-from cmdare.analytics.accounting import BUCKETS_NEAR
+from cmdare.analytics.goodput.accounting import BUCKETS_NEAR
 
 BASE = dt.datetime(2026, 1, 1)
 

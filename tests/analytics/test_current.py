@@ -10,7 +10,8 @@ import logging
 import duckdb
 import pytest
 
-from cmdare.analytics import current, findings
+from cmdare.analytics import findings
+from cmdare.analytics.findings import current
 from tests.analytics.detectors.conftest import fleet  # noqa: F401  (the simulated fleet fixture)
 
 

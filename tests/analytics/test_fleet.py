@@ -1,4 +1,4 @@
-"""The fleet page's library (cmdare.analytics.fleet): GPU states and the utilisation heatmap
+"""The fleet page's library (cmdare.analytics.api.fleet): GPU states and the utilisation heatmap
 read the same figures from the 5-minute rollups (long windows) as from the samples."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import duckdb
 import pytest
 
-from cmdare.analytics import fleet
+from cmdare.analytics.api import fleet
 from cmdare.analytics.db import AnalyticsError
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer

@@ -1,4 +1,4 @@
-"""Goodput by the hour (cmdare.analytics.goodhours): the fleet's goodput read from the kept
+"""Goodput by the hour (cmdare.analytics.goodput.goodhours): the fleet's goodput read from the kept
 hours and the raw sweep over the rest equals the raw sweep over everything, for ranges on
 and off hour boundaries; a late record, checkpoint or declaration in a kept hour sends that
 hour back to the raw sweep until the next refresh; a revoked job is never kept."""
@@ -12,8 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cmdare.analytics import goodhours
-from cmdare.analytics.goodput import CATEGORIES, goodput_many
+from cmdare.analytics.goodput import CATEGORIES, goodhours, goodput_many
 from cmdare.collector import rollup
 from cmdare.collector.db import connect
 

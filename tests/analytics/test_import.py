@@ -168,7 +168,7 @@ def test_bad_paths_get_one_line_errors(tmp_path: Path, args: list[str], message:
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from cmdare.analytics import tbimport
+    from cmdare.analytics.imports import tbimport
 
     (tmp_path / "notes.txt").write_text("hi")
     (tmp_path / "empty").mkdir()
@@ -189,7 +189,7 @@ def test_bad_paths_get_one_line_errors(tmp_path: Path, args: list[str], message:
 
 
 def test_the_points_one_import_holds_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cmdare.analytics import tbimport
+    from cmdare.analytics.imports import tbimport
 
     monkeypatch.setattr(tbimport, "MAX_POINTS", 50)
     root = logdir(tmp_path / "logs", {"a": 2.0})  # 40 points of each of two tags: 80
@@ -201,7 +201,7 @@ def test_an_import_skips_the_points_its_job_already_has_from_any_node(tmp_path: 
     """Import ids are derived from the points: the agent's tensorboard source (its node) and
     an import of the same file (the ``import`` node) make the same events. Identity is
     (node, id) in the writer; within the importing job an import's id alone finds them."""
-    from cmdare.analytics.tbimport import drop_stored
+    from cmdare.analytics.imports.tbimport import drop_stored
     from cmdare.collector.db import connect
     from cmdare.collector.writer import Writer
     from cmdare.wire.events import EventFactory

@@ -13,10 +13,11 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from cmdare.analytics import api, csvstream, overheads
+from cmdare.analytics import api, csvstream
 from cmdare.analytics.cli import cli
 from cmdare.analytics.cli import imports as cli_imports
 from cmdare.analytics.db import AnalyticsError, Database
+from cmdare.analytics.imports import overheads
 from cmdare.collector.db import connect
 from tests.conftest import serving
 
@@ -105,7 +106,7 @@ def test_memory_is_the_batchs_not_the_files(tmp_path: Path) -> None:
     warm.write_text(HEAD + "m,1,1\n")
     code = f"""
 import tracemalloc
-from cmdare.analytics import overheads
+from cmdare.analytics.imports import overheads
 for _ in overheads.stream("checkpoints", [{str(warm)!r}]):
     pass
 tracemalloc.start()

@@ -74,7 +74,7 @@ def test_a_slash_in_a_name_never_reaches_another_route(client: TestClient) -> No
 
 
 def test_the_remote_client_reaches_odd_names(db: Path) -> None:
-    from cmdare.analytics.client import Remote
+    from cmdare.analytics.cli.client import Remote
 
     with TestClient(create_app(Database(db))) as tc:
         remote = Remote.__new__(Remote)  # the client's routes, over the in-process app

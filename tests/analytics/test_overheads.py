@@ -11,9 +11,9 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from cmdare.analytics import overheads
 from cmdare.analytics.cli import cli
 from cmdare.analytics.db import AnalyticsError
+from cmdare.analytics.imports import overheads
 from tests.analytics.conftest import DATA, serving
 from tests.analytics.test_demo_fleet import demo_db  # noqa: F401  (the simulated fleet, a module fixture)
 
@@ -395,8 +395,8 @@ def test_predict_startup_answers_from_the_starts_fit_overhead_lists(demo_db: Pat
 def test_a_fifo_a_duplicate_header_and_a_subnormal_value_are_one_line(tmp_path: Path) -> None:
     import os
 
-    from cmdare.analytics import overheads
     from cmdare.analytics.db import AnalyticsError
+    from cmdare.analytics.imports import overheads
 
     fifo = tmp_path / "ckpt.csv"
     os.mkfifo(fifo)  # nothing ever writes it: the import must not wait

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cmdare.analytics import api
-from cmdare.analytics.client import Local, Remote
+from cmdare.analytics.cli.client import Local, Remote
 from cmdare.analytics.db import Database
 from cmdare.analytics.resources import BY_NAME, RESOURCES
 from cmdare.analytics.server.http import create_app

@@ -117,7 +117,7 @@ def test_the_gpu_summary_equals_summing_the_joined_buckets(db: Path, job, since,
     GPU) holds what the detectors used to sum from every joined bucket: the same numbers
     per job and GPU, and for buckets outside every span (``job`` NULL) the same allocated
     time the anti-join found."""
-    from cmdare.analytics import evidence
+    from cmdare.analytics.detectors import evidence
 
     con = connect(db, read_only=True)
     if job == "one":  # one job's scope: every other job's GPUs are outside its spans

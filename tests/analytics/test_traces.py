@@ -139,7 +139,7 @@ def test_hostile_and_broken_trace_files_are_one_line_and_store_nothing(imported:
 
 
 def test_a_decompression_bomb_stops_at_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cmdare.analytics import traces
+    from cmdare.analytics.imports import traces
 
     monkeypatch.setattr(traces, "MAX_JSON", 1 << 20)
     body = b'{"distributedInfo": {"rank": 0}, "traceEvents": [{"name": "' + b"x" * (8 << 20) + b'"}]}'
@@ -190,7 +190,7 @@ def test_a_hostile_rank_sent_to_the_collector_is_refused_whole(tmp_path: Path, e
     import urllib.error
     import urllib.request
 
-    from cmdare.analytics import traces
+    from cmdare.analytics.imports import traces
     from tests.conftest import serving
 
     with __import__("tempfile").TemporaryDirectory() as tmp:

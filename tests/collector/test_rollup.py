@@ -153,11 +153,11 @@ def test_a_database_from_before_the_rollups_is_rolled_up_from_its_samples(tmp_pa
 ])
 def test_the_detectors_gpu_buckets_from_the_rollup_equal_those_from_the_samples(
         tmp_path: Path, since: float | None, until: float | None) -> None:
-    """analytics.evidence reads whole buckets from the rollup and the edges from the samples:
+    """analytics.detectors.evidence reads whole buckets from the rollup and the edges from the samples:
     the same buckets, counts and means as a pass over every sample, at any scope edges."""
     import datetime as dt
 
-    from cmdare.analytics import evidence
+    from cmdare.analytics.detectors import evidence
     from cmdare.analytics.units import Scope
 
     con = connect(tmp_path / "e.duckdb")

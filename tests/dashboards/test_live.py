@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cmdare.analytics.client import service_file
+from cmdare.analytics.cli.client import service_file
 from tests.conftest import BIN, agent_env, wait_for
 from tests.integration.test_alert_delivery import RULES  # AgentRunning: heartbeats in the last 3 s
 

@@ -67,7 +67,7 @@ def test_alertmanager_receives_firing_then_resolved(tmp_path: Path) -> None:
         assert a["labels"] == {"alertname": "AgentRunning", "node": "n-1", "severity": "info"}
         assert a["annotations"] == {"summary": "n-1 is sending heartbeats"}
         # the alert's link opens the collector's alerts page at its rule (no longer a 404)
-        from cmdare.analytics.client import service_file
+        from cmdare.analytics.cli.client import service_file
 
         api = json.loads(service_file(db).read_text())["url"]
         assert a["status"]["state"] == "active" and a["generatorURL"] == f"{api}/ui/alerts?rule=live%2FAgentRunning"

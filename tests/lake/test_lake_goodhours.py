@@ -1,5 +1,5 @@
 """Goodput by the hour in a lake: ``cmdare-collector maintain`` keeps the lake's
-``goodput_hours`` (analytics/goodhours.py through a LakeDatabase), ``analyze --lake goodput
+``goodput_hours`` (analytics/goodput/goodhours.py through a LakeDatabase), ``analyze --lake goodput
 --fleet`` sums the kept hours and reads the rest raw, the same as the raw sweep; a late
 append to a kept hour sends it back to the raw sweep until the next run; a run with
 nothing changed computes nothing."""
@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cmdare.analytics import goodhours
 from cmdare.analytics.cli import cli as analyze
-from cmdare.analytics.goodput import goodput_many
+from cmdare.analytics.goodput import goodhours, goodput_many
 from cmdare.analytics.lakedb import LakeDatabase
 from cmdare.collector.cli import cli as collector
 from cmdare.collector.db import connect

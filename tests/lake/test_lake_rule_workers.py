@@ -1,4 +1,4 @@
-"""A lake server's alert rules run in worker processes (analytics/sqlpool.py ``rule``): a
+"""A lake server's alert rules run in worker processes (analytics/server/sqlpool.py ``rule``): a
 rule's SQL reads the lake as the worker last planned it (the tables whose metadata moved
 planned again, ``LakeDatabase.replan``) plus the rows the ruler read ahead of the lake;
 its instances equal an evaluation on the lake itself; a rule that turns hostile costs its
@@ -20,7 +20,7 @@ from cmdare.analytics.alerting.evaluate import evaluate
 from cmdare.analytics.alerting.rulefmt import Rule
 from cmdare.analytics.alertstore import AlertStore
 from cmdare.analytics.lakedb import LakeDatabase
-from cmdare.analytics.sqlpool import SqlPool
+from cmdare.analytics.server.sqlpool import SqlPool
 from cmdare.collector.lake import Lake
 from tests.lake.test_lake_ruler import (
     RULES,

@@ -1,4 +1,4 @@
-"""One ruler among a lake's servers (analytics/lakeruler.py, collector/lease.py): exactly
+"""One ruler among a lake's servers (analytics/server/lakeruler.py, collector/lease.py): exactly
 one server evaluates the rules; its alert state lives in the catalog, so every server
 shows the same alerts and a standby that takes over sends no episode twice and loses
 none; the lease is a lock the catalog's machinery frees when its holder dies; the fast
@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from cmdare.analytics.client import Remote
+from cmdare.analytics.cli.client import Remote
 from cmdare.analytics.server.service import HttpConfig
 from cmdare.collector import config, serve
 from cmdare.collector.lake import Lake
@@ -239,8 +239,8 @@ def test_the_flock_lease_is_freed_when_its_holder_is_killed(tmp_path: Path) -> N
 def test_the_fast_path_adds_each_event_once_and_the_lake_copy_replaces_it(tmp_path: Path) -> None:
     """Rows read ahead and then committed show once; a row read twice is kept once; the
     table of rows read ahead is bounded."""
-    from cmdare.analytics import lakeserve
-    from cmdare.analytics.lakeserve import LakeReplica
+    from cmdare.analytics.server import lakeserve
+    from cmdare.analytics.server.lakeserve import LakeReplica
 
     now = time.time()
     lake, ing = make_lake(tmp_path, _hb("n1", 3, now - 30))
@@ -405,8 +405,8 @@ def test_the_fast_path_takes_each_good_notice_and_a_hostile_producer_costs_only_
 
     from kafka import KafkaProducer
 
-    from cmdare.analytics.lakeruler import FastPath
-    from cmdare.analytics.lakeserve import LakeReplica
+    from cmdare.analytics.server.lakeruler import FastPath
+    from cmdare.analytics.server.lakeserve import LakeReplica
     from cmdare.wire.events import encode_many
     from cmdare.wire.kafka import parse_kafka_url
 

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from cmdare.analytics.cli import cli
-from cmdare.analytics.client import Remote
+from cmdare.analytics.cli.client import Remote
 from cmdare.analytics.resources import RESOURCES
 from cmdare.analytics.server.service import HttpConfig
 from cmdare.collector import serve
@@ -221,7 +221,7 @@ def test_new_commits_are_read_incrementally_and_seen_within_the_refresh(tmp_path
 
 
 def test_a_compacted_table_is_read_again_whole_with_the_same_rows(tmp_path: Path) -> None:
-    from cmdare.analytics.lakeserve import LakeReplica
+    from cmdare.analytics.server.lakeserve import LakeReplica
     from cmdare.collector.lakemaint import maintain
 
     lk = Lake(str(tmp_path / "lake"))
@@ -265,7 +265,7 @@ def test_a_broken_commit_costs_that_refresh_and_nothing_already_served(tmp_path:
     in one line, the replica keeps every row it had, and the refresh after the file is
     readable again reads it."""
     from cmdare.analytics.db import AnalyticsError
-    from cmdare.analytics.lakeserve import LakeReplica
+    from cmdare.analytics.server.lakeserve import LakeReplica
 
     lk = Lake(str(tmp_path / "lake"))
     lk.ensure()
@@ -470,7 +470,7 @@ def test_a_memory_attack_in_user_sql_costs_only_its_worker(both) -> None:  # noq
 
 def test_a_worker_killed_past_its_cap_is_replaced_and_said_in_one_line(both) -> None:  # noqa: F811
     from cmdare.analytics.safesql import SqlRefused
-    from cmdare.analytics.sqlpool import SqlPool
+    from cmdare.analytics.server.sqlpool import SqlPool
 
     _, lake = both
     pool = SqlPool(str(lake), None, size=1)
@@ -540,7 +540,7 @@ def test_a_replica_kept_in_its_cache_dir_reads_only_what_changed_at_a_restart(tm
     """A server restarted over its --cache-dir reads nothing the lake did not change since
     (the 1,000-node day took 86-96 s to read whole), and holds exactly the rows a replica
     read from scratch holds; a cache of another lake, or broken, is read again (said)."""
-    from cmdare.analytics.lakeserve import STATE, LakeReplica
+    from cmdare.analytics.server.lakeserve import STATE, LakeReplica
     from cmdare.collector.lakemaint import maintain
 
     lk = Lake(str(tmp_path / "lake"))

@@ -209,7 +209,7 @@ def test_spark_submit_runs_maintain_through_collector_submit(lake: Lake) -> None
 def test_spark_executors_compute_the_lakes_goodput_hours(spark, postgres: Postgres, tmp_path: Path) -> None:
     """maintain --engine spark: the goodput hours are computed by Spark's tasks (a job's
     hours to one task), stored by the driver; the rows equal the DuckDB computation's."""
-    from cmdare.analytics import goodhours
+    from cmdare.analytics.goodput import goodhours
     from cmdare.collector.db import connect
     from cmdare.collector.lake import load_database
     from cmdare.collector.root import lake_goodput

@@ -130,7 +130,8 @@ def test_mtbf_of_a_curve_exactly() -> None:
 def test_a_job_with_few_saves_takes_its_save_time_from_the_overhead_fit(fleet) -> None:
     """Young/Daly with the fitted save time: three saves of a 48 MB checkpoint said little; the
     fit over CM-DARE's imported saves (about 5 s at that size) sets the interval, and says so."""
-    from cmdare.analytics import models, overheads
+    from cmdare.analytics import models
+    from cmdare.analytics.imports import overheads
     from cmdare.wire.events import EventFactory
     from tests.analytics.conftest import DATA
 

@@ -15,7 +15,7 @@ from tests.analytics.test_traces import HTA_DATA
 
 @pytest.fixture(scope="module")
 def con(tmp_path_factory: pytest.TempPathFactory):
-    from cmdare.analytics import traces
+    from cmdare.analytics.imports import traces
 
     c = connect(tmp_path_factory.mktemp("comm") / "c.duckdb")
     for name in ("ddp-2ranks", "sampled-128ranks"):

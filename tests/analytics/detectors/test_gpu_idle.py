@@ -24,7 +24,7 @@ def test_idle_gpus_of_a_running_job_and_memory_held_with_no_work(fleet) -> None:
     assert held.subject == "0,1" and "hold 12.0 GiB" in held.summary
     # the held time is what the idle buckets outside every span add up to, at the GPUs'
     # sampling interval (read apart from the summary the detector uses)
-    from cmdare.analytics import evidence
+    from cmdare.analytics.detectors import evidence
 
     scope = Scope()
     b, s = evidence.gpu_buckets(con, scope), evidence.spans(con, scope)

@@ -197,7 +197,8 @@ def test_one_slow_run_at_the_next_smaller_count_does_not_hide_a_ps_bound_job() -
 @pytest.fixture(scope="module")
 def fits(tmp_path_factory):
     """Speed and cluster fits of the fleet simulator's PS runs (as stored)."""
-    from cmdare.analytics import evidence, models
+    from cmdare.analytics import models
+    from cmdare.analytics.detectors import evidence
     from cmdare.collector.db import connect
     from cmdare.collector.writer import Writer
     from cmdare.wire.events import encode_many

@@ -36,8 +36,8 @@ from cmdare.wire.tbevents import (
     read_event_file,
 )
 
-from . import csvstream
-from .db import AnalyticsError
+from .. import csvstream
+from ..db import AnalyticsError
 
 MAX_FILE = 512 << 20  # bytes of one event file or CSV export (read whole)
 MAX_POINTS = 5_000_000  # scalar points one import holds

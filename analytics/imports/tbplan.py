@@ -15,9 +15,9 @@ from typing import Any
 
 from cmdare.wire.events import ROLES
 
-from . import csvstream
-from .db import AnalyticsError
-from .output import one_line
+from .. import csvstream
+from ..db import AnalyticsError
+from ..output import one_line
 from .tbimport import find_files
 
 MAX_MANIFEST = 4 << 20  # bytes of a manifest CSV

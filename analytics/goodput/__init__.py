@@ -37,8 +37,8 @@ import duckdb
 
 from cmdare.collector.rollup import STEP_SPAN
 
-from .db import AnalyticsError, has_column, has_view
-from .queries import needs_schema
+from ..db import AnalyticsError, has_column, has_view
+from ..queries import needs_schema
 
 CATEGORIES = (
     "productive",

@@ -22,9 +22,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import api, codec
-from .db import AnalyticsError, Database, read_text_file
-from .resources import BY_NAME, SERVICE_SUFFIX, TOKEN_ENV, service_file  # noqa: F401  (the service's side of them)
+from .. import api, codec
+from ..db import AnalyticsError, Database, read_text_file
+from ..resources import BY_NAME, SERVICE_SUFFIX, TOKEN_ENV, service_file  # noqa: F401  (the service's side of them)
 
 CA_ENV = "CMDARE_HTTP_CA"
 TIMEOUT = 660.0  # seconds: above the server's longest limit
@@ -130,7 +130,7 @@ class Remote:
 
     # -- the custom resources: their request and their result rebuilt ---------------------------
     def _sql(self, query: str, max_rows: int | None = None, timeout: float | None = None) -> Any:
-        from .safesql import SqlResult
+        from ..safesql import SqlResult
 
         d = self.request("POST", "/api/v1/sql", body={"query": query, "max_rows": max_rows, "timeout": timeout})
         cols, rows = codec.table_rows(d)
@@ -140,7 +140,7 @@ class Remote:
                      options: dict[str, Any] | None = None, store: bool = True) -> api.Bottlenecks:
         d = self.request("POST", "/api/v1/findings/run", body={
             "job": job, "since": since, "kinds": list(kinds or []), "options": options or {}, "store": store})
-        from .findings import NextStep
+        from ..findings import NextStep
 
         nxt = [NextStep(n["kind"], n["job"], n["command"], bool(n["ok"]), n.get("answer") or "", n.get("reason") or "")
                for n in d.get("next") or []]

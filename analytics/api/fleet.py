@@ -18,8 +18,8 @@ from typing import Any
 
 import duckdb
 
-from . import processes, queries
-from .db import AnalyticsError, has_column
+from .. import processes, queries
+from ..db import AnalyticsError, has_column
 
 BUSY_PCT = 10.0
 THROTTLED_PCT = 10.0
@@ -121,8 +121,8 @@ def _goodput(con: duckdb.DuckDBPyConnection, jobs: list[str], since: dt.datetime
              until: dt.datetime | None) -> dict[str, Any]:
     """Productive seconds over wall seconds summed over ``jobs`` within the window (each job's
     goodput cut at its edges), with the badput parts."""
-    from .accounting import account_many, stored_findings
-    from .goodput import epoch
+    from ..goodput import epoch
+    from ..goodput.accounting import account_many, stored_findings
 
     parts: dict[str, float] = {}
     jobs = jobs[:500]  # bounded work: a fleet page must answer (stored findings only: no detector runs)
@@ -399,7 +399,7 @@ def conclusions(con: duckdb.DuckDBPyConnection, now: dt.datetime | None = None) 
     jobs = [j for (j,) in con.execute(
         "SELECT job FROM steps WHERE job IS NOT NULL AND ts >= ? GROUP BY job ORDER BY max(ts) DESC LIMIT ?",
         [since, MAX_METRIC_JOBS]).fetchall()]
-    from .accounting import account_many, stored_findings
+    from ..goodput.accounting import account_many, stored_findings
 
     found = stored_findings(con, jobs, dt.datetime(1970, 1, 1), now) if jobs else {}
     # accelerator-seconds per bucket ("wall": their total); stored findings only

@@ -1,5 +1,5 @@
 """Running the detectors (``analyze bottlenecks``): all of them or some, over one scope,
-sharing what they read (cmdare.analytics.evidence), with options from a config file and
+sharing what they read (cmdare.analytics.detectors.evidence), with options from a config file and
 per-run overrides; storing what they found in the ``findings`` table.
 
 Storage is idempotent: a run of detectors K over a scope replaces the stored findings of
@@ -20,9 +20,9 @@ import duckdb
 
 from cmdare.wire.units import ConfigError
 
-from .db import AnalyticsError
-from .detectors import DETECTORS
-from .units import Finding, Scope, check_requirements, remembered, run_unit
+from ..db import AnalyticsError
+from ..detectors import DETECTORS
+from ..units import Finding, Scope, check_requirements, remembered, run_unit
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 EPOCH = dt.datetime(1970, 1, 1)  # a coverage that starts with the data
@@ -159,7 +159,7 @@ def keep_lake(uri: str, catalog: str | None, since: dt.datetime, run_kinds: Any 
     (``cmdare-collector maintain --findings``: in lake mode no collector keeps them
     current); ``run_kinds(uri, catalog, since, kinds)`` runs them elsewhere (Spark's
     tasks) and returns one Outcome.  The findings stored."""
-    from .lakedb import LakeDatabase
+    from ..lakedb import LakeDatabase
 
     scope = Scope(None, since, None)
     with LakeDatabase(uri, catalog).write() as con:
@@ -170,7 +170,7 @@ def keep_lake(uri: str, catalog: str | None, since: dt.datetime, run_kinds: Any 
 def run_lake(uri: str, catalog: str | None, since: dt.datetime, kinds: list[str]) -> Outcome:
     """``run`` of ``kinds`` over every job from ``since`` on a lake read of its own (one
     Spark task)."""
-    from .lakedb import LakeDatabase
+    from ..lakedb import LakeDatabase
 
     with LakeDatabase(uri, catalog).read() as con:
         return run(con, Scope(None, since, None), kinds)
@@ -288,7 +288,7 @@ def next_steps(con: duckdb.DuckDBPyConnection, found: list[Finding]) -> list[Nex
     answer, with their gist, and those that cannot, with why."""
     import shlex
 
-    from .recommend import recommend
+    from ..recommend import recommend
 
     out: list[NextStep] = []
     seen: set[tuple[str, str]] = set()

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import csvstream
-from .db import AnalyticsError, Database
-from .output import one_line
+from .. import csvstream
+from ..db import AnalyticsError, Database
+from ..output import one_line
 
 MAX_FILE = 1 << 30  # bytes a file (read a line at a time: the row limit comes first)
 MAX_ROWS = 1_000_000  # rows one import
@@ -75,7 +75,7 @@ FORMATS: dict[str, tuple[Column, ...]] = {
         Column("staging_s", "float", True, hi=MAX_SECONDS, help="resources allocated, image attached, s"),
         Column("booting_s", "float", True, hi=MAX_SECONDS, help="guest boot to ready, s"),
     ),
-    "lives": (  # analytics/lives.py
+    "lives": (  # analytics/imports/lives.py
         Column("vm", "text", False, help="the VM's name or id (a VM exported again: its final state counts)"),
         Column("accelerator", "accelerator", True, help="accelerator, e.g. k80, v100, a100"),
         Column("region", "region", False, help="cloud region, e.g. us-east1 (else read from zone)"),
@@ -308,7 +308,7 @@ def store_batches(db: Database, kind: str, batches: Iterable[list[dict[str, Any]
     these batches, is counted a duplicate."""
     import pyarrow as pa
 
-    from .queries import needs_schema
+    from ..queries import needs_schema
 
     table = TABLES[kind]
     cols = [c.name for c in FORMATS[kind]] + list(EXTRA.get(kind, ())) + ["id", "source", "line"]

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .alertstore import AlertStore, LeaseLost, pg_fence  # noqa: F401  (the ruler's state; re-exported)
+from ..alertstore import AlertStore, LeaseLost, pg_fence  # noqa: F401  (the ruler's state; re-exported)
 
 log = logging.getLogger("cmdare.analytics.ruler")
 RETRY = 2.0  # seconds between a standby's asks for the lease (failover: within this of the holder's death)
@@ -169,7 +169,7 @@ def lake_detectors(served: Any, every: float, window: float) -> Any:
     """The detector schedule of a lake's ruler, started: rounds read the replica and store
     their findings into the lake's ``findings`` (``served.write()``: as ``analyze --lake``
     stores them), which every replica reads at its next refresh."""
-    from .current import DetectorSchedule
+    from ..findings.current import DetectorSchedule
 
     class LakeDetectors(DetectorSchedule):
         def keep(self, store: Callable[[Any], tuple[int, int, int]]) -> tuple[int, int, int]:
@@ -217,7 +217,7 @@ class Ruler:
     # -- standby ---------------------------------------------------------------------------
     def copy_state(self) -> bool:
         """The catalog's alert state into this replica, when it changed: whether it did."""
-        from .alerting.state import write_rows
+        from ..alerting.state import write_rows
 
         stamp = self.store.stamp()
         if stamp == self._stamp:

@@ -27,11 +27,11 @@ from typing import Any
 
 import duckdb
 
-from . import findings
-from .db import has_view, retry_conflicts
-from .evidence import bucket_start, split
-from .findings import record_coverage
-from .units import Finding, Scope
+from .. import findings
+from ..db import has_view, retry_conflicts
+from ..detectors.evidence import bucket_start, split
+from ..units import Finding, Scope
+from . import record_coverage
 
 log = logging.getLogger("cmdare.findings")
 

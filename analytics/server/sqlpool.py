@@ -31,7 +31,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .db import AnalyticsError
+from ..db import AnalyticsError
 
 MEMORY_CAP = 2 << 30  # bytes of address space per worker
 WORKERS = 2
@@ -42,7 +42,7 @@ STARTUP = 120.0  # seconds a worker may take to start (imports, the first planni
 def memory_cap() -> int:
     """The workers' address-space cap: $CMDARE_SQL_WORKER_MEMORY (bytes, or with K/M/G), else
     MEMORY_CAP."""
-    from .safesql import env_size
+    from ..safesql import env_size
 
     return env_size("CMDARE_SQL_WORKER_MEMORY", MEMORY_CAP, 256 << 20, 1 << 40, "256MiB")
 
@@ -64,7 +64,7 @@ class SqlPool:
 
     def run(self, query: str, max_rows: int, timeout: float, max_bytes: int, scope: Any = None) -> Any:
         """One query in a worker: its SqlResult, or SqlRefused / AnalyticsError in one line."""
-        from .safesql import SqlRefused
+        from ..safesql import SqlRefused
 
         kind, value = self._call(("sql", query, max_rows, timeout, max_bytes, scope), timeout)
         if kind == "ok":
@@ -78,8 +78,8 @@ class SqlPool:
         """One alert rule's expression evaluated in a worker (alerting/evaluate.py's
         ``evaluate``, under the worker's caps): its instances, or RuleError in one line.
         ``fast``: per ``lakedb.FAST`` table, the rows a ruler read ahead of the lake (Arrow)."""
-        from .alerting import RuleError
-        from .safesql import SqlRefused
+        from ..alerting import RuleError
+        from ..safesql import SqlRefused
 
         try:
             kind, value = self._call(("rule", rule, at, timeout, horizon, lag, fast or {}), timeout)
@@ -92,7 +92,7 @@ class SqlPool:
     def _call(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any]:
         """``msg`` to a worker and its answer; SqlRefused in one line when the worker died or
         ran past the deadline (it is then stopped and replaced)."""
-        from .safesql import SqlRefused
+        from ..safesql import SqlRefused
 
         deadline = time.monotonic() + timeout + GRACE
         w = self._take(deadline)
@@ -127,7 +127,7 @@ class SqlPool:
         with self._cond:
             while not self._idle and self._made >= self.size:
                 if not self._cond.wait(max(0.0, deadline - time.monotonic())) and time.monotonic() >= deadline:
-                    from .safesql import SqlRefused
+                    from ..safesql import SqlRefused
 
                     raise SqlRefused("every SQL worker stayed busy past the query's time limit: try again")
             while self._idle:
@@ -162,14 +162,14 @@ class SqlPool:
 
 
 class _Worker:
-    """A fresh interpreter (``python -m cmdare.analytics.sqlpool``: a fork would copy the
+    """A fresh interpreter (``python -m cmdare.analytics.server.sqlpool``: a fork would copy the
     server's threads and DuckDB's state), spoken to over a socket pair; the lake's URI and
     catalog go over the socket, never on a command line others can read."""
 
     def __init__(self, pool: SqlPool) -> None:
         mine, theirs = socket.socketpair()
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "cmdare.analytics.sqlpool", str(theirs.fileno())],
+            self.proc = subprocess.Popen([sys.executable, "-m", "cmdare.analytics.server.sqlpool", str(theirs.fileno())],
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         finally:
@@ -235,7 +235,7 @@ class _Lake:
     since are planned again (``LakeDatabase.replan``), the rest kept."""
 
     def __init__(self, uri: str, catalog: str | None, memory: int, fast: bool = False) -> None:
-        from .lakedb import LakeDatabase
+        from ..lakedb import LakeDatabase
 
         self.db = LakeDatabase(uri, catalog)
         self.memory = memory
@@ -245,8 +245,8 @@ class _Lake:
         self.made: Any = None
 
     def connection(self) -> Any:
-        from . import safesql
-        from .scoping import Made
+        from .. import safesql
+        from ..scoping import Made
 
         locs = self.db.lake.locations()
         if self.con is None:
@@ -283,7 +283,7 @@ def _cap() -> int:
 def _cpu_cap(timeout: float) -> None:
     """The CPU-time cap for the next query: what this worker used so far plus the query's
     share (its threads times its time limit) and a margin."""
-    from . import safesql
+    from .. import safesql
 
     used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     threads = int(safesql.CONFIG["threads"])  # type: ignore[call-overload]
@@ -310,9 +310,9 @@ def _cursor(src: _Lake, timeout: float) -> Any:
 def _rule(src: _Lake, rule: Any, at: Any, timeout: float, horizon: Any, lag: float,
           fast: dict[str, Any]) -> tuple[str, Any]:
     """A rule's expression at ``at`` over the lake and the rows read ahead of it."""
-    from .alerting import RuleError
-    from .alerting.evaluate import evaluate
-    from .lakedb import FAST
+    from ..alerting import RuleError
+    from ..alerting.evaluate import evaluate
+    from ..lakedb import FAST
 
     cur = _cursor(src, timeout)
     if isinstance(cur, tuple):
@@ -340,7 +340,7 @@ def _rule(src: _Lake, rule: Any, at: Any, timeout: float, horizon: Any, lag: flo
 
 
 def _one(src: _Lake, query: str, max_rows: int, timeout: float, max_bytes: int, scope: Any) -> tuple[str, Any]:
-    from . import safesql, scoping
+    from .. import safesql, scoping
 
     cur = _cursor(src, timeout)
     if isinstance(cur, tuple):

@@ -28,8 +28,8 @@ from typing import Any
 
 import duckdb
 
-from .db import has_column
-from .goodput import CATEGORIES, NOTICE_WINDOW, Goodput, Window, goodput_many, sweep
+from ..db import has_column
+from . import CATEGORIES, NOTICE_WINDOW, Goodput, Window, goodput_many, sweep
 
 log = logging.getLogger("cmdare.goodput")
 
@@ -175,7 +175,7 @@ def refresh_lake(uri: str, catalog: str | None, compute_rows: Any = None) -> int
     """``refresh`` on a lake (``cmdare-collector maintain``): planned and stored through
     a LakeDatabase, whose write replaces the lake's ``goodput_hours`` when it changed;
     ``compute_rows(uri, catalog, todo)`` computes the rows elsewhere (Spark's executors)."""
-    from .lakedb import LakeDatabase
+    from ..lakedb import LakeDatabase
 
     db = LakeDatabase(uri, catalog)
     with db.write() as con:
@@ -188,7 +188,7 @@ def refresh_lake(uri: str, catalog: str | None, compute_rows: Any = None) -> int
 
 def compute_lake(uri: str, catalog: str | None, todo: Todo) -> list[list]:
     """``compute`` on a lake read of its own (one Spark task's slice)."""
-    from .lakedb import LakeDatabase
+    from ..lakedb import LakeDatabase
 
     with LakeDatabase(uri, catalog).read() as con:
         return compute(con, todo)

@@ -49,10 +49,10 @@ from cmdare.collector import lakerollup, rollup
 from cmdare.collector.ingest import storage
 from cmdare.collector.lake import APPENDED, DERIVED, MARKER, Lake, LakeError, _path, time_column
 
-from .db import AnalyticsError, Database, _q, _unscoped
-from .lakedb import FAST, NODES_SQL, lake_horizon  # noqa: F401  (FAST: the read-ahead tables)
+from ..db import AnalyticsError, Database, _q, _unscoped
+from ..lakedb import FAST, NODES_SQL, lake_horizon  # noqa: F401  (FAST: the read-ahead tables)
 
-log = logging.getLogger("cmdare.analytics.lakeserve")
+log = logging.getLogger("cmdare.analytics.server.lakeserve")
 NODE_ROWS = "lake_node_rounds"  # the collectors' per-round node rows (``nodes`` aggregates them)
 WHOLE = (*DERIVED, *rollup.TABLES)  # reloaded whole when their snapshot changes
 # appended and read incrementally: the event tables, nodes' rounds, and the commit marker (a
@@ -197,7 +197,7 @@ class LakeReplica:
 
     def read_ahead(self) -> dict[str, Any]:
         """The rows of each ``FAST`` table read ahead of the lake's commits (Arrow tables;
-        only those with rows): what a rule's worker adds to its lake (analytics/sqlpool.py)."""
+        only those with rows): what a rule's worker adds to its lake (analytics/server/sqlpool.py)."""
         out = {}
         with self.cursor() as cur:
             for t in FAST:
@@ -380,11 +380,11 @@ class LakeServed(Database):
         con = replica.con
         self._catalog = _q(con.execute("SELECT current_database()").fetchall()[0][0])
         self._live = con.cursor()
-        from .scoping import Made
+        from ..scoping import Made
 
         self._scopes = Made()
         self._write_lock = replica.write_lock  # type: ignore[assignment]
-        self.sql_pool: Any = None  # user SQL's worker processes (analytics/sqlpool.py), when given
+        self.sql_pool: Any = None  # user SQL's worker processes (analytics/server/sqlpool.py), when given
         self.rule_pool: Any = None  # the alert rules' worker processes, when the server has rules
         self.horizon = lambda: replica.horizon
 
@@ -396,7 +396,7 @@ class LakeServed(Database):
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A cursor of the replica under the write lock; the tables analyze writes that it
         changed are then replaced in the lake (the next refresh reads them back)."""
-        from .lakedb import written
+        from ..lakedb import written
 
         _unscoped("write")
         with self._write_lock:

@@ -30,17 +30,17 @@ nodes have no catalogue price has no dollars (said, never zero).
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
-from .codec import json_object
-from .db import AnalyticsError, has_column, has_view
-from .goodput import Goodput, goodput, goodput_many
-from .holders import _held_rows, _ran_tracked, tracked_holders  # noqa: F401  (tracked_holders: the API)
+from ..codec import json_object
+from ..db import AnalyticsError, has_column, has_view
+from ..holders import _held_rows, _ran_tracked, tracked_holders  # noqa: F401  (tracked_holders: the API)
+from ..nodecost import accelerator_name, gpu_price, job_nodes
+from . import Goodput, goodput, goodput_many
 
 BUCKETS = ("productive", "startup", "checkpoint_save", "checkpoint_restore", "input_wait", "communication", "ps_wait",
            "straggler", "idle_accelerators", "revocation", "other")
@@ -101,43 +101,6 @@ def _gpus(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: 
     return out
 
 
-def _nodes(con: duckdb.DuckDBPyConnection, jobs: list[str], held: bool = False) -> dict[str, list[tuple]]:
-    """job -> its stepping nodes: (node, region, instance type, spot, accelerator, its count,
-    labels); ``held``: ``jobs`` are jobs a scheduler gave GPUs to, on the nodes their GPU
-    samples name."""
-    out: dict[str, list[tuple]] = {}
-    # the nodes each rank declared and those whose agent is labelled with the job (small
-    # tables); a job with neither: the nodes it stepped on (a scan of the steps, so only for them)
-    declared = {j for (j,) in con.execute(
-        """SELECT DISTINCT job FROM jobs WHERE job IN (SELECT unnest($1::VARCHAR[]))
-           UNION SELECT DISTINCT job FROM nodes WHERE job IN (SELECT unnest($1::VARCHAR[]))""", [jobs]).fetchall()}
-    bare = [j for j in jobs if j not in declared]
-    for r in con.execute(
-        """WITH dj AS (SELECT job, node FROM jobs WHERE job IN (SELECT unnest($1::VARCHAR[]))
-                      UNION SELECT job, node FROM nodes WHERE job IN (SELECT unnest($1::VARCHAR[]))),
-           jn AS (SELECT * FROM dj UNION ALL SELECT DISTINCT job, node FROM steps
-                  WHERE job IN (SELECT unnest($2::VARCHAR[]))
-                  UNION ALL SELECT DISTINCT job, node FROM gpu_5m
-                  WHERE $3 AND (namespace IS NOT NULL OR slurm_job IS NOT NULL)
-                    AND job IN (SELECT unnest($1::VARCHAR[]))),
-           n AS (SELECT DISTINCT node FROM jn),
-           i AS (SELECT node, arg_max(region, ts) AS region, arg_max(instance_type, ts) AS itype,
-                        arg_max(spot, ts) AS spot, arg_max(accelerator, ts) AS acc,
-                        arg_max(accelerator_count, ts) AS acc_n
-                 FROM instance_identity WHERE node IN (SELECT node FROM n) GROUP BY node),
-           -- the GPUs' own name and count, only where the cloud's identity lacks them
-           g AS (SELECT node, any_value(name) AS gname, count(DISTINCT "index") AS gn FROM gpu_5m
-                 WHERE node IN (SELECT node FROM n WHERE node NOT IN
-                                (SELECT node FROM i WHERE acc IS NOT NULL AND acc_n IS NOT NULL)) GROUP BY node)
-           SELECT jn.job, jn.node, i.region, i.itype, i.spot, coalesce(i.acc, g.gname), coalesce(i.acc_n, g.gn),
-                  coalesce(nd.labels::VARCHAR, '{}')
-           FROM jn LEFT JOIN i USING (node) LEFT JOIN g USING (node) LEFT JOIN nodes nd USING (node)
-           ORDER BY jn.job, jn.node""",
-        [jobs, bare, held]).fetchall():
-        out.setdefault(r[0], []).append(r[1:])
-    return out
-
-
 def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: float | None, stepped: set[str],
                    cat: dict[Any, Any], idle_util: float | None = None, only: str | None = None,
                    ran: dict[str, str] | None = None) -> dict[str, JobAccount]:
@@ -152,7 +115,7 @@ def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: f
     elsewhere; ``only``: that job's alone. A pod or Slurm job that ran a tracked job
     (``ran``: ``tracked_holders``, read here where not given) is that job: its time is
     counted there, not again here."""
-    from . import evidence
+    from ..detectors import evidence
 
     if not has_view(con, "gpu_5m") or not has_column(con, "gpu_rollup_5m", "slurm_job"):
         return {}
@@ -181,14 +144,14 @@ def sched_accounts(con: duckdb.DuckDBPyConnection, since: float | None, until: f
     rows = [r for r in rows if r[0] not in stepped and r[5]]
     if not rows:
         return {}
-    nodes = _nodes(con, [r[0] for r in rows], held=True)
+    nodes = job_nodes(con, [r[0] for r in rows], held=True)
     memo: dict[tuple, float | None] = {}
     out = {}
     for job, ns, sjob, user, n, total, idle_s, first, last in rows:
         sec = dict.fromkeys(BUCKETS, 0.0)
         sec["idle_accelerators"] = float(idle_s)
         sec["productive"] = float(total) - float(idle_s)
-        usd, price_from = _price(nodes.get(job, []), cat, memo)
+        usd, price_from = gpu_price(nodes.get(job, []), cat, memo)
         groups = {**_groups(nodes.get(job, []), None), **_sched_group(ns, sjob, user)}
         start = first.replace(tzinfo=dt.timezone.utc).timestamp()
         end = last.replace(tzinfo=dt.timezone.utc).timestamp()
@@ -218,97 +181,12 @@ def _sched_groups(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.dateti
     return out
 
 
-@functools.lru_cache(maxsize=4096)
-def _acc_name(name: str | None) -> str | None:
-    from . import catalog
-
-    if not name:
-        return None
-    try:
-        return catalog.lookup(name).name
-    except AnalyticsError:
-        return None
-
-
-def _price(nodes: list[tuple], cat: dict[Any, Any], memo: dict[tuple, float | None] | None = None
-           ) -> tuple[float | None, str]:
-    """$/GPU-hour averaged over the priced nodes: the catalogue's row for the node's instance
-    type in its region, or (GCE: GPUs attached to a VM) for ``TYPE+NxACC``."""
-    from . import prices
-
-    per: list[float] = []
-    memo = {} if memo is None else memo  # one catalogue pass per kind of node
-    for _node, region, itype, spot, acc, acc_n, _labels in nodes:
-        if not itype:
-            continue
-        key = (region, itype, spot, acc, acc_n)
-        if key in memo:
-            if (known := memo[key]) is not None:
-                per.append(known)
-            continue
-        p = None
-        short = _acc_name(acc)
-        for name in (*([f"{itype}+{acc_n}x{short}"] if short and acc_n else []), itype):
-            try:
-                p = prices.lookup(name, region, cat) or prices.lookup(name, None, cat)
-            except AnalyticsError:
-                p = None
-            if p is not None and not p.accelerator_count and acc_n:
-                p = None  # a CPU host's price does not cover the node's GPUs
-            if p is not None:
-                break
-        if p is None and short and acc_n:  # GCE: the VM and its GPUs billed apart
-            p = prices.attached(itype, region, short, int(acc_n), cat)
-        usd = None if p is None else (p.spot if spot else p.on_demand)
-        count = p.accelerator_count if p is not None and p.accelerator_count else acc_n
-        memo[key] = each = usd / count if usd is not None and count else None
-        if each is not None:
-            per.append(each)
-    if not per:
-        return None, "no catalogue price for the job's instance types"
-    return sum(per) / len(per), f"price catalogue ({len(per)} of {len(nodes)} nodes priced)"
-
-
-def vm_price(node: tuple, cat: dict[Any, Any] | None = None) -> float | None:
-    """$/hour of one node's VM (a row of ``_nodes``): its instance type with its GPUs in the
-    catalogue (``TYPE+NxACC``, else the VM plus N GPUs as GCE bills them), the CPU type alone
-    for a node without GPUs; spot or on-demand as the node runs; None: not in the catalogue."""
-    from . import prices
-
-    _node, region, itype, spot, acc, acc_n, _labels = node
-    if not itype:
-        return None
-    short = _acc_name(acc) if acc_n else None
-    p = None
-    for name in (*([f"{itype}+{acc_n}x{short}"] if short else []), itype):
-        try:
-            p = prices.lookup(name, region, cat) or prices.lookup(name, None, cat)
-        except AnalyticsError:
-            p = None
-        if p is not None and acc_n and not p.accelerator_count:
-            p = None  # a CPU host's price does not cover the node's GPUs
-        if p is not None:
-            break
-    if p is None and short:
-        p = prices.attached(itype, region, short, int(acc_n), cat)
-    return None if p is None else (p.spot if spot else p.on_demand)
-
-
-def job_vm_prices(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, tuple[float | None, bool, str]]:
-    """node -> ($/hour of its VM or None, whether it holds accelerators, its instance type) for
-    every node of ``job`` (its ranks' and its input workers')."""
-    from . import prices
-
-    cat = prices.load()
-    return {n[0]: (vm_price(n, cat), bool(n[5]), n[2] or "(no instance type)") for n in _nodes(con, [job]).get(job, [])}
-
-
 def _groups(nodes: list[tuple], declared_acc: str | None) -> dict[str, str]:
     def most(xs: list[Any]) -> str:
         xs = [x for x in xs if x]
         return max(sorted(set(xs)), key=xs.count) if xs else "unknown"
 
-    out = {"region": most([n[1] for n in nodes]), "accelerator": most([_acc_name(n[4]) or n[4] for n in nodes])}
+    out = {"region": most([n[1] for n in nodes]), "accelerator": most([accelerator_name(n[4]) or n[4] for n in nodes])}
     if out["accelerator"] == "unknown" and declared_acc:
         out["accelerator"] = declared_acc
     labels: dict[str, list[str]] = {}
@@ -340,7 +218,7 @@ def stored_findings(con: duckdb.DuckDBPyConnection, jobs: list[str] | None, t0: 
 def _uncovered(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime, t1: dt.datetime) -> list[str]:
     """The jobs no detector run looked at over [t0, t1] (a database from before coverage was
     kept counts every job without stored findings as not looked at)."""
-    from .current import uncovered
+    from ..findings.current import uncovered
 
     try:
         return uncovered(con, jobs, t0, t1, list(DETECTORS))
@@ -351,8 +229,8 @@ def _uncovered(con: duckdb.DuckDBPyConnection, jobs: list[str], t0: dt.datetime,
 def fresh_findings(con: duckdb.DuckDBPyConnection, job: str | None, t0: dt.datetime,
                    t1: dt.datetime) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """The same, from running the detectors now (one job, or every job)."""
-    from . import findings
-    from .units import Scope
+    from .. import findings
+    from ..units import Scope
 
     out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     res = findings.run(con, Scope(job, t0, t1), list(DETECTORS), {})
@@ -382,7 +260,7 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
                  found: dict[str, list[tuple[str, dict[str, Any]]]], cat: dict[Any, Any] | None = None,
                  gp: dict[str, Goodput] | None = None) -> dict[str, JobAccount]:
     """The accounts of ``jobs`` (those with steps) over [since, until), in a few queries for all."""
-    from . import prices
+    from .. import prices
 
     gp = gp if gp is not None else goodput_many(con, jobs, since, until)
     live = [j for j in jobs if j in gp]
@@ -390,7 +268,7 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
         return {}
     lo, hi = min(gp[j].start for j in live), max(gp[j].end for j in live)
     gpus = _gpus(con, live, _stamp(lo), _stamp(hi))
-    nodes = _nodes(con, live)
+    nodes = job_nodes(con, live)
     declared = dict(con.execute("""SELECT job, arg_max(accelerator, ts) FROM jobs WHERE job IN (SELECT unnest(?::VARCHAR[]))
                                    GROUP BY job""", [live]).fetchall())
     cat = cat if cat is not None else prices.load()
@@ -410,7 +288,7 @@ def account_many(con: duckdb.DuckDBPyConnection, jobs: list[str], since: float |
             left -= sec[b]
         sec["productive"] = left
         sec["other"] = w["idle"] * n  # the wall time no other bucket took, times the GPUs
-        usd, price_from = _price(nodes.get(job, []), cat, memo)
+        usd, price_from = gpu_price(nodes.get(job, []), cat, memo)
         out[job] = JobAccount(job, g.start, g.end, n, n_from, sec, usd, _groups(nodes.get(job, []), declared.get(job)),
                               {"shares": sh, "findings": sorted({k for k, _ in found.get(job, [])}),
                                "price_from": price_from})
@@ -470,7 +348,7 @@ def job_table(con: duckdb.DuckDBPyConnection, job: str, since: float | None, unt
               every: float | None = None) -> tuple[list[str], list[list[Any]]]:
     """One job: a row per bucket (and a ``total``) with accelerator-seconds, GPU-hours, % and
     dollars; with ``every``, those rows per window (a leading ``window`` column)."""
-    from . import prices
+    from .. import prices
 
     cat = prices.load()
     try:
@@ -514,9 +392,9 @@ def fleet_table(con: duckdb.DuckDBPyConnection, since: dt.datetime | None, until
     those stored (the collector's detector schedule keeps them current); for jobs whose time
     no detector run covered (``finding_coverage``: an offline database), the detectors run
     now, unless ``detect`` is off."""
-    from . import prices
+    from .. import prices
+    from . import epoch
     from .goodhours import fleet
-    from .goodput import epoch
 
     whole = fleet(con, epoch(since), epoch(until))  # the kept hours where they hold, the rest raw
     jobs = sorted(j for j, g in whole.items() if g.wall > 0)

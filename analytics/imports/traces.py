@@ -33,9 +33,9 @@ from typing import Any
 
 import duckdb
 
-from . import csvstream
-from .db import AnalyticsError
-from .output import one_line
+from .. import csvstream
+from ..db import AnalyticsError
+from ..output import one_line
 
 MAX_FILE = 1 << 30  # bytes of one trace file as stored (gzip or not)
 MAX_JSON = 512 << 20  # bytes of one trace's JSON once decompressed (DuckDB's maximum_object_size: it

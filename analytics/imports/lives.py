@@ -23,8 +23,8 @@ from typing import Any
 
 import duckdb
 
-from .db import EARLIEST, LATEST, AnalyticsError
-from .output import one_line
+from ..db import EARLIEST, LATEST, AnalyticsError
+from ..output import one_line
 
 ENDED_BY = ("preempted", "max_lifetime", "deleted", "running")
 MAX_LIFE = 400 * 86400.0  # seconds: no VM life here is longer
@@ -89,7 +89,7 @@ def latest(con: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
     """The imported spot lives the lifetime fit reads, each VM once in its final state
     (a VM exported twice, running then preempted, is its preempted life; rows without a
     ``vm`` are each their own VM): (vm, region, accelerator, hours, revoked, first, last)."""
-    from .queries import needs_schema
+    from ..queries import needs_schema
 
     needs_schema(con, 21, "imported spot lives")
     return con.execute(

@@ -32,9 +32,9 @@ import duckdb
 
 from cmdare.wire.plugin import Option, Requirement
 
-from .db import AnalyticsError, has_column, has_view
-from .units import Scope, table_missing
-from .verdicts import throttled_sql
+from ..db import AnalyticsError, has_column, has_view
+from ..units import Scope, table_missing
+from ..verdicts import throttled_sql
 
 BUCKET_SECONDS = 300
 _ids = itertools.count(1)
@@ -177,7 +177,7 @@ def held_by(con: duckdb.DuckDBPyConnection, scope: Scope) -> str:
     tracked one) is never the tracked job's evidence."""
     name = scope.cache.get("held_ran")
     if name is None:
-        from .holders import tracked_holders
+        from ..holders import tracked_holders
 
         ran = tracked_holders(con, scope.since, scope.until)
         pairs = set((ran or {}).items())
@@ -394,7 +394,7 @@ def latest_fit(con: duckdb.DuckDBPyConnection, kind: str) -> dict[str, Any] | No
     """The latest stored fit of ``kind`` (fit_id and model), or None."""
     if not has_rows(con, "model_fits"):
         return None
-    from .models.store import latest
+    from ..models.store import latest
 
     try:
         return latest(con, kind)
