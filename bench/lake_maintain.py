@@ -61,8 +61,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from cmdare.collector import lakespark
+    from cmdare.collector.cli.root import lake_findings, lake_goodput
     from cmdare.collector.lakemaint import maintain
-    from cmdare.collector.root import lake_findings, lake_goodput
     from tests.conftest import Postgres, _pg_bindir
 
     d = Path(tempfile.mkdtemp(prefix="cmdare-bench-maint-"))

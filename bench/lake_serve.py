@@ -37,7 +37,7 @@ ATTACK = "SELECT string_agg(repeat('x', 100000000), '') FROM range(20)"
 
 def server(lake: Path) -> tuple[str, threading.Event, threading.Thread, float]:
     from cmdare.analytics.server.service import HttpConfig
-    from cmdare.collector import serve
+    from cmdare.collector.cli import serve
 
     lines: list[str] = []
     stop = threading.Event()

@@ -116,6 +116,7 @@ def main() -> None:
     a = ap.parse_args()
     from cmdare.analytics.server.service import HttpConfig, Service
     from cmdare.collector.db import connect
+    from cmdare.dashboards.pages import mount
 
     work = Path(tempfile.mkdtemp(prefix="cmdare-bench-pages-"))
     db = a.db or work / "fleet.duckdb"
@@ -139,7 +140,7 @@ def main() -> None:
             con.close()
             url, stop_server = _lake_server(db)
         else:
-            svc = Service(con, db, HttpConfig("127.0.0.1", 0))
+            svc = Service(con, db, HttpConfig("127.0.0.1", 0), ui=mount)
             url = svc.start()
             svc.ready = True
         since = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=24)).strftime("%Y-%m-%dT%H:%M:%SZ")

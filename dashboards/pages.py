@@ -5,7 +5,7 @@ work offline and load nothing from another origin.
 
 Authentication is the API's: with a bearer token set, a browser signs in once at
 ``/ui/login`` and gets a session cookie (HttpOnly, SameSite=Strict, a random session id,
-never the token: dashboards/sessions.py) that is accepted for GET and HEAD only, so the
+never the token: analytics/server/sessions.py) that is accepted for GET and HEAD only, so the
 cookie can read and never write; it expires, and ``sign out`` ends it.
 """
 
@@ -19,12 +19,12 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs
 
 from fastapi import Path, Request  # module level: FastAPI resolves the routes' annotations here
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from .sessions import COOKIE, Sessions, session_id
+from cmdare.analytics.server.sessions import COOKIE, Sessions, session_id
 
 LOGIN_DELAY = 0.5  # seconds a wrong token waits for its answer
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
@@ -155,10 +155,6 @@ def safe_next(value: str) -> str:
 def parse_login(body: bytes) -> tuple[str, str]:
     form = parse_qs(body[:8192].decode("utf-8", "replace"), max_num_fields=8)
     return (form.get("token", [""])[0], safe_next(form.get("next", ["/ui"])[0]))
-
-
-def login_redirect(path: str, query: str) -> str:
-    return "/ui/login?next=" + quote(path + ("?" + query if query else ""), safe="")
 
 
 def mount(app: Any, token: Any, sessions: Sessions | None = None, throttle: Any = None) -> None:

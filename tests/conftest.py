@@ -323,12 +323,13 @@ def serving(src: Path, db: Path | None = None, token: str | None = None) -> Iter
 
     from cmdare.analytics.server.service import HttpConfig, Service
     from cmdare.collector.db import connect
+    from cmdare.dashboards.pages import mount
 
     if db is not None:
         shutil.copy(src, db)
     path = db or src
     con = connect(path)
-    svc = Service(con, path, HttpConfig("127.0.0.1", 0, token))
+    svc = Service(con, path, HttpConfig("127.0.0.1", 0, token), ui=mount)
     url = svc.start()
     svc.ready = True
     try:

@@ -122,7 +122,7 @@ class Guard:
 
     def __init__(self, app: Any, token: Tokens | str | None, limits: Limits, counter: Callable[[], None],
                  sessions: Any = None, throttle: Throttle | None = None) -> None:
-        from cmdare.dashboards.sessions import Sessions
+        from .sessions import Sessions
 
         self.app, self.limits, self.counter = app, limits, counter
         self.token = Tokens.of(token)
@@ -138,8 +138,7 @@ class Guard:
         send = _no_store(send)
         limited: Scope | None = None
         if self.token and path not in OPEN_PATHS and not path.startswith("/ui/static/"):
-            from cmdare.dashboards.pages import login_redirect
-            from cmdare.dashboards.sessions import session_id
+            from .sessions import login_redirect, session_id
 
             presented = headers.get(b"authorization", b"").strip()
             address = (scope.get("client") or (None,))[0]
@@ -235,13 +234,16 @@ def _too_large(limit: int) -> Response:
 
 # -- the app ----------------------------------------------------------------------------------
 
+UI = Callable[[FastAPI, "Tokens | None", Any, "Throttle | None"], None]  # mounts pages on the app
+
 def create_app(db: Database, token: Tokens | str | None = None, limits: Limits | None = None,
                ready: Callable[[], bool] = lambda: True, metrics: Callable[[], bytes] | None = None,
                count: Callable[[], None] = lambda: None, sessions: Any = None,
-               throttle: Throttle | None = None) -> FastAPI:
-    token = Tokens.of(token)
+               throttle: Throttle | None = None, ui: UI | None = None) -> FastAPI:
     """The collector's API over ``db``: the service routes, every resource of the table
-    (cmdare.analytics.resources), and the pages."""
+    (cmdare.analytics.resources), and the pages when ``ui`` is given (the front ends give
+    cmdare.dashboards.pages.mount; the server layer never imports the pages)."""
+    token = Tokens.of(token)
     lim = limits or Limits()
     app = FastAPI(title="cmdare collector API", version="1", docs_url=None, redoc_url=None,
                   description="Telemetry, findings, recommendations, models and alerts of one cmdare database.")
@@ -253,9 +255,8 @@ def create_app(db: Database, token: Tokens | str | None = None, limits: Limits |
             _route(app, db, r)
     _custom_routes(app, db, lim)
     _model_routes(app, db)
-    from cmdare.dashboards import pages
-
-    pages.mount(app, token, sessions, throttle)
+    if ui is not None:
+        ui(app, token, sessions, throttle)
     return app
 
 

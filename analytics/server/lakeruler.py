@@ -185,7 +185,7 @@ class Ruler:
     """One server's part in ruling its lake: a standby asking for the lease (and copying
     the alert state into its replica when it changes), or the ruler.
 
-    ``alerting`` (analytics/alerting/schedule.Alerting, validated against the replica,
+    ``alerting`` (analytics/server/schedule.Alerting, validated against the replica,
     not started), ``detectors`` (a factory of a started detector schedule), ``fast`` (a
     FastPath, not started): what ruling runs; with neither rules nor detectors, the server
     never asks for the lease and only copies the state."""

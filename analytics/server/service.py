@@ -25,11 +25,10 @@ from typing import Any
 
 import duckdb
 
-from cmdare.dashboards.sessions import SESSION_TTL
-
 from ..db import Database
 from ..resources import TOKEN_ENV, service_file
-from .http import Limits, create_app
+from .http import UI, Limits, create_app
+from .sessions import SESSION_TTL
 from .throttle import HOW, Throttle
 from .tokens import TokenError, Tokens
 
@@ -102,12 +101,15 @@ class Service:
     """The API of one collector process over its database connection ``con``."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, db: str | Path, cfg: HttpConfig,
-                 totals: Callable[[], Any] | None = None, database: Database | None = None) -> None:
+                 totals: Callable[[], Any] | None = None, database: Database | None = None,
+                 ui: UI | None = None) -> None:
         """``database``: what the requests read when it is not ``con``'s file (a lake's
-        replica, analytics/server/lakeserve.py: no service file is written for it)."""
+        replica, analytics/server/lakeserve.py: no service file is written for it); ``ui``:
+        mounts the pages (cmdare.dashboards.pages.mount, given by the front ends), none without."""
         self.db = str(db)
         self.announce = database is None  # DB.service.json: analyze finds a file's collector by it
         self.cfg = cfg
+        self.ui = ui
         self.totals = totals
         self.ready = False
         # user SQL, rule SQL and every read: no file, network or extension access, no Python
@@ -134,13 +136,12 @@ class Service:
         def count() -> None:
             self.requests += 1
 
-        from cmdare.dashboards.sessions import Sessions
-
         from .http import Guard
+        from .sessions import Sessions
 
         sessions = Sessions(self.cfg.session_ttl)  # one store: the pages open sessions, the Guard checks them
         app = create_app(self.database, self.cfg.token, self.cfg.limits, lambda: self.ready, self.metrics_text,
-                         sessions=sessions, throttle=self.throttle)
+                         sessions=sessions, throttle=self.throttle, ui=self.ui)
         return Guard(app, self.cfg.token, self.cfg.limits, count, sessions, self.throttle)
 
     def metrics_text(self) -> bytes:

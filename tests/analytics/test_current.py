@@ -136,7 +136,7 @@ def test_a_failing_round_is_logged_once_and_the_next_runs(fleet, monkeypatch, ca
 
 @pytest.mark.parametrize("window", [59.0, 86401.0])
 def test_the_window_is_bounded(window: float) -> None:
-    from cmdare.collector.config import BY_KEY, parse_value
+    from cmdare.collector.cli.config import BY_KEY, parse_value
     from cmdare.wire.units import ConfigError
 
     with pytest.raises(ConfigError, match="must be from 1m to 1d"):

@@ -17,6 +17,7 @@ from cmdare.analytics.db import Database
 from cmdare.analytics.server.http import create_app
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
+from cmdare.dashboards.pages import mount
 from cmdare.wire.events import encode_many
 from tests.analytics.test_accounting import job
 
@@ -37,7 +38,15 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(db: Path) -> TestClient:
-    return TestClient(create_app(Database(db)))
+    return TestClient(create_app(Database(db), ui=mount))
+
+
+def test_the_api_without_the_pages_answers_and_serves_no_ui(db: Path, client: TestClient) -> None:
+    """The server layer imports no page: a front end hands ``ui`` in (the collector's root
+    and the lake server do); an app made without it answers the API and has no /ui."""
+    with TestClient(create_app(Database(db))) as bare:
+        assert bare.get("/api/v1/jobs").json() == client.get("/api/v1/jobs").json()
+        assert bare.get("/ui").status_code == 404 and client.get("/ui").status_code == 200
 
 
 def seg(name: str) -> str:
@@ -76,7 +85,7 @@ def test_a_slash_in_a_name_never_reaches_another_route(client: TestClient) -> No
 def test_the_remote_client_reaches_odd_names(db: Path) -> None:
     from cmdare.analytics.cli.client import Remote
 
-    with TestClient(create_app(Database(db))) as tc:
+    with TestClient(create_app(Database(db), ui=mount)) as tc:
         remote = Remote.__new__(Remote)  # the client's routes, over the in-process app
         calls = []
 

@@ -16,6 +16,7 @@ import pytest
 from cmdare.analytics.server.http import Limits
 from cmdare.analytics.server.service import HttpConfig, Service
 from cmdare.collector.db import connect
+from cmdare.dashboards.pages import mount
 from tests.analytics.test_golden_output import build
 
 
@@ -27,7 +28,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def serve(db: Path, limits: Limits | None = None, token: str | None = None) -> tuple[Service, str, object]:
     con = connect(db)
     svc = Service(con, db, HttpConfig("127.0.0.1", 0, token, max_connections=40, request_timeout=5.0,
-                                      limits=limits or Limits(max_bytes=1 << 20, max_timeout=5.0)))
+                                      limits=limits or Limits(max_bytes=1 << 20, max_timeout=5.0)), ui=mount)
     url = svc.start()
     svc.ready = True
     return svc, url, con

@@ -12,9 +12,10 @@ from fastapi.testclient import TestClient
 
 from cmdare.analytics.db import Database
 from cmdare.analytics.server.http import Guard, Limits, create_app
+from cmdare.analytics.server.sessions import Sessions
 from cmdare.analytics.server.throttle import Throttle
 from cmdare.collector.db import connect
-from cmdare.dashboards.sessions import Sessions
+from cmdare.dashboards.pages import mount
 
 TOKEN = "s3cret-token"
 
@@ -92,7 +93,7 @@ def served(tmp_path: Path):
     th = Throttle(clock=clock)
     sessions = Sessions()
     connect(str(tmp_path / "x.duckdb")).close()
-    app = create_app(Database(tmp_path / "x.duckdb"), TOKEN, Limits(), sessions=sessions, throttle=th)
+    app = create_app(Database(tmp_path / "x.duckdb"), TOKEN, Limits(), sessions=sessions, throttle=th, ui=mount)
     guard = Guard(app, TOKEN, Limits(), lambda: None, sessions, th)
     return guard, th, clock
 
@@ -154,7 +155,7 @@ def test_failures_are_on_the_collectors_metrics(tmp_path: Path) -> None:
     from cmdare.analytics.server.service import HttpConfig, Service
 
     con = connect(str(tmp_path / "m.duckdb"))
-    svc = Service(con, tmp_path / "m.duckdb", HttpConfig("127.0.0.1", 0, TOKEN))
+    svc = Service(con, tmp_path / "m.duckdb", HttpConfig("127.0.0.1", 0, TOKEN), ui=mount)
     svc.start()
     try:
         for _ in range(6):

@@ -16,6 +16,7 @@ from cmdare.analytics.server.service import HttpConfig, Service
 from cmdare.analytics.server.tokens import TokenError, Tokens, digest, parse
 from cmdare.collector.db import connect
 from cmdare.collector.writer import Writer
+from cmdare.dashboards.pages import mount
 from cmdare.wire.events import encode_many
 from tests.conftest import serving
 
@@ -57,7 +58,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     f.write_text(table("ops", "admin", "admin-secret") + table("vision", "read", "vision-secret", '{ team = "vision" }')
                  + table("nobody", "read", "nobody-secret", '{ team = "nobody" }'))
     con = connect(db)
-    svc = Service(con, db, HttpConfig("127.0.0.1", 0, Tokens.load(f)))
+    svc = Service(con, db, HttpConfig("127.0.0.1", 0, Tokens.load(f)), ui=mount)
     u = svc.start()
     svc.ready = True
     try:

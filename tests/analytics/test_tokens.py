@@ -16,10 +16,11 @@ from fastapi.testclient import TestClient
 from cmdare.analytics.db import Database
 from cmdare.analytics.server.http import Guard, Limits, create_app
 from cmdare.analytics.server.service import parse_http
+from cmdare.analytics.server.sessions import Sessions
 from cmdare.analytics.server.tokens import Token, TokenError, Tokens, digest, needs_admin, parse
 from cmdare.collector.cli import cli as collector
 from cmdare.collector.db import connect
-from cmdare.dashboards.sessions import Sessions
+from cmdare.dashboards.pages import mount
 
 
 def table(name: str, scope: str, secret: str) -> str:
@@ -106,7 +107,7 @@ def served(tmp_path: Path):
     tokens = Tokens(parse(f.read_text(), str(f)), f, clock=clock)
     connect(str(tmp_path / "x.duckdb")).close()
     sessions = Sessions()
-    app = create_app(Database(tmp_path / "x.duckdb"), tokens, Limits(), sessions=sessions)
+    app = create_app(Database(tmp_path / "x.duckdb"), tokens, Limits(), sessions=sessions, ui=mount)
     return TestClient(Guard(app, tokens, Limits(), lambda: None, sessions), follow_redirects=False), f, clock
 
 

@@ -1,4 +1,4 @@
-"""The collector's one typed config (collector/config.py): flags, a TOML file, receivers
+"""The collector's one typed config (collector/cli/config.py): flags, a TOML file, receivers
 by kind (notify/receivers.py), and what is refused, each error one line."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from cmdare.analytics.alerting.notify.receivers import RECEIVERS, kinds
-from cmdare.analytics.alerting.schedule import load
-from cmdare.collector import config
-from cmdare.collector.cli import cli
+from cmdare.analytics.server.schedule import load
+from cmdare.collector.cli import cli, config
 from cmdare.collector.db import connect
 from cmdare.wire.units import ConfigError
 from tests.analytics.alerts.test_schedule import RULES

@@ -1,4 +1,4 @@
-"""The pages' sign-in sessions (dashboards/sessions.py) and the Guard that checks them
+"""The pages' sign-in sessions (analytics/server/sessions.py) and the Guard that checks them
 (analytics/server/http.py): only a live session's exact id signs a browser in; sessions expire,
 end at sign-out and with the token; the store is bounded; every answer is no-store."""
 
@@ -12,9 +12,10 @@ from fastapi.testclient import TestClient
 
 from cmdare.analytics.db import Database
 from cmdare.analytics.server.http import Guard, Limits, create_app
+from cmdare.analytics.server.sessions import COOKIE, MAX_SESSIONS, SESSION_TTL, Sessions, session_id
 from cmdare.analytics.server.tokens import digest
 from cmdare.collector.db import connect
-from cmdare.dashboards.sessions import COOKIE, MAX_SESSIONS, SESSION_TTL, Sessions, session_id
+from cmdare.dashboards.pages import mount
 
 TOKEN = "s3cret-token"
 
@@ -128,7 +129,7 @@ def test_sign_ins_with_one_token_end_only_that_tokens_sessions() -> None:
 
 
 def test_a_huge_cookie_header_is_read_only_to_its_bound() -> None:
-    from cmdare.dashboards.sessions import MAX_COOKIE_HEADER
+    from cmdare.analytics.server.sessions import MAX_COOKIE_HEADER
 
     s = Sessions()
     sid = s.open(TOKEN)
@@ -147,7 +148,7 @@ def app(tmp_path: Path):
     clock = Clock()
     sessions = Sessions(ttl=600, clock=clock)
     connect(str(tmp_path / "x.duckdb")).close()  # a collector's database, empty
-    inner = create_app(Database(tmp_path / "x.duckdb"), TOKEN, Limits(), sessions=sessions)
+    inner = create_app(Database(tmp_path / "x.duckdb"), TOKEN, Limits(), sessions=sessions, ui=mount)
     client = TestClient(Guard(inner, TOKEN, Limits(), lambda: None, sessions), follow_redirects=False)
     return client, clock, sessions
 

@@ -17,10 +17,10 @@ from cmdare.analytics.cli import cli as analyze
 from cmdare.analytics.goodput import goodhours, goodput_many
 from cmdare.analytics.lakedb import LakeDatabase
 from cmdare.collector.cli import cli as collector
+from cmdare.collector.cli.root import lake_goodput
 from cmdare.collector.db import connect
 from cmdare.collector.lake import Lake, load_database
 from cmdare.collector.lakemaint import maintain
-from cmdare.collector.root import lake_goodput
 from tests.analytics.test_goodhours import _bench
 
 

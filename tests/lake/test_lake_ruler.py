@@ -25,7 +25,7 @@ import pytest
 
 from cmdare.analytics.cli.client import Remote
 from cmdare.analytics.server.service import HttpConfig
-from cmdare.collector import config, serve
+from cmdare.collector.cli import config, serve
 from cmdare.collector.lake import Lake
 from cmdare.collector.lakeingest import LakeSpoolIngest
 from cmdare.collector.lease import Lease

@@ -24,8 +24,8 @@ from cmdare.analytics.cli import cli
 from cmdare.analytics.cli.client import Remote
 from cmdare.analytics.resources import RESOURCES
 from cmdare.analytics.server.service import HttpConfig
-from cmdare.collector import serve
 from cmdare.collector.cli import cli as collector_cli
+from cmdare.collector.cli import serve
 from cmdare.collector.lake import Lake
 from cmdare.collector.lakeingest import LakeSpoolIngest
 from cmdare.wire.events import encode_many

@@ -187,13 +187,13 @@ def test_a_failed_spark_job_is_one_line(lake: Lake, spark, monkeypatch) -> None:
 
 
 def test_spark_submit_runs_maintain_through_collector_submit(lake: Lake) -> None:
-    """As on a cluster: ``spark-submit`` (here --master local[2]) runs collector/submit.py,
+    """As on a cluster: ``spark-submit`` (here --master local[2]) runs collector/cli/submit.py,
     which is cmdare-collector's commands under spark-submit's session and jars."""
     import os
     import subprocess
     import sys
 
-    from cmdare.collector import submit
+    from cmdare.collector.cli import submit
 
     venv = Path(sys.executable).parent
     jars = ",".join(str(p) for p in sorted(lakespark.JARS.glob("*.jar")))
@@ -210,9 +210,9 @@ def test_spark_executors_compute_the_lakes_goodput_hours(spark, postgres: Postgr
     """maintain --engine spark: the goodput hours are computed by Spark's tasks (a job's
     hours to one task), stored by the driver; the rows equal the DuckDB computation's."""
     from cmdare.analytics.goodput import goodhours
+    from cmdare.collector.cli.root import lake_goodput
     from cmdare.collector.db import connect
     from cmdare.collector.lake import load_database
-    from cmdare.collector.root import lake_goodput
     from tests.analytics.test_goodhours import _bench
 
     db = tmp_path / "f.duckdb"
@@ -242,7 +242,7 @@ def test_spark_tasks_find_what_one_duckdb_run_finds(lake: Lake, spark) -> None:
     window, merged and stored by the driver: the findings one DuckDB run finds."""
     from cmdare.analytics import findings
     from cmdare.analytics.units import Scope
-    from cmdare.collector.root import lake_findings
+    from cmdare.collector.cli.root import lake_findings
 
     since = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(days=400)
     with _db(lake).read() as con:

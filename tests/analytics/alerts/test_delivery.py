@@ -17,7 +17,7 @@ import pytest
 
 from cmdare.analytics import alerting
 from cmdare.analytics.alerting.notify.http import HttpReceiver
-from cmdare.analytics.alerting.schedule import Alerting
+from cmdare.analytics.server.schedule import Alerting
 from cmdare.collector.db import connect
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0)

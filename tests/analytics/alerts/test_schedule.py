@@ -1,4 +1,4 @@
-"""The scheduler's own rules (analytics/alerting/schedule.py), each at its bound: when the
+"""The scheduler's own rules (analytics/server/schedule.py), each at its bound: when the
 ingest horizon counts as a gap, how often a group runs and how soon a poke runs it, how a
 save that meets a write conflict is retried, how receivers are built from the flags."""
 
@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from cmdare.analytics import alerting
-from cmdare.analytics.alerting.schedule import GAP, SAVE_TRIES, STOP_GRACE, Alerting, _utc
+from cmdare.analytics.server.schedule import GAP, SAVE_TRIES, STOP_GRACE, Alerting, _utc
 from cmdare.collector.db import connect
 
 RULES = """

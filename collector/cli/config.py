@@ -171,7 +171,7 @@ class CollectorConfig:
 
     @property
     def retention(self) -> Any:
-        from .writer import Retention
+        from ..writer import Retention
 
         return Retention(self.values["retain_raw"], self.values["retain_rollups"])
 

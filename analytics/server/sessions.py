@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 COOKIE = "cmdare_session"
 SESSION_TTL = 12 * 3600.0  # seconds a sign-in lasts
@@ -142,3 +143,8 @@ class Sessions:
             if expiry > now:
                 break
             self._drop(k)
+
+
+def login_redirect(path: str, query: str) -> str:
+    """Where a browser without a session is sent: the sign-in page, back to ``path`` after."""
+    return "/ui/login?next=" + quote(path + ("?" + query if query else ""), safe="")

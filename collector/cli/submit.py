@@ -2,7 +2,7 @@
 ``cmdare-collector``'s commands, under Spark's master, jars and configuration.
 
     spark-submit --master spark://head:7077 --jars ... \\
-        "$(python -c 'import cmdare.collector.submit as m; print(m.__file__)')" \\
+        "$(python -c 'import cmdare.collector.cli.submit as m; print(m.__file__)')" \\
         maintain --engine spark --lake s3://... --catalog postgresql+psycopg2://...
 """
 

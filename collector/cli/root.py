@@ -20,9 +20,9 @@ import duckdb
 from cmdare.wire.kafka import client_logging, parse_kafka_url
 from cmdare.wire.units import ConfigError
 
+from ..consumer import KafkaIngest, SpoolIngest, Totals
+from ..db import DatabaseError, connect
 from .config import CollectorConfig
-from .consumer import KafkaIngest, SpoolIngest, Totals
-from .db import DatabaseError, connect
 
 Say = Callable[[str], None]
 
@@ -167,7 +167,7 @@ def _http(cfg: CollectorConfig) -> Any:
 def _alerting(con: Any, cfg: CollectorConfig) -> Any:
     """The rule evaluation, loaded and validated against this database; None without rules."""
     from cmdare.analytics.alerting import RuleError
-    from cmdare.analytics.alerting.schedule import load
+    from cmdare.analytics.server.schedule import load
 
     if not cfg.rules:
         return None
@@ -210,10 +210,11 @@ def _horizon(r: Run) -> Callable[[], dt.datetime | None]:
 def _serve(con: Any, db: str, http: Any, totals: Callable[[], Totals], say: Say) -> Any:
     """The API on the collector's connection, or None with --http off."""
     from cmdare.analytics.server.service import Service
+    from cmdare.dashboards.pages import mount
 
     if http is None:
         return None
-    svc = Service(con, db, http, totals)
+    svc = Service(con, db, http, totals, ui=mount)
     try:
         url = svc.start()
     except OSError as e:
@@ -241,8 +242,8 @@ def _start_alerting(al: Any, svc: Any, ui_url: str | None, say: Say) -> None:
 # -- lake mode: the same inputs into an Iceberg lake (ingest only) -----------------------------
 
 def _run_lake(cfg: CollectorConfig, say: Say) -> None:
-    from .lake import Lake, LakeError
-    from .lakeingest import LakeKafkaIngest, LakeSpoolIngest
+    from ..lake import Lake, LakeError
+    from ..lakeingest import LakeKafkaIngest, LakeSpoolIngest
 
     try:
         lk = Lake(cfg.lake, cfg.catalog)
@@ -289,7 +290,7 @@ def lake_goodput(spark: Any = None) -> Callable[[Any], int]:
     def run(lake: Any) -> int:
         rows = None
         if spark is not None:
-            from .lakespark import distributed
+            from ..lakespark import distributed
 
             rows = distributed(spark, goodhours.compute_lake)
         return goodhours.refresh_lake(_uri(lake), lake.location.catalog, rows)
@@ -306,7 +307,7 @@ def lake_findings(since: float, spark: Any = None) -> Callable[[Any], int]:
         start = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(seconds=since)
         kinds = None
         if spark is not None:
-            from .lakespark import by_detector
+            from ..lakespark import by_detector
 
             kinds = by_detector(spark, findings.run_lake, findings.merge)
         return findings.keep_lake(_uri(lake), lake.location.catalog, start, kinds)

@@ -19,12 +19,12 @@ from typing import Any
 
 import duckdb
 
+from ..alerting.evaluate import utcnow, validate
+from ..alerting.notify.log import LogReceiver
+from ..alerting.notify.receivers import ReceiverSpec
+from ..alerting.rulefmt import Group, load_files, resolve_paths
+from ..alerting.state import Engine
 from ..db import retry_conflicts
-from .evaluate import utcnow, validate
-from .notify.log import LogReceiver
-from .notify.receivers import ReceiverSpec
-from .rulefmt import Group, load_files, resolve_paths
-from .state import Engine
 
 log = logging.getLogger("cmdare.alerts")
 
@@ -246,7 +246,7 @@ def load(con: duckdb.DuckDBPyConnection, given: tuple[str, ...], inhibit_window:
     ``evaluator``: where rules' SQL runs (``Engine.evaluator``), when not on ``con``."""
     from cmdare.collector.db import cursor
 
-    from .notify.receivers import build_all
+    from ..alerting.notify.receivers import build_all
 
     groups = load_files(resolve_paths(given))
     c = cursor(con)

@@ -1,5 +1,5 @@
-"""cmdare-collector command line: thin commands over the collector's root (collector/root.py)
-and its one typed config (collector/config.py, where every flag of ``kafka`` and ``spool``
+"""cmdare-collector command line: thin commands over the collector's root (collector/cli/root.py)
+and its one typed config (collector/cli/config.py, where every flag of ``kafka`` and ``spool``
 is declared once)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import click
 from cmdare.wire.kafka import client_logging
 from cmdare.wire.units import ConfigError
 
+from ..db import DatabaseError, connect
 from . import config, lakecli, root
-from .db import DatabaseError, connect
 
 DB_HELP = "DuckDB database file (default: $CMDARE_DB, else ./cmdare.duckdb)"
 
@@ -139,7 +139,7 @@ def token_hash(name: str, scope: str) -> None:
     click.echo(f'[[token]]\nname = "{name}"\nscope = "{scope}"\nsha256 = "{digest(secret)}"\n')
 
 
-@cli.command()
+@cli.command("serve")
 @click.option("--lake", envvar="CMDARE_LAKE", metavar="URI", required=True,
               help="the lake to serve: its directory, or an object-store URI with --catalog ($CMDARE_LAKE)")
 @click.option("--catalog", envvar="CMDARE_LAKE_CATALOG", metavar="URL", help=config.BY_KEY["catalog"].option.help)
@@ -168,7 +168,7 @@ def token_hash(name: str, scope: str) -> None:
               help="the ingest collectors' --commit-every: how far the lake's horizon trails when they keep up")
 @config.click_options("serve")
 @click.pass_context
-def serve(ctx: click.Context, config_file: str | None, **params: Any) -> None:
+def serve_command(ctx: click.Context, config_file: str | None, **params: Any) -> None:  # (serve: the module)
     """Serve the API, the pages and /metrics over an Iceberg lake (--lake): the server tier
     past one machine. Ingest collectors (cmdare-collector kafka URL --lake) write the lake;
     any number of servers read it, each stateless apart from the lake and its catalog, and

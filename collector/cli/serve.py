@@ -39,7 +39,7 @@ class ServeConfig:
     cache_dir: Path | None = None
     sql_workers: int = 2  # user SQL's worker processes (analytics/server/sqlpool.py)
     sql_memory: int | None = None  # each one's address-space cap (default: sqlpool.memory_cap())
-    # the ruler's settings (rules, receivers, detectors; collector/config.py, command "serve")
+    # the ruler's settings (rules, receivers, detectors; collector/cli/config.py, command "serve")
     settings: Any = None
     notices: Any = None  # the fast path's topic (KafkaURL), or None
     notices_group: str = "cmdare-ruler"
@@ -66,8 +66,9 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
     from cmdare.analytics.server.lakeserve import LakeReplica, LakeServed, Refresher
     from cmdare.analytics.server.service import Service
     from cmdare.analytics.server.sqlpool import SqlPool
+    from cmdare.dashboards.pages import mount
 
-    from .lake import Lake, LakeError
+    from ..lake import Lake, LakeError
 
     logging.getLogger("pyiceberg").setLevel(logging.WARNING)  # (a line per table it loads)
 
@@ -96,7 +97,7 @@ def run(cfg: ServeConfig, say: Say, stop: threading.Event | None = None) -> None
         if cfg.settings is not None and cfg.settings.rules:  # rules' SQL in workers of their own
             served.rule_pool = SqlPool(cfg.lake, cfg.catalog, RULE_WORKERS, cfg.sql_memory, fast=True)
         alerting = _alerting(replica, cfg, served.rule_pool)  # (bad rule files stop every server, standbys too)
-        svc = Service(replica.con, lk.name, cfg.http, database=served)
+        svc = Service(replica.con, lk.name, cfg.http, database=served, ui=mount)
         try:
             url = svc.start()
         except OSError as e:
@@ -140,7 +141,7 @@ def _alerting(replica: Any, cfg: ServeConfig, pool: Any) -> Any:
     it (analytics/server/sqlpool.py): a rule past the memory, CPU or time caps costs its worker and
     that rule's round, never the server."""
     from cmdare.analytics.alerting import RuleError
-    from cmdare.analytics.alerting.schedule import load
+    from cmdare.analytics.server.schedule import load
 
     st = cfg.settings
     if st is None or not st.rules:
@@ -161,10 +162,10 @@ def _alerting(replica: Any, cfg: ServeConfig, pool: Any) -> Any:
 
 def _ruler(lk: Any, served: Any, alerting: Any, cfg: ServeConfig, say: Say, on_lost: Callable[[str], None]) -> Any:
     """This server's part in ruling the lake (analytics/server/lakeruler.py)."""
-    from cmdare.analytics.alerting.schedule import GAP
     from cmdare.analytics.server.lakeruler import AlertStore, FastPath, Ruler, lake_detectors, pg_fence
+    from cmdare.analytics.server.schedule import GAP
 
-    from .lease import Lease
+    from ..lease import Lease
 
     lease = Lease(lk)
     store = AlertStore(lk.catalog.engine, pg_fence(lease) if lease.kind == "postgresql" else None)

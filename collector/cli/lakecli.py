@@ -1,5 +1,5 @@
 """cmdare-collector's lake commands (collector/lake.py): ``maintain`` and ``to-lake``
-(collector/cli.py adds them; the --lake mode of ``kafka`` and ``spool`` runs in root.py)."""
+(collector/cli/__init__.py adds them; the --lake mode of ``kafka`` and ``spool`` runs in root.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import click
 
 from cmdare.wire.units import ConfigError
 
+from ..lake import Lake, LakeError, lake_io
 from .config import LAKE_HELP, duration_or_off
-from .lake import Lake, LakeError, lake_io
 
 
 @click.command()
@@ -43,7 +43,7 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: st
       cmdare-collector maintain --lake /srv/cmdare-lake --retain-raw 7d
       cmdare-collector maintain --lake /srv/cmdare-lake --engine spark --spark-master spark://head:7077
     """
-    from .lakemaint import maintain as run
+    from ..lakemaint import maintain as run
 
     dur = duration_or_off
 
@@ -61,7 +61,7 @@ def maintain(lake: str, catalog: str | None, retain_raw: str, retain_rollups: st
         from .root import lake_findings, lake_goodput
 
         if engine == "spark":
-            from . import lakespark
+            from .. import lakespark
 
             spark = lakespark.session(lk, spark_master)
             rep = lakespark.maintain(lk, spark, rr, compact_files, ex, retain_rollups=ru, derive=lake_goodput(spark),
@@ -94,8 +94,8 @@ def to_lake(db: str, lake: str, catalog: str | None) -> None:
     Example:
       cmdare-collector to-lake --db fleet.duckdb --lake /srv/cmdare-lake
     """
-    from .db import DatabaseError, connect
-    from .lake import load_database
+    from ..db import DatabaseError, connect
+    from ..lake import load_database
 
     try:
         con = connect(db, read_only=True)
