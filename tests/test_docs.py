@@ -82,7 +82,7 @@ def test_every_shipped_alert_rule_has_a_docs_heading_and_a_test() -> None:
     from cmdare.analytics.alerting import load_files
 
     doc = (ROOT / "docs" / "alerts.md").read_text()
-    tests = (ROOT / "tests" / "analytics" / "alerts" / "test_default_rules.py").read_text()
+    tests = (ROOT / "tests" / "analytics" / "alerting" / "test_default_rules.py").read_text()
     for g in load_files(["default"]):
         for r in g.rules:
             assert re.search(rf"^## {r.name}$", doc, re.M), f"rule {r.name}: no '## {r.name}' heading in docs/alerts.md"

@@ -147,7 +147,7 @@ def test_finding_rules_read_what_the_schedule_stored(fleet, monkeypatch) -> None
     """With the schedule on, a finding rule reads its stored, unresolved, fresh findings
     instead of running its detector a second time; resolved or stale ones do not fire."""
     from cmdare.analytics import units
-    from tests.analytics.alerts.conftest import default_engine
+    from tests.analytics.alerting.conftest import default_engine
 
     con, _ = fleet(lambda s: (s.sim_job(kind="starved", wait=0.45, util=0.3, cpu=0.95), s.sim_job(kind="fed")))
     end = con.execute("SELECT max(ts) FROM steps").fetchone()[0]

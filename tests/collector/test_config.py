@@ -15,7 +15,7 @@ from cmdare.analytics.server.schedule import load
 from cmdare.collector.cli import cli, config
 from cmdare.collector.db import connect
 from cmdare.wire.units import ConfigError
-from tests.analytics.alerts.test_schedule import RULES
+from tests.analytics.alerting.test_schedule import RULES
 
 
 def _build(command: str = "spool", target: str = "/tmp", file: str | None = None, **flags):

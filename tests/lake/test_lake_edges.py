@@ -16,13 +16,6 @@ from cmdare.collector.lake import NAMESPACE, Lake, LakeError, Location, day_part
 from tests.lake.test_lake_unit import count, samples
 
 
-@pytest.fixture
-def lake(tmp_path: Path) -> Lake:
-    lk = Lake(str(tmp_path / "lake"))
-    lk.ensure()
-    return lk
-
-
 def at(first: int, when: dt.datetime) -> pa.Table:
     return samples(first, 1).set_column(1, "ts", pa.array([when], pa.timestamp("us")))
 

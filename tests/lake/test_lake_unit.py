@@ -40,13 +40,6 @@ def count(lake: Lake, table: str = "gpu_samples") -> tuple[int, int]:
         return con.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchall()[0]
 
 
-@pytest.fixture
-def lake(tmp_path: Path) -> Lake:
-    lk = Lake(str(tmp_path / "lake"))
-    lk.ensure()
-    return lk
-
-
 def test_a_record_read_twice_is_stored_once_and_positions_merge(lake: Lake) -> None:
     assert lake.append("gpu_samples", samples(0, 100), {"t/0": ([0], [10])}, "a") == 100
     # another collector re-reads part of partition 0 (a rebalance) and goes on: only new ids land

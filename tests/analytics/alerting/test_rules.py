@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from cmdare.analytics import alerting as alerts
 from cmdare.analytics.cli import cli
-from tests.analytics.alerts.conftest import at, engine, insert
+from tests.analytics.alerting.conftest import at, engine, insert
 
 
 def rules(body: str) -> str:

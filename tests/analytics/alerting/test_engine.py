@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 
 from cmdare.analytics import alerting as alerts
-from tests.analytics.alerts.conftest import at, engine, insert, step
+from tests.analytics.alerting.conftest import at, engine, insert, step
 
 HOT = """
 groups:

@@ -8,7 +8,7 @@ from typing import Any
 
 import duckdb
 
-from tests.analytics.alerts.conftest import at, default_engine, insert
+from tests.analytics.alerting.conftest import at, default_engine, insert
 from tests.analytics.detectors.conftest import fleet  # noqa: F401  (the simulated fleet fixture)
 
 BOOT = at(0).replace(tzinfo=dt.timezone.utc).timestamp()

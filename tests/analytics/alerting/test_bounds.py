@@ -16,7 +16,7 @@ from cmdare.analytics.alerting.evaluate import MAX_INSTANCES, MAX_RESULT_BYTES, 
 from cmdare.analytics.alerting.notify.http import MAX_ITEMS, Item, Receiver
 from cmdare.analytics.alerting.rulefmt import MAX_TEXT
 from cmdare.collector.db import connect
-from tests.analytics.alerts.test_delivery import T0, _alerting, _round
+from tests.analytics.alerting.test_delivery import T0, _alerting, _round
 
 
 def rules(expr: str) -> str:
