@@ -213,3 +213,67 @@ def test_a_multi_node_jobs_findings_are_kept_one_per_node(tmp_path) -> None:
     rows = con.execute("SELECT node, resolved_at IS NULL FROM findings ORDER BY node").fetchall()
     assert rows == [("n0", False), ("n1", True)]
     con.close()
+
+
+def test_a_jobs_time_is_covered_only_by_a_run_of_every_kind_over_all_of_it(tmp_path) -> None:
+    """``uncovered``, edge by edge (goodput runs the detectors again for a job no stored run
+    covered): a run covers a job when it looked at every kind asked, at that job or at every
+    job, from at most a minute after the job's first step record to at most a minute before
+    its last; a second short at either end, another job's run or a kind missing leaves it
+    uncovered. (Each clause here was a surviving SQL mutant: scripts/mutation-sql current.)"""
+    from cmdare.collector.db import connect
+
+    con = connect(tmp_path / "c.duckdb")
+    at = dt.datetime(2026, 1, 1)
+    for job, first, last in (("a", 60, 180), ("b", 60, 180)):
+        for i, s in enumerate((first, last)):
+            con.execute("INSERT INTO steps (id, ts, node, job, run, rank, interval_seconds, steps) "
+                        "VALUES (?, ?, 'n1', ?, 'r', 0, 10, 5)", [f"{job}{i}", at + dt.timedelta(seconds=s), job])
+    t0, t1 = at + dt.timedelta(seconds=10), at + dt.timedelta(seconds=290)
+    kinds = ["gpu_idle", "ps_bound"]
+    minute = dt.timedelta(minutes=1)
+    a, b = at + dt.timedelta(seconds=60), at + dt.timedelta(seconds=180)  # each job's first and last record
+
+    def uncovered_with(*runs: tuple) -> list[str]:
+        con.execute("DELETE FROM finding_coverage")
+        for job, ks, start, end in runs:
+            con.execute("INSERT INTO finding_coverage VALUES (?, ?, ?, ?, now())", [job, ks, start, end])
+        return current.uncovered(con, ["a", "b"], t0, t1, kinds)
+
+    second = dt.timedelta(seconds=1)
+    try:
+        assert uncovered_with() == ["a", "b"]
+        assert uncovered_with((None, kinds, a + minute, b - minute)) == []  # every job, a minute's slack each end
+        assert uncovered_with((None, kinds, a + minute + second, b - minute)) == ["a", "b"]  # starts too late
+        assert uncovered_with((None, kinds, a + minute, b - minute - second)) == ["a", "b"]  # ends too early
+        assert uncovered_with(("a", kinds, a, b)) == ["b"]  # a run of job a covers a only
+        assert uncovered_with(("a", [*kinds, "straggler"], a, b)) == ["b"]  # more kinds than asked: covers
+        assert uncovered_with((None, ["gpu_idle"], a, b)) == ["a", "b"]  # a kind missing: not covered
+        assert uncovered_with(("c", kinds, a, b)) == ["a", "b"]  # another job's run
+        assert current.uncovered(con, ["a"], t0, t1, kinds) == ["a"]  # the jobs asked about only
+    finally:
+        con.close()
+
+
+def test_an_extended_finding_updates_its_own_row_only_and_one_ending_at_the_window_is_extended(tmp_path) -> None:
+    """A round that finds two held findings again writes each one's new summary and window
+    into its own row, never into the other's; and a finding whose window ends exactly where
+    the next round's starts still reaches into it: extended, not stored anew and resolved.
+    (Both were surviving SQL mutants: ``rowid <> $r``, ``>= $since`` as ``>``.)"""
+    from cmdare.analytics.units import Finding, Scope
+    from cmdare.collector.db import connect
+
+    con = connect(tmp_path / "c.duckdb")
+    t = dt.datetime(2026, 1, 1, 12)
+
+    def on(end: dt.datetime, *nodes: str) -> list[Finding]:
+        return [Finding("gpu_idle", "job-1", f"idle GPUs on {n} until {end:%H:%M}", node=n, subject="0",
+                        window_start=t - dt.timedelta(minutes=10), window_end=end) for n in nodes]
+
+    assert current.track(con, ["gpu_idle"], on(t, "n0", "n1"), Scope(None, t - dt.timedelta(minutes=15), t), t) == (
+        0, 2, 0)
+    later = t + dt.timedelta(minutes=1)
+    assert current.track(con, ["gpu_idle"], on(later, "n0", "n1"), Scope(None, t, later), later) == (2, 0, 0)
+    rows = con.execute("SELECT node, summary, window_end, resolved_at FROM findings ORDER BY node").fetchall()
+    assert rows == [("n0", "idle GPUs on n0 until 12:01", later, None), ("n1", "idle GPUs on n1 until 12:01", later, None)]
+    con.close()

@@ -216,3 +216,87 @@ def test_a_job_that_cannot_be_kept_has_its_hours_dropped(fleet: Path, tmp_path: 
         goodhours.fleet(con, None, None, stats)
         assert stats["kept"] == 0, case
         con.close()
+
+
+def test_a_range_on_hour_boundaries_reads_each_whole_hour_inside_it_from_the_kept_hours(fleet: Path) -> None:
+    """An hour that starts exactly at ``since`` or ends exactly at ``until`` is inside the
+    range: read from the kept hours, not swept raw (the answer is the same either way; the
+    cost is not). Both boundaries were surviving SQL mutants (scripts/mutation-sql)."""
+    con = duckdb.connect(str(fleet), read_only=True)
+    first = con.execute("SELECT epoch(min(hour)) FROM goodput_hours WHERE whole AND job = 'job-1'").fetchone()[0]
+    since = float(first) + 5 * 3600.0
+    until = since + 20 * 3600.0
+    stats: dict[str, int] = {}
+    goodhours.fleet(con, since, until, stats)
+    assert stats["kept"] == 20
+    same(con, since, until)
+    con.close()
+
+
+def test_a_step_longer_than_its_interval_by_more_than_a_second_stretches_its_job(tmp_path: Path) -> None:
+    """``_stretched``: a record whose steps took more than its interval plus one second; one
+    second exactly is not (the boundary was a surviving SQL mutant)."""
+    con = connect(tmp_path / "s.duckdb")
+    hour = dt.datetime(2026, 1, 1, 3)
+    for job, steps in (("exact", 11), ("over", 12), ("under", 10)):
+        con.execute("INSERT INTO steps (id, ts, node, job, run, rank, interval_seconds, steps, steps_per_second) "
+                    "VALUES (?, ?, 'n', ?, 'r', 0, 10, ?, 1.0)", [job, hour + dt.timedelta(minutes=5), job, steps])
+    assert goodhours._stretched(con, [("exact", hour), ("over", hour), ("under", hour)]) == {"over"}
+    con.close()
+
+
+def test_which_jobs_can_be_kept_by_the_hour(tmp_path: Path) -> None:
+    """``fingerprints``' second field, record by record: a job can be kept by the hour when
+    every step record and checkpoint of it reaches at most one hour back before its own hour
+    (one hour exactly is near), and no node it stepped on was revoked; a notice that does not
+    revoke does not count, and a record without a job name is no job. (Each clause was a
+    surviving SQL mutant of the fingerprint query: scripts/mutation-sql goodhours.)"""
+    from cmdare.collector import rollup
+    from cmdare.collector.writer import Writer
+    from cmdare.wire.events import encode_many
+
+    h = dt.datetime(2026, 1, 1, 3, tzinfo=dt.timezone.utc).timestamp()
+    evs: list[dict] = []
+
+    def ev(kind: str, job: str, node: str, ts: float, data: dict) -> None:
+        evs.append({"v": 1, "id": f"e{len(evs)}", "ts": ts, "node": node, "role": "worker", "job": job, "labels": {},
+                    "type": kind, "data": {"run": f"{job}-r", "rank": 0, **data}})
+
+    def steps(job: str, interval: float, node: str = "n") -> None:  # a record 10 minutes into the hour
+        ev("train_steps", job, node, h + 600, {"interval_seconds": interval, "steps": 10, "steps_per_second": 1.0,
+                                               "step_mean_seconds": 1.0})
+
+    steps("near", 60)
+    steps("far", 3600 + 600 + 1)  # reaches a second past the hour before
+    steps("edge", 3600 + 600)  # reaches the hour before's start exactly
+    steps("", 60, node="m")
+    for job, took in (("ck-far", 3600 + 601), ("ck-edge", 3600 + 600)):
+        steps(job, 60, node=job)
+        ev("train_checkpoint", job, job, h + 600, {"action": "save", "seconds": float(took), "ok": True})
+    for job, revokes in (("notice-only", False), ("revoked", True)):
+        steps(job, 60, node=job)
+        ev("revocation", job, job, h + 900, {"cloud": "gce", "kind": "preemption", "action": "stop",
+                                             "revokes": revokes, "deadline": h + 930, "lead_seconds": 30.0})
+    con = connect(tmp_path / "k.duckdb")
+    Writer(con).write([("t", encode_many(evs))])
+    rollup.run(con)
+    ok = {job: keep for (job, _), (_, keep) in goodhours.fingerprints(con).items()}
+    assert ok == {"near": True, "far": False, "edge": True, "ck-far": False, "ck-edge": True, "notice-only": True,
+                  "revoked": False}
+    con.close()
+    # a job's fingerprint follows its own runs only: a new run of one job changes its hour's
+    # fingerprint, not the other job's
+    evs.clear()
+    steps("a", 60)
+    steps("b", 60, node="n2")
+    con = connect(tmp_path / "r.duckdb")
+    Writer(con).write([("t", encode_many(evs))])
+    rollup.run(con)
+    before = {job: fp for (job, _), (fp, _) in goodhours.fingerprints(con).items()}
+    evs.clear()
+    ev("train_steps", "b", "n3", h + 700, {"run": "b-r2", "interval_seconds": 60.0, "steps": 10, "steps_per_second": 1.0})
+    Writer(con).write([("t", encode_many(evs))])
+    rollup.run(con)
+    after = {job: fp for (job, _), (fp, _) in goodhours.fingerprints(con).items()}
+    assert sorted(before) == ["a", "b"] and [j for j in before if after[j] != before[j]] == ["b"]
+    con.close()

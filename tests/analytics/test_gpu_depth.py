@@ -213,3 +213,28 @@ def test_the_goodput_notes_count_the_jobs_gpus_and_each_foreign_process_once(mon
 
     monkeypatch.setattr(processes, "gpu_processes", old)
     assert processes.gpu_use_notes(None, "j", None, None) == []
+
+
+def test_process_rows_keep_real_pids_and_name_a_held_job_only_where_a_scheduler_holds_the_gpu(tmp_path) -> None:
+    """``process_rows`` row by row: pid 0 is no process (a positive pid is), 0 bytes used is
+    a value (not unknown), and the job the scheduler gave the GPU to (``held_job``) is the
+    sample's job only on a GPU a pod or a Slurm job holds, and never an empty name. (Each
+    was a surviving SQL mutant: scripts/mutation-sql processes.)"""
+    from cmdare.analytics.processes import process_rows
+    from cmdare.collector.db import connect
+    from cmdare.collector.writer import Writer
+
+    con = connect(tmp_path / "p.duckdb")
+    procs = [{"pid": 0, "used_bytes": 5}, {"pid": 1, "used_bytes": 0}]
+    lines = []
+    for i, (job, pod, slurm) in enumerate((("trainer", None, None), ("trainer", "pod-a", None), ("", "pod-b", None),
+                                            ("sjob", None, "42"), ("", None, None))):
+        data = {"index": i, "uuid": f"GPU-{i}", "processes": procs} | ({"pod": pod} if pod else {}) | (
+            {"slurm_job": slurm} if slurm else {})
+        lines.append(json.dumps({"v": 1, "id": f"s{i}", "ts": 1750000000.0, "node": "n", "role": "worker", "job": job,
+                                 "labels": {}, "type": "gpu", "data": data}))
+    Writer(con).write([("t", ("\n".join(lines) + "\n").encode())])
+    rows = con.execute(f'SELECT "index", pid, used, held_job FROM ({process_rows("true")}) ORDER BY "index", pid'
+                       ).fetchall()
+    assert rows == [(0, 1, 0, None), (1, 1, 0, "trainer"), (2, 1, 0, None), (3, 1, 0, "sjob"), (4, 1, 0, None)]
+    con.close()
