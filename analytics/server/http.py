@@ -236,6 +236,7 @@ def _too_large(limit: int) -> Response:
 
 UI = Callable[[FastAPI, "Tokens | None", Any, "Throttle | None"], None]  # mounts pages on the app
 
+
 def create_app(db: Database, token: Tokens | str | None = None, limits: Limits | None = None,
                ready: Callable[[], bool] = lambda: True, metrics: Callable[[], bytes] | None = None,
                count: Callable[[], None] = lambda: None, sessions: Any = None,
