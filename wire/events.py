@@ -215,7 +215,7 @@ def decode_line(line: bytes | str) -> dict[str, Any]:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a v1 event, generated from DATA_FIELDS."""
+    """The JSON Schema (draft 2020-12) of a v1 event, generated from the registry's TYPES."""
     kinds = {
         FLOAT: {"type": "number"},
         INT: {"type": "integer"},

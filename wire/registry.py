@@ -6,7 +6,8 @@ SQL and the published JSON Schema read their field lists from here.
 
 Adding a field: append it to its type's ``fields`` (never reorder: the row form and the
 column blocks are positional), add the column in a collector migration, document it in
-docs/sources.md.  Adding a type: one ``EventType`` below and a migration for its table.
+docs/wire-format.md.  Adding a type: one ``EventType`` in ``TYPES`` below and a migration
+for its table (docs/extending.md, "An event type": the tests that hold each to it).
 
 Standard library only (the agent's dependency rule).
 """
@@ -24,10 +25,28 @@ VERSION = 1
 ROLES = ("worker", "ps", "chief", "data", "client")
 
 
-# type -> {field: (kind, unit/description)}.  Every data field is optional (a source
-# omits what the hardware cannot report); a present field must have the declared kind.
-_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
-    "host": {
+@dataclass(frozen=True)
+class EventType:
+    """One event type of the wire format."""
+
+    name: str
+    table: str  # the collector's table for it
+    fields: dict[str, tuple[str, str]]  # field -> (kind, unit / description), in row-form order
+    hot: bool = False  # high-volume: the collector's JSON pass reads its fields in one struct
+    row_form: bool = False  # the agent sends it as a row line (``sample_format = "rows"``)
+
+    @property
+    def repeated(self) -> tuple[str, ...]:
+        """The fields that hold a list (one value per core, NIC, process...)."""
+        return tuple(n for n, (k, _) in self.fields.items() if k in LIST_KINDS)
+
+
+# Every event type, declared once: its name, its table, whether it is high-volume (``hot``)
+# and sent as a row line (``row_form``), and its data fields {field: (kind, unit /
+# description)}.  Every data field is optional (a source omits what the hardware cannot
+# report); a present field must have the declared kind.
+TYPES: dict[str, EventType] = {t.name: t for t in (
+    EventType("host", "host_samples", hot=True, row_form=True, fields={
         "cpu_util_ratio": (FLOAT, "CPU busy share over the interval, all cores, 0..1"),
         "cpu_per_core_ratio": (FLOATS, "CPU busy share per logical core, 0..1"),
         "load1": (FLOAT, "1-minute load average"),
@@ -41,8 +60,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "net": (OBJS, "per NIC: nic, rx/tx _bytes_total, _packets_total, _errors_total, _drops_total (counters)"),
         "disk": (OBJS, "per disk: disk, read/write _bytes_total, _ops_total, busy_seconds_total (counters)"),
         "procs": (INT, "number of processes"),
-    },
-    "gpu": {
+    }),
+    EventType("gpu", "gpu_samples", hot=True, row_form=True, fields={
         "index": (INT, "NVML device index"),
         "uuid": (STR, "GPU UUID"),
         "name": (STR, "product name"),
@@ -96,22 +115,22 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "container": (STR, "Kubernetes: the container of that pod the GPU is assigned to"),
         "slurm_job": (STR, "Slurm: the job holding this GPU (a prolog's GPU map, else the one job all its processes are in)"),
         "slurm_user": (STR, "Slurm: that job's user"),
-    },
-    "tpu": {
+    }),
+    EventType("tpu", "tpu_samples", hot=True, row_form=True, fields={
         "device": (INT, "TPU device (core) id as libtpu numbers it"),
         "hbm_used_bytes": (INT, "high-bandwidth memory in use"),
         "hbm_total_bytes": (INT, "high-bandwidth memory size"),
         "duty_cycle_ratio": (FLOAT, "share of time the TensorCore was busy, 0..1 (per chip)"),
         "hbm_bandwidth_ratio": (FLOAT, "HBM bandwidth utilisation, 0..1, where libtpu reports it"),
-    },
-    "gpu_event": {
+    }),
+    EventType("gpu_event", "gpu_events", hot=True, fields={
         "index": (INT, "NVML device index"),
         "uuid": (STR, "GPU UUID"),
         "kind": (STR, "xid | ecc_corrected | ecc_uncorrected | lost | row_remap_pending | row_remap_failed | retired_pages_pending"),
         "count": (INT, "how many occurred (ECC: increase since the previous sample)"),
         "xid": (INT, "the Xid code, for kind=xid"),
-    },
-    "heartbeat": {
+    }),
+    EventType("heartbeat", "heartbeats", hot=True, fields={
         "seq": (INT, "heartbeat number, contiguous within one agent instance, from 1"),
         "instance": (STR, "random id of this agent process start"),
         "agent_version": (STR, "cmdare-agent version"),
@@ -124,8 +143,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "spool_bytes": (INT, "current spool size on disk"),
         "spool_pending": (INT, "events spooled but not yet acknowledged"),
         "interval_seconds": (FLOAT, "the agent's sampling interval (liveness is judged in these)"),
-    },
-    "instance": {
+    }),
+    EventType("instance", "instance_identity", fields={
         "cloud": (STR, "gce | aws | azure | none"),
         "region": (STR, "cloud region, e.g. us-central1, us-east-1, westeurope"),
         "zone": (STR, "zone / availability zone"),
@@ -138,8 +157,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "boot_time": (FLOAT, "when the VM booted, unix seconds"),
         "launched_at": (FLOAT, "when the cloud began launching the VM, unix seconds (AWS pendingTime; absent "
                                "where the metadata has none)"),
-    },
-    "lifecycle": {
+    }),
+    EventType("lifecycle", "lifecycle_events", fields={
         "event": (STR, "agent_start | agent_stop | boot | shutdown"),
         "instance": (STR, "random id of this agent process start (as in heartbeats)"),
         "boot_time": (FLOAT, "when the VM booted, unix seconds"),
@@ -149,8 +168,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "uptime_seconds": (FLOAT, "agent_stop: seconds the agent ran"),
         "during_boot": (BOOL, "agent_start: systemd was still booting the VM (the boot started the agent); "
                               "absent without systemd"),
-    },
-    "revocation": {
+    }),
+    EventType("revocation", "revocations", fields={
         "cloud": (STR, "gce | aws | azure"),
         "kind": (STR, "preemption | spot-interruption | maintenance | rebalance | termination | reboot | redeploy | freeze"),
         "action": (STR, "what the cloud will do (AWS action, GCE maintenance value, Azure event type)"),
@@ -160,8 +179,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "revokes": (BOOL, "the VM is being taken away (preemption, spot interruption)"),
         "detail": (STR, "the cloud's description, where it gives one"),
         "boot_time": (FLOAT, "when the VM booted, unix seconds (the life the notice ends)"),
-    },
-    "train_job": {
+    }),
+    EventType("train_job", "jobs", fields={
         "run": (STR, "run id (one job can have several runs, e.g. restarts)"),
         "rank": (INT, "rank of this training process"),
         "world_size": (INT, "number of training processes (workers)"),
@@ -179,8 +198,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "gpus_per_node": (INT, "training processes (GPUs) per node: torchrun's LOCAL_WORLD_SIZE"),
         "grad_bytes": (INT, "bytes of gradients all-reduced per step (data-parallel: the parameters that require "
                             "a gradient, times their element size)"),
-    },
-    "train_steps": {
+    }),
+    EventType("train_steps", "steps", hot=True, fields={
         "run": (STR, "run id"),
         "rank": (INT, "rank of the training process"),
         "interval_seconds": (FLOAT, "length of the aggregation interval"),
@@ -203,8 +222,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "comm_mean_seconds": (FLOAT, "mean communication wait per step: the training thread blocked on gradient "
                               "communication (all-reduce) that computation did not hide; absent when not reported"),
         "comm_share_ratio": (FLOAT, "communication wait / step time over the interval, 0..1"),
-    },
-    "train_data": {
+    }),
+    EventType("train_data", "data_batches", fields={
         "run": (STR, "run id"),
         "rank": (INT, "rank of the input (data) worker process"),
         "interval_seconds": (FLOAT, "length of the aggregation interval"),
@@ -217,8 +236,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "idle_share_ratio": (FLOAT, "idle / (processing + idle) over the interval, 0..1"),
         "batches_per_second": (FLOAT, "batches per second over the time the batches covered"),
         "dropped_total": (INT, "records the tracking library could not deliver (counter)"),
-    },
-    "train_slow_step": {
+    }),
+    EventType("train_slow_step", "slow_steps", fields={
         "run": (STR, "run id"),
         "rank": (INT, "rank of the training process"),
         "step": (INT, "step number"),
@@ -226,15 +245,15 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "wait_seconds": (FLOAT, "this step's input wait"),
         "median_seconds": (FLOAT, "the rank's recent median step time it was compared with"),
         "examples": (FLOAT, "examples in this step"),
-    },
-    "train_scalar": {
+    }),
+    EventType("train_scalar", "scalars", fields={
         "run": (STR, "run id (TensorBoard: the event file's directory under the log dir)"),
         "rank": (INT, "rank of the training process"),
         "tag": (STR, "scalar name, e.g. loss"),
         "step": (INT, "training step the value belongs to"),
         "value": (FLOAT, "the value"),
-    },
-    "train_checkpoint": {
+    }),
+    EventType("train_checkpoint", "checkpoints", fields={
         "run": (STR, "run id"),
         "rank": (INT, "rank of the training process"),
         "action": (STR, "save | restore"),
@@ -244,8 +263,8 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "path": (STR, "where it was written or read"),
         "ok": (BOOL, "false when the save or restore raised"),
         "error": (STR, "the exception, when not ok"),
-    },
-    "train_end": {
+    }),
+    EventType("train_end", "run_ends", fields={
         "run": (STR, "run id"),
         "rank": (INT, "rank of the training process"),
         "state": (STR, "finished | failed | interrupted (the process said so) | crashed (the agent saw its "
@@ -255,15 +274,15 @@ _FIELDS: dict[str, dict[str, tuple[str, str]]] = {
         "error": (STR, "failed: the exception's type and message (at most 500 characters)"),
         "steps": (INT, "steps the process recorded (crashed: the last step number the agent saw)"),
         "pid": (INT, "the process id, as the agent's kernel named the sender"),
-    },
-    "status": {
+    }),
+    EventType("status", "agent_status", hot=True, fields={
         "source": (STR, "source or sink name, e.g. gpu, host, sink.kafka"),
         "ok": (BOOL, "whether the last collect/ship succeeded"),
         "state": (STR, "ok | error | unavailable"),
         "duration_seconds": (FLOAT, "time the last collect took"),
         "message": (STR, "why, when not ok or when the state changed"),
-    },
-}
+    }),
+)}
 
 
 ENVELOPE_KEYS = ("v", "id", "ts", "node", "role", "job", "labels", "type", "data")
@@ -273,48 +292,6 @@ TRAIN_PREFIX = "train_"  # training processes' types: their envelope job is the 
 # ... and the agent's GPU samples: a GPU a Kubernetes pod or Slurm job holds is sent as that job's
 HELD_JOB_TYPES = ("gpu",)
 
-
-@dataclass(frozen=True)
-class EventType:
-    """One event type of the wire format."""
-
-    name: str
-    table: str  # the collector's table for it
-    fields: dict[str, tuple[str, str]]  # field -> (kind, unit / description), in row-form order
-    hot: bool = False  # high-volume: the collector's JSON pass reads its fields in one struct
-    row_form: bool = False  # the agent sends it as a row line (``sample_format = "rows"``)
-
-    @property
-    def repeated(self) -> tuple[str, ...]:
-        """The fields that hold a list (one value per core, NIC, process...)."""
-        return tuple(n for n, (k, _) in self.fields.items() if k in LIST_KINDS)
-
-
-_TABLES = {
-    "host": "host_samples",
-    "gpu": "gpu_samples",
-    "tpu": "tpu_samples",
-    "gpu_event": "gpu_events",
-    "heartbeat": "heartbeats",
-    "instance": "instance_identity",
-    "lifecycle": "lifecycle_events",
-    "revocation": "revocations",
-    "train_job": "jobs",
-    "train_steps": "steps",
-    "train_data": "data_batches",
-    "train_slow_step": "slow_steps",
-    "train_scalar": "scalars",
-    "train_checkpoint": "checkpoints",
-    "train_end": "run_ends",
-    "status": "agent_status",
-}
-_HOT = {"host", "gpu", "gpu_event", "tpu", "heartbeat", "status", "train_steps"}
-_ROWS = {"host", "gpu", "tpu"}
-
-TYPES: dict[str, EventType] = {
-    name: EventType(name, _TABLES[name], fields, hot=name in _HOT, row_form=name in _ROWS)
-    for name, fields in _FIELDS.items()
-}
 
 # views of the registry that most code reads
 DATA_FIELDS: dict[str, dict[str, tuple[str, str]]] = {n: t.fields for n, t in TYPES.items()}
